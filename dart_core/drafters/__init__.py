@@ -1,0 +1,1 @@
+"""Draft heads that plug into the generation loop."""

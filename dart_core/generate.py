@@ -1,0 +1,253 @@
+"""The one generation loop. CLI, benchmark and UI all consume `generate`.
+
+Per step:   propose (draft + prune)  ->  verify (one target forward)  ->  accept  ->  commit
+The output so far is every token the target produced; the KV cache holds all of them but the last,
+which is the root of the next tree. A step emits the accepted drafts plus the bonus token; the first
+event (step 0) is the prefill, which emits the first token. Plain autoregressive decoding is the
+drafter that proposes nothing: its tree is the root alone, so each step is a one-token forward.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Protocol
+
+import torch
+
+from .sampling import Acceptance, SamplingParams, accept, sample_token, target_probs
+from .target import Prompt, Target
+from .tree import DraftTree
+
+DEFAULT_MAX_NEW_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    max_length: int | None = None  # prompt + output; None = the model's context limit
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+    def __post_init__(self):
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        if self.max_length is not None and (not isinstance(self.max_length, int) or self.max_length < 2):
+            raise ValueError(f"max_length must be an integer >= 2, got {self.max_length!r}")
+
+
+@dataclass
+class StageTimes:
+    """Seconds spent per stage of a step."""
+
+    draft: float = 0.0
+    prune: float = 0.0
+    verify: float = 0.0
+    other: float = 0.0
+
+    def __iadd__(self, o: "StageTimes") -> "StageTimes":
+        self.draft += o.draft
+        self.prune += o.prune
+        self.verify += o.verify
+        self.other += o.other
+        return self
+
+
+@dataclass(frozen=True)
+class Proposal:
+    tree: DraftTree
+    draft_s: float = 0.0  # draft-model forward(s)
+    prune_s: float = 0.0  # turning draft outputs into a tree
+    info: dict = field(default_factory=dict)  # drafter-specific extras for display (top-k lists, scores)
+
+
+class DraftSession(Protocol):
+    """Per-generation drafter state (e.g. the draft head's own KV cache)."""
+
+    def extend(self, ids: list[int], hidden: torch.Tensor | None) -> None:
+        """Tokens just committed to the target's cache, with their captured hidden states (n, 3H)."""
+
+    def propose(self, root: int, budget: int) -> Proposal:
+        """A tree rooted at `root` (the target's latest token) with at most `budget` nodes."""
+
+
+class Drafter(Protocol):
+    name: str
+    needs_hidden: bool  # whether the target must return captured hidden states
+    max_nodes: int  # upper bound on tree size, root included
+
+    def new_session(self, capacity: int) -> DraftSession: ...
+
+
+class _ARSession:
+    def extend(self, ids, hidden) -> None:
+        pass
+
+    def propose(self, root: int, budget: int) -> Proposal:
+        return Proposal(DraftTree.root_only(root))
+
+
+class ARDrafter:
+    """Plain autoregressive decoding: no drafts, one target forward per token."""
+
+    name = "ar"
+    needs_hidden = False
+    max_nodes = 1
+
+    def new_session(self, capacity: int) -> DraftSession:
+        return _ARSession()
+
+
+@dataclass
+class StepEvent:
+    step: int  # 0 = prefill
+    new_tokens: list[int]  # tokens this step added to the output
+    accepted: int  # drafted tokens accepted (new_tokens = accepted drafts + the target's own token)
+    tree: DraftTree | None  # the verified tree (None at prefill)
+    path: list[int]  # accepted node indices in `tree`, root first
+    times: StageTimes
+    info: dict = field(default_factory=dict)
+
+
+@dataclass
+class Summary:
+    prompt_tokens: int
+    output_ids: list[int]
+    steps: int  # target forwards, the prefill included
+    wall_s: float
+    prefill_s: float
+    times: StageTimes  # totals over the steps after prefill
+    stop_reason: str  # "eos" | "max_new_tokens" | "context"
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.output_ids)
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens per target forward (the mean accepted length, bonus included)."""
+        return self.new_tokens / max(self.steps, 1)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+class _Clock:
+    """Wall-clock timer that waits for queued GPU work, so stage times are real."""
+
+    def __init__(self, device: torch.device):
+        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def __call__(self) -> float:
+        self.sync()
+        return time.perf_counter()
+
+
+def _first_token(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> int:
+    if params.greedy:
+        return int(logits.argmax())
+    return sample_token(target_probs(logits, params), gen)
+
+
+def generate(
+    target: Target,
+    prompt: Prompt,
+    drafter: Drafter | None = None,
+    params: GenerationParams = GenerationParams(),
+) -> Iterator[StepEvent | Summary]:
+    """Generate from `prompt`, yielding a StepEvent per target forward and finally a Summary.
+
+    Stops at the first EOS id (kept in the output), at max_new_tokens, or when prompt + output
+    reaches max_length; the cache is sized so that no verify can overflow it.
+    """
+    drafter = drafter or ARDrafter()
+    ids = target.encode(prompt)
+    limit = min(params.max_length or target.context_limit, target.context_limit)
+    if len(ids) >= limit:
+        raise ValueError(f"the prompt has {len(ids)} tokens, the context limit is {limit}: no room to generate")
+    # The cache holds prompt + output minus the pending root; a verify writes the tree after that.
+    capacity = min(limit, len(ids) + params.max_new_tokens + drafter.max_nodes)
+    return _loop(target, ids, drafter, params, limit, capacity)
+
+
+def _loop(target, ids, drafter, params, limit, capacity) -> Iterator[StepEvent | Summary]:
+    sp = params.sampling
+    gen = None
+    if not sp.greedy:
+        gen = torch.Generator(device="cpu")
+        gen.manual_seed(sp.seed if sp.seed is not None else torch.seed())
+    clock = _Clock(target.device)
+    cache = target.new_cache(capacity)
+    session = drafter.new_session(capacity)
+
+    t0 = clock()
+    out = target.prefill(ids, cache, capture=drafter.needs_hidden)
+    cache.commit(len(ids))
+    root = _first_token(out.logits[-1], sp, gen)
+    session.extend(ids, out.hidden)
+    prefill_s = clock() - t0
+    output = [root]
+    totals = StageTimes()
+    steps = 1
+    yield StepEvent(0, [root], 0, None, [], StageTimes(verify=prefill_s))
+    stop = _stop_reason(output, target.eos_ids, params.max_new_tokens, len(ids), limit)
+
+    while stop is None:
+        t_step = clock()
+        budget = capacity - cache.length
+        proposal = session.propose(root, budget)
+        tree = proposal.tree.truncate(budget)
+        t_verify = clock()
+        out = target.verify(tree, cache, capture=drafter.needs_hidden)
+        t_accept = clock()
+        acc: Acceptance = accept(tree, out.logits, sp, gen)
+        path = torch.tensor(acc.path, dtype=torch.long)
+        cache.commit_path(path)
+        committed = tree.tokens[path].tolist()  # root + accepted drafts
+        new = committed[1:] + [acc.bonus]
+        kept = _append_until_stop(output, new, target.eos_ids, params.max_new_tokens, len(ids), limit)
+        stop = _stop_reason(output, target.eos_ids, params.max_new_tokens, len(ids), limit)
+        if stop is None:
+            session.extend(committed, None if out.hidden is None else out.hidden[path.to(out.hidden.device)])
+        root = acc.bonus
+        t_end = clock()
+        verify_s = t_accept - t_verify
+        times = StageTimes(proposal.draft_s, proposal.prune_s, verify_s)
+        times.other = max(0.0, (t_end - t_step) - times.draft - times.prune - verify_s)
+        totals += times
+        steps += 1
+        yield StepEvent(steps - 1, kept, acc.accepted, tree, acc.path, times, proposal.info)
+
+    yield Summary(len(ids), output, steps, clock() - t0, prefill_s, totals, stop)
+
+
+def _append_until_stop(output, new, eos_ids, max_new, prompt_len, limit) -> list[int]:
+    """Append `new` to `output`, cutting after an EOS or at a length limit; return what was kept."""
+    kept = []
+    for t in new:
+        if len(output) >= max_new or prompt_len + len(output) >= limit:
+            break
+        output.append(t)
+        kept.append(t)
+        if t in eos_ids:
+            break
+    return kept
+
+
+def _stop_reason(output, eos_ids, max_new, prompt_len, limit) -> str | None:
+    if output[-1] in eos_ids:
+        return "eos"
+    if len(output) >= max_new:
+        return "max_new_tokens"
+    if prompt_len + len(output) >= limit:
+        return "context"
+    return None
+
+
+def complete(target: Target, prompt: Prompt, drafter: Drafter | None = None, params=GenerationParams()) -> Summary:
+    """Blocking call: run the loop to the end and return its Summary."""
+    summary = None
+    for event in generate(target, prompt, drafter, params):
+        summary = event
+    assert isinstance(summary, Summary)
+    return summary

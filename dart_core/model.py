@@ -1,0 +1,367 @@
+"""The target transformer (Llama / Qwen2 / Qwen3) with a preallocated KV cache and tree attention.
+
+We own the forward pass, gpt-fast style, instead of patching Hugging Face modules: the speculative
+loop needs three things HF's forward does not give cheaply — an arbitrary (tree) attention mask over
+the new tokens, writes into a cache we can compact after acceptance, and the residual stream at a few
+chosen layers. Weights are read from an HF checkpoint directory (config.json + *.safetensors) and
+mapped onto fused projections (q|k|v and gate|up), which saves kernel launches at batch size 1.
+
+The math follows HF's modeling code (fp32 RMSNorm, rotate-half RoPE with HF's inverse frequencies,
+SDPA attention) so that greedy decoding agrees with `transformers`' own `generate` token for token.
+
+Shapes: B = 1 (batch), T = new tokens, P = tokens already in the cache, H = hidden size,
+nh / nkv = query / key-value heads, hd = head dim, V = vocab.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from torch import nn
+
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    """Architecture hyper-parameters, read from an HF config.json."""
+
+    arch: str  # "llama" | "qwen2" | "qwen3"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool  # Qwen2 has biases on q/k/v
+    qk_norm: bool  # Qwen3 normalises q and k per head
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict) -> "ModelArgs":
+        archs = cfg.get("architectures") or []
+        arch = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        if arch is None:
+            raise ValueError(
+                f"unsupported architecture {archs or cfg.get('model_type')!r}: "
+                f"supported are {sorted(SUPPORTED_ARCHITECTURES)}"
+            )
+        n_heads = cfg["num_attention_heads"]
+        return cls(
+            arch=arch,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            n_layers=cfg["num_hidden_layers"],
+            n_heads=n_heads,
+            n_kv_heads=cfg.get("num_key_value_heads") or n_heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // n_heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
+            qk_norm=arch == "qwen3",
+        )
+
+    def capture_layers(self) -> tuple[int, int, int]:
+        """Layers whose *input* residual stream EAGLE3 and DART read: 2, L//2 and L-3 (HF hidden_states[i])."""
+        layers = (2, self.n_layers // 2, self.n_layers - 3)
+        if len(set(layers)) != 3 or min(layers) < 1:
+            raise ValueError(f"a target needs at least 7 layers for 3 distinct captured layers, got {self.n_layers}")
+        return layers
+
+
+class KVCache:
+    """Preallocated keys/values for every layer, plus the committed length.
+
+    A forward writes its T new tokens at slots [length, length+T) of every layer ("pending") without
+    moving `length`. The caller then either `commit`s them in order (prefill, plain decoding) or
+    `commit_path`s a subset (the accepted root-to-leaf path of a verified tree), which moves those
+    entries into place. Anything beyond `length` is scratch and is overwritten by the next forward.
+    """
+
+    def __init__(self, args: ModelArgs, capacity: int, dtype: torch.dtype, device: torch.device | str):
+        if capacity <= 0:
+            raise ValueError(f"KV cache capacity must be positive, got {capacity}")
+        shape = (args.n_layers, 1, args.n_kv_heads, capacity, args.head_dim)  # (L, B, nkv, cap, hd)
+        self.k = torch.empty(shape, dtype=dtype, device=device)
+        self.v = torch.empty(shape, dtype=dtype, device=device)
+        self.capacity = capacity
+        self.length = 0
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v (B, nkv, T, hd) as pending entries; return the layer's keys/values up to length+T."""
+        end = self.length + k.shape[2]
+        if end > self.capacity:
+            raise RuntimeError(f"KV cache overflow: {end} > capacity {self.capacity}")
+        self.k[layer, :, :, self.length : end] = k
+        self.v[layer, :, :, self.length : end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def commit(self, n: int) -> None:
+        """Keep the first n pending entries, in order."""
+        if self.length + n > self.capacity:
+            raise RuntimeError(f"cannot commit {n} entries: {self.length}+{n} > capacity {self.capacity}")
+        self.length += n
+
+    def commit_path(self, nodes: torch.Tensor) -> None:
+        """Keep the pending entries at offsets `nodes` (1-D, ascending, nodes[0] == 0 for the root)."""
+        n = int(nodes.numel())
+        src = nodes.to(self.k.device) + self.length
+        if not bool((src == torch.arange(self.length, self.length + n, device=src.device)).all()):
+            dst = slice(self.length, self.length + n)
+            self.k[:, :, :, dst] = self.k.index_select(3, src)
+            self.v[:, :, :, dst] = self.v.index_select(3, src)
+        self.length += n
+
+    def rewind(self, length: int) -> None:
+        """Forget everything after `length` committed entries."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot rewind to {length}: committed length is {self.length}")
+        self.length = length
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 and cast back before scaling, exactly as HF does.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, h, T, hd); cos/sin (T, hd). Rotate-half convention."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        q_out, kv_out = args.n_heads * args.head_dim, args.n_kv_heads * args.head_dim
+        self.wqkv = nn.Linear(args.hidden_size, q_out + 2 * kv_out, bias=args.qkv_bias)
+        self.wo = nn.Linear(q_out, args.hidden_size, bias=False)
+        if args.qk_norm:
+            self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
+            self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
+
+    def forward(self, x, cos, sin, cache: KVCache, layer: int, mask: torch.Tensor | None) -> torch.Tensor:
+        a = self.args
+        B, T, _ = x.shape
+        q_out, kv_out = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
+        q, k, v = self.wqkv(x).split([q_out, kv_out, kv_out], dim=-1)
+        q = q.view(B, T, a.n_heads, a.head_dim)
+        k = k.view(B, T, a.n_kv_heads, a.head_dim)
+        if a.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q.transpose(1, 2), cos, sin)  # (B, nh, T, hd)
+        k = apply_rope(k.transpose(1, 2), cos, sin)  # (B, nkv, T, hd)
+        v = v.view(B, T, a.n_kv_heads, a.head_dim).transpose(1, 2)
+        k_all, v_all = cache.write(layer, k, v)  # (B, nkv, P+T, hd)
+        out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=a.n_heads != a.n_kv_heads)
+        return self.wo(out.transpose(1, 2).reshape(B, T, q_out))
+
+
+class MLP(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.w13 = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=False)  # gate | up
+        self.w2 = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.w13(x).chunk(2, dim=-1)
+        return self.w2(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.attention_norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.attention = Attention(args)
+        self.ffn_norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.feed_forward = MLP(args)
+
+    def forward(self, x, cos, sin, cache, layer, mask):
+        h = x + self.attention(self.attention_norm(x), cos, sin, cache, layer, mask)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor  # (T', V) fp32 for the requested positions
+    hidden: torch.Tensor | None  # (T, 3H) captured residual streams, concatenated low|mid|high
+
+
+class Transformer(nn.Module):
+    """Decoder-only LM. `forward` never mutates the cache's committed length: see KVCache."""
+
+    def __init__(self, args: ModelArgs, inv_freq: torch.Tensor, rope_scale: float = 1.0):
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.output = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self.rope_scale = rope_scale
+        self.capture = args.capture_layers() if args.n_layers >= 7 else ()
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions[:, None].float() * self.inv_freq[None, :]  # (T, hd/2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * self.rope_scale).to(dtype), (emb.sin() * self.rope_scale).to(dtype)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        tree_mask: torch.Tensor | None = None,
+        logits_at: torch.Tensor | slice | None = None,
+        capture: bool = False,
+    ) -> ForwardOutput:
+        """Run T new tokens after the cache's committed prefix.
+
+        tokens (T,) int64; positions (T,) int64 rope positions; tree_mask (T, T) bool, True where new
+        token i may attend to new token j (None = causal); logits_at selects which of the T positions
+        get logits (None = all); capture returns the three EAGLE3/DART residual streams for all T.
+        """
+        T = tokens.shape[0]
+        P = cache.length
+        x = self.tok_embeddings(tokens[None])  # (1, T, H)
+        cos, sin = self.rope(positions, x.dtype)
+        mask = self._attention_mask(tree_mask, P, T, x.device)
+        captured = []
+        for i, layer in enumerate(self.layers):
+            if capture and i in self.capture:
+                captured.append(x[0])
+            x = layer(x, cos, sin, cache, i, mask)
+        x = x[0]
+        if logits_at is not None:
+            x = x[logits_at]
+        logits = self.output(self.norm(x)).float()
+        hidden = torch.cat(captured, dim=-1) if capture else None
+        return ForwardOutput(logits=logits, hidden=hidden)
+
+    @staticmethod
+    def _attention_mask(tree_mask: torch.Tensor | None, P: int, T: int, device) -> torch.Tensor | None:
+        """Boolean (1, 1, T, P+T) mask: every new token sees the whole prefix, and new tokens see each other per tree_mask."""
+        if tree_mask is None:
+            if T == 1:
+                return None  # one token attends to everything before it
+            tree_mask = torch.ones(T, T, dtype=torch.bool, device=device).tril_()
+        prefix = torch.ones(T, P, dtype=torch.bool, device=device)
+        return torch.cat((prefix, tree_mask.to(device)), dim=1)[None, None]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Loading HF checkpoints
+
+
+def _hf_to_ours(args: ModelArgs) -> dict[str, list[str]]:
+    """Our parameter name -> the HF tensors concatenated (on dim 0) to build it."""
+    m: dict[str, list[str]] = {
+        "tok_embeddings.weight": ["model.embed_tokens.weight"],
+        "norm.weight": ["model.norm.weight"],
+        "output.weight": ["model.embed_tokens.weight" if args.tie_word_embeddings else "lm_head.weight"],
+    }
+    for i in range(args.n_layers):
+        hf, ours = f"model.layers.{i}.", f"layers.{i}."
+        m[ours + "attention.wqkv.weight"] = [hf + f"self_attn.{p}_proj.weight" for p in "qkv"]
+        if args.qkv_bias:
+            m[ours + "attention.wqkv.bias"] = [hf + f"self_attn.{p}_proj.bias" for p in "qkv"]
+        m[ours + "attention.wo.weight"] = [hf + "self_attn.o_proj.weight"]
+        if args.qk_norm:
+            m[ours + "attention.q_norm.weight"] = [hf + "self_attn.q_norm.weight"]
+            m[ours + "attention.k_norm.weight"] = [hf + "self_attn.k_norm.weight"]
+        m[ours + "feed_forward.w13.weight"] = [hf + "mlp.gate_proj.weight", hf + "mlp.up_proj.weight"]
+        m[ours + "feed_forward.w2.weight"] = [hf + "mlp.down_proj.weight"]
+        m[ours + "attention_norm.weight"] = [hf + "input_layernorm.weight"]
+        m[ours + "ffn_norm.weight"] = [hf + "post_attention_layernorm.weight"]
+    return m
+
+
+# HF checkpoints may carry these; they are recomputed, not loaded.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def read_safetensors(model_dir: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a (possibly sharded) safetensors checkpoint, on CPU."""
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {model_dir}")
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as fh:
+            for key in fh.keys():
+                tensors[key] = fh.get_tensor(key)
+    return tensors
+
+
+def rope_parameters(hf_config) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies and attention scaling, computed by transformers' own RoPE initialisers."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = getattr(hf_config, "rope_parameters", None) or {}
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "default":
+        base = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+        dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+        return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
+    if rope_type == "dynamic" or rope_type not in ROPE_INIT_FUNCTIONS:
+        raise ValueError(f"unsupported RoPE type {rope_type!r} (supported: default, linear, llama3, yarn)")
+    inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")
+    return inv_freq, float(scale)
+
+
+def load_transformer(model_dir: Path, dtype: torch.dtype, device: torch.device | str) -> Transformer:
+    """Build a Transformer from an HF checkpoint directory, checking every tensor name and shape."""
+    from transformers import AutoConfig
+
+    cfg = json.loads((model_dir / "config.json").read_text())
+    args = ModelArgs.from_hf_config(cfg)
+    inv_freq, rope_scale = rope_parameters(AutoConfig.from_pretrained(str(model_dir)))
+    hf = read_safetensors(model_dir)
+    with torch.device("meta"):
+        model = Transformer(args, torch.empty(args.head_dim // 2), rope_scale)
+    mapping = _hf_to_ours(args)
+    used: set[str] = set()
+    state: dict[str, torch.Tensor] = {}
+    for ours, sources in mapping.items():
+        missing = [s for s in sources if s not in hf]
+        if missing:
+            raise ValueError(f"checkpoint {model_dir} is missing tensors {missing}")
+        used.update(sources)
+        state[ours] = torch.cat([hf[s] for s in sources], dim=0) if len(sources) > 1 else hf[sources[0]]
+    unexpected = sorted(k for k in hf if k not in used and not k.endswith(_IGNORED_SUFFIXES))
+    if unexpected:
+        raise ValueError(f"checkpoint {model_dir} has unexpected tensors, e.g. {unexpected[:5]}")
+    expected = {k: v.shape for k, v in model.state_dict().items()}
+    for k, t in state.items():
+        if tuple(t.shape) != tuple(expected[k]):
+            raise ValueError(f"tensor {k} has shape {tuple(t.shape)}, config implies {tuple(expected[k])}")
+    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True, assign=True)
+    if args.tie_word_embeddings:
+        model.output.weight = model.tok_embeddings.weight  # one tensor, as in the checkpoint
+    model.inv_freq = inv_freq.float()
+    return model.to(device).eval()

@@ -1,0 +1,140 @@
+"""The target model runner: tokenizer + transformer + the three forwards speculative decoding needs.
+
+    prefill(ids, cache)       the prompt, causal; logits for the last position only
+    verify(tree, cache)       a whole draft tree in one forward with the tree attention mask;
+                              logits for every node (a one-token step is a one-node tree)
+
+Neither moves the cache's committed length: the caller commits what it accepts (see KVCache).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .loading import DEFAULT_MODEL, parse_dtype, resolve_model_dir
+from .model import ForwardOutput, KVCache, Transformer, load_transformer
+from .tree import DraftTree
+
+log = logging.getLogger(__name__)
+
+Prompt = str | list[dict] | list[int] | torch.Tensor
+
+
+@dataclass
+class Target:
+    name: str
+    model_dir: Path
+    model: Transformer
+    tokenizer: object  # a transformers tokenizer
+    eos_ids: frozenset[int]
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def context_limit(self) -> int:
+        return self.model.args.max_position_embeddings
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.args.vocab_size
+
+    @property
+    def hidden_size(self) -> int:
+        return self.model.args.hidden_size
+
+    # ------------------------------------------------------------------ prompts
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        """Token ids for a prompt: chat messages (template applied), a user message string, or ids."""
+        if isinstance(prompt, torch.Tensor):
+            ids = prompt.reshape(-1).tolist()
+        elif isinstance(prompt, str):
+            ids = self.encode([{"role": "user", "content": prompt}])
+        elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
+            ids = self._apply_chat_template(prompt)
+        elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            ids = list(prompt)
+        else:
+            raise TypeError("a prompt is a string, a list of chat messages ({'role', 'content'}) or a list of token ids")
+        if not ids:
+            raise ValueError("the prompt is empty")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"token ids out of range [0, {self.vocab_size}): {bad[:5]}")
+        return ids
+
+    def _apply_chat_template(self, messages: list[dict]) -> list[int]:
+        for i, m in enumerate(messages):
+            if set(m) - {"role", "content"} or not isinstance(m.get("content"), str) or m.get("role") not in (
+                "system",
+                "user",
+                "assistant",
+            ):
+                raise ValueError(f"message {i} must be {{'role': system|user|assistant, 'content': str}}, got {m!r}")
+        if not any(m["content"].strip() for m in messages if m["role"] == "user"):
+            raise ValueError("the prompt is empty: no user message has any text")
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError(f"{self.name} has no chat template; pass token ids instead of messages")
+        text = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, enable_thinking=False
+        )
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    # ------------------------------------------------------------------ forwards
+
+    def new_cache(self, capacity: int) -> KVCache:
+        return KVCache(self.model.args, capacity, self.dtype, self.device)
+
+    def prefill(self, ids: list[int], cache: KVCache, capture: bool) -> ForwardOutput:
+        """Run the prompt causally after the cache's prefix. Logits (1, V) for the last token; hidden (T, 3H)."""
+        tokens = torch.tensor(ids, dtype=torch.long, device=self.device)
+        positions = torch.arange(cache.length, cache.length + len(ids), device=self.device)
+        return self.model(tokens, positions, cache, None, logits_at=slice(-1, None), capture=capture)
+
+    def verify(self, tree: DraftTree, cache: KVCache, capture: bool) -> ForwardOutput:
+        """Run every tree node in one forward. Logits (N, V); hidden (N, 3H)."""
+        tokens = tree.tokens.to(self.device)
+        positions = (tree.depths + cache.length).to(self.device)
+        mask = None if len(tree) == 1 else tree.mask.to(self.device)
+        return self.model(tokens, positions, cache, mask, capture=capture)
+
+
+def _eos_ids(model_dir: Path, tokenizer) -> frozenset[int]:
+    ids: set[int] = set()
+    gen = model_dir / "generation_config.json"
+    if gen.is_file():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    if not ids:
+        raise ValueError(f"{model_dir}: no EOS token id in generation_config.json or the tokenizer")
+    return frozenset(ids)
+
+
+def load_target(
+    model: str | os.PathLike | None = DEFAULT_MODEL,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype = "float32",
+) -> Target:
+    """Load a target: "default" (embedded SmolLM2-135M-Instruct), a local directory or a hub id."""
+    from transformers import AutoTokenizer
+
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but CUDA is not available")
+    dtype = parse_dtype(dtype)
+    model_dir = resolve_model_dir(model)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    transformer = load_transformer(model_dir, dtype, device)
+    name = str(model or DEFAULT_MODEL)
+    return Target(name, model_dir, transformer, tokenizer, _eos_ids(model_dir, tokenizer), device, dtype)

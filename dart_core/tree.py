@@ -1,0 +1,93 @@
+"""The draft tree that the target verifies in one forward pass.
+
+Node 0 is the root: the token the target itself produced last step, not yet in the KV cache.
+Every other node is a drafted token whose parent comes earlier in the arrays (parents[i] < i), so
+any prefix of the nodes is itself a valid tree; drafters emit nodes in depth order.
+
+    tokens   (N,)  int64   token id per node
+    parents  (N,)  int64   parent node index, -1 for the root
+    depths   (N,)  int64   root 0; the rope position of node i is committed_length + depths[i]
+    mask     (N, N) bool   mask[i, j] = j is i or an ancestor of i (the tree attention mask)
+    scores   (N,)  float32 optional drafter scores, for display only
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    depths: torch.Tensor
+    mask: torch.Tensor
+    scores: torch.Tensor | None = None
+    children: tuple[tuple[int, ...], ...] = field(default=(), repr=False)
+
+    @classmethod
+    def from_parents(cls, tokens, parents, scores=None) -> "DraftTree":
+        """Build depths, mask and child lists from tokens and parent indices, validating the shape of the tree."""
+        tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
+        parents = torch.as_tensor(parents, dtype=torch.long).reshape(-1)
+        n = tokens.numel()
+        if n == 0 or parents.numel() != n:
+            raise ValueError(f"a tree needs a root and one parent per node (got {n} tokens, {parents.numel()} parents)")
+        par = parents.tolist()
+        if par[0] != -1:
+            raise ValueError("node 0 must be the root (parent -1)")
+        depths = [0] * n
+        kids: list[list[int]] = [[] for _ in range(n)]
+        mask = torch.zeros(n, n, dtype=torch.bool)
+        mask[0, 0] = True
+        for i in range(1, n):
+            p = par[i]
+            if not 0 <= p < i:
+                raise ValueError(f"node {i} has parent {p}: parents must come before their children")
+            depths[i] = depths[p] + 1
+            kids[p].append(i)
+            mask[i] = mask[p]
+            mask[i, i] = True
+        toks = tokens.tolist()
+        for p, ks in enumerate(kids):
+            child_tokens = [toks[k] for k in ks]
+            if len(set(child_tokens)) != len(child_tokens):
+                raise ValueError(f"node {p} has two children with the same token")
+        if scores is not None:
+            scores = torch.as_tensor(scores, dtype=torch.float32).reshape(-1)
+        return cls(tokens, parents, torch.tensor(depths), mask, scores, tuple(tuple(k) for k in kids))
+
+    @classmethod
+    def root_only(cls, root: int) -> "DraftTree":
+        return cls.from_parents([root], [-1])
+
+    def __len__(self) -> int:
+        return self.tokens.numel()
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depths.max())
+
+    def truncate(self, n: int) -> "DraftTree":
+        """The first n nodes (still a tree, since parents precede children)."""
+        if n >= len(self):
+            return self
+        if n < 1:
+            raise ValueError("a tree keeps at least its root")
+        scores = None if self.scores is None else self.scores[:n]
+        return DraftTree.from_parents(self.tokens[:n], self.parents[:n], scores)
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root to `node`, inclusive."""
+        path = []
+        par = self.parents.tolist()
+        while node != -1:
+            path.append(node)
+            node = par[node]
+        return path[::-1]
+
+    def leaf_paths(self) -> list[list[int]]:
+        """One root-to-leaf node path per leaf, in node order (the 'retrieve indices' without padding)."""
+        return [self.path_to(i) for i in range(len(self)) if not self.children[i]]
