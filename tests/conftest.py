@@ -1,0 +1,76 @@
+"""Shared fixtures: tiny random Llama / Qwen2 / Qwen3 targets built in the test, and the embedded model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from dart_core.model import load_transformer
+from dart_core.target import Target
+
+TINY_VOCAB = 96
+TINY_LAYERS = 8  # >= 7, so the three captured layers (2, L//2, L-3) are distinct
+TINY_EOS = 3
+
+
+def build_tiny_checkpoint(path: Path, arch: str, seed: int = 0, vocab: int = TINY_VOCAB, logit_scale: float = 8.0) -> Path:
+    """Save a tiny random HF model of `arch` to `path`. The LM head is scaled up so that next-token
+    distributions are peaked, as in a trained model, rather than near-uniform (where argmax ties
+    would make greedy comparisons meaningless)."""
+    import transformers
+
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=TINY_LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        eos_token_id=TINY_EOS,
+        bos_token_id=1,
+        pad_token_id=0,
+    )
+    cls = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+    }[arch]
+    extra = {"head_dim": 16} if arch == "qwen3" else {}
+    torch.manual_seed(seed)
+    model = cls[1](cls[0](**common, **extra)).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(logit_scale)
+        if arch == "qwen2":  # random biases, so the bias path is really exercised
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_(0, 0.1)
+    model.save_pretrained(path)
+    return path
+
+
+def tiny_target(path: Path, dtype=torch.float32) -> Target:
+    model = load_transformer(path, dtype, "cpu")
+    return Target(f"tiny:{path.name}", path, model, None, frozenset({TINY_EOS}), torch.device("cpu"), dtype)
+
+
+@pytest.fixture(scope="session", params=["llama", "qwen2", "qwen3"])
+def tiny_ckpt(request, tmp_path_factory) -> tuple[str, Path]:
+    arch = request.param
+    return arch, build_tiny_checkpoint(tmp_path_factory.mktemp(arch), arch)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Target:
+    return tiny_target(build_tiny_checkpoint(tmp_path_factory.mktemp("llama"), "llama"))
+
+
+@pytest.fixture(scope="session")
+def embedded_target() -> Target:
+    from dart_core import load_target
+
+    return load_target("default", "cpu", "float32")

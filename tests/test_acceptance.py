@@ -1,0 +1,157 @@
+"""Acceptance: golden greedy cases on hand-built trees, and statistical tests that sampling is lossless."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from conftest import build_tiny_checkpoint, tiny_target
+from dart_core import GenerationParams, SamplingParams, complete
+from dart_core.sampling import accept_greedy, accept_sampling, target_probs
+from dart_core.tree import DraftTree
+from drafters import RandomTreeDrafter
+
+V = 8
+P_VALUE = 1e-3  # a correct sampler fails each test about once in a thousand runs (seeds are fixed)
+
+
+def logits_with_argmax(rows: list[int]) -> torch.Tensor:
+    """(len(rows), V) logits whose row i has its maximum at token rows[i]."""
+    logits = torch.zeros(len(rows), V)
+    for i, tok in enumerate(rows):
+        logits[i, tok] = 5.0
+    return logits
+
+
+# Hand-built tree (node: token), depth order:
+#            0:root(7)
+#          /     |      \
+#       1:(2)  2:(4)   3:(5)
+#        |       |   \
+#      4:(3)   5:(1)  6:(6)
+#                |
+#              7:(0)
+TREE = DraftTree.from_parents([7, 2, 4, 5, 3, 1, 6, 0], [-1, 0, 0, 0, 1, 2, 2, 5])
+
+
+@pytest.mark.parametrize(
+    "argmax, path, bonus",
+    [
+        # target wants 4 after root, then 1, then 0, then 6: accepts 2 -> 5 -> 7, bonus 6
+        ([4, 0, 1, 0, 0, 0, 0, 6], [0, 2, 5, 7], 6),
+        # target wants 4, then 6 (node 6 is a leaf): accepts 2 -> 6, bonus from node 6's row
+        ([4, 0, 6, 0, 0, 0, 3, 0], [0, 2, 6], 3),
+        # target wants 2 then 3: path 1 -> 4, bonus from node 4
+        ([2, 3, 0, 0, 5, 0, 0, 0], [0, 1, 4], 5),
+        # target wants a token no child has: nothing accepted, bonus is the root's argmax
+        ([6, 3, 0, 0, 0, 0, 0, 0], [0], 6),
+        # target wants 4 then 3 (not a child of node 2): one accepted, bonus 3
+        ([4, 0, 3, 0, 0, 0, 0, 0], [0, 2], 3),
+    ],
+)
+def test_greedy_golden(argmax, path, bonus):
+    acc = accept_greedy(TREE, logits_with_argmax(argmax))
+    assert acc.path == path and acc.bonus == bonus and acc.accepted == len(path) - 1
+
+
+def test_tree_structure():
+    assert TREE.depths.tolist() == [0, 1, 1, 1, 2, 2, 2, 3]
+    assert TREE.path_to(7) == [0, 2, 5, 7]
+    assert TREE.leaf_paths() == [[0, 3], [0, 1, 4], [0, 2, 6], [0, 2, 5, 7]]
+    assert TREE.mask[7].nonzero().flatten().tolist() == [0, 2, 5, 7]
+    assert len(TREE.truncate(4)) == 4 and TREE.truncate(4).children[0] == (1, 2, 3)
+    with pytest.raises(ValueError, match="parents must come before"):
+        DraftTree.from_parents([1, 2, 3], [-1, 2, 0])
+    with pytest.raises(ValueError, match="same token"):
+        DraftTree.from_parents([1, 2, 2], [-1, 0, 0])
+
+
+def chi_square_p(counts: dict, expected_probs: dict, n: int) -> float:
+    """Chi-square goodness of fit, pooling cells with expected count < 5 into one."""
+    obs, exp, pool_o, pool_e = [], [], 0.0, 0.0
+    for key, p in expected_probs.items():
+        e = p * n
+        if e < 5:
+            pool_o += counts.get(key, 0)
+            pool_e += e
+        else:
+            obs.append(counts.get(key, 0))
+            exp.append(e)
+    if pool_e > 0:
+        obs.append(pool_o)
+        exp.append(pool_e)
+    assert sum(counts.get(k, 0) for k in counts if k not in expected_probs) == 0, "impossible outcome sampled"
+    if len(obs) == 1:  # one possible outcome, and no impossible one was seen
+        return 1.0
+    total = sum(exp)
+    assert abs(total - n) < 1e-4 * n, "expected probabilities do not sum to 1"
+    return float(chisquare(obs, [e * n / total for e in exp]).pvalue)  # fp32 probabilities sum to 1 +- 1e-7
+
+
+@pytest.mark.parametrize(
+    "params",
+    [SamplingParams(1.0), SamplingParams(0.7, top_p=0.95), SamplingParams(1.3, top_k=4)],
+    ids=["t1", "t0.7-p0.95", "t1.3-k4"],
+)
+def test_sampling_one_step_is_lossless(params):
+    """The first two emitted tokens of one step follow the target: P(x) = p_root(x) and, given an
+    accepted child x, the next token follows the distribution at x's node."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(len(TREE), V, generator=gen) * 1.5
+    logits[0, [2, 4]] += 2.0  # make the root's children with children likely, so both levels get tested
+    probs = target_probs(logits, params)
+    n = 20000
+    first, second = {}, {}
+    for _ in range(n):
+        acc = accept_sampling(TREE, logits, params, gen)
+        emitted = TREE.tokens[acc.path[1:]].tolist() + [acc.bonus]
+        first[emitted[0]] = first.get(emitted[0], 0) + 1
+        if len(emitted) > 1:
+            second.setdefault(emitted[0], {})
+            second[emitted[0]][emitted[1]] = second[emitted[0]].get(emitted[1], 0) + 1
+    assert chi_square_p(first, {t: float(probs[0, t]) for t in range(V) if probs[0, t] > 0}, n) > P_VALUE
+    tested = 0
+    for node in (1, 2):  # root children that have children of their own
+        counts = second.get(int(TREE.tokens[node]), {})
+        m = sum(counts.values())
+        if m < 500:  # too rare under this target to test
+            continue
+        assert chi_square_p(counts, {t: float(probs[node, t]) for t in range(V) if probs[node, t] > 0}, m) > P_VALUE
+        tested += 1
+    assert tested >= 1
+
+
+@pytest.fixture(scope="module")
+def small_vocab_target(tmp_path_factory):
+    target = tiny_target(build_tiny_checkpoint(tmp_path_factory.mktemp("v8"), "llama", seed=3, vocab=V, logit_scale=3.0))
+    target.eos_ids = frozenset()  # every run must produce all the tokens whose law we test
+    return target
+
+
+def exact_sequence_probs(target, prompt, params, length) -> dict[tuple, float]:
+    """P(first `length` generated tokens) under the target alone, by enumeration."""
+    out = {}
+    for seq in itertools.product(range(V), repeat=length):
+        ids = prompt + list(seq)
+        logits = target.model(torch.tensor(ids), torch.arange(len(ids)), target.new_cache(len(ids))).logits
+        probs = target_probs(logits[len(prompt) - 1 : -1], params)
+        out[seq] = math.prod(float(probs[i, t]) for i, t in enumerate(seq))
+    return out
+
+
+@pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.8, top_k=5, top_p=0.9)], ids=["t1", "t0.8-k5-p0.9"])
+def test_sampling_end_to_end_is_lossless(small_vocab_target, params):
+    """Through the whole loop with random trees, the joint law of the first 3 tokens is the target's."""
+    target, prompt, length, n = small_vocab_target, [1, 5, 2], 3, 2000
+    expected = {k: p for k, p in exact_sequence_probs(target, prompt, params, length).items() if p > 0}
+    counts: dict[tuple, int] = {}
+    for i in range(n):
+        sp = SamplingParams(params.temperature, params.top_p, params.top_k, seed=i)
+        s = complete(target, prompt, RandomTreeDrafter(V, max_nodes=8, seed=i), GenerationParams(length, sampling=sp))
+        key = tuple(s.output_ids)
+        counts[key] = counts.get(key, 0) + 1
+    assert chi_square_p(counts, expected, n) > P_VALUE
