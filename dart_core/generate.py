@@ -201,14 +201,13 @@ def _loop(target, ids, drafter, params, limit, capacity) -> Iterator[StepEvent |
         out = target.verify(tree, cache, capture=drafter.needs_hidden)
         t_accept = clock()
         acc: Acceptance = accept(tree, out.logits, sp, gen)
-        path = torch.tensor(acc.path, dtype=torch.long)
-        cache.commit_path(path)
-        committed = tree.tokens[path].tolist()  # root + accepted drafts
+        cache.commit_path(acc.path)
+        committed = tree.tokens[acc.path].tolist()  # root + accepted drafts
         new = committed[1:] + [acc.bonus]
         kept = _append_until_stop(output, new, target.eos_ids, params.max_new_tokens, len(ids), limit)
         stop = _stop_reason(output, target.eos_ids, params.max_new_tokens, len(ids), limit)
         if stop is None:
-            session.extend(committed, None if out.hidden is None else out.hidden[path.to(out.hidden.device)])
+            session.extend(committed, None if out.hidden is None else out.hidden[acc.path])
         root = acc.bonus
         t_end = clock()
         verify_s = t_accept - t_verify

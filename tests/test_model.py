@@ -99,7 +99,7 @@ def test_commit_path_equals_fresh_prefill(tiny_llama, seed):
     target.prefill(prefix, cache, capture=False)
     cache.commit(len(prefix))
     target.verify(tree, cache, capture=False)
-    cache.commit_path(torch.tensor(node_path))
+    cache.commit_path(node_path)
 
     seq = prefix + tree.tokens[node_path].tolist()
     fresh = target.new_cache(64)
