@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.setup-stamp
 # On CPU machines this resolves to a CPU wheel; a bare `torch` would pull GBs of CUDA packages.
 TORCH  ?= torch==2.13.0
-NATIVE := setup.py pyproject.toml $(wildcard ngram_cpp/src/*.cpp ngram_cpp/src/*.h ngram_cpp/src/*.hpp)
+NATIVE := pyproject.toml $(wildcard setup.py) $(wildcard ngram_cpp/src/*.cpp ngram_cpp/src/*.h ngram_cpp/src/*.hpp)
 
 .PHONY: setup demo test bench clean
 
