@@ -41,6 +41,7 @@ class Run:
     wall_s: float
     steps: int | None = None  # target forwards; None where the method does not report them
     times: StageTimes | None = None
+    accepted: list[int] = field(default_factory=list)  # drafted tokens accepted per step
 
 
 @dataclass
@@ -50,6 +51,7 @@ class Totals:
     steps: int = 0
     times: StageTimes = field(default_factory=StageTimes)
     has_steps: bool = True
+    accept_hist: list[int] = field(default_factory=list)  # accept_hist[a] = steps that accepted a drafts
 
     def add(self, run: Run) -> None:
         self.new_tokens += len(run.output_ids)
@@ -59,10 +61,14 @@ class Totals:
         else:
             self.steps += run.steps
             self.times += run.times
+            for a in run.accepted:
+                self.accept_hist.extend([0] * (a + 1 - len(self.accept_hist)))
+                self.accept_hist[a] += 1
 
     def report(self, ar_tps: float | None) -> dict:
         tps = self.new_tokens / self.wall_s if self.wall_s else 0.0
-        per_step = (lambda s: 1000.0 * s / self.steps) if self.has_steps and self.steps else (lambda s: None)
+        verify_steps = sum(self.accept_hist)  # steps after prefill, where the stage times were taken
+        per_step = (lambda s: 1000.0 * s / verify_steps) if self.has_steps and verify_steps else (lambda s: None)
         return {
             "tokens_per_s": tps,
             "tau": self.new_tokens / self.steps if self.has_steps and self.steps else None,
@@ -74,7 +80,14 @@ class Totals:
             "prune_ms": per_step(self.times.prune),
             "verify_ms": per_step(self.times.verify),
             "other_ms": per_step(self.times.other),
+            "accept_hist": self.accept_hist if self.has_steps else None,
+            "acceptance_by_depth": self.acceptance_by_depth() if self.has_steps else None,
         }
+
+    def acceptance_by_depth(self) -> list[float]:
+        """P(a step accepts at least k drafts), k = 1, 2, ...: the per-position acceptance rate."""
+        total = sum(self.accept_hist)
+        return [sum(self.accept_hist[k:]) / total for k in range(1, len(self.accept_hist))] if total else []
 
 
 Runner = Callable[[list[int], GenerationParams], Run]
@@ -83,7 +96,7 @@ Runner = Callable[[list[int], GenerationParams], Run]
 def loop_runner(target: Target, drafter: Drafter) -> Runner:
     def run(ids: list[int], params: GenerationParams) -> Run:
         s: Summary = complete(target, ids, drafter, params)
-        return Run(s.output_ids, s.wall_s, s.steps, s.times)
+        return Run(s.output_ids, s.wall_s, s.steps, s.times, s.accepted)
 
     return run
 

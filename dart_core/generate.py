@@ -117,6 +117,7 @@ class Summary:
     prefill_s: float
     times: StageTimes  # totals over the steps after prefill
     stop_reason: str  # "eos" | "max_new_tokens" | "context"
+    accepted: list[int] = field(default_factory=list)  # drafted tokens accepted at each step after prefill
 
     @property
     def new_tokens(self) -> int:
@@ -189,6 +190,7 @@ def _loop(target, ids, drafter, params, limit, capacity) -> Iterator[StepEvent |
     output = [root]
     totals = StageTimes()
     steps = 1
+    accepted: list[int] = []
     yield StepEvent(0, [root], 0, None, [], StageTimes(verify=prefill_s))
     stop = _stop_reason(output, target.eos_ids, params.max_new_tokens, len(ids), limit)
 
@@ -215,9 +217,10 @@ def _loop(target, ids, drafter, params, limit, capacity) -> Iterator[StepEvent |
         times.other = max(0.0, (t_end - t_step) - times.draft - times.prune - verify_s)
         totals += times
         steps += 1
+        accepted.append(acc.accepted)
         yield StepEvent(steps - 1, kept, acc.accepted, tree, acc.path, times, proposal.info)
 
-    yield Summary(len(ids), output, steps, clock() - t0, prefill_s, totals, stop)
+    yield Summary(len(ids), output, steps, clock() - t0, prefill_s, totals, stop, accepted)
 
 
 def _append_until_stop(output, new, eos_ids, max_new, prompt_len, limit) -> list[int]:
