@@ -1,0 +1,200 @@
+"""N-gram trie and DART's n-gram guided tree pruner.
+
+    model = ngram_cpp.load("assets/ngram/smollm2-3gram.ngram")   # compact (mmap) or upstream .trie
+    model.prob([12, 7], 99)                                       # upstream rule: longest matching context
+    tree = ngram_cpp.prune(tokens, probs, root, context, model, ngram_cpp.PruneParams())
+
+The C++ extension (`ngram_cpp._ngram`) is compiled by the package build. Where it is missing, the
+same API runs on the pure-Python reference implementation (`HAVE_CPP` says which), only slower.
+
+File formats: our compact format is a 160-byte header (magic "DARTNGRM", version, order, vocab
+size, total count, nodes per level, tokenizer fingerprint) followed, per level, by the sorted token,
+count and child-offset arrays; it is memory-mapped, so loading costs milliseconds at any size.
+The upstream format is fvliang/DART's `.trie` byte layout, read and written unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from .reference import COMPACT_MAGIC, PrunedTree, PruneParams, PyNGramModel, prune_reference
+
+try:
+    from . import _ngram
+
+    HAVE_CPP = True
+except ImportError:  # the extension was not built: fall back to the Python reference
+    _ngram = None
+    HAVE_CPP = False
+
+__all__ = [
+    "HAVE_CPP",
+    "NGram",
+    "PruneParams",
+    "PrunedTree",
+    "build",
+    "convert",
+    "load",
+    "prune",
+    "tokenizer_fingerprint",
+]
+
+DEFAULT_ORDER = 3
+# Slices buffered before the builder sorts and spills a run to disk (12 bytes each at order 3).
+DEFAULT_SLICES_IN_MEMORY = 50_000_000
+
+
+class NGram:
+    """An n-gram model, backed by the C++ trie when available."""
+
+    def __init__(self, impl):
+        self._impl = impl
+
+    @property
+    def order(self) -> int:
+        return self._impl.order
+
+    @property
+    def vocab_size(self) -> int:
+        return self._impl.vocab_size
+
+    @property
+    def total(self) -> int:
+        return self._impl.total
+
+    @property
+    def num_nodes(self) -> int:
+        return self._impl.num_nodes
+
+    @property
+    def fingerprint(self) -> str:
+        return self._impl.fingerprint
+
+    @property
+    def native(self):
+        """The C++ model (None with the Python fallback)."""
+        return self._impl if HAVE_CPP and not isinstance(self._impl, PyNGramModel) else None
+
+    def prob(self, context, token: int, smoothed: bool = False) -> float:
+        """P(token | context) by the upstream rule (or interpolated with `smoothed`)."""
+        return float(self._impl.prob(np.asarray(context, dtype=np.int64), int(token), smoothed))
+
+    def probs(self, context, tokens, smoothed: bool = False) -> np.ndarray:
+        """P(t | context) for every t in tokens, one context lookup for all of them. (n,) float64."""
+        return np.asarray(self._impl.probs(np.asarray(context, dtype=np.int64), np.asarray(tokens, dtype=np.int64), smoothed))
+
+    def save(self, path, fmt: str = "compact") -> None:
+        """Write in `compact` (ours, memory-mappable) or `upstream` (.trie) format."""
+        if self.native is None:
+            raise RuntimeError("saving needs the C++ extension (ngram_cpp._ngram)")
+        if fmt == "compact":
+            self._impl.save_compact(str(path))
+        elif fmt == "upstream":
+            self._impl.save_upstream(str(path))
+        else:
+            raise ValueError(f"unknown format {fmt!r}: 'compact' or 'upstream'")
+
+    def validate(self) -> None:
+        """Check every array (reads the whole file); raises RuntimeError on the first inconsistency."""
+        if self.native is None:
+            return
+        self._impl.validate()
+
+
+def _is_compact(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(len(COMPACT_MAGIC)) == COMPACT_MAGIC
+
+
+def load(path, expected_fingerprint: str | None = None, expected_vocab_size: int | None = None) -> NGram:
+    """Load a compact (.ngram, memory-mapped) or upstream (.trie) file; the format is detected.
+
+    With `expected_fingerprint` / `expected_vocab_size`, a trie built for another tokenizer is refused.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no n-gram file at {path}")
+    compact = _is_compact(path)
+    if HAVE_CPP:
+        impl = _ngram.NGramModel.load_compact(str(path)) if compact else _ngram.NGramModel.load_upstream(str(path))
+    else:
+        impl = PyNGramModel.load(path)
+    model = NGram(impl)
+    if expected_fingerprint and model.fingerprint and model.fingerprint != expected_fingerprint:
+        raise ValueError(f"{path} was built for another tokenizer (fingerprint {model.fingerprint[:12]}…, expected {expected_fingerprint[:12]}…)")
+    if expected_vocab_size is not None and model.vocab_size > expected_vocab_size:
+        raise ValueError(f"{path} holds token ids up to {model.vocab_size - 1}, beyond the tokenizer's vocabulary of {expected_vocab_size}")
+    return model
+
+
+def build(
+    sequences: Iterable,
+    vocab_size: int,
+    order: int = DEFAULT_ORDER,
+    fingerprint: str = "",
+    slices_in_memory: int = DEFAULT_SLICES_IN_MEMORY,
+    spill_dir: str | os.PathLike | None = None,
+) -> NGram:
+    """Count every n-gram (n <= order) of the sequences, which never share n-grams across each other.
+
+    Streams: beyond `slices_in_memory` buffered n-gram slices, sorted runs spill to `spill_dir` (a
+    temporary directory by default) and are merged at the end.
+    """
+    if not HAVE_CPP:
+        model = PyNGramModel(order, vocab_size)
+        for seq in sequences:
+            model.add(seq)
+        model.fingerprint = fingerprint
+        return NGram(model)
+    with tempfile.TemporaryDirectory(dir=spill_dir) as tmp:
+        builder = _ngram.Builder(order, vocab_size, slices_in_memory, tmp)
+        for seq in sequences:
+            builder.add(np.asarray(seq, dtype=np.int64))
+        return NGram(builder.finish(fingerprint))
+
+
+def convert(src, dst, fmt: str | None = None) -> None:
+    """Convert between formats; the target format defaults to the other one."""
+    model = load(src)
+    if fmt is None:
+        fmt = "upstream" if _is_compact(Path(src)) else "compact"
+    model.save(dst, fmt)
+
+
+def prune(tokens, probs, root: int, context, model: NGram | None, params: PruneParams = PruneParams(), eos_id: int = -1) -> PrunedTree:
+    """Turn per-depth top-k draft candidates into a draft tree (see ngram_cpp/src/pruner.h).
+
+    tokens (d, k) int64 target ids, probs (d, k) float32 draft probabilities (row j: depth j+1);
+    root is the target's latest token; context the committed tokens before it.
+    """
+    if not HAVE_CPP or (model is not None and model.native is None):
+        return prune_reference(tokens, probs, root, context, None if model is None else model._impl, params, eos_id)
+    native = _ngram.PruneParams()
+    for f in dataclasses.fields(PruneParams):
+        setattr(native, f.name, getattr(params, f.name))
+    out = _ngram.prune(
+        np.asarray(tokens, dtype=np.int64),
+        np.asarray(probs, dtype=np.float32),
+        int(root),
+        np.asarray(context, dtype=np.int64).reshape(-1),
+        None if model is None else model.native,
+        native,
+        int(eos_id),
+    )
+    return PrunedTree(**out)
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A stable hash of a tokenizer's vocabulary, stored in compact files to catch mismatches."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    h = hashlib.sha256()
+    for tok, idx in vocab:
+        h.update(f"{idx}\t{tok}\n".encode("utf-8", "surrogatepass"))
+    return h.hexdigest()[:32]  # the compact header holds up to 63 characters

@@ -1,0 +1,300 @@
+"""Pure-Python n-gram model and pruner: the executable specification of the C++ code.
+
+Slow but obviously correct; the tests check that the C++ agrees with it on random cases, and it is
+the fallback when the extension is not built (e.g. on a platform without a compiler).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+COMPACT_MAGIC = b"DARTNGRM"
+COMPACT_VERSION = 1
+MAX_ORDER = 8
+HEADER = struct.Struct("<8sIIII Q 8Q 64s")  # magic, version, order, vocab, reserved, total, level sizes, fingerprint
+ALIGN = 8
+UNIFORM_WEIGHT = 0.01  # smoothed mode, as in ngram.cpp
+
+
+@dataclass(frozen=True)
+class PruneParams:
+    """Tree search parameters (defaults: upstream DART's tree_search_config)."""
+
+    top_k: int = 25
+    beam_width: int = 20
+    max_nodes: int = 60  # drafted nodes kept, root excluded
+    level_exponent: float = -0.7  # level weight (l + 1) ** level_exponent
+    logit_decay: float = 0.9  # draft log-prob weight decay ** l
+    ngram_weight: float = 0.5
+    use_ngram: bool = True
+    ngram_on_first_level: bool = False  # upstream builds with -DNO_NGRAM_ON_FIRST_TOKEN
+    eps: float = 1e-10
+
+
+@dataclass
+class PrunedTree:
+    """The verifier's arrays. N = kept nodes + 1; index 0 is the root; depth order."""
+
+    tokens: np.ndarray  # (N,) int64
+    parents: np.ndarray  # (N,) int64, root -1
+    positions: np.ndarray  # (N,) int64 depth
+    scores: np.ndarray  # (N,) float32 cumulative beam score
+    mask: np.ndarray  # (N, N) bool, row i = i and its ancestors
+    retrieve: np.ndarray  # (leaves, max_depth + 1) int64, -1 padded
+
+
+class PyNGramModel:
+    """Dict trie: children[node] maps token -> child node; counts[node]; node 0 is the root."""
+
+    def __init__(self, order: int, vocab_size: int):
+        self.order, self.vocab_size = order, vocab_size
+        self.children: list[dict[int, int]] = [{}]
+        self.counts: list[int] = [0]
+        self.fingerprint = ""
+
+    @property
+    def total(self) -> int:
+        return self.counts[0]
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.counts)
+
+    def add(self, tokens) -> None:
+        tokens = [int(t) for t in tokens]
+        for s in range(len(tokens)):
+            node = 0
+            self.counts[0] += 1
+            for t in tokens[s : s + self.order]:
+                nxt = self.children[node].get(t)
+                if nxt is None:
+                    nxt = len(self.counts)
+                    self.children[node][t] = nxt
+                    self.children.append({})
+                    self.counts.append(0)
+                node = nxt
+                self.counts[node] += 1
+
+    def _find(self, ctx: list[int]) -> int | None:
+        node = 0
+        for t in ctx:
+            node = self.children[node].get(t)
+            if node is None:
+                return None
+        return node
+
+    def prob(self, context, token: int, smoothed: bool = False) -> float:
+        context = [int(t) for t in context]
+        if smoothed:
+            return self._smoothed(context, int(token))
+        for length in range(min(self.order - 1, len(context)), 0, -1):
+            node = self._find(context[len(context) - length :])
+            if node is None:
+                continue
+            child = self.children[node].get(int(token))
+            if child is not None and self.counts[node] > 0:
+                return self.counts[child] / self.counts[node]
+        return 0.0
+
+    def probs(self, context, tokens, smoothed: bool = False) -> np.ndarray:
+        return np.array([self.prob(context, t, smoothed) for t in tokens], dtype=np.float64)
+
+    def _smoothed(self, context: list[int], token: int) -> float:
+        weight_sum = float(sum(1 << n for n in range(self.order)))
+        p = 0.0
+        for length in range(self.order):
+            w = (1.0 - UNIFORM_WEIGHT) * float(1 << length) / weight_sum
+            if length > len(context):
+                continue
+            node = 0 if length == 0 else self._find(context[len(context) - length :])
+            if node is None or self.counts[node] == 0:
+                continue
+            child = self.children[node].get(token)
+            p += w * float(self.counts[child] if child is not None else 0) / self.counts[node]
+        return p + UNIFORM_WEIGHT / max(self.vocab_size, 1)
+
+    # -- reading our files (small files only: everything is parsed into dicts)
+
+    @classmethod
+    def load(cls, path) -> "PyNGramModel":
+        data = open(path, "rb").read()
+        if data[:8] == COMPACT_MAGIC:
+            return cls._from_compact(data, str(path))
+        return cls._from_upstream(data, str(path))
+
+    @classmethod
+    def _from_compact(cls, data: bytes, path: str) -> "PyNGramModel":
+        if len(data) < HEADER.size:
+            raise RuntimeError(f"{path}: truncated: smaller than the compact header")
+        magic, version, order, vocab, _, total, *rest = HEADER.unpack_from(data)
+        sizes, fingerprint = rest[:MAX_ORDER], rest[MAX_ORDER]
+        if version != COMPACT_VERSION or not 1 <= order <= MAX_ORDER:
+            raise RuntimeError(f"{path}: unsupported version {version} or order {order}")
+        pos = _align(HEADER.size)
+        levels = []
+        for lv in range(order):
+            n = sizes[lv]
+            arrays = []
+            for dtype, count in ((np.int32, n), (np.uint32, n)) + (((np.uint64, n + 1),) if lv + 1 < order else ()):
+                nbytes = count * np.dtype(dtype).itemsize
+                if pos + nbytes > len(data):
+                    raise RuntimeError(f"{path}: truncated or corrupt: level arrays exceed the file")
+                arrays.append(np.frombuffer(data, dtype=dtype, count=count, offset=pos))
+                pos = _align(pos + nbytes)
+            levels.append(arrays)
+        if pos != len(data):
+            raise RuntimeError(f"{path}: corrupt: file size does not match the header's level sizes")
+        m = cls(order, vocab)
+        m.counts[0] = total
+        m.fingerprint = fingerprint.rstrip(b"\0").decode()
+        parents = [0]  # node ids of the previous level, in level order
+        for lv, arrays in enumerate(levels):
+            toks, cnts = arrays[0], arrays[1]
+            ids = []
+            if lv == 0:
+                owner = [0] * len(toks)
+            else:
+                fc = levels[lv - 1][2]
+                owner = np.repeat(np.arange(len(parents)), np.diff(fc.astype(np.int64))).tolist()
+            for i, (t, c) in enumerate(zip(toks.tolist(), cnts.tolist())):
+                node = len(m.counts)
+                m.children.append({})
+                m.counts.append(c)
+                m.children[parents[owner[i]] if lv else 0][t] = node
+                ids.append(node)
+            parents = ids
+        return m
+
+    @classmethod
+    def _from_upstream(cls, data: bytes, path: str) -> "PyNGramModel":
+        if len(data) < 16:
+            raise RuntimeError(f"{path}: truncated: no upstream .trie header")
+        order, n_nodes = struct.unpack_from("<QQ", data)
+        if not 1 <= order <= MAX_ORDER:
+            raise RuntimeError(f"{path}: invalid order {order}")
+        pos = 16
+        m = cls(order, 0)
+        m.children = [{} for _ in range(n_nodes)]
+        m.counts = [0] * n_nodes
+        for i in range(n_nodes):
+            if pos + 24 > len(data):
+                raise RuntimeError(f"{path}: truncated upstream .trie file")
+            _tok, _parent, freq, nc = struct.unpack_from("<iQiQ", data, pos)
+            pos += 24
+            m.counts[i] = freq
+            if pos + 12 * nc > len(data):
+                raise RuntimeError(f"{path}: truncated upstream .trie file")
+            for _ in range(nc):
+                t, idx = struct.unpack_from("<iQ", data, pos)
+                pos += 12
+                m.children[i][t] = idx
+                m.vocab_size = max(m.vocab_size, t + 1)
+        return m
+
+
+def _align(x: int) -> int:
+    return (x + ALIGN - 1) // ALIGN * ALIGN
+
+
+def prune_reference(tokens, probs, root: int, context, model, params: PruneParams, eos_id: int) -> PrunedTree:
+    """The pruner, step by step (see ngram_cpp/src/pruner.h for the score)."""
+    tokens = np.asarray(tokens, dtype=np.int64)
+    probs = np.asarray(probs, dtype=np.float32)
+    if tokens.ndim != 2 or tokens.shape != probs.shape or tokens.shape[0] < 1 or tokens.shape[1] < 1:
+        raise ValueError(f"tokens and probs must both be [d, k] with d, k >= 1 (got {tokens.shape} and {probs.shape})")
+    d, k = tokens.shape
+    vocab = model.vocab_size if model is not None else 2**31 - 1
+    if not 0 <= root < vocab or tokens.min() < 0 or tokens.max() >= vocab:
+        raise ValueError(f"token ids must be in [0, {vocab})")
+    if not (np.isfinite(probs).all() and (probs >= 0).all() and (probs <= 1).all()):
+        raise ValueError("draft probabilities must be in [0, 1]")
+    if any(len(set(row)) != len(row) for row in tokens.tolist()):
+        raise ValueError("a token appears twice in one row")
+    kk = min(k, params.top_k)
+    order = model.order if model is not None else 1
+    ctx_len = order - 1
+    context = [int(t) for t in np.asarray(context).reshape(-1)]
+
+    # pool entries: [token, parent, depth, score]
+    pool: list[tuple[int, int, int, float]] = []
+    beam = [-1]
+    for level in range(d):
+        if not beam:
+            break
+        w = math.pow(float(level + 1), params.level_exponent)
+        decay = math.pow(params.logit_decay, float(level))
+        ngram = model is not None and params.use_ngram and ctx_len > 0 and (level > 0 or params.ngram_on_first_level)
+        cand = [int(t) for t in tokens[level, :kk]]
+        nxt = []
+        for parent in beam:
+            q = [1.0] * kk
+            if ngram:
+                path = []
+                n = parent
+                while n >= 0:
+                    path.append(pool[n][0])
+                    n = pool[n][1]
+                seq = context + [int(root)] + path[::-1]
+                q = list(model.probs(seq[-ctx_len:], cand))
+            base = pool[parent][3] if parent >= 0 else 0.0
+            depth = pool[parent][2] + 1 if parent >= 0 else 1
+            for i in range(kk):
+                term = decay * math.log(float(probs[level, i]) + params.eps)
+                if ngram:
+                    term += params.ngram_weight * math.log(q[i] + params.eps)
+                pool.append((cand[i], parent, depth, base + min(0.0, w * term)))
+                nxt.append(len(pool) - 1)
+        nxt.sort(key=lambda n: (pool[n][0] == eos_id, -pool[n][3], n))
+        nxt = nxt[: params.beam_width]
+        while nxt and pool[nxt[-1]][0] == eos_id:
+            nxt.pop()
+        beam = nxt
+
+    ranked = sorted(range(len(pool)), key=lambda n: (-pool[n][3], pool[n][2], n))[: params.max_nodes]
+    kept, chosen = [], set()
+    for n in ranked:
+        if pool[n][1] >= 0 and pool[n][1] not in chosen:
+            continue
+        chosen.add(n)
+        kept.append(n)
+    kept.sort(key=lambda n: pool[n][2])  # stable: best first within a depth
+
+    N = len(kept) + 1
+    index = {n: i + 1 for i, n in enumerate(kept)}
+    out_tokens = [int(root)] + [pool[n][0] for n in kept]
+    parents = [-1] + [index.get(pool[n][1], 0) for n in kept]
+    positions = [0] + [pool[n][2] for n in kept]
+    scores = [0.0] + [pool[n][3] for n in kept]
+    mask = np.zeros((N, N), dtype=bool)
+    mask[0, 0] = True
+    for i in range(1, N):
+        mask[i] = mask[parents[i]]
+        mask[i, i] = True
+    has_child = set(parents[1:])
+    paths = []
+    for i in range(N):
+        if i in has_child:
+            continue
+        path, n = [], i
+        while n > 0:
+            path.append(n)
+            n = parents[n]
+        paths.append(path[::-1])
+    paths.sort(key=lambda p: [out_tokens[n] for n in p])
+    width = max(positions) + 1
+    retrieve = np.full((len(paths), width), -1, dtype=np.int64)
+    for r, p in enumerate(paths):
+        retrieve[r, 0] = 0
+        retrieve[r, 1 : 1 + len(p)] = p
+    return PrunedTree(
+        np.array(out_tokens, dtype=np.int64),
+        np.array(parents, dtype=np.int64),
+        np.array(positions, dtype=np.int64),
+        np.array(scores, dtype=np.float32),
+        mask,
+        retrieve,
+    )

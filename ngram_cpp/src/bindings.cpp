@@ -1,0 +1,142 @@
+// Python bindings: arrays cross as contiguous numpy arrays; C++ exceptions become ValueError
+// (std::invalid_argument) or RuntimeError (everything else, e.g. a corrupt file).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "ngram.h"
+#include "pruner.h"
+
+namespace py = pybind11;
+using namespace ngram;
+
+namespace {
+
+template <typename T>
+using carray = py::array_t<T, py::array::c_style | py::array::forcecast>;
+
+std::vector<token_t> to_tokens(const carray<int64_t>& a, const char* what) {
+    if (a.ndim() != 1) throw std::invalid_argument(std::string(what) + " must be 1-D");
+    std::vector<token_t> out(static_cast<size_t>(a.shape(0)));
+    const int64_t* p = a.data();
+    for (size_t i = 0; i < out.size(); ++i) {
+        if (p[i] < 0 || p[i] > INT32_MAX) throw std::invalid_argument(std::string(what) + ": token id " + std::to_string(p[i]) + " out of range");
+        out[i] = static_cast<token_t>(p[i]);
+    }
+    return out;
+}
+
+template <typename T>
+py::array_t<T> to_numpy(std::vector<T>&& v, std::vector<py::ssize_t> shape) {
+    auto* heap = new std::vector<T>(std::move(v));
+    py::capsule owner(heap, [](void* p) { delete static_cast<std::vector<T>*>(p); });
+    return py::array_t<T>(shape, heap->data(), owner);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_ngram, m) {
+    m.doc() = "C++ n-gram trie (upstream .trie and memory-mapped compact formats) and DART's tree pruner";
+
+    py::class_<NGramModel>(m, "NGramModel")
+        .def_static("load_compact", &NGramModel::load_compact, py::arg("path"), py::call_guard<py::gil_scoped_release>())
+        .def_static("load_upstream", &NGramModel::load_upstream, py::arg("path"), py::call_guard<py::gil_scoped_release>())
+        .def("save_compact", &NGramModel::save_compact, py::arg("path"), py::call_guard<py::gil_scoped_release>())
+        .def("save_upstream", &NGramModel::save_upstream, py::arg("path"), py::call_guard<py::gil_scoped_release>())
+        .def("validate", &NGramModel::validate, py::call_guard<py::gil_scoped_release>())
+        .def_property_readonly("order", &NGramModel::order)
+        .def_property_readonly("vocab_size", &NGramModel::vocab_size)
+        .def_property_readonly("total", &NGramModel::total)
+        .def_property_readonly("num_nodes", &NGramModel::num_nodes)
+        .def_property_readonly("fingerprint", &NGramModel::fingerprint)
+        .def(
+            "prob",
+            [](const NGramModel& self, const carray<int64_t>& context, int64_t token, bool smoothed) {
+                std::vector<token_t> ctx = to_tokens(context, "context");
+                if (token < 0 || token > INT32_MAX) throw std::invalid_argument("token id out of range");
+                auto t = static_cast<token_t>(token);
+                return smoothed ? self.smoothed_prob(ctx.data(), ctx.size(), t) : self.prob(ctx.data(), ctx.size(), t);
+            },
+            py::arg("context"), py::arg("token"), py::arg("smoothed") = false)
+        .def(
+            "probs",
+            [](const NGramModel& self, const carray<int64_t>& context, const carray<int64_t>& tokens, bool smoothed) {
+                std::vector<token_t> ctx = to_tokens(context, "context");
+                std::vector<token_t> toks = to_tokens(tokens, "tokens");
+                std::vector<double> out(toks.size());
+                if (smoothed) {
+                    for (size_t i = 0; i < toks.size(); ++i) out[i] = self.smoothed_prob(ctx.data(), ctx.size(), toks[i]);
+                } else {
+                    self.probs(ctx.data(), ctx.size(), toks.data(), toks.size(), out.data());
+                }
+                return to_numpy(std::move(out), {static_cast<py::ssize_t>(toks.size())});
+            },
+            py::arg("context"), py::arg("tokens"), py::arg("smoothed") = false)
+        .def(
+            "level_arrays",
+            [](const NGramModel& self, uint32_t level) {
+                if (level < 1 || level > self.order()) throw std::invalid_argument("level must be in 1..order");
+                const Level& lv = self.level(level);
+                std::vector<int64_t> tok(lv.tokens, lv.tokens + lv.size);
+                std::vector<int64_t> cnt(lv.counts, lv.counts + lv.size);
+                std::vector<int64_t> fc;
+                if (lv.first_child) fc.assign(lv.first_child, lv.first_child + lv.size + 1);
+                return py::make_tuple(tok, cnt, fc);
+            },
+            py::arg("level"), "Copies of one level's (tokens, counts, first_child) arrays, for tests and tools.");
+
+    py::class_<Builder>(m, "Builder")
+        .def(py::init<uint32_t, uint32_t, uint64_t, std::string>(), py::arg("order"), py::arg("vocab_size"),
+             py::arg("max_slices_in_memory"), py::arg("spill_dir"))
+        .def(
+            "add",
+            [](Builder& self, const carray<int64_t>& tokens) {
+                std::vector<token_t> t = to_tokens(tokens, "tokens");
+                py::gil_scoped_release release;
+                self.add(t.data(), t.size());
+            },
+            py::arg("tokens"))
+        .def("finish", &Builder::finish, py::arg("fingerprint"), py::call_guard<py::gil_scoped_release>())
+        .def_property_readonly("slices", &Builder::slices);
+
+    py::class_<PruneParams>(m, "PruneParams")
+        .def(py::init<>())
+        .def_readwrite("top_k", &PruneParams::top_k)
+        .def_readwrite("beam_width", &PruneParams::beam_width)
+        .def_readwrite("max_nodes", &PruneParams::max_nodes)
+        .def_readwrite("level_exponent", &PruneParams::level_exponent)
+        .def_readwrite("logit_decay", &PruneParams::logit_decay)
+        .def_readwrite("ngram_weight", &PruneParams::ngram_weight)
+        .def_readwrite("use_ngram", &PruneParams::use_ngram)
+        .def_readwrite("ngram_on_first_level", &PruneParams::ngram_on_first_level)
+        .def_readwrite("eps", &PruneParams::eps);
+
+    m.def(
+        "prune",
+        [](const carray<int64_t>& tokens, const carray<float>& probs, int64_t root, const carray<int64_t>& context,
+           const NGramModel* model, const PruneParams& params, int64_t eos_id) {
+            if (tokens.ndim() != 2 || probs.ndim() != 2) throw std::invalid_argument("tokens and probs must be 2-D [d, k]");
+            if (tokens.shape(0) != probs.shape(0) || tokens.shape(1) != probs.shape(1))
+                throw std::invalid_argument("tokens and probs shapes differ: [" + std::to_string(tokens.shape(0)) + ", " +
+                                            std::to_string(tokens.shape(1)) + "] vs [" + std::to_string(probs.shape(0)) + ", " +
+                                            std::to_string(probs.shape(1)) + "]");
+            if (context.ndim() != 1) throw std::invalid_argument("context must be 1-D");
+            PrunedTree t;
+            {
+                py::gil_scoped_release release;
+                t = prune(tokens.data(), probs.data(), tokens.shape(0), tokens.shape(1), root, context.data(), context.shape(0), model,
+                          params, eos_id);
+            }
+            auto n = static_cast<py::ssize_t>(t.tokens.size());
+            py::dict out;
+            out["tokens"] = to_numpy(std::move(t.tokens), {n});
+            out["parents"] = to_numpy(std::move(t.parents), {n});
+            out["positions"] = to_numpy(std::move(t.positions), {n});
+            out["scores"] = to_numpy(std::move(t.scores), {n});
+            out["mask"] = to_numpy(std::move(t.mask), {n, n}).attr("astype")("bool");
+            out["retrieve"] = to_numpy(std::move(t.retrieve), {static_cast<py::ssize_t>(t.n_leaves), static_cast<py::ssize_t>(t.width)});
+            return out;
+        },
+        py::arg("tokens"), py::arg("probs"), py::arg("root"), py::arg("context"), py::arg("model"), py::arg("params"),
+        py::arg("eos_id"));
+}

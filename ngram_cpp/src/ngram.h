@@ -1,0 +1,120 @@
+// N-gram count trie stored level by level, for DART's tree pruner.
+//
+// Every prefix of every n-gram (n <= order) is a node. Level l (1-based) holds the nodes of depth l,
+// grouped by parent in the parent level's order and sorted by token within a parent, so the children
+// of node i at level l are the contiguous range [first_child[i], first_child[i+1]) of level l+1 and can
+// be binary-searched. count(node) = occurrences of that token sequence in the corpus (upstream's freq).
+//
+// The same arrays back both an owned in-memory model and a read-only memory-mapped file (our compact
+// format), so loading a trie of any size is one mmap plus a header check.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ngram {
+
+using token_t = int32_t;
+using count_t = uint32_t;
+using index_t = uint64_t;
+
+constexpr int kMaxOrder = 8;
+
+// Compact format header, little-endian, 8-byte aligned arrays follow.
+struct CompactHeader {
+    char magic[8];          // "DARTNGRM"
+    uint32_t version;       // kCompactVersion
+    uint32_t order;         // n-gram order, 1..kMaxOrder
+    uint32_t vocab_size;    // tokens are in [0, vocab_size)
+    uint32_t reserved;
+    uint64_t total;         // root count: number of tokens in the corpus
+    uint64_t level_size[kMaxOrder];  // nodes per level (levels 1..order)
+    char fingerprint[64];   // tokenizer fingerprint (hex string, NUL padded)
+};
+static_assert(sizeof(CompactHeader) == 160, "header layout");
+
+constexpr char kCompactMagic[8] = {'D', 'A', 'R', 'T', 'N', 'G', 'R', 'M'};
+constexpr uint32_t kCompactVersion = 1;
+
+// One level of the trie: views into owned vectors or into a mapped file.
+struct Level {
+    const token_t* tokens = nullptr;       // [size]
+    const count_t* counts = nullptr;       // [size]
+    const index_t* first_child = nullptr;  // [size + 1], into the next level; null for the last level
+    uint64_t size = 0;
+};
+
+struct Storage;  // owns the memory behind the levels (vectors or a mapping)
+
+class NGramModel {
+  public:
+    // Builds from level arrays (takes ownership).
+    NGramModel(uint32_t order, uint32_t vocab_size, uint64_t total, std::vector<std::vector<token_t>> tokens,
+               std::vector<std::vector<count_t>> counts, std::vector<std::vector<index_t>> first_child,
+               std::string fingerprint);
+    ~NGramModel();
+    NGramModel(const NGramModel&) = delete;
+    NGramModel& operator=(const NGramModel&) = delete;
+
+    static std::unique_ptr<NGramModel> load_compact(const std::string& path);   // mmap, header checked
+    static std::unique_ptr<NGramModel> load_upstream(const std::string& path);  // fvliang/DART .trie
+    void save_compact(const std::string& path) const;
+    void save_upstream(const std::string& path) const;
+    // Full structural check of every array (touches every page): sortedness, ranges, counts.
+    void validate() const;
+
+    uint32_t order() const { return order_; }
+    uint32_t vocab_size() const { return vocab_size_; }
+    uint64_t total() const { return total_; }
+    uint64_t num_nodes() const;  // root included, as upstream counts
+    const std::string& fingerprint() const { return fingerprint_; }
+    const Level& level(uint32_t l) const { return levels_[l - 1]; }  // 1-based
+
+    // Context lookup: the node index at level `len` for the last `len` tokens of ctx, or -1.
+    int64_t find_context(const token_t* ctx, size_t n_ctx, size_t len) const;
+    // Count of `token` as a child of (level len, node); 0 if absent. len 0 = root.
+    count_t child_count(size_t len, int64_t node, token_t token) const;
+    count_t node_count(size_t len, int64_t node) const;
+
+    // Upstream rule: the longest context (up to order-1 tokens) that exists and has `token` as a
+    // child gives count(ctx+token)/count(ctx); no match -> 0. Unmatched contexts back off.
+    double prob(const token_t* ctx, size_t n_ctx, token_t token) const;
+    // Same for many tokens sharing one context: each token gets the longest context that has it.
+    void probs(const token_t* ctx, size_t n_ctx, const token_t* tokens, size_t n, double* out) const;
+    // Interpolated mode: fixed weights over the ML estimates of every context length, with a unigram
+    // and a uniform floor, so no token gets 0. See kSmoothWeights in ngram.cpp.
+    double smoothed_prob(const token_t* ctx, size_t n_ctx, token_t token) const;
+
+  private:
+    NGramModel() = default;
+    uint32_t order_ = 0, vocab_size_ = 0;
+    uint64_t total_ = 0;
+    std::string fingerprint_;
+    std::vector<Level> levels_;
+    std::unique_ptr<Storage> storage_;
+};
+
+// Builds the trie from token sequences by sorting n-gram slices; `add` may be called any number of
+// times (sequences never share n-grams). Slices spill to sorted run files when `max_slices_in_memory`
+// is reached, so a corpus larger than RAM builds in chunks; `finish` merges the runs.
+class Builder {
+  public:
+    Builder(uint32_t order, uint32_t vocab_size, uint64_t max_slices_in_memory, std::string spill_dir);
+    ~Builder();
+    void add(const token_t* tokens, size_t n);
+    std::unique_ptr<NGramModel> finish(const std::string& fingerprint);
+    uint64_t slices() const { return n_slices_; }
+
+  private:
+    void spill();
+    uint32_t order_, vocab_size_;
+    uint64_t max_in_memory_, n_slices_ = 0;
+    std::string spill_dir_;
+    std::vector<token_t> buffer_;  // slices of `order` tokens, padded with -1
+    std::vector<std::string> runs_;
+};
+
+}  // namespace ngram

@@ -1,0 +1,49 @@
+// DART's n-gram guided tree pruner: a beam search over the draft head's per-position top-k lists,
+// scored with the draft probabilities and an n-gram model, keeping the best nodes as a draft tree.
+//
+// Score of a node at level l (0-based; depth l+1), added to its parent's score:
+//     w_l * ( decay^l * ln(p + eps)  +  ngram_weight * ln(q + eps) )        w_l = (l+1)^level_exponent
+// where p is the draft probability (softmaxed over the top-k by the caller) and q the n-gram
+// probability of the token after the last order-1 tokens of (context, root, path); the n-gram term is
+// skipped at level 0 unless ngram_on_first_level, and everywhere if !use_ngram. Each level extends
+// the beam_width best sequences (sequences ending in EOS ranked last, so they are never extended);
+// the tree is the max_nodes best of all expanded nodes across levels.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ngram.h"
+
+namespace ngram {
+
+struct PruneParams {
+    int top_k = 25;
+    int beam_width = 20;
+    int max_nodes = 60;  // drafted nodes kept, root excluded
+    double level_exponent = -0.7;
+    double logit_decay = 0.9;
+    double ngram_weight = 0.5;
+    bool use_ngram = true;
+    bool ngram_on_first_level = false;
+    double eps = 1e-10;
+};
+
+// Arrays for the verifier; N = kept nodes + 1 (index 0 is the root), nodes in depth order.
+struct PrunedTree {
+    std::vector<int64_t> tokens;     // [N]
+    std::vector<int64_t> parents;    // [N], root -1
+    std::vector<int64_t> positions;  // [N], depth: root 0
+    std::vector<float> scores;       // [N], cumulative beam score, root 0
+    std::vector<uint8_t> mask;       // [N, N], row i: i and its ancestors
+    std::vector<int64_t> retrieve;   // [n_leaves, max_depth + 1], root-to-leaf node indices, -1 padded
+    int64_t n_leaves = 0;
+    int64_t width = 0;  // max_depth + 1
+};
+
+// tokens/probs: [d, k] row-major (row j = candidates for depth j+1, target-vocabulary ids).
+// context: the committed tokens before the root (only the last order-1 matter). model may be null.
+PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k, int64_t root, const int64_t* context,
+                 int64_t n_context, const NGramModel* model, const PruneParams& params, int64_t eos_id);
+
+}  // namespace ngram

@@ -1,0 +1,16 @@
+"""Builds the ngram_cpp C++ extension (the rest of the project is pure Python, see pyproject.toml)."""
+
+from pybind11.setup_helpers import Pybind11Extension
+from setuptools import setup
+
+setup(
+    ext_modules=[
+        Pybind11Extension(
+            "ngram_cpp._ngram",
+            sources=["ngram_cpp/src/ngram.cpp", "ngram_cpp/src/pruner.cpp", "ngram_cpp/src/bindings.cpp"],
+            include_dirs=["ngram_cpp/src"],
+            cxx_std=17,
+            extra_compile_args=["-O3"],
+        )
+    ]
+)
