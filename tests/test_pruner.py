@@ -1,0 +1,148 @@
+"""The tree pruner: hand-derived golden trees, C++ against the Python reference on random cases,
+validation of bad input, and the tree invariants the verifier relies on."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ngram_cpp
+from ngram_cpp.reference import PruneParams, PyNGramModel, prune_reference
+
+V = 30
+NO_NGRAM = PruneParams(use_ngram=False)
+
+
+def test_golden_beam_and_global_cut():
+    # row 0 (depth 1): 10 p=.6, 11 p=.4 ; row 1 (depth 2): 20 p=.7, 21 p=.3 ; no n-gram
+    # level 0 scores: 10 -> ln .6 = -0.511, 11 -> ln .4 = -0.916
+    # level 1 increments: 2^-0.7 * 0.9 * ln p: 20 -> -0.198, 21 -> -0.667
+    # all nodes: 10 (-0.511), 10.20 (-0.708), 11 (-0.916), 11.20 (-1.114), 10.21 (-1.178), 11.21 (-1.583)
+    # top 4: 10, 10.20, 11, 11.20 ; depth order, best first within a depth
+    tree = ngram_cpp.prune([[10, 11], [20, 21]], [[0.6, 0.4], [0.7, 0.3]], 5, [1, 2], None, PruneParams(beam_width=2, max_nodes=4, use_ngram=False))
+    assert tree.tokens.tolist() == [5, 10, 11, 20, 20]
+    assert tree.parents.tolist() == [-1, 0, 0, 1, 2]
+    assert tree.positions.tolist() == [0, 1, 1, 2, 2]
+    assert tree.retrieve.tolist() == [[0, 1, 3], [0, 2, 4]]
+    assert tree.mask.astype(int).tolist() == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 0, 1, 0, 1]]
+    w1 = 2**-0.7 * 0.9
+    np.testing.assert_allclose(tree.scores, [0, math.log(0.6), math.log(0.4), math.log(0.6) + w1 * math.log(0.7), math.log(0.4) + w1 * math.log(0.7)], atol=1e-6)
+
+
+def test_golden_eos_is_never_extended_but_can_be_a_leaf():
+    # row 0: 10 p=.4, EOS(3) p=.6 ; beam width 1 keeps 10 although EOS scores higher
+    # pool: EOS (-0.511), 10 (-0.916), 10.20 (-1.114), 10.21 (-1.583); top 3 -> EOS, 10, 10.20
+    tree = ngram_cpp.prune([[10, 3], [20, 21]], [[0.4, 0.6], [0.7, 0.3]], 5, [], None, PruneParams(beam_width=1, max_nodes=3, use_ngram=False), eos_id=3)
+    assert tree.tokens.tolist() == [5, 3, 10, 20]
+    assert tree.parents.tolist() == [-1, 0, 0, 2]
+    assert tree.retrieve.tolist() == [[0, 1, -1], [0, 2, 3]]  # leaves in token order: (3), (10, 20)
+
+
+def test_golden_ngram_reorders_depth_two():
+    # trie from "5 10 21" x3 and "5 10 20": after (root 5, 10) the n-gram favours 21 (q=.75) over 20 (q=.25)
+    trie = ngram_cpp.build([[5, 10, 21]] * 3 + [[5, 10, 20]], V)
+    probs = [[0.9, 0.1], [0.55, 0.45]]
+    with_ng = ngram_cpp.prune([[10, 11], [20, 21]], probs, 5, [], trie, PruneParams(beam_width=1, max_nodes=2))
+    without = ngram_cpp.prune([[10, 11], [20, 21]], probs, 5, [], trie, PruneParams(beam_width=1, max_nodes=2, use_ngram=False))
+    assert without.tokens.tolist() == [5, 10, 20]
+    assert with_ng.tokens.tolist() == [5, 10, 21]
+
+
+def random_case(rng: random.Random, seed: int):
+    d, k = rng.randrange(1, 9), rng.randrange(1, 14)
+    tokens = np.array([rng.sample(range(V), k) for _ in range(d)])
+    alpha = rng.choice([0.1, 0.5, 2.0])
+    probs = np.random.default_rng(seed).dirichlet(np.full(k, alpha), size=d).astype(np.float32)
+    params = PruneParams(
+        top_k=rng.randrange(1, 15),
+        beam_width=rng.randrange(1, 9),
+        max_nodes=rng.randrange(0, 70),
+        use_ngram=rng.random() < 0.8,
+        ngram_on_first_level=rng.random() < 0.3,
+    )
+    root = rng.randrange(V)
+    context = [rng.randrange(V) for _ in range(rng.randrange(0, 5))]
+    return tokens, probs, root, context, params, rng.choice([-1, 3, tokens[0, 0]])
+
+
+@pytest.fixture(scope="module")
+def tries():
+    rng = random.Random(0)
+    seqs = [[rng.randrange(V) for _ in range(rng.randrange(2, 40))] for _ in range(150)]
+    ref = PyNGramModel(3, V)
+    for s in seqs:
+        ref.add(s)
+    return ngram_cpp.build(seqs, V), ref
+
+
+@pytest.mark.skipif(not ngram_cpp.HAVE_CPP, reason="the C++ extension is not built")
+@settings(max_examples=400, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_cpp_agrees_with_reference(tries, seed):
+    model, ref = tries
+    tokens, probs, root, context, params, eos = random_case(random.Random(seed), seed)
+    a = ngram_cpp.prune(tokens, probs, root, context, model, params, int(eos))
+    b = prune_reference(tokens, probs, root, context, ref, params, int(eos))
+    for field in ("tokens", "parents", "positions", "mask", "retrieve"):
+        np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
+    np.testing.assert_allclose(a.scores, b.scores, atol=1e-5)
+    check_invariants(a, params, tokens.shape[0])
+
+
+def check_invariants(t, params, d):
+    n = len(t.tokens)
+    assert n - 1 <= params.max_nodes
+    assert t.parents[0] == -1 and all(0 <= t.parents[i] < i for i in range(1, n))
+    assert all(t.positions[i] == t.positions[t.parents[i]] + 1 for i in range(1, n))
+    assert np.all(np.diff(t.positions) >= 0) and t.positions.max() <= d
+    for i in range(1, n):  # scores never increase along a path
+        assert t.scores[i] <= t.scores[t.parents[i]] + 1e-6
+    leaves = [i for i in range(n) if i not in set(t.parents.tolist())]
+    assert t.retrieve.shape == (len(leaves), t.positions.max() + 1)
+    assert sorted(int(r[r >= 0][-1]) for r in t.retrieve) == sorted(leaves)
+
+
+@pytest.mark.parametrize(
+    "tokens, probs, match",
+    [
+        ([[1, 2]], [[0.5]], "shape"),
+        ([[1, 1]], [[0.5, 0.5]], "twice"),
+        ([[1, V + 100]], [[0.5, 0.5]], "out of range"),
+        ([[1, -1]], [[0.5, 0.5]], "out of range"),
+        ([[1, 2]], [[0.5, float("nan")]], r"\[0, 1\]"),
+        ([[1, 2]], [[1.5, 0.1]], r"\[0, 1\]"),
+        ([1, 2], [0.5, 0.5], "2-D|d, k"),
+        (np.zeros((0, 3), dtype=np.int64), np.zeros((0, 3), dtype=np.float32), "d >= 1|d, k"),
+    ],
+)
+def test_bad_inputs_raise(tries, tokens, probs, match):
+    model, _ = tries
+    with pytest.raises(ValueError, match=match):
+        ngram_cpp.prune(tokens, probs, 1, [2], model, PruneParams())
+
+
+def test_root_out_of_range(tries):
+    with pytest.raises(ValueError, match="out of range"):
+        ngram_cpp.prune([[1]], [[1.0]], V + 5, [], tries[0], PruneParams())
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    d=st.integers(0, 4),
+    k=st.integers(0, 4),
+    data=st.lists(st.integers(-3, V + 3), min_size=0, max_size=20),
+    p=st.lists(st.floats(allow_nan=True, allow_infinity=True, width=32), min_size=0, max_size=20),
+)
+def test_fuzzed_inputs_never_crash(tries, d, k, data, p):
+    tokens = np.resize(np.array(data or [0], dtype=np.int64), d * k).reshape(d, k)
+    probs = np.resize(np.array(p or [0.5], dtype=np.float32), (d, k))
+    try:
+        tree = ngram_cpp.prune(tokens, probs, 1, data[:3], tries[0], PruneParams(max_nodes=10))
+    except ValueError:
+        return
+    check_invariants(tree, PruneParams(max_nodes=10), d)
