@@ -92,10 +92,10 @@ class KVCache:
     entries into place. Anything beyond `length` is scratch and is overwritten by the next forward.
     """
 
-    def __init__(self, args: ModelArgs, capacity: int, dtype: torch.dtype, device: torch.device | str):
+    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype, device: torch.device | str):
         if capacity <= 0:
             raise ValueError(f"KV cache capacity must be positive, got {capacity}")
-        shape = (args.n_layers, 1, args.n_kv_heads, capacity, args.head_dim)  # (L, B, nkv, cap, hd)
+        shape = (n_layers, 1, n_kv_heads, capacity, head_dim)  # (L, B, nkv, cap, hd)
         self.k = torch.empty(shape, dtype=dtype, device=device)
         self.v = torch.empty(shape, dtype=dtype, device=device)
         self.capacity = capacity
@@ -205,8 +205,9 @@ class Block(nn.Module):
 
 @dataclass
 class ForwardOutput:
-    logits: torch.Tensor  # (T', V) fp32 for the requested positions
+    logits: torch.Tensor | None  # (T', V) fp32 for the requested positions (None if not asked for)
     hidden: torch.Tensor | None  # (T, 3H) captured residual streams, concatenated low|mid|high
+    final: torch.Tensor | None = None  # (T', H) final-normed hidden state, the input of the LM head
 
 
 class Transformer(nn.Module):
@@ -237,12 +238,15 @@ class Transformer(nn.Module):
         tree_mask: torch.Tensor | None = None,
         logits_at: torch.Tensor | slice | None = None,
         capture: bool = False,
+        final: bool = False,
+        logits: bool = True,
     ) -> ForwardOutput:
         """Run T new tokens after the cache's committed prefix.
 
         tokens (T,) int64; positions (T,) int64 rope positions; tree_mask (T, T) bool, True where new
         token i may attend to new token j (None = causal); logits_at selects which of the T positions
-        get logits (None = all); capture returns the three EAGLE3/DART residual streams for all T.
+        get logits (None = all); capture returns the three EAGLE3/DART residual streams for all T;
+        final returns the final-normed hidden states (the LM head's input) at those positions.
         """
         T = tokens.shape[0]
         P = cache.length
@@ -257,9 +261,10 @@ class Transformer(nn.Module):
         x = x[0]
         if logits_at is not None:
             x = x[logits_at]
-        logits = self.output(self.norm(x)).float()
+        normed = self.norm(x)
+        out_logits = self.output(normed).float() if logits else None
         hidden = torch.cat(captured, dim=-1) if capture else None
-        return ForwardOutput(logits=logits, hidden=hidden)
+        return ForwardOutput(logits=out_logits, hidden=hidden, final=normed if final else None)
 
     @staticmethod
     def _attention_mask(tree_mask: torch.Tensor | None, P: int, T: int, device) -> torch.Tensor | None:

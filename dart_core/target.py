@@ -92,7 +92,8 @@ class Target:
     # ------------------------------------------------------------------ forwards
 
     def new_cache(self, capacity: int) -> KVCache:
-        return KVCache(self.model.args, capacity, self.dtype, self.device)
+        a = self.model.args
+        return KVCache(a.n_layers, a.n_kv_heads, a.head_dim, capacity, self.dtype, self.device)
 
     def prefill(self, ids: list[int], cache: KVCache, capture: bool) -> ForwardOutput:
         """Run the prompt causally after the cache's prefix. Logits (1, V) for the last token; hidden (T, 3H)."""

@@ -1,0 +1,121 @@
+"""DART drafting: one head forward drafts every depth at once, the n-gram pruner makes it a tree.
+
+Per step the head sees the tokens committed since its last forward (their target hidden states and,
+shifted by one, their embeddings; the last one is paired with the root's embedding), followed by D
+copies of the learned mask vector. One forward gives D+1 rows of logits: row j predicts depth j+1
+of the tree ("shifted logits", facts §3.3). Each row's top-k (softmaxed within the top-k, as upstream)
+goes to the C++ beam search, which keeps the best `max_nodes` as the tree to verify.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field, replace
+
+import torch
+
+import ngram_cpp
+
+from ..generate import Proposal
+from ..model import KVCache
+from ..tree import DraftTree
+from .head import DraftHead, load_head
+
+CONTEXT_TAIL = 8  # committed tokens passed to the pruner as n-gram context (order - 1 are used)
+
+
+@dataclass(frozen=True)
+class DartParams:
+    prune: ngram_cpp.PruneParams = field(default_factory=ngram_cpp.PruneParams)
+
+
+class DartDrafter:
+    name = "dart"
+    needs_hidden = True
+
+    def __init__(self, head: DraftHead, target, ngram: ngram_cpp.NGram | None, params: DartParams = DartParams()):
+        if not head.config.is_dart:
+            raise ValueError("DartDrafter needs a DART head (with draft_length and mask_rep)")
+        self.head, self.target, self.ngram, self.params = head, target, ngram, params
+        self.max_nodes = params.prune.max_nodes + 1
+        self.eos_id = min(target.eos_ids) if target.eos_ids else -1
+
+    def with_params(self, params: DartParams) -> "DartDrafter":
+        """The same loaded head and trie with other tree parameters (cheap)."""
+        return DartDrafter(self.head, self.target, self.ngram, params)
+
+    def new_session(self, capacity: int) -> "_DartSession":
+        return _DartSession(self, capacity)
+
+
+class _DartSession:
+    def __init__(self, drafter: DartDrafter, capacity: int):
+        self.d = drafter
+        c = drafter.head.config
+        self.cache = KVCache(1, c.num_key_value_heads, c.head_dim, capacity + c.draft_length + 1, drafter.target.dtype, drafter.target.device)
+        self.pending_ids: list[int] = []
+        self.pending_aux: list[torch.Tensor] = []
+        self.committed: list[int] = []
+
+    def extend(self, ids: list[int], hidden: torch.Tensor | None) -> None:
+        if hidden is None or hidden.shape[0] != len(ids):
+            raise ValueError("DART needs the target's captured hidden states for every committed token")
+        self.pending_ids += ids
+        self.pending_aux.append(hidden)
+        self.committed = (self.committed + ids)[-CONTEXT_TAIL:]
+
+    @torch.inference_mode()
+    def draft_logits(self, root: int) -> torch.Tensor:
+        """One head forward over the pending tokens + D mask slots -> (D+1, Vd) logits."""
+        head, target = self.d.head, self.d.target
+        layer, D = head.midlayer, head.config.draft_length
+        S = len(self.pending_ids)
+        emb_ids = torch.tensor(self.pending_ids[1:] + [root], device=target.device)
+        u, residual = head.inputs(torch.cat(self.pending_aux), None, target.model.tok_embeddings(emb_ids))
+        u = torch.cat((u, layer.mask_rep.expand(D, -1)))  # (S+D, 2H): masks bypass both norms
+        residual = torch.cat((residual, layer.mask_rep[: head.config.hidden_size].expand(D, -1)))
+        P = self.cache.length
+        positions = torch.arange(P, P + S + D, device=target.device)
+        cos, sin = head.rope(positions, u.dtype)
+        causal = torch.ones(S + D, S + D, dtype=torch.bool, device=target.device).tril_()
+        mask = torch.cat((torch.ones(S + D, P, dtype=torch.bool, device=target.device), causal), dim=1)[None, None]
+        h = residual + layer.attention(u, cos, sin, mask, self.cache)
+        h = layer.mlp_block(h[-(D + 1) :])  # the last real position and the D masks
+        # the real positions' keys/values stay valid (the root is always committed next); masks are scratch
+        self.cache.commit(S)
+        self.pending_ids, self.pending_aux = [], []
+        return head.logits(h)
+
+    def propose(self, root: int, budget: int) -> Proposal:
+        sync = torch.cuda.synchronize if self.d.target.device.type == "cuda" else (lambda: None)
+        t0 = time.perf_counter()
+        logits = self.draft_logits(root).float()
+        p = self.d.params.prune
+        vals, idx = logits.topk(min(p.top_k, logits.shape[-1]), dim=-1)
+        probs = vals.softmax(-1)  # renormalised within the top-k, as upstream
+        tokens = self.d.head.to_target_ids(idx)
+        sync()
+        t1 = time.perf_counter()
+        params = replace(p, max_nodes=max(0, min(p.max_nodes, budget - 1)))
+        pruned = ngram_cpp.prune(
+            tokens.cpu().numpy(), probs.cpu().numpy(), root, self.committed, self.d.ngram, params, self.d.eos_id
+        )
+        tree = DraftTree.from_parents(pruned.tokens, pruned.parents, pruned.scores)
+        t2 = time.perf_counter()
+        info = {"topk_tokens": tokens.tolist(), "topk_probs": probs.tolist()}
+        return Proposal(tree, t1 - t0, t2 - t1, info)
+
+
+def load_dart_drafter(
+    head_path: str | os.PathLike,
+    target,
+    ngram_path: str | os.PathLike | None = None,
+    params: DartParams = DartParams(),
+) -> DartDrafter:
+    """A DART drafter for `target` from a head checkpoint and (optionally) an n-gram file."""
+    head = load_head(head_path, dart=True, target=target)
+    ngram = None
+    if ngram_path is not None:
+        ngram = ngram_cpp.load(ngram_path, expected_vocab_size=target.vocab_size)
+    return DartDrafter(head, target, ngram, params)

@@ -1,0 +1,257 @@
+"""The one-layer draft head shared by DART and EAGLE3, in the published checkpoint format.
+
+A head reads three hidden states of the frozen target (concatenated, 3·Ht wide), projects them to H
+with `fc`, and runs ONE Llama-style decoder layer whose attention input is 2H wide: the normed token
+embedding (taken from the target) next to the normed hidden stream. DART adds `midlayer.mask_rep`, a
+learned vector standing in for the not-yet-known future positions (facts doc §3); EAGLE3 has none.
+
+Checkpoint: a directory (or hub repo) with config.json and model.safetensors holding
+    fc.weight [H, 3Ht]; midlayer.{hidden_norm,input_layernorm,post_attention_layernorm}.weight [H];
+    midlayer.self_attn.{q,k,v}_proj.weight [*, 2H], o_proj [H, nh·hd]; midlayer.mlp.{gate,up,down}_proj;
+    norm.weight [H]; lm_head.weight [Vd, H]; d2t [Vd] (target id = i + d2t[i]); t2d [V] bool;
+    DART only: midlayer.mask_rep [2H]. An `embed_tokens.weight` may be present and is ignored.
+Loading checks every key and shape and the fit with the target, and refuses anything else.
+
+Shapes: T = positions in a forward, P = positions already in the head's cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from ..loading import hub_snapshot
+from ..model import KVCache, RMSNorm, apply_rope
+
+IGNORED_KEYS = ("embed_tokens.weight",)  # the embedding always comes from the target
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    vocab_size: int  # the target's vocabulary (t2d length)
+    draft_vocab_size: int
+    target_hidden_size: int
+    draft_length: int | None  # DART: number of mask slots D (rows = D + 1); EAGLE3: None
+    double_norm: bool  # upstream DART applies the final norm twice at inference
+
+    @property
+    def is_dart(self) -> bool:
+        return self.draft_length is not None
+
+    @classmethod
+    def from_dict(cls, cfg: dict, dart: bool) -> "HeadConfig":
+        try:
+            heads = cfg["num_attention_heads"]
+            rope = cfg.get("rope_parameters") or {}
+            return cls(
+                hidden_size=cfg["hidden_size"],
+                intermediate_size=cfg["intermediate_size"],
+                num_attention_heads=heads,
+                num_key_value_heads=cfg.get("num_key_value_heads") or heads,
+                head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+                rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+                rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+                max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+                vocab_size=cfg["vocab_size"],
+                draft_vocab_size=cfg.get("draft_vocab_size") or cfg["vocab_size"],
+                target_hidden_size=cfg.get("target_hidden_size") or cfg["hidden_size"],
+                draft_length=int(cfg["draft_length"]) if dart else None,
+                # published DART heads were run with the norm applied twice; ours say so explicitly
+                double_norm=bool(cfg.get("dart_double_norm", dart)),
+            )
+        except KeyError as e:
+            raise ValueError(f"draft head config.json lacks the field {e.args[0]!r}") from None
+
+    def to_dict(self) -> dict:
+        d = {
+            "architectures": ["LlamaForCausalLMDart" if self.is_dart else "LlamaForCausalLMEagle3"],
+            "model_type": "llama",
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "num_hidden_layers": 1,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "max_position_embeddings": self.max_position_embeddings,
+            "vocab_size": self.vocab_size,
+            "draft_vocab_size": self.draft_vocab_size,
+            "target_hidden_size": self.target_hidden_size,
+        }
+        if self.is_dart:
+            d["draft_length"] = self.draft_length
+            d["dart_double_norm"] = self.double_norm
+        return d
+
+
+class DraftLayer(nn.Module):
+    """The head's decoder layer; attention input is [norm(embedding), norm(hidden)] (2H wide)."""
+
+    def __init__(self, c: HeadConfig):
+        super().__init__()
+        H, q_out, kv_out = c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+        self.c = c
+        self.hidden_norm = RMSNorm(H, c.rms_norm_eps)
+        self.input_layernorm = RMSNorm(H, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(H, c.rms_norm_eps)
+        self.self_attn = nn.Module()
+        self.self_attn.q_proj = nn.Linear(2 * H, q_out, bias=False)
+        self.self_attn.k_proj = nn.Linear(2 * H, kv_out, bias=False)
+        self.self_attn.v_proj = nn.Linear(2 * H, kv_out, bias=False)
+        self.self_attn.o_proj = nn.Linear(q_out, H, bias=False)
+        self.mlp = nn.Module()
+        self.mlp.gate_proj = nn.Linear(H, c.intermediate_size, bias=False)
+        self.mlp.up_proj = nn.Linear(H, c.intermediate_size, bias=False)
+        self.mlp.down_proj = nn.Linear(c.intermediate_size, H, bias=False)
+        if c.is_dart:
+            self.mask_rep = nn.Parameter(torch.randn(2 * H))
+
+    def attention(self, u, cos, sin, mask, cache: KVCache | None) -> torch.Tensor:
+        """u (T, 2H) -> (T, H). With a cache, attends to its committed prefix too (pending writes)."""
+        c, a = self.c, self.self_attn
+        T = u.shape[0]
+        q = apply_rope(a.q_proj(u).view(T, c.num_attention_heads, c.head_dim).transpose(0, 1)[None], cos, sin)
+        k = apply_rope(a.k_proj(u).view(T, c.num_key_value_heads, c.head_dim).transpose(0, 1)[None], cos, sin)
+        v = a.v_proj(u).view(T, c.num_key_value_heads, c.head_dim).transpose(0, 1)[None]
+        if cache is not None:
+            k, v = cache.write(0, k, v)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=c.num_attention_heads != c.num_key_value_heads)
+        return a.o_proj(out[0].transpose(0, 1).reshape(T, -1))
+
+    def mlp_block(self, h: torch.Tensor) -> torch.Tensor:
+        m = self.mlp
+        x = self.post_attention_layernorm(h)
+        return h + m.down_proj(F.silu(m.gate_proj(x)) * m.up_proj(x))
+
+
+class DraftHead(nn.Module):
+    def __init__(self, c: HeadConfig):
+        super().__init__()
+        self.config = c
+        self.fc = nn.Linear(3 * c.target_hidden_size, c.hidden_size, bias=False)
+        self.midlayer = DraftLayer(c)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.ones(c.vocab_size, dtype=torch.bool))
+        # a plain fp32 attribute, not a buffer, so that casting the head to bf16 leaves it exact
+        self.inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float) / c.head_dim))
+
+    def rope(self, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (T, hd) for rope positions (T,)."""
+        freqs = positions[:, None].float() * self.inv_freq.to(positions.device)[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def inputs(self, aux: torch.Tensor | None, hidden: torch.Tensor | None, emb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention input u (T, 2H) and residual (T, H) for real positions, from target states
+        aux (T, 3Ht) through fc, or from the head's own previous outputs hidden (T, H) (EAGLE3 expansion)."""
+        g = self.fc(aux) if aux is not None else hidden
+        layer = self.midlayer
+        return torch.cat((layer.input_layernorm(emb), layer.hidden_norm(g)), dim=-1), g
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """(T, H) -> (T, Vd) draft-vocabulary logits."""
+        h = self.norm(h)
+        if self.config.double_norm:
+            h = self.norm(h)
+        return self.lm_head(h)
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save(self, path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "config.json").write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
+        state = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in self.state_dict().items()}
+        save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+
+
+def expected_shapes(c: HeadConfig) -> dict[str, tuple[int, ...]]:
+    H, I = c.hidden_size, c.intermediate_size
+    q_out, kv_out = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    shapes = {
+        "fc.weight": (H, 3 * c.target_hidden_size),
+        "midlayer.hidden_norm.weight": (H,),
+        "midlayer.input_layernorm.weight": (H,),
+        "midlayer.post_attention_layernorm.weight": (H,),
+        "midlayer.self_attn.q_proj.weight": (q_out, 2 * H),
+        "midlayer.self_attn.k_proj.weight": (kv_out, 2 * H),
+        "midlayer.self_attn.v_proj.weight": (kv_out, 2 * H),
+        "midlayer.self_attn.o_proj.weight": (H, q_out),
+        "midlayer.mlp.gate_proj.weight": (I, H),
+        "midlayer.mlp.up_proj.weight": (I, H),
+        "midlayer.mlp.down_proj.weight": (H, I),
+        "norm.weight": (H,),
+        "lm_head.weight": (c.draft_vocab_size, H),
+        "d2t": (c.draft_vocab_size,),
+        "t2d": (c.vocab_size,),
+    }
+    if c.is_dart:
+        shapes["midlayer.mask_rep"] = (2 * H,)
+    return shapes
+
+
+def resolve_head_dir(name: str | os.PathLike) -> Path:
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
+            raise FileNotFoundError(f"{path} must hold config.json and model.safetensors")
+        return path
+    if str(name).count("/") != 1 or str(name).startswith((".", "/", "~")):
+        raise FileNotFoundError(f"draft head {str(name)!r} is neither a local directory nor a hub id")
+    return Path(hub_snapshot(str(name), ["config.json", "model.safetensors"]))
+
+
+def load_head(name: str | os.PathLike, dart: bool, target, dtype=None, device=None) -> DraftHead:
+    """Load a head for `target`, refusing a checkpoint whose tensors or sizes do not fit."""
+    path = resolve_head_dir(name)
+    cfg_dict = json.loads((path / "config.json").read_text())
+    if dart and "draft_length" not in cfg_dict:
+        raise ValueError(f"{path}: config.json has no draft_length: not a DART head (an EAGLE3 head?)")
+    c = HeadConfig.from_dict(cfg_dict, dart)
+    if c.target_hidden_size != target.hidden_size:
+        raise ValueError(f"{path}: head expects target hidden size {c.target_hidden_size}, the target has {target.hidden_size}")
+    if c.vocab_size != target.vocab_size:
+        raise ValueError(f"{path}: head was trained for a vocabulary of {c.vocab_size}, the target has {target.vocab_size}")
+    if c.hidden_size != target.hidden_size:
+        raise ValueError(f"{path}: head hidden size {c.hidden_size} differs from the target's {target.hidden_size} (the embedding is shared)")
+    state = load_file(str(path / "model.safetensors"))
+    for k in IGNORED_KEYS:
+        state.pop(k, None)
+    shapes = expected_shapes(c)
+    missing = sorted(set(shapes) - set(state))
+    unexpected = sorted(set(state) - set(shapes))
+    if missing or unexpected:
+        raise ValueError(f"{path}: checkpoint does not match a {'DART' if dart else 'EAGLE3'} head: missing {missing}, unexpected {unexpected}")
+    for k, shape in shapes.items():
+        if tuple(state[k].shape) != shape:
+            raise ValueError(f"{path}: tensor {k} has shape {tuple(state[k].shape)}, expected {shape}")
+    d2t = state["d2t"].long()
+    target_ids = torch.arange(c.draft_vocab_size) + d2t
+    if int(target_ids.min()) < 0 or int(target_ids.max()) >= target.vocab_size:
+        raise ValueError(f"{path}: d2t maps draft ids outside the target vocabulary")
+    head = DraftHead(c)
+    state["d2t"], state["t2d"] = d2t, state["t2d"].bool()
+    head.load_state_dict(state, strict=True)
+    return head.to(device=device or target.device, dtype=dtype or target.dtype).eval()

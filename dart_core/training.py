@@ -1,0 +1,436 @@
+"""Training draft heads: data, the target-state cache, the draft vocabulary, checkpoints, logging.
+
+Compute is the scarce resource (a 2-core CPU runs the 135M target teacher-forced at ~500 tokens/s),
+so the target runs over the data exactly once: `build_cache` stores, per token, the three captured
+hidden states (the head's input) and the final-normed hidden state (from which the teacher's
+distribution over the draft vocabulary is recomputed with the target's LM head rows). Every epoch
+then reuses the cache. Labels are the target's own distributions (distillation); the data's texts
+only supply the contexts.
+
+Cache layout (a directory):
+    meta.json                     target, draft vocab, shard list, token counts
+    {split}-{k:05d}.safetensors   tokens (N,) int32, offsets (R+1,) int64 record boundaries,
+                                  aux (N, 3H) bf16, final (N, H) bf16
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from .data import iter_records, render
+from .target import Target
+
+log = logging.getLogger(__name__)
+
+CACHE_META = "meta.json"
+SHARD_TOKENS = 40_000  # tokens per cache shard (~180 MB at H=576)
+
+
+@dataclass
+class CacheConfig:
+    data: list[str]
+    out_dir: str
+    max_tokens: int = 1_000_000  # training tokens to cache (the validation split comes on top)
+    max_minutes: float | None = None  # stop caching early, keeping the shards written so far
+    max_seq_len: int = 512
+    val_records: int = 200
+    draft_vocab_size: int = 8192
+    seed: int = 0
+
+
+def draft_vocabulary(token_lists: list[list[int]], size: int, vocab_size: int) -> torch.Tensor:
+    """The `size` most frequent target ids in the data (ties by id), sorted ascending: the draft vocab."""
+    counts = Counter(t for ids in token_lists for t in ids)
+    top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:size]
+    ids = sorted(t for t, _ in top)
+    # fill with the lowest unused ids if the data has fewer distinct tokens than `size`
+    fill = (t for t in range(vocab_size) if t not in counts)
+    while len(ids) < min(size, vocab_size):
+        ids.append(next(fill))
+    return torch.tensor(sorted(ids), dtype=torch.long)
+
+
+def vocab_mapping(draft_ids: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """EAGLE3/DART buffers: d2t[i] = target_id - i (an offset), t2d[v] = v is in the draft vocab."""
+    d2t = draft_ids - torch.arange(draft_ids.numel())
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[draft_ids] = True
+    return d2t, t2d
+
+
+def _load_records(cfg: CacheConfig, tokenizer) -> list[list[int]]:
+    records = []
+    for path in cfg.data:
+        for rec in iter_records(path):
+            ids = render(tokenizer, rec)[: cfg.max_seq_len]
+            if len(ids) >= 8:
+                records.append(ids)
+    random.Random(cfg.seed).shuffle(records)
+    return records
+
+
+def build_cache(target: Target, cfg: CacheConfig) -> Path:
+    """Run the target over the data once and store what training needs. Resumable: finished shards are kept."""
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    meta_path = out / CACHE_META
+    records = _load_records(cfg, target.tokenizer)
+    if len(records) <= cfg.val_records:
+        raise ValueError(f"only {len(records)} usable records in {cfg.data}")
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else None
+    if meta is None:
+        draft_ids = draft_vocabulary(records, cfg.draft_vocab_size, target.vocab_size)
+        meta = {
+            "target": target.name,
+            "config": asdict(cfg),
+            "draft_ids": draft_ids.tolist(),
+            "hidden_size": target.hidden_size,
+            "vocab_size": target.vocab_size,
+            "shards": {"val": [], "train": []},
+            "tokens": {"val": 0, "train": 0},
+            "records_done": {"val": 0, "train": 0},
+        }
+    splits = {"val": records[: cfg.val_records], "train": records[cfg.val_records :]}
+    t0 = time.perf_counter()
+    for split, recs in splits.items():
+        budget = None if split == "val" else cfg.max_tokens
+        done = meta["records_done"][split]
+        bar = tqdm(total=budget or sum(map(len, recs)), initial=meta["tokens"][split], desc=f"cache {split}", unit="tok")
+        buf: list[tuple[list[int], torch.Tensor, torch.Tensor]] = []
+        i = done
+        while i < len(recs) and (budget is None or meta["tokens"][split] + sum(len(b[0]) for b in buf) < budget):
+            if cfg.max_minutes is not None and time.perf_counter() - t0 > 60 * cfg.max_minutes:
+                break
+            ids = recs[i]
+            cache = target.new_cache(len(ids))
+            out_fwd = target.model(
+                torch.tensor(ids, device=target.device), torch.arange(len(ids), device=target.device), cache, capture=True, final=True, logits=False
+            )
+            buf.append((ids, out_fwd.hidden.to(torch.bfloat16).cpu(), out_fwd.final.to(torch.bfloat16).cpu()))
+            bar.update(len(ids))
+            i += 1
+            if sum(len(b[0]) for b in buf) >= SHARD_TOKENS:
+                _write_shard(out, split, buf, meta, i)
+                meta_path.write_text(json.dumps(meta))
+                buf = []
+        if buf:
+            _write_shard(out, split, buf, meta, i)
+            meta_path.write_text(json.dumps(meta))
+        bar.close()
+    meta_path.write_text(json.dumps(meta))
+    return out
+
+
+def _write_shard(out: Path, split: str, buf, meta: dict, records_done: int) -> None:
+    name = f"{split}-{len(meta['shards'][split]):05d}.safetensors"
+    lengths = torch.tensor([0] + [len(b[0]) for b in buf])
+    tensors = {
+        "tokens": torch.tensor([t for b in buf for t in b[0]], dtype=torch.int32),
+        "offsets": lengths.cumsum(0),
+        "aux": torch.cat([b[1] for b in buf]),
+        "final": torch.cat([b[2] for b in buf]),
+    }
+    tmp = out / (name + ".tmp")
+    save_file(tensors, str(tmp))
+    tmp.rename(out / name)
+    meta["shards"][split].append(name)
+    meta["tokens"][split] += int(lengths.sum())
+    meta["records_done"][split] = records_done
+
+
+@dataclass
+class CachedRecord:
+    tokens: torch.Tensor  # (T,) int64
+    aux: torch.Tensor  # (T, 3H) bf16
+    final: torch.Tensor  # (T, H) bf16
+
+
+def load_split(cache_dir: str | Path, split: str) -> list[CachedRecord]:
+    """All cached records of a split, in memory (bf16: ~4.6 KB per token at H=576)."""
+    cache_dir = Path(cache_dir)
+    meta = json.loads((cache_dir / CACHE_META).read_text())
+    out = []
+    for name in meta["shards"][split]:
+        t = load_file(str(cache_dir / name))
+        off = t["offsets"].tolist()
+        for a, b in zip(off, off[1:]):
+            out.append(CachedRecord(t["tokens"][a:b].long(), t["aux"][a:b], t["final"][a:b]))
+    return out
+
+
+def cache_meta(cache_dir: str | Path) -> dict:
+    return json.loads((Path(cache_dir) / CACHE_META).read_text())
+
+
+@dataclass
+class TrainConfig:
+    cache_dir: str
+    out_dir: str
+    epochs: float = 3.0
+    lr: float = 2e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 50
+    grad_clip: float = 1.0
+    batch_records: int = 4  # records per optimizer step
+    anchors_per_record: int = 48  # prefix positions trained per record (sampled)
+    gamma: float = 0.6  # loss weight decay over draft positions (paper)
+    eval_every: int = 100
+    checkpoint_every_s: float = 300.0
+    max_minutes: float | None = None
+    seed: int = 0
+    threads: int | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def cosine_lr(step: int, total: int, base: float, warmup: int) -> float:
+    if step < warmup:
+        return base * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return base * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+# ---------------------------------------------------------------------------------------------------
+# DART objective
+
+
+def dart_attention_mask(R: int, anchors: torch.Tensor, D: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prefix-packed training layout for one record: R real positions, then D mask slots per anchor.
+
+    Real position i attends to real positions <= i. Mask slot s (1..D) of anchor a sits at rope
+    position a+s and attends to real positions <= a and to the earlier slots of its own anchor, which
+    is exactly what it sees at inference after committing tokens 0..a. One forward thus trains every
+    sampled prefix. Returns the (Q, Q) bool mask and the (Q,) rope positions, Q = R + len(anchors)*D.
+    """
+    m = anchors.numel()
+    slot = torch.arange(1, D + 1).repeat(m)  # (m*D,)
+    owner = anchors.repeat_interleave(D)  # (m*D,)
+    block = torch.arange(m).repeat_interleave(D)
+    Q = R + m * D
+    limit = torch.cat((torch.arange(R), owner))  # last real position each query may see
+    is_mask = torch.cat((torch.zeros(R, dtype=torch.bool), torch.ones(m * D, dtype=torch.bool)))
+    key_real = torch.arange(R)
+    mask = torch.zeros(Q, Q, dtype=torch.bool)
+    mask[:, :R] = key_real[None, :] <= limit[:, None]
+    mask_block = torch.cat((torch.full((R,), -1), block))
+    mask_slot = torch.cat((torch.zeros(R, dtype=torch.long), slot))
+    same = (mask_block[:, None] == block[None, :]) & (slot[None, :] <= mask_slot[:, None]) & is_mask[:, None]
+    mask[:, R:] = same
+    positions = torch.cat((torch.arange(R), owner + slot))
+    return mask, positions
+
+
+def dart_anchor_logits(head, embed: torch.Tensor, tokens: torch.Tensor, aux: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+    """Draft logits (m, D+1, Vd) for every anchor a: what the head outputs at inference right after
+    committing tokens 0..a with token a+1 as the root. tokens (T,), aux (T, 3Ht), anchors (m,) <= T-2."""
+    c = head.config
+    D = c.draft_length
+    R = tokens.numel() - 1  # real positions 0..T-2: position i pairs hidden state i with the embedding of token i+1
+    layer = head.midlayer
+    u, residual = head.inputs(aux[:R].to(embed.dtype), None, embed[tokens[1:]])
+    m = anchors.numel()
+    u = torch.cat((u, layer.mask_rep.expand(m * D, -1)))
+    residual = torch.cat((residual, layer.mask_rep[: c.hidden_size].expand(m * D, -1)))
+    mask, positions = dart_attention_mask(R, anchors, D)
+    cos, sin = head.rope(positions, u.dtype)
+    h = residual + layer.attention(u, cos, sin, mask[None, None].to(u.device), None)
+    rows = torch.cat((anchors[:, None], R + torch.arange(m * D).view(m, D)), dim=1)  # (m, D+1) query indices
+    h = layer.mlp_block(h[rows.reshape(-1)])
+    return head.logits(h).view(m, D + 1, -1)
+
+
+def dart_record_loss(
+    head,
+    embed: torch.Tensor,
+    teacher_rows: torch.Tensor,
+    rec: CachedRecord,
+    anchors: torch.Tensor,
+    gamma: float,
+    full_lm: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Σ_j γ^j · KL(target ‖ draft) over the D+1 rows of every anchor of one record.
+
+    embed (V, H) the target's token embedding; teacher_rows (Vd, H) the target LM head rows of the
+    draft vocabulary; with full_lm (V, H) also returns whether each row's draft top-1 equals the
+    target's full-vocabulary argmax. Returns (weighted KL sum, weight sum, hits (m, D+1), valid (m, D+1)).
+    """
+    D = head.config.draft_length
+    T = rec.tokens.numel()
+    m = anchors.numel()
+    logq = dart_anchor_logits(head, embed, rec.tokens, rec.aux, anchors).float().log_softmax(-1).view(m * (D + 1), -1)
+
+    target_pos = anchors[:, None] + 1 + torch.arange(D + 1)[None, :]  # (m, D+1): teacher position per row
+    valid = target_pos <= T - 1
+    tp = target_pos.clamp(max=T - 1).reshape(-1)
+    final = rec.final[tp].float()
+    with torch.no_grad():
+        logp = (final @ teacher_rows.T).log_softmax(-1)
+    kl = (logp.exp() * (logp - logq)).sum(-1).view(m, D + 1)
+    w = gamma ** torch.arange(D + 1, dtype=torch.float)[None, :] * valid
+    hits = torch.zeros(m, D + 1, dtype=torch.bool)
+    if full_lm is not None:
+        with torch.no_grad():
+            best = (final @ full_lm.T).argmax(-1).view(m, D + 1)
+            draft_best = head.to_target_ids(logq.argmax(-1)).view(m, D + 1)
+            hits = (best == draft_best) & valid
+    return (kl * w).sum(), w.sum(), hits, valid
+
+
+# ---------------------------------------------------------------------------------------------------
+# The training loop (objective-agnostic: `record_loss` decides what is trained)
+
+
+def new_head_from_target(target, draft_ids: torch.Tensor, draft_length: int | None, seed: int = 0):
+    """A fresh head shaped like the target's layers; lm_head and final norm start from the target's
+    own (restricted to the draft vocabulary), which the head must imitate anyway."""
+    from .drafters.head import DraftHead, HeadConfig
+
+    a = target.model.args
+    c = HeadConfig(
+        hidden_size=a.hidden_size,
+        intermediate_size=a.intermediate_size,
+        num_attention_heads=a.n_heads,
+        num_key_value_heads=a.n_kv_heads,
+        head_dim=a.head_dim,
+        rms_norm_eps=a.rms_norm_eps,
+        rope_theta=float(1.0 / float(target.model.inv_freq[1]) ** (a.head_dim / 2.0)) if a.head_dim > 2 else 10000.0,
+        max_position_embeddings=a.max_position_embeddings,
+        vocab_size=a.vocab_size,
+        draft_vocab_size=draft_ids.numel(),
+        target_hidden_size=a.hidden_size,
+        draft_length=draft_length,
+        double_norm=False,
+    )
+    torch.manual_seed(seed)
+    head = DraftHead(c)
+    for name, p in head.named_parameters():
+        if p.dim() == 2:
+            nn_init_normal(p)
+    d2t, t2d = vocab_mapping(draft_ids, a.vocab_size)
+    with torch.no_grad():
+        head.lm_head.weight.copy_(target.model.output.weight[draft_ids].float())
+        head.norm.weight.copy_(target.model.norm.weight.float())
+        head.d2t.copy_(d2t)
+        head.t2d.copy_(t2d)
+    return head
+
+
+def nn_init_normal(p: torch.Tensor, std: float = 0.02) -> None:
+    with torch.no_grad():
+        p.normal_(0.0, std)
+
+
+def evaluate(head, embed, teacher_rows, full_lm, records: list[CachedRecord], anchors_per_record: int, gamma: float, seed: int = 1234):
+    """Validation KL and per-position hit@1 (draft top-1 == the target's argmax), fixed anchors."""
+    g = torch.Generator().manual_seed(seed)
+    D = head.config.draft_length
+    tot_kl = tot_w = 0.0
+    hits = torch.zeros(D + 1)
+    valid = torch.zeros(D + 1)
+    with torch.no_grad():
+        for rec in records:
+            anchors = sample_anchors(rec.tokens.numel(), anchors_per_record, g)
+            kl, w, h, v = dart_record_loss(head, embed, teacher_rows, rec, anchors, gamma, full_lm)
+            tot_kl += float(kl)
+            tot_w += float(w)
+            hits += h.sum(0)
+            valid += v.sum(0)
+    return tot_kl / max(tot_w, 1e-9), (hits / valid.clamp(min=1)).tolist()
+
+
+def sample_anchors(T: int, m: int, g: torch.Generator) -> torch.Tensor:
+    """Up to m distinct anchor positions in [0, T-2], sorted."""
+    R = T - 1
+    if R <= m:
+        return torch.arange(R)
+    return torch.randperm(R, generator=g)[:m].sort().values
+
+
+def train_dart(target, cfg: TrainConfig, draft_length: int = 7) -> Path:
+    """Train (or resume) a DART head on a cache built by `build_cache`; returns the exported head dir."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = cache_meta(cfg.cache_dir)
+    draft_ids = torch.tensor(meta["draft_ids"])
+    train = load_split(cfg.cache_dir, "train")
+    val = load_split(cfg.cache_dir, "val")
+    if not train:
+        raise ValueError(f"{cfg.cache_dir} holds no training records")
+    embed = target.model.tok_embeddings.weight.detach().float()
+    full_lm = target.model.output.weight.detach().float()
+    teacher_rows = full_lm[draft_ids].contiguous()
+
+    ckpt_path = out / "checkpoint.pt"
+    head = new_head_from_target(target, draft_ids, draft_length, cfg.seed)
+    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    steps_per_epoch = math.ceil(len(train) / cfg.batch_records)
+    total_steps = max(1, int(cfg.epochs * steps_per_epoch))
+    step, history = 0, []
+    if ckpt_path.exists():
+        ck = torch.load(ckpt_path, weights_only=False)
+        head.load_state_dict(ck["head"])
+        opt.load_state_dict(ck["opt"])
+        step, history = ck["step"], ck["history"]
+        log.warning("resumed from %s at step %d", ckpt_path, step)
+
+    def save_checkpoint():
+        tmp = ckpt_path.with_suffix(".tmp")
+        torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "history": history, "config": asdict(cfg)}, tmp)
+        tmp.rename(ckpt_path)
+        head.save(out / "head")
+        (out / "history.json").write_text(json.dumps(history, indent=1))
+
+    g = torch.Generator().manual_seed(cfg.seed + step)
+    t_start = last_ckpt = time.perf_counter()
+    bar = tqdm(total=total_steps, initial=step, desc="train dart", unit="step")
+    head.train()
+    while step < total_steps:
+        if cfg.max_minutes is not None and time.perf_counter() - t_start > 60 * cfg.max_minutes:
+            log.warning("time budget reached at step %d", step)
+            break
+        lr = cosine_lr(step, total_steps, cfg.lr, cfg.warmup_steps)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        order = torch.randperm(len(train), generator=g)[: cfg.batch_records]
+        opt.zero_grad(set_to_none=True)
+        tot_kl = tot_w = 0.0
+        losses = []
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=target.device.type == "cpu"):
+            for i in order.tolist():
+                rec = train[i]
+                anchors = sample_anchors(rec.tokens.numel(), cfg.anchors_per_record, g)
+                kl, w, _, _ = dart_record_loss(head, embed, teacher_rows, rec, anchors, cfg.gamma)
+                losses.append(kl)
+                tot_w += float(w)
+        loss = torch.stack(losses).sum() / max(tot_w, 1e-9)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
+        opt.step()
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{float(loss):.3f}", lr=f"{lr:.2e}")
+        if step % cfg.eval_every == 0 or step == total_steps:
+            head.eval()
+            val_kl, acc = evaluate(head, embed, teacher_rows, full_lm, val, cfg.anchors_per_record, cfg.gamma)
+            head.train()
+            history.append({"step": step, "train_loss": float(loss), "val_kl": val_kl, "val_hit1": acc, "elapsed_s": time.perf_counter() - t_start})
+            log.warning("step %d val_kl %.4f hit@1 %s", step, val_kl, " ".join(f"{a:.3f}" for a in acc))
+        if time.perf_counter() - last_ckpt > cfg.checkpoint_every_s:
+            save_checkpoint()
+            last_ckpt = time.perf_counter()
+    bar.close()
+    head.eval()
+    save_checkpoint()
+    return out / "head"

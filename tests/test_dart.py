@@ -1,0 +1,129 @@
+"""DART head: checkpoint format round trip and refusals, training forward == inference forward,
+and lossless greedy decoding with the DART drafter on tiny targets and the embedded model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import ngram_cpp
+from conftest import TINY_VOCAB, build_tiny_checkpoint, tiny_target
+from dart_core import ARDrafter, GenerationParams, complete
+from dart_core.drafters.dart import DartDrafter, DartParams, load_dart_drafter
+from dart_core.drafters.head import load_head
+from dart_core.training import dart_anchor_logits, new_head_from_target
+
+D = 3
+VD = 64  # draft vocabulary smaller than the target's, so d2t is exercised
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    return tiny_target(build_tiny_checkpoint(tmp_path_factory.mktemp("q3"), "qwen3", seed=1))
+
+
+def random_head(target, seed=0, draft_length=D, vd=VD):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randperm(target.vocab_size, generator=g)[:vd].sort().values
+    head = new_head_from_target(target, ids, draft_length, seed)
+    with torch.no_grad():  # a random but not tiny head, so rows differ visibly
+        for p in head.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    return head.eval()
+
+
+def test_checkpoint_round_trip(qwen3, tmp_path):
+    head = random_head(qwen3)
+    head.save(tmp_path / "h", dtype=torch.float32)
+    cfg = json.loads((tmp_path / "h" / "config.json").read_text())
+    assert cfg["draft_length"] == D and cfg["draft_vocab_size"] == VD and cfg["target_hidden_size"] == qwen3.hidden_size
+    keys = set(load_file(str(tmp_path / "h" / "model.safetensors")))
+    assert {"fc.weight", "midlayer.mask_rep", "midlayer.self_attn.q_proj.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} <= keys
+    loaded = load_head(tmp_path / "h", dart=True, target=qwen3)
+    for k, v in head.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[k], v)
+
+
+def corrupt(src, dst, fn, cfg_fn=None):
+    dst.mkdir()
+    cfg = json.loads((src / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps(cfg_fn(cfg) if cfg_fn else cfg))
+    state = load_file(str(src / "model.safetensors"))
+    fn(state)
+    save_file(state, str(dst / "model.safetensors"))
+    return dst
+
+
+def test_bad_checkpoints_are_refused(qwen3, tmp_path, tiny_llama):
+    random_head(qwen3).save(tmp_path / "ok")
+    ok = tmp_path / "ok"
+    cases = [
+        (corrupt(ok, tmp_path / "missing", lambda s: s.pop("midlayer.mask_rep")), "missing \\['midlayer.mask_rep'\\]"),
+        (corrupt(ok, tmp_path / "extra", lambda s: s.update(bogus=torch.zeros(1))), "unexpected \\['bogus'\\]"),
+        (corrupt(ok, tmp_path / "shape", lambda s: s.update({"fc.weight": torch.zeros(3, 3)})), "fc.weight has shape"),
+        (corrupt(ok, tmp_path / "vocab", lambda s: None, lambda c: {**c, "vocab_size": 1000}), "vocabulary of 1000"),
+        (corrupt(ok, tmp_path / "noD", lambda s: None, lambda c: {k: v for k, v in c.items() if k != "draft_length"}), "not a DART head"),
+        (corrupt(ok, tmp_path / "d2t", lambda s: s.update(d2t=s["d2t"] + 10**6)), "d2t maps"),
+    ]
+    for path, match in cases:
+        with pytest.raises(ValueError, match=match):
+            load_head(path, dart=True, target=qwen3)
+    other = tiny_target(build_tiny_checkpoint(tmp_path / "wide", "llama", vocab=TINY_VOCAB + 8))
+    with pytest.raises(ValueError, match="vocabulary"):
+        load_head(ok, dart=True, target=other)
+    with pytest.raises(FileNotFoundError):
+        load_head(tmp_path / "nothing-here", dart=True, target=qwen3)
+
+
+def test_training_forward_equals_inference(qwen3):
+    """The prefix-packed training forward gives, for every anchor, the logits the drafter computes
+    at inference after committing the same prefix (fp32)."""
+    head = random_head(qwen3, seed=3)
+    tokens = torch.tensor([5, 9, 17, 33, 2, 40, 41, 7, 8, 60, 61, 11])
+    out = qwen3.model(tokens, torch.arange(len(tokens)), qwen3.new_cache(32), capture=True)
+    embed = qwen3.model.tok_embeddings.weight
+    anchors = torch.tensor([0, 3, 4, 9])
+    with torch.no_grad():
+        train_logits = dart_anchor_logits(head, embed, tokens, out.hidden.clone(), anchors)
+    drafter = DartDrafter(head, qwen3, None)
+    for i, a in enumerate(anchors.tolist()):
+        # inference: commit tokens 0..a in two chunks (prefill, then a step), root = token a+1
+        session = drafter.new_session(32)
+        cut = max(1, a // 2 + 1)
+        session.extend(tokens[:cut].tolist(), out.hidden[:cut])
+        if cut <= a:
+            session.draft_logits(int(tokens[cut]))  # a step's forward, as the loop does before committing more
+            session.extend(tokens[cut : a + 1].tolist(), out.hidden[cut : a + 1])
+        infer = session.draft_logits(int(tokens[a + 1]))
+        torch.testing.assert_close(train_logits[i], infer, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("use_ngram", [False, True])
+def test_dart_greedy_equals_ar(tiny_ckpt, use_ngram):
+    _, path = tiny_ckpt
+    target = tiny_target(path)
+    head = random_head(target, seed=5)
+    trie = ngram_cpp.build([[(7 * i + j) % TINY_VOCAB for j in range(40)] for i in range(20)], TINY_VOCAB) if use_ngram else None
+    drafter = DartDrafter(head, target, trie, DartParams(ngram_cpp.PruneParams(top_k=8, beam_width=4, max_nodes=12)))
+    for prompt in ([5, 6, 7], [60], [11, 40, 12, 90, 4, 4, 4, 17]):
+        ar = complete(target, prompt, ARDrafter(), GenerationParams(30))
+        s = complete(target, prompt, drafter, GenerationParams(30))
+        assert s.output_ids == ar.output_ids
+        assert len(s.accepted) == s.steps - 1
+
+
+def test_embedded_dart_head_is_lossless(embedded_target):
+    """The committed embedded head + trie: greedy output equals AR's (fp32)."""
+    from pathlib import Path
+
+    assets = Path(__file__).resolve().parent.parent / "assets"
+    if not (assets / "dart" / "config.json").exists():
+        pytest.skip("no embedded DART head in assets/dart yet")
+    drafter = load_dart_drafter(assets / "dart", embedded_target, assets / "ngram" / "smollm2-3gram.ngram")
+    ids = embedded_target.encode("List three uses of a paperclip.")
+    ar = complete(embedded_target, ids, ARDrafter(), GenerationParams(32))
+    s = complete(embedded_target, ids, drafter, GenerationParams(32))
+    assert s.output_ids == ar.output_ids
