@@ -31,6 +31,12 @@ from .target import Target, load_target
 
 WARMUP_NEW_TOKENS = 16
 PLD_NUM_TOKENS = 10  # transformers' documented default for prompt_lookup_num_tokens
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+DEFAULT_DART_HEAD = ASSETS / "dart"
+DEFAULT_NGRAM = ASSETS / "ngram" / "smollm2-3gram.ngram"
+# Draft tree size (nodes besides the root) per device: on a 2-core CPU verifying 60 nodes costs ~3x a
+# one-token step, on a GPU about the same as one token; see the README's tuning notes.
+DEFAULT_MAX_NODES = {"cpu": 24, "cuda": 60}
 
 
 @dataclass
@@ -139,10 +145,26 @@ def build_runner(name: str, target: Target, args: argparse.Namespace) -> Runner:
         return hf_runner(target, prompt_lookup=False)
     if name == "pld":
         return hf_runner(target, prompt_lookup=True)
+    if name == "dart":
+        return loop_runner(target, dart_drafter(target, args))
     raise ValueError(f"unknown method {name!r}: choose from {', '.join(METHODS)}")
 
 
-METHODS = ("ar", "hf", "pld")
+METHODS = ("ar", "hf", "pld", "dart")
+
+
+def tree_params(args: argparse.Namespace, device: torch.device):
+    import ngram_cpp
+
+    max_nodes = args.max_nodes if args.max_nodes is not None else DEFAULT_MAX_NODES.get(device.type, 60)
+    return ngram_cpp.PruneParams(top_k=args.tree_top_k, beam_width=args.beam_width, max_nodes=max_nodes, use_ngram=not args.no_ngram)
+
+
+def dart_drafter(target: Target, args: argparse.Namespace):
+    from .drafters.dart import DartParams, load_dart_drafter
+
+    ngram = None if args.no_ngram else (args.ngram_model or (DEFAULT_NGRAM if args.model == DEFAULT_MODEL else None))
+    return load_dart_drafter(args.dart_model, target, ngram, DartParams(tree_params(args, target.device)))
 
 
 def read_questions(path: Path, limit: int | None) -> list[dict]:
@@ -230,6 +252,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default=DEFAULT_MODEL, help="target: 'default' (embedded SmolLM2-135M-Instruct), a local dir or a hub id")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--out", type=Path, default=None, help="write results JSON here")
+    g = p.add_argument_group("draft trees (dart)")
+    g.add_argument("--dart-model", default=str(DEFAULT_DART_HEAD), help="DART head dir or hub id (default: the embedded head)")
+    g.add_argument("--ngram-model", default=None, help="n-gram file (.ngram or upstream .trie); default: the embedded trie for the default model")
+    g.add_argument("--no-ngram", action="store_true", help="prune without the n-gram model")
+    g.add_argument("--tree-top-k", type=int, default=25, help="candidates per depth")
+    g.add_argument("--beam-width", type=int, default=20)
+    g.add_argument("--max-nodes", type=int, default=None, help=f"tree nodes besides the root (default per device: {DEFAULT_MAX_NODES})")
     return p.parse_args(argv)
 
 

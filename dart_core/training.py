@@ -186,6 +186,7 @@ class TrainConfig:
     anchors_per_record: int = 48  # prefix positions trained per record (sampled)
     gamma: float = 0.6  # loss weight decay over draft positions (paper)
     eval_every: int = 100
+    val_records: int = 40  # validation records used for the periodic evaluation
     checkpoint_every_s: float = 300.0
     max_minutes: float | None = None
     seed: int = 0
@@ -256,13 +257,13 @@ def dart_record_loss(
     rec: CachedRecord,
     anchors: torch.Tensor,
     gamma: float,
-    full_lm: torch.Tensor | None = None,
+    target_best: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Σ_j γ^j · KL(target ‖ draft) over the D+1 rows of every anchor of one record.
 
     embed (V, H) the target's token embedding; teacher_rows (Vd, H) the target LM head rows of the
-    draft vocabulary; with full_lm (V, H) also returns whether each row's draft top-1 equals the
-    target's full-vocabulary argmax. Returns (weighted KL sum, weight sum, hits (m, D+1), valid (m, D+1)).
+    draft vocabulary; with target_best (T,), the target's argmax at every position, also returns
+    whether each row's draft top-1 equals it. Returns (weighted KL sum, weight sum, hits (m, D+1), valid (m, D+1)).
     """
     D = head.config.draft_length
     T = rec.tokens.numel()
@@ -278,9 +279,9 @@ def dart_record_loss(
     kl = (logp.exp() * (logp - logq)).sum(-1).view(m, D + 1)
     w = gamma ** torch.arange(D + 1, dtype=torch.float)[None, :] * valid
     hits = torch.zeros(m, D + 1, dtype=torch.bool)
-    if full_lm is not None:
+    if target_best is not None:
         with torch.no_grad():
-            best = (final @ full_lm.T).argmax(-1).view(m, D + 1)
+            best = target_best[tp].view(m, D + 1)
             draft_best = head.to_target_ids(logq.argmax(-1)).view(m, D + 1)
             hits = (best == draft_best) & valid
     return (kl * w).sum(), w.sum(), hits, valid
@@ -330,7 +331,13 @@ def nn_init_normal(p: torch.Tensor, std: float = 0.02) -> None:
         p.normal_(0.0, std)
 
 
-def evaluate(head, embed, teacher_rows, full_lm, records: list[CachedRecord], anchors_per_record: int, gamma: float, seed: int = 1234):
+def target_argmax(records: list[CachedRecord], full_lm: torch.Tensor) -> list[torch.Tensor]:
+    """The target's greedy next token at every position of every record (computed once)."""
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        return [(r.final.float() @ full_lm.T).argmax(-1) for r in records]
+
+
+def evaluate(head, embed, teacher_rows, best: list[torch.Tensor], records: list[CachedRecord], anchors_per_record: int, gamma: float, seed: int = 1234):
     """Validation KL and per-position hit@1 (draft top-1 == the target's argmax), fixed anchors."""
     g = torch.Generator().manual_seed(seed)
     D = head.config.draft_length
@@ -338,9 +345,9 @@ def evaluate(head, embed, teacher_rows, full_lm, records: list[CachedRecord], an
     hits = torch.zeros(D + 1)
     valid = torch.zeros(D + 1)
     with torch.no_grad():
-        for rec in records:
+        for rec, rec_best in zip(records, best):
             anchors = sample_anchors(rec.tokens.numel(), anchors_per_record, g)
-            kl, w, h, v = dart_record_loss(head, embed, teacher_rows, rec, anchors, gamma, full_lm)
+            kl, w, h, v = dart_record_loss(head, embed, teacher_rows, rec, anchors, gamma, rec_best)
             tot_kl += float(kl)
             tot_w += float(w)
             hits += h.sum(0)
@@ -365,12 +372,13 @@ def train_dart(target, cfg: TrainConfig, draft_length: int = 7) -> Path:
     meta = cache_meta(cfg.cache_dir)
     draft_ids = torch.tensor(meta["draft_ids"])
     train = load_split(cfg.cache_dir, "train")
-    val = load_split(cfg.cache_dir, "val")
+    val = load_split(cfg.cache_dir, "val")[: cfg.val_records]
     if not train:
         raise ValueError(f"{cfg.cache_dir} holds no training records")
     embed = target.model.tok_embeddings.weight.detach().float()
     full_lm = target.model.output.weight.detach().float()
     teacher_rows = full_lm[draft_ids].contiguous()
+    val_best = target_argmax(val, full_lm)
 
     ckpt_path = out / "checkpoint.pt"
     head = new_head_from_target(target, draft_ids, draft_length, cfg.seed)
@@ -420,12 +428,13 @@ def train_dart(target, cfg: TrainConfig, draft_length: int = 7) -> Path:
         opt.step()
         step += 1
         bar.update(1)
-        bar.set_postfix(loss=f"{float(loss):.3f}", lr=f"{lr:.2e}")
+        bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.2e}")
         if step % cfg.eval_every == 0 or step == total_steps:
             head.eval()
-            val_kl, acc = evaluate(head, embed, teacher_rows, full_lm, val, cfg.anchors_per_record, cfg.gamma)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=target.device.type == "cpu"):
+                val_kl, acc = evaluate(head, embed, teacher_rows, val_best, val, cfg.anchors_per_record, cfg.gamma)
             head.train()
-            history.append({"step": step, "train_loss": float(loss), "val_kl": val_kl, "val_hit1": acc, "elapsed_s": time.perf_counter() - t_start})
+            history.append({"step": step, "train_loss": loss.item(), "val_kl": val_kl, "val_hit1": acc, "elapsed_s": time.perf_counter() - t_start})
             log.warning("step %d val_kl %.4f hit@1 %s", step, val_kl, " ".join(f"{a:.3f}" for a in acc))
         if time.perf_counter() - last_ckpt > cfg.checkpoint_every_s:
             save_checkpoint()
