@@ -117,5 +117,6 @@ def load_dart_drafter(
     head = load_head(head_path, dart=True, target=target)
     ngram = None
     if ngram_path is not None:
-        ngram = ngram_cpp.load(ngram_path, expected_vocab_size=target.vocab_size)
+        fingerprint = ngram_cpp.tokenizer_fingerprint(target.tokenizer) if target.tokenizer is not None else None
+        ngram = ngram_cpp.load(ngram_path, expected_fingerprint=fingerprint, expected_vocab_size=target.vocab_size)
     return DartDrafter(head, target, ngram, params)
