@@ -34,6 +34,8 @@ from .target import Target
 log = logging.getLogger(__name__)
 
 CACHE_META = "meta.json"
+SELF_DISTILL_FILE = "self_distill.jsonl"
+MIN_RECORD_TOKENS = 8  # shorter records hold no useful prefix to draft from
 SHARD_TOKENS = 40_000  # tokens per cache shard (~180 MB at H=576)
 
 
@@ -47,6 +49,11 @@ class CacheConfig:
     val_records: int = 200
     draft_vocab_size: int = 8192
     seed: int = 0
+    # Self-distillation: regenerate the assistant turn of the first N training conversations with the
+    # target itself (greedy), so that contexts follow the target's own style. ~25 tokens/s on a 2-core
+    # CPU, so only a slice is affordable there; the generations are kept in out_dir and reused.
+    self_distill: int = 0
+    self_distill_max_new: int = 256
 
 
 def draft_vocabulary(token_lists: list[list[int]], size: int, vocab_size: int) -> torch.Tensor:
@@ -69,15 +76,51 @@ def vocab_mapping(draft_ids: torch.Tensor, vocab_size: int) -> tuple[torch.Tenso
     return d2t, t2d
 
 
-def _load_records(cfg: CacheConfig, tokenizer) -> list[list[int]]:
-    records = []
+def _load_records(cfg: CacheConfig, target: Target) -> list[list[int]]:
+    """Token ids of every usable record, shuffled with cfg.seed (val = the first cfg.val_records).
+    The order depends only on the data and the seed, so an interrupted cache resumes where it stopped."""
+    tokenizer = target.tokenizer
+    pairs = []
     for path in cfg.data:
         for rec in iter_records(path):
             ids = render(tokenizer, rec)[: cfg.max_seq_len]
-            if len(ids) >= 8:
-                records.append(ids)
-    random.Random(cfg.seed).shuffle(records)
-    return records
+            if len(ids) >= MIN_RECORD_TOKENS:
+                pairs.append((ids, rec))
+    random.Random(cfg.seed).shuffle(pairs)
+    if cfg.self_distill:
+        _self_distill(pairs, cfg, target)
+    return [ids for ids, _ in pairs]
+
+
+def _self_distill(pairs: list, cfg: CacheConfig, target: Target) -> None:
+    """Replace the assistant turn of training conversations val_records .. val_records+self_distill-1
+    by the target's own greedy answer (in place). Generations are appended to out_dir/self_distill.jsonl
+    as they finish, so an interrupted run keeps them."""
+    from .generate import GenerationParams, complete
+
+    store = Path(cfg.out_dir) / SELF_DISTILL_FILE
+    done: dict[int, str] = {}
+    if store.exists():
+        for line in store.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                done[row["index"]] = row["response"]
+    todo = [
+        i
+        for i in range(cfg.val_records, min(len(pairs), cfg.val_records + cfg.self_distill))
+        if isinstance(pairs[i][1], list) and pairs[i][1] and pairs[i][1][-1]["role"] == "assistant"
+    ]
+    with store.open("a") as f:
+        for i in tqdm(todo, desc="self-distill", unit="rec"):
+            messages = pairs[i][1][:-1]
+            if i not in done:
+                prompt = target.encode(messages)[: cfg.max_seq_len - 1]
+                out = complete(target, prompt, None, GenerationParams(cfg.self_distill_max_new))
+                done[i] = target.tokenizer.decode(out.output_ids, skip_special_tokens=True)
+                f.write(json.dumps({"index": i, "response": done[i]}) + "\n")
+                f.flush()
+            rec = messages + [{"role": "assistant", "content": done[i]}]
+            pairs[i] = (render(target.tokenizer, rec)[: cfg.max_seq_len], rec)
 
 
 def build_cache(target: Target, cfg: CacheConfig) -> Path:
@@ -85,7 +128,7 @@ def build_cache(target: Target, cfg: CacheConfig) -> Path:
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     meta_path = out / CACHE_META
-    records = _load_records(cfg, target.tokenizer)
+    records = _load_records(cfg, target)
     if len(records) <= cfg.val_records:
         raise ValueError(f"only {len(records)} usable records in {cfg.data}")
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else None
@@ -194,10 +237,13 @@ class TrainConfig:
     extra: dict = field(default_factory=dict)
 
 
-def cosine_lr(step: int, total: int, base: float, warmup: int) -> float:
+def cosine_lr(step: int, total: int, base: float, warmup: int, time_progress: float = 0.0) -> float:
+    """Linear warm-up, then cosine decay to 0. The decay follows whichever ends first: the step
+    count or the time budget (time_progress = elapsed / budget), so that a run cut by its time
+    budget still ends annealed instead of stopping at a high learning rate."""
     if step < warmup:
         return base * (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    progress = min(1.0, max((step - warmup) / max(1, total - warmup), time_progress))
     return base * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
@@ -242,10 +288,10 @@ def dart_anchor_logits(head, embed: torch.Tensor, tokens: torch.Tensor, aux: tor
     m = anchors.numel()
     u = torch.cat((u, layer.mask_rep.expand(m * D, -1)))
     residual = torch.cat((residual, layer.mask_rep[: c.hidden_size].expand(m * D, -1)))
-    mask, positions = dart_attention_mask(R, anchors, D)
-    cos, sin = head.rope(positions, u.dtype)
+    mask, positions = dart_attention_mask(R, anchors.cpu(), D)
+    cos, sin = head.rope(positions.to(u.device), u.dtype)
     h = residual + layer.attention(u, cos, sin, mask[None, None].to(u.device), None)
-    rows = torch.cat((anchors[:, None], R + torch.arange(m * D).view(m, D)), dim=1)  # (m, D+1) query indices
+    rows = torch.cat((anchors[:, None].cpu(), R + torch.arange(m * D).view(m, D)), dim=1).to(u.device)  # (m, D+1) query indices
     h = layer.mlp_block(h[rows.reshape(-1)])
     return head.logits(h).view(m, D + 1, -1)
 
@@ -268,21 +314,24 @@ def dart_record_loss(
     D = head.config.draft_length
     T = rec.tokens.numel()
     m = anchors.numel()
-    logq = dart_anchor_logits(head, embed, rec.tokens, rec.aux, anchors).float().log_softmax(-1).view(m * (D + 1), -1)
+    dev = embed.device  # the cache lives on the CPU; only what this record needs moves to the device
+    anchors = anchors.cpu()
+    logits = dart_anchor_logits(head, embed, rec.tokens.to(dev), rec.aux.to(dev), anchors)
+    logq = logits.float().log_softmax(-1).view(m * (D + 1), -1)
 
     target_pos = anchors[:, None] + 1 + torch.arange(D + 1)[None, :]  # (m, D+1): teacher position per row
     valid = target_pos <= T - 1
     tp = target_pos.clamp(max=T - 1).reshape(-1)
-    final = rec.final[tp].float()
+    final = rec.final[tp].to(dev).float()
     with torch.no_grad():
-        logp = (final @ teacher_rows.T).log_softmax(-1)
+        logp = (final @ teacher_rows.T).float().log_softmax(-1)
     kl = (logp.exp() * (logp - logq)).sum(-1).view(m, D + 1)
-    w = gamma ** torch.arange(D + 1, dtype=torch.float)[None, :] * valid
+    w = (gamma ** torch.arange(D + 1, dtype=torch.float)[None, :] * valid).to(dev)
     hits = torch.zeros(m, D + 1, dtype=torch.bool)
     if target_best is not None:
         with torch.no_grad():
             best = target_best[tp].view(m, D + 1)
-            draft_best = head.to_target_ids(logq.argmax(-1)).view(m, D + 1)
+            draft_best = head.to_target_ids(logq.argmax(-1)).view(m, D + 1).cpu()
             hits = (best == draft_best) & valid
     return (kl * w).sum(), w.sum(), hits, valid
 
@@ -332,9 +381,9 @@ def nn_init_normal(p: torch.Tensor, std: float = 0.02) -> None:
 
 
 def target_argmax(records: list[CachedRecord], full_lm: torch.Tensor) -> list[torch.Tensor]:
-    """The target's greedy next token at every position of every record (computed once)."""
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        return [(r.final.float() @ full_lm.T).argmax(-1) for r in records]
+    """The target's greedy next token at every position of every record (computed once, kept on the CPU)."""
+    with torch.no_grad(), torch.autocast(full_lm.device.type, dtype=torch.bfloat16):
+        return [(r.final.to(full_lm.device).float() @ full_lm.T).argmax(-1).cpu() for r in records]
 
 
 def evaluate(head, embed, teacher_rows, best: list[torch.Tensor], records: list[CachedRecord], anchors_per_record: int, gamma: float, seed: int = 1234):
@@ -377,45 +426,64 @@ def train_dart(target, cfg: TrainConfig, draft_length: int = 7) -> Path:
         raise ValueError(f"{cfg.cache_dir} holds no training records")
     embed = target.model.tok_embeddings.weight.detach().float()
     full_lm = target.model.output.weight.detach().float()
-    teacher_rows = full_lm[draft_ids].contiguous()
+    teacher_rows = full_lm[draft_ids.to(full_lm.device)].contiguous()
     val_best = target_argmax(val, full_lm)
 
+    def autocast():  # bf16 matmuls on CPU (avx512-bf16) and GPU; master weights and the loss stay fp32
+        return torch.autocast(target.device.type, dtype=torch.bfloat16)
+
     ckpt_path = out / "checkpoint.pt"
-    head = new_head_from_target(target, draft_ids, draft_length, cfg.seed)
+    head = new_head_from_target(target, draft_ids, draft_length, cfg.seed).to(target.device)
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     steps_per_epoch = math.ceil(len(train) / cfg.batch_records)
     total_steps = max(1, int(cfg.epochs * steps_per_epoch))
-    step, history = 0, []
+    step, history, prior_s = 0, [], 0.0
     if ckpt_path.exists():
-        ck = torch.load(ckpt_path, weights_only=False)
+        ck = torch.load(ckpt_path, weights_only=False, map_location=target.device)
         head.load_state_dict(ck["head"])
         opt.load_state_dict(ck["opt"])
         step, history = ck["step"], ck["history"]
-        log.warning("resumed from %s at step %d", ckpt_path, step)
+        # training time spent before this process (older checkpoints: the last logged time)
+        prior_s = ck.get("elapsed_s", history[-1]["elapsed_s"] if history else 0.0)
+        log.warning("resumed from %s at step %d (%.1f min trained)", ckpt_path, step, prior_s / 60)
+    budget_s = None if cfg.max_minutes is None else 60.0 * cfg.max_minutes  # over all resumes
+    t_start = last_ckpt = time.perf_counter()
+
+    def elapsed() -> float:
+        return prior_s + time.perf_counter() - t_start
 
     def save_checkpoint():
         tmp = ckpt_path.with_suffix(".tmp")
-        torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "history": history, "config": asdict(cfg)}, tmp)
+        state = {"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "history": history, "elapsed_s": elapsed(), "config": asdict(cfg)}
+        torch.save(state, tmp)
         tmp.rename(ckpt_path)
         head.save(out / "head")
         (out / "history.json").write_text(json.dumps(history, indent=1))
 
+    def run_eval(train_loss: float | None) -> None:
+        head.eval()
+        with autocast():
+            val_kl, acc = evaluate(head, embed, teacher_rows, val_best, val, cfg.anchors_per_record, cfg.gamma)
+        head.train()
+        history.append({"step": step, "train_loss": train_loss, "val_kl": val_kl, "val_hit1": acc, "elapsed_s": elapsed()})
+        log.warning("step %d val_kl %.4f hit@1 %s", step, val_kl, " ".join(f"{a:.3f}" for a in acc))
+
     g = torch.Generator().manual_seed(cfg.seed + step)
-    t_start = last_ckpt = time.perf_counter()
     bar = tqdm(total=total_steps, initial=step, desc="train dart", unit="step")
     head.train()
+    loss = None
     while step < total_steps:
-        if cfg.max_minutes is not None and time.perf_counter() - t_start > 60 * cfg.max_minutes:
+        if budget_s is not None and elapsed() > budget_s:
             log.warning("time budget reached at step %d", step)
             break
-        lr = cosine_lr(step, total_steps, cfg.lr, cfg.warmup_steps)
+        lr = cosine_lr(step, total_steps, cfg.lr, cfg.warmup_steps, 0.0 if budget_s is None else elapsed() / budget_s)
         for group in opt.param_groups:
             group["lr"] = lr
         order = torch.randperm(len(train), generator=g)[: cfg.batch_records]
         opt.zero_grad(set_to_none=True)
-        tot_kl = tot_w = 0.0
+        tot_w = 0.0
         losses = []
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=target.device.type == "cpu"):
+        with autocast():
             for i in order.tolist():
                 rec = train[i]
                 anchors = sample_anchors(rec.tokens.numel(), cfg.anchors_per_record, g)
@@ -430,16 +498,13 @@ def train_dart(target, cfg: TrainConfig, draft_length: int = 7) -> Path:
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.2e}")
         if step % cfg.eval_every == 0 or step == total_steps:
-            head.eval()
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=target.device.type == "cpu"):
-                val_kl, acc = evaluate(head, embed, teacher_rows, val_best, val, cfg.anchors_per_record, cfg.gamma)
-            head.train()
-            history.append({"step": step, "train_loss": loss.item(), "val_kl": val_kl, "val_hit1": acc, "elapsed_s": time.perf_counter() - t_start})
-            log.warning("step %d val_kl %.4f hit@1 %s", step, val_kl, " ".join(f"{a:.3f}" for a in acc))
+            run_eval(loss.item())
         if time.perf_counter() - last_ckpt > cfg.checkpoint_every_s:
             save_checkpoint()
             last_ckpt = time.perf_counter()
     bar.close()
+    if not history or history[-1]["step"] != step:  # stopped by the time budget: evaluate the final head
+        run_eval(None if loss is None else loss.item())
     head.eval()
     save_checkpoint()
     return out / "head"

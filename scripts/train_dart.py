@@ -32,8 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--cache-dtype", default="bfloat16", help="target dtype while caching states")
     p.add_argument("--cache-tokens", type=int, default=1_000_000, help="training tokens to cache")
-    p.add_argument("--cache-minutes", type=float, default=None, help="stop caching after this long")
+    p.add_argument("--cache-minutes", type=float, default=None, help="stop caching after this long (0: train on the shards cached so far)")
     p.add_argument("--val-records", type=int, default=150)
+    p.add_argument("--self-distill", type=int, default=0, metavar="N", help="regenerate the answers of N training conversations with the target (greedy)")
+    p.add_argument("--self-distill-max-new", type=int, default=256, help="token limit of a regenerated answer")
     p.add_argument("--max-seq-len", type=int, default=512)
     p.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary: the most frequent target tokens")
     p.add_argument("--draft-length", type=int, default=7, help="mask slots D; the head predicts D+1 depths")
@@ -44,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--anchors", type=int, default=32, help="prefix positions trained per record and step")
     p.add_argument("--gamma", type=float, default=0.6)
     p.add_argument("--eval-every", type=int, default=100)
-    p.add_argument("--train-minutes", type=float, default=None, help="stop training after this long")
+    p.add_argument("--train-minutes", type=float, default=None, help="training time budget over all resumes; the cosine schedule ends with it")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--export", type=Path, default=None, help="copy the final head (config.json + model.safetensors) here")
@@ -66,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
             val_records=args.val_records,
             draft_vocab_size=args.draft_vocab,
             seed=args.seed,
+            self_distill=args.self_distill,
+            self_distill_max_new=args.self_distill_max_new,
         ),
     )
     target = load_target(args.model, args.device, "float32")  # fp32 master copy of the embedding and LM head

@@ -1,0 +1,213 @@
+"""The DART trainer on a tiny target with a real (word-level) tokenizer and chat template:
+data formats, draft vocabulary, the prefix-packed mask, the schedule, the state cache, training
+that resumes and exports a loadable head, self-distillation, and the CLI end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from conftest import TINY_EOS, TINY_VOCAB, build_tiny_checkpoint
+from dart_core.drafters.head import load_head
+from dart_core.target import load_target
+from dart_core.training import (
+    SELF_DISTILL_FILE,
+    CacheConfig,
+    TrainConfig,
+    build_cache,
+    cache_meta,
+    cosine_lr,
+    dart_attention_mask,
+    dart_record_loss,
+    draft_vocabulary,
+    load_split,
+    new_head_from_target,
+    train_dart,
+    vocab_mapping,
+)
+
+SPECIAL = ["<pad>", "<bos>", "<a>", "</s>", "<u>", "<sys>"]  # ids 0..5; </s> is TINY_EOS
+WORDS = [f"w{i}" for i in range(len(SPECIAL), TINY_VOCAB)]
+TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m['role'] == 'user' %}<u>{% elif m['role'] == 'assistant' %}<a>{% else %}<sys>{% endif %}"
+    " {{ m['content'] }} </s> {% endfor %}{% if add_generation_prompt %}<a> {% endif %}"
+)
+D = 3
+
+
+def save_word_tokenizer(path) -> None:
+    """A word-level tokenizer over the tiny vocabulary, with a chat template, saved beside the model."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL + WORDS)}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<bos>", eos_token="</s>", pad_token="<pad>", unk_token="<pad>")
+    tok.chat_template = TEMPLATE
+    tok.save_pretrained(path)
+    assert vocab["</s>"] == TINY_EOS
+
+
+@pytest.fixture(scope="module")
+def word_target(tmp_path_factory):
+    path = build_tiny_checkpoint(tmp_path_factory.mktemp("wordq3"), "qwen3", seed=2)
+    save_word_tokenizer(path)
+    return load_target(path, "cpu", "float32")
+
+
+def sentence(g: torch.Generator, n: int) -> str:
+    """Words with a learnable structure: mostly a fixed successor, sometimes a random jump."""
+    i = int(torch.randint(len(WORDS), (1,), generator=g))
+    out = []
+    for _ in range(n):
+        out.append(WORDS[i])
+        i = (i * 7 + 3) % len(WORDS) if torch.rand(1, generator=g) < 0.8 else int(torch.randint(len(WORDS), (1,), generator=g))
+    return " ".join(out)
+
+
+@pytest.fixture(scope="module")
+def data_files(tmp_path_factory):
+    """One file per format of ../shared/data/train."""
+    d = tmp_path_factory.mktemp("data")
+    g = torch.Generator().manual_seed(0)
+    alpaca = [{"instruction": sentence(g, 6), "input": sentence(g, 3) if k % 2 else "", "output": sentence(g, 20)} for k in range(12)]
+    gpteacher = [{"instruction": sentence(g, 5), "input": "", "response": sentence(g, 18)} for _ in range(8)]
+    t0 = [{"template": "t", "prompt": sentence(g, 15), "completion": sentence(g, 4)} for _ in range(8)]
+    self_instruct = [{"instruction": sentence(g, 4), "instances": [{"input": sentence(g, 3), "output": sentence(g, 12)}] * 2} for _ in range(3)]
+    (d / "alpaca.json").write_text(json.dumps(alpaca))
+    (d / "gpteacher.json").write_text(json.dumps(gpteacher))
+    (d / "t0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in t0))
+    (d / "self-instruct.jsonl").write_text("".join(json.dumps(r) + "\n" for r in self_instruct))
+    (d / "plain.txt").write_text("\n\n".join(sentence(g, 30) for _ in range(4)))
+    return sorted(str(p) for p in d.iterdir())
+
+
+def test_draft_vocabulary_and_mapping():
+    ids = draft_vocabulary([[5, 5, 5, 9, 9, 2], [9, 7]], size=3, vocab_size=20)
+    assert ids.tolist() == [2, 5, 9]  # 5 and 9 are the most frequent; 2 and 7 tie and the lower id wins
+    filled = draft_vocabulary([[4, 4]], size=3, vocab_size=6)
+    assert filled.tolist() == [0, 1, 4]  # fewer distinct tokens than the size: lowest unused ids fill in
+    d2t, t2d = vocab_mapping(torch.tensor([2, 5, 9]), 12)
+    assert (torch.arange(3) + d2t).tolist() == [2, 5, 9]  # d2t is an offset (upstream convention)
+    assert t2d.nonzero().flatten().tolist() == [2, 5, 9] and t2d.dtype == torch.bool
+
+
+def test_prefix_packed_mask():
+    R, anchors = 6, torch.tensor([1, 4])
+    mask, pos = dart_attention_mask(R, anchors, D)
+    assert mask.shape == (R + 2 * D, R + 2 * D)
+    assert torch.equal(mask[:R, :R], torch.ones(R, R, dtype=torch.bool).tril())  # real positions: causal
+    assert not mask[:R, R:].any()  # real positions never see mask slots
+    for b, a in enumerate(anchors.tolist()):
+        for s in range(D):
+            q = R + b * D + s
+            assert mask[q, :R].tolist() == [k <= a for k in range(R)]  # the committed prefix 0..a
+            own = [R + b * D + t for t in range(D)]
+            assert mask[q, own].tolist() == [t <= s for t in range(D)]  # earlier slots of its own anchor
+            others = [k for k in range(R, R + 2 * D) if k not in own]
+            assert not mask[q, others].any()
+            assert pos[q] == a + 1 + s  # slot s+1 continues the anchor's positions
+    assert pos[:R].tolist() == list(range(R))
+
+
+def test_cosine_schedule():
+    lr = [cosine_lr(s, 100, 1.0, 10) for s in range(101)]
+    assert lr[0] == pytest.approx(0.1) and lr[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(lr[10:], lr[11:])) and lr[100] == pytest.approx(0.0)
+    assert lr[55] == pytest.approx(0.5)
+    # a time budget that runs out first pulls the decay forward, so a cut run still ends annealed
+    assert cosine_lr(20, 100, 1.0, 10, time_progress=1.0) == pytest.approx(0.0)
+    assert cosine_lr(20, 100, 1.0, 10, time_progress=0.5) == pytest.approx(0.5)
+    assert cosine_lr(20, 100, 1.0, 10, time_progress=0.01) == pytest.approx(0.5 * (1 + math.cos(math.pi * 10 / 90)))
+
+
+def test_loss_weights_follow_gamma(word_target):
+    ids = list(range(10, 40))
+    out = word_target.model(torch.tensor(ids), torch.arange(len(ids)), word_target.new_cache(64), capture=True, final=True, logits=False)
+    from dart_core.training import CachedRecord
+
+    rec = CachedRecord(torch.tensor(ids), out.hidden.clone(), out.final.clone())  # out of inference mode
+    head = new_head_from_target(word_target, torch.arange(40, 90), D)
+    anchors = torch.tensor([0, 5, len(ids) - 2])  # the last possible anchor has one row with a teacher
+    kl, w, hits, valid = dart_record_loss(head, word_target.model.tok_embeddings.weight, word_target.model.output.weight[40:90], rec, anchors, 0.6, torch.zeros(len(ids), dtype=torch.long))
+    full = sum(0.6**j for j in range(D + 1))
+    assert float(w) == pytest.approx(2 * full + 1.0)
+    assert valid.sum(1).tolist() == [D + 1, D + 1, 1]
+    assert float(kl.detach()) > 0 and hits.shape == (3, D + 1)
+
+
+def test_cache_train_resume_export(word_target, data_files, tmp_path):
+    cache_dir = tmp_path / "cache"
+    cfg = CacheConfig(data=data_files, out_dir=str(cache_dir), max_tokens=10_000, val_records=4, draft_vocab_size=48)
+    build_cache(word_target, cfg)
+    meta = cache_meta(cache_dir)
+    train, val = load_split(cache_dir, "train"), load_split(cache_dir, "val")
+    assert len(val) == 4 and len(train) == 12 + 8 + 8 + 6 + 4 - 4  # 38 records, 4 held out
+    assert meta["tokens"]["train"] == sum(r.tokens.numel() for r in train)
+    assert train[0].aux.shape == (train[0].tokens.numel(), 3 * word_target.hidden_size)
+    assert train[0].final.shape == (train[0].tokens.numel(), word_target.hidden_size)
+    assert train[0].aux.dtype == torch.bfloat16
+    assert len(meta["draft_ids"]) == 48
+    # the cached states are the target's: recompute one record
+    ids = train[1].tokens
+    out = word_target.model(ids, torch.arange(len(ids)), word_target.new_cache(len(ids)), capture=True, final=True, logits=False)
+    torch.testing.assert_close(train[1].aux.float(), out.hidden, atol=0.05, rtol=0.02)
+    build_cache(word_target, cfg)  # resuming a finished cache adds nothing
+    assert cache_meta(cache_dir)["tokens"] == meta["tokens"]
+
+    tcfg = TrainConfig(cache_dir=str(cache_dir), out_dir=str(tmp_path / "train"), epochs=2, lr=5e-3, warmup_steps=2, batch_records=4, anchors_per_record=8, eval_every=4)
+    head_dir = train_dart(word_target, tcfg, draft_length=D)
+    history = json.loads((tmp_path / "train" / "history.json").read_text())
+    assert history[-1]["step"] == 2 * 9  # 34 training records, 4 per step: 9 steps per epoch
+    assert len(history[-1]["val_hit1"]) == D + 1  # per-position validation accuracy
+    assert history[-1]["val_kl"] < history[0]["val_kl"]
+    head = load_head(head_dir, dart=True, target=word_target)
+    assert head.config.draft_length == D and head.config.draft_vocab_size == 48
+    assert (torch.arange(48) + head.d2t).tolist() == meta["draft_ids"]
+
+    # resume with a longer schedule: continues from the checkpoint instead of starting over
+    train_dart(word_target, TrainConfig(**{**tcfg.__dict__, "epochs": 3}), draft_length=D)
+    history = json.loads((tmp_path / "train" / "history.json").read_text())
+    assert [h["step"] for h in history] == [4, 8, 12, 16, 18, 20, 24, 27]
+
+
+def test_time_budget_stops_and_evaluates(word_target, data_files, tmp_path):
+    cache_dir = tmp_path / "cache"
+    build_cache(word_target, CacheConfig(data=data_files, out_dir=str(cache_dir), max_tokens=2_000, val_records=4, draft_vocab_size=32))
+    cfg = TrainConfig(cache_dir=str(cache_dir), out_dir=str(tmp_path / "train"), epochs=100, max_minutes=0.0, eval_every=1000)
+    train_dart(word_target, cfg, draft_length=D)
+    history = json.loads((tmp_path / "train" / "history.json").read_text())
+    assert [h["step"] for h in history] == [0]  # no step fits, but the head is still evaluated and saved
+    assert (tmp_path / "train" / "head" / "model.safetensors").is_file()
+
+
+def test_self_distillation(word_target, data_files, tmp_path):
+    cfg = CacheConfig(data=data_files, out_dir=str(tmp_path / "c"), max_tokens=10_000, val_records=4, draft_vocab_size=32, self_distill=3, self_distill_max_new=6)
+    build_cache(word_target, cfg)
+    rows = [json.loads(line) for line in (tmp_path / "c" / SELF_DISTILL_FILE).read_text().splitlines()]
+    assert len(rows) <= 3 and all(r["index"] >= 4 for r in rows)
+    train = load_split(tmp_path / "c", "train")
+    # a regenerated record ends with the target's own greedy answer
+    for r in rows:
+        rec = train[r["index"] - 4].tokens.tolist()
+        answer = word_target.tokenizer(r["response"], add_special_tokens=False)["input_ids"]
+        assert rec[-len(answer) - 1 : -1] == answer or not answer
+
+
+def test_cli_end_to_end(word_target, data_files, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "train_dart.py"
+    cmd = [sys.executable, str(script), "--model", str(word_target.model_dir), "--data", *data_files, "--work", str(tmp_path / "w"),
+           "--device", "cpu", "--cache-tokens", "3000", "--val-records", "3", "--draft-vocab", "40", "--draft-length", "2",
+           "--epochs", "1", "--batch-records", "8", "--anchors", "4", "--eval-every", "2", "--export", str(tmp_path / "head")]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    head = load_head(tmp_path / "head", dart=True, target=word_target)
+    assert head.config.draft_length == 2 and head.config.draft_vocab_size == 40
