@@ -164,7 +164,7 @@ def dart_drafter(target: Target, args: argparse.Namespace):
     from .drafters.dart import DartParams, load_dart_drafter
 
     ngram = None if args.no_ngram else (args.ngram_model or (DEFAULT_NGRAM if args.model == DEFAULT_MODEL else None))
-    return load_dart_drafter(args.dart_model, target, ngram, DartParams(tree_params(args, target.device)))
+    return load_dart_drafter(args.dart_model, target, ngram, DartParams(tree_params(args, target.device), args.draft_depth))
 
 
 def read_questions(path: Path, limit: int | None) -> list[dict]:
@@ -259,6 +259,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--tree-top-k", type=int, default=25, help="candidates per depth")
     g.add_argument("--beam-width", type=int, default=20)
     g.add_argument("--max-nodes", type=int, default=None, help=f"tree nodes besides the root (default per device: {DEFAULT_MAX_NODES})")
+    g.add_argument("--draft-depth", type=int, default=None, help="use only the head's first N rows (tree depth <= N; default: all D+1)")
     return p.parse_args(argv)
 
 

@@ -127,3 +127,18 @@ def test_embedded_dart_head_is_lossless(embedded_target):
     ar = complete(embedded_target, ids, ARDrafter(), GenerationParams(32))
     s = complete(embedded_target, ids, drafter, GenerationParams(32))
     assert s.output_ids == ar.output_ids
+
+
+def test_draft_depth_limits_the_tree(tiny_llama):
+    head = random_head(tiny_llama, seed=7)
+    drafter = DartDrafter(head, tiny_llama, None, DartParams(ngram_cpp.PruneParams(top_k=4, beam_width=4, max_nodes=12), depth=2))
+    session = drafter.new_session(64)
+    prompt = [5, 6, 7, 8]
+    out = tiny_llama.prefill(prompt, tiny_llama.new_cache(64), capture=True)
+    session.extend(prompt, out.hidden)
+    proposal = session.propose(9, 64)
+    assert int(proposal.tree.depths.max()) <= 2 and len(proposal.info["topk_tokens"]) == 2
+    ar = complete(tiny_llama, prompt, ARDrafter(), GenerationParams(20))
+    assert complete(tiny_llama, prompt, drafter, GenerationParams(20)).output_ids == ar.output_ids
+    with pytest.raises(ValueError, match="depth"):
+        DartDrafter(head, tiny_llama, None, DartParams(depth=0))

@@ -28,6 +28,7 @@ CONTEXT_TAIL = 8  # committed tokens passed to the pruner as n-gram context (ord
 @dataclass(frozen=True)
 class DartParams:
     prune: ngram_cpp.PruneParams = field(default_factory=ngram_cpp.PruneParams)
+    depth: int | None = None  # use only the first `depth` rows (tree depth <= depth); None: all D+1
 
 
 class DartDrafter:
@@ -37,6 +38,8 @@ class DartDrafter:
     def __init__(self, head: DraftHead, target, ngram: ngram_cpp.NGram | None, params: DartParams = DartParams()):
         if not head.config.is_dart:
             raise ValueError("DartDrafter needs a DART head (with draft_length and mask_rep)")
+        if params.depth is not None and params.depth < 1:
+            raise ValueError(f"draft depth must be >= 1, got {params.depth}")
         self.head, self.target, self.ngram, self.params = head, target, ngram, params
         self.max_nodes = params.prune.max_nodes + 1
         self.eos_id = min(target.eos_ids) if target.eos_ids else -1
@@ -90,7 +93,7 @@ class _DartSession:
     def propose(self, root: int, budget: int) -> Proposal:
         sync = torch.cuda.synchronize if self.d.target.device.type == "cuda" else (lambda: None)
         t0 = time.perf_counter()
-        logits = self.draft_logits(root).float()
+        logits = self.draft_logits(root)[: self.d.params.depth].float()
         p = self.d.params.prune
         vals, idx = logits.topk(min(p.top_k, logits.shape[-1]), dim=-1)
         probs = vals.softmax(-1)  # renormalised within the top-k, as upstream
