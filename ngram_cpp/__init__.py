@@ -7,10 +7,12 @@
 The C++ extension (`ngram_cpp._ngram`) is compiled by the package build. Where it is missing, the
 same API runs on the pure-Python reference implementation (`HAVE_CPP` says which), only slower.
 
-File formats: our compact format is a 160-byte header (magic "DARTNGRM", version, order, vocab
-size, total count, nodes per level, tokenizer fingerprint) followed, per level, by the sorted token,
-count and child-offset arrays; it is memory-mapped, so loading costs milliseconds at any size.
-The upstream format is fvliang/DART's `.trie` byte layout, read and written unchanged.
+File formats (details in ngram_cpp/src/ngram.h): our compact format is a 160-byte header (magic
+"DARTNGRM", version, order, vocab size, flags, total count, nodes per level, tokenizer fingerprint)
+followed, per level, by the sorted token, count and child-offset arrays; it is memory-mapped, so
+loading costs milliseconds at any size. The upstream format is fvliang/DART's `.trie` byte layout,
+read and written unchanged; it records no vocabulary size or tokenizer (`vocab_known` is False and
+`convert(..., vocab_size=, fingerprint=)` stamps them).
 """
 
 from __future__ import annotations
@@ -66,6 +68,11 @@ class NGram:
         return self._impl.vocab_size
 
     @property
+    def vocab_known(self) -> bool:
+        """True when vocab_size is the tokenizer's; False when it is only max token id + 1 (upstream .trie)."""
+        return self._impl.vocab_known
+
+    @property
     def total(self) -> int:
         return self._impl.total
 
@@ -102,10 +109,17 @@ class NGram:
             raise ValueError(f"unknown format {fmt!r}: 'compact' or 'upstream'")
 
     def validate(self) -> None:
-        """Check every array (reads the whole file); raises RuntimeError on the first inconsistency."""
+        """Check every array (reads the whole file); raises RuntimeError on the first inconsistency.
+
+        Loading checks only the header and the array bounds (so that it stays O(1)); lookups on a
+        damaged file stay in bounds but may answer nonsense until this has been run."""
         if self.native is None:
-            return
+            return  # the Python reader checks everything while parsing
         self._impl.validate()
+
+    def set_metadata(self, vocab_size: int, fingerprint: str) -> None:
+        """Stamp the tokenizer's vocabulary size and fingerprint (e.g. on an upstream .trie before saving it compact)."""
+        self._impl.set_metadata(int(vocab_size), str(fingerprint))
 
 
 def _is_compact(path: Path) -> bool:
@@ -160,12 +174,20 @@ def build(
         return NGram(builder.finish(fingerprint))
 
 
-def convert(src, dst, fmt: str | None = None) -> None:
-    """Convert between formats; the target format defaults to the other one."""
+def convert(src, dst, fmt: str | None = None, vocab_size: int | None = None, fingerprint: str | None = None) -> NGram:
+    """Convert between formats (the target format defaults to the other one); the input is fully validated.
+
+    `vocab_size`/`fingerprint` stamp the tokenizer into the output header, which an upstream .trie
+    lacks (the compact loader then refuses the file for another tokenizer).
+    """
     model = load(src)
     if fmt is None:
         fmt = "upstream" if _is_compact(Path(src)) else "compact"
+    if vocab_size is not None or fingerprint is not None:
+        model.set_metadata(model.vocab_size if vocab_size is None else vocab_size, model.fingerprint if fingerprint is None else fingerprint)
+    model.validate()
     model.save(dst, fmt)
+    return model
 
 
 def prune(tokens, probs, root: int, context, model: NGram | None, params: PruneParams = PruneParams(), eos_id: int = -1) -> PrunedTree:

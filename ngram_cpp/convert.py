@@ -18,8 +18,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("src")
     p.add_argument("dst")
     p.add_argument("--format", choices=["compact", "upstream"], default=None, help="output format (default: the other one)")
+    p.add_argument("--vocab-size", type=int, default=None, help="the tokenizer's vocabulary size (an upstream .trie does not record it)")
+    p.add_argument("--fingerprint", default=None, help="the tokenizer's fingerprint (ngram_cpp.tokenizer_fingerprint)")
     args = p.parse_args(argv)
-    ngram_cpp.convert(args.src, args.dst, args.format)
+    model = ngram_cpp.convert(args.src, args.dst, args.format, args.vocab_size, args.fingerprint)
+    vocab = f"vocab {model.vocab_size}" + ("" if model.vocab_known else " (max id + 1)")
+    print(f"{args.dst}: order {model.order}, {model.num_nodes} nodes, {vocab}", file=sys.stderr)
     return 0
 
 

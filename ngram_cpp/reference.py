@@ -15,9 +15,14 @@ import numpy as np
 COMPACT_MAGIC = b"DARTNGRM"
 COMPACT_VERSION = 1
 MAX_ORDER = 8
-HEADER = struct.Struct("<8sIIII Q 8Q 64s")  # magic, version, order, vocab, reserved, total, level sizes, fingerprint
+HEADER = struct.Struct("<8sIIII Q 8Q 64s")  # magic, version, order, vocab, flags, total, level sizes, fingerprint
 ALIGN = 8
+FLAG_VOCAB_IS_LOWER_BOUND = 1  # vocab_size is only max token id + 1 (converted from an upstream .trie)
 UNIFORM_WEIGHT = 0.01  # smoothed mode, as in ngram.cpp
+TOKEN_ID_LIMIT = 2**31  # ids must fit the trie's int32 tokens
+MAX_EXPANDED_NODES = 1 << 24  # the pruner refuses searches larger than this (as pruner.cpp)
+UPSTREAM_RECORD = struct.Struct("<iQIQ")  # token, parent, freq (an int32 upstream, read as the uint32 it counted), n_children
+UPSTREAM_CHILD = struct.Struct("<iQ")  # child token, child index
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,7 @@ class PyNGramModel:
         self.children: list[dict[int, int]] = [{}]
         self.counts: list[int] = [0]
         self.fingerprint = ""
+        self.vocab_known = True  # False: vocab_size is only max token id + 1 (an upstream .trie)
 
     @property
     def total(self) -> int:
@@ -63,6 +69,14 @@ class PyNGramModel:
     @property
     def num_nodes(self) -> int:
         return len(self.counts)
+
+    def set_metadata(self, vocab_size: int, fingerprint: str) -> None:
+        """As NGramModel::set_metadata: stamp the tokenizer's vocabulary size and fingerprint."""
+        if vocab_size < self.vocab_size:
+            raise ValueError(f"vocab_size {vocab_size} is smaller than the trie's largest token id + 1 ({self.vocab_size})")
+        if len(fingerprint.encode()) >= 64:
+            raise ValueError("tokenizer fingerprint is longer than 63 characters")
+        self.vocab_size, self.vocab_known, self.fingerprint = vocab_size, True, fingerprint
 
     def add(self, tokens) -> None:
         tokens = [int(t) for t in tokens]
@@ -114,7 +128,8 @@ class PyNGramModel:
             if node is None or self.counts[node] == 0:
                 continue
             child = self.children[node].get(token)
-            p += w * float(self.counts[child] if child is not None else 0) / self.counts[node]
+            if child is not None:
+                p += w * (self.counts[child] / self.counts[node])
         return p + UNIFORM_WEIGHT / max(self.vocab_size, 1)
 
     # -- reading our files (small files only: everything is parsed into dicts)
@@ -130,10 +145,12 @@ class PyNGramModel:
     def _from_compact(cls, data: bytes, path: str) -> "PyNGramModel":
         if len(data) < HEADER.size:
             raise RuntimeError(f"{path}: truncated: smaller than the compact header")
-        magic, version, order, vocab, _, total, *rest = HEADER.unpack_from(data)
+        magic, version, order, vocab, flags, total, *rest = HEADER.unpack_from(data)
         sizes, fingerprint = rest[:MAX_ORDER], rest[MAX_ORDER]
         if version != COMPACT_VERSION or not 1 <= order <= MAX_ORDER:
             raise RuntimeError(f"{path}: unsupported version {version} or order {order}")
+        if flags & ~FLAG_VOCAB_IS_LOWER_BOUND or any(sizes[order:]) or fingerprint[-1] != 0:
+            raise RuntimeError(f"{path}: corrupt header")
         pos = _align(HEADER.size)
         levels = []
         for lv in range(order):
@@ -148,9 +165,17 @@ class PyNGramModel:
             levels.append(arrays)
         if pos != len(data):
             raise RuntimeError(f"{path}: corrupt: file size does not match the header's level sizes")
+        for lv in range(order - 1):
+            fc, next_size = levels[lv][2], sizes[lv + 1]
+            if fc[0] != 0 or fc[-1] != next_size or np.any(np.diff(fc.astype(np.int64)) < 0):
+                raise RuntimeError(f"{path}: corrupt: child index ranges do not match level sizes")
         m = cls(order, vocab)
         m.counts[0] = total
-        m.fingerprint = fingerprint.rstrip(b"\0").decode()
+        m.vocab_known = not flags & FLAG_VOCAB_IS_LOWER_BOUND
+        try:
+            m.fingerprint = fingerprint.rstrip(b"\0").decode()
+        except UnicodeDecodeError as e:
+            raise RuntimeError(f"{path}: corrupt header (fingerprint)") from e
         parents = [0]  # node ids of the previous level, in level order
         for lv, arrays in enumerate(levels):
             toks, cnts = arrays[0], arrays[1]
@@ -171,28 +196,65 @@ class PyNGramModel:
 
     @classmethod
     def _from_upstream(cls, data: bytes, path: str) -> "PyNGramModel":
+        """fvliang/DART's .trie, checked as fully as ngram.cpp checks it (a corrupt file raises RuntimeError)."""
         if len(data) < 16:
             raise RuntimeError(f"{path}: truncated: no upstream .trie header")
         order, n_nodes = struct.unpack_from("<QQ", data)
         if not 1 <= order <= MAX_ORDER:
-            raise RuntimeError(f"{path}: invalid order {order}")
+            raise RuntimeError(f"{path}: invalid order {order} (not a .trie file?)")
+        if n_nodes == 0 or n_nodes > (len(data) - 16) // UPSTREAM_RECORD.size:
+            raise RuntimeError(f"{path}: corrupt: node count exceeds the file size")
         pos = 16
+        records = []  # (token, parent, freq, [(child token, child index)])
+        for _ in range(n_nodes):
+            if pos + UPSTREAM_RECORD.size > len(data):
+                raise RuntimeError(f"{path}: truncated upstream .trie file")
+            tok, parent, freq, nc = UPSTREAM_RECORD.unpack_from(data, pos)
+            pos += UPSTREAM_RECORD.size
+            if pos + UPSTREAM_CHILD.size * nc > len(data):
+                raise RuntimeError(f"{path}: truncated upstream .trie file")
+            kids = [UPSTREAM_CHILD.unpack_from(data, pos + UPSTREAM_CHILD.size * c) for c in range(nc)]
+            pos += UPSTREAM_CHILD.size * nc
+            records.append((tok, parent, freq, kids))
+        if pos != len(data):
+            raise RuntimeError(f"{path}: corrupt: trailing bytes after the last node")
+
         m = cls(order, 0)
+        m.vocab_known = False
         m.children = [{} for _ in range(n_nodes)]
-        m.counts = [0] * n_nodes
-        for i in range(n_nodes):
-            if pos + 24 > len(data):
-                raise RuntimeError(f"{path}: truncated upstream .trie file")
-            _tok, _parent, freq, nc = struct.unpack_from("<iQiQ", data, pos)
-            pos += 24
-            m.counts[i] = freq
-            if pos + 12 * nc > len(data):
-                raise RuntimeError(f"{path}: truncated upstream .trie file")
-            for _ in range(nc):
-                t, idx = struct.unpack_from("<iQ", data, pos)
-                pos += 12
-                m.children[i][t] = idx
-                m.vocab_size = max(m.vocab_size, t + 1)
+        m.counts = [freq for _, _, freq, _ in records]
+        seen = [False] * n_nodes
+        seen[0] = True
+        frontier = [0]
+        for depth in range(order + 1):
+            nxt = []
+            for node in frontier:
+                kids = records[node][3]
+                if kids and depth == order:
+                    raise RuntimeError(f"{path}: corrupt: trie deeper than its order")
+                for t, idx in kids:
+                    if not 0 < idx < n_nodes:
+                        raise RuntimeError(f"{path}: corrupt: child index out of range")
+                    if t in m.children[node]:
+                        raise RuntimeError(f"{path}: corrupt: duplicate child token")
+                    if seen[idx]:
+                        raise RuntimeError(f"{path}: corrupt: a node has two parents")
+                    if t < 0:
+                        raise RuntimeError(f"{path}: corrupt: negative token id")
+                    if records[idx][0] != t or records[idx][1] != node:
+                        raise RuntimeError(f"{path}: corrupt: child record disagrees with its parent")
+                    seen[idx] = True
+                    m.children[node][t] = idx
+                    m.vocab_size = max(m.vocab_size, t + 1)
+                    nxt.append(idx)
+                # every occurrence of a continuation is an occurrence of its context (the root is recomputed below)
+                if depth >= 1 and sum(records[idx][2] for _, idx in kids) > records[node][2]:
+                    raise RuntimeError(f"{path}: corrupt: children count more than their parent")
+            frontier = nxt
+        if not all(seen):
+            raise RuntimeError(f"{path}: corrupt: node {seen.index(False)} is unreachable from the root")
+        # the root counts every token, i.e. the sum of level 1 (robust to upstream's int32 overflow)
+        m.counts[0] = sum(m.counts[c] for c in m.children[0].values())
         return m
 
 
@@ -207,17 +269,23 @@ def prune_reference(tokens, probs, root: int, context, model, params: PruneParam
     if tokens.ndim != 2 or tokens.shape != probs.shape or tokens.shape[0] < 1 or tokens.shape[1] < 1:
         raise ValueError(f"tokens and probs must both be [d, k] with d, k >= 1 (got {tokens.shape} and {probs.shape})")
     d, k = tokens.shape
-    vocab = model.vocab_size if model is not None else 2**31 - 1
-    if not 0 <= root < vocab or tokens.min() < 0 or tokens.max() >= vocab:
-        raise ValueError(f"token ids must be in [0, {vocab})")
+    kk = min(k, params.top_k)
+    if params.top_k < 1 or params.beam_width < 1 or params.max_nodes < 0:
+        raise ValueError("top_k and beam_width must be >= 1, max_nodes >= 0")
+    if not all(math.isfinite(x) for x in (params.eps, params.level_exponent, params.logit_decay, params.ngram_weight)) or not params.eps > 0:
+        raise ValueError("score weights must be finite and eps > 0")
+    if kk * (1 + params.beam_width * (d - 1)) > MAX_EXPANDED_NODES:
+        raise ValueError(f"d * beam_width * top_k is too large (more than {MAX_EXPANDED_NODES} expanded nodes)")
+    vocab = model.vocab_size if model is not None and model.vocab_known else TOKEN_ID_LIMIT
+    context = [int(t) for t in np.asarray(context, dtype=np.int64).reshape(-1)]
+    if not 0 <= root < vocab or tokens.min() < 0 or tokens.max() >= vocab or any(not 0 <= t < vocab for t in context):
+        raise ValueError(f"token ids (root, context, candidates) must be in [0, {vocab})")
     if not (np.isfinite(probs).all() and (probs >= 0).all() and (probs <= 1).all()):
         raise ValueError("draft probabilities must be in [0, 1]")
     if any(len(set(row)) != len(row) for row in tokens.tolist()):
         raise ValueError("a token appears twice in one row")
-    kk = min(k, params.top_k)
     order = model.order if model is not None else 1
     ctx_len = order - 1
-    context = [int(t) for t in np.asarray(context).reshape(-1)]
 
     # pool entries: [token, parent, depth, score]
     pool: list[tuple[int, int, int, float]] = []

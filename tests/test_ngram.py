@@ -92,12 +92,69 @@ def test_hand_assembled_upstream_file(tmp_path):
         data += struct.pack("<iQiQ", tok, parent, freq, len(kids))
         for t, i in kids:
             data += struct.pack("<iQ", t, i)
+    assert data == upstream_bytes(2, nodes)
     (tmp_path / "hand.trie").write_bytes(data)
     model = ngram_cpp.load(tmp_path / "hand.trie")
     assert (model.order, model.num_nodes, model.total) == (2, 4, 3)
     assert model.prob([7], 8) == 0.5
     model.save(tmp_path / "again.trie", "upstream")
     assert (tmp_path / "again.trie").read_bytes() == data  # children were already in token order
+
+
+def upstream_bytes(order: int, nodes) -> bytes:
+    """An upstream .trie assembled by hand: nodes = [(token, parent, freq, [(child token, child index)])]."""
+    data = struct.pack("<QQ", order, len(nodes))
+    for tok, parent, freq, kids in nodes:
+        data += struct.pack("<iQiQ", tok, parent, freq, len(kids))
+        for t, i in kids:
+            data += struct.pack("<iQ", t, i)
+    return data
+
+
+def test_upstream_file_has_no_vocab_until_stamped(tmp_path):
+    # root -> 7 -> 8, root -> 9: the largest id is 9, but an upstream file cannot say the vocabulary is larger
+    data = upstream_bytes(2, [(0, 0, 3, [(9, 2), (7, 1)]), (7, 0, 2, [(8, 3)]), (9, 0, 1, []), (8, 1, 1, [])])
+    (tmp_path / "m.trie").write_bytes(data)
+    model = ngram_cpp.load(tmp_path / "m.trie")
+    assert (model.vocab_size, model.vocab_known, model.fingerprint) == (10, False, "")
+    # converting keeps the "lower bound" flag unless the tokenizer is stamped
+    ngram_cpp.convert(tmp_path / "m.trie", tmp_path / "plain.ngram")
+    assert not ngram_cpp.load(tmp_path / "plain.ngram").vocab_known
+    ngram_cpp.convert(tmp_path / "m.trie", tmp_path / "m.ngram", vocab_size=100, fingerprint="ab" * 16)
+    stamped = ngram_cpp.load(tmp_path / "m.ngram")
+    assert (stamped.vocab_size, stamped.vocab_known, stamped.fingerprint) == (100, True, "ab" * 16)
+    assert PyNGramModel.load(tmp_path / "m.ngram").vocab_known
+    with pytest.raises(ValueError, match="smaller than"):
+        ngram_cpp.convert(tmp_path / "m.trie", tmp_path / "x.ngram", vocab_size=5)
+    # the children were written out of token order: the writer sorts them, the reader does not care
+    model.save(tmp_path / "again.trie", "upstream")
+    assert ngram_cpp.load(tmp_path / "again.trie").prob([7], 8) == 0.5
+
+
+def test_upstream_counts_as_upstream_leaves_them(tmp_path):
+    """A zero-count node (what upstream's reduce() can leave), a count past int32 (stored wrapped) and a
+    negative root (reduce() again) all load; the root count is recomputed from level 1."""
+    wrapped = 2**32 - 2  # upstream's int32 freq holds -2
+    nodes = [
+        (0, 0, -7, [(1, 1), (2, 2)]),
+        (1, 0, wrapped - 2**32, [(3, 3), (4, 4)]),
+        (2, 0, 5, []),
+        (3, 1, 0, []),
+        (4, 1, 6, []),
+    ]
+    (tmp_path / "r.trie").write_bytes(upstream_bytes(2, nodes))
+    model = ngram_cpp.load(tmp_path / "r.trie")
+    ref = PyNGramModel.load(tmp_path / "r.trie")
+    model.validate()
+    assert model.total == ref.total == wrapped + 5
+    assert model.prob([1], 4) == ref.prob([1], 4) == 6 / wrapped
+    # 3 exists after 1 with count 0: the context matched, so no backoff (upstream gives 0 too)
+    assert model.prob([1], 3) == ref.prob([1], 3) == 0.0
+    model.save(tmp_path / "w.trie", "upstream")
+    model2 = ngram_cpp.load(tmp_path / "w.trie")
+    model2.save(tmp_path / "w2.trie", "upstream")
+    assert (tmp_path / "w.trie").read_bytes() == (tmp_path / "w2.trie").read_bytes()
+    assert struct.unpack_from("<i", (tmp_path / "w.trie").read_bytes(), 16 + 24 + 2 * 12 + 12)[0] == -2  # node 1's freq
 
 
 def test_spilled_build_equals_in_memory(tmp_path):
@@ -138,13 +195,20 @@ def test_wrong_tokenizer_is_refused(tmp_path):
         ngram_cpp.load(tmp_path / "m.ngram", expected_vocab_size=5)
 
 
+class ValidFiles(tuple):
+    """(compact bytes, upstream bytes) of one small trie; a short repr keeps hypothesis' reports readable."""
+
+    def __repr__(self) -> str:
+        return "ValidFiles(...)"
+
+
 @pytest.fixture(scope="module")
 def valid_files(tmp_path_factory):
     d = tmp_path_factory.mktemp("valid")
     model, _ = both(corpus(9))
     model.save(d / "m.ngram")
     model.save(d / "m.trie", "upstream")
-    return (d / "m.ngram").read_bytes(), (d / "m.trie").read_bytes()
+    return ValidFiles(((d / "m.ngram").read_bytes(), (d / "m.trie").read_bytes()))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -168,3 +232,125 @@ def test_fuzzed_files_never_crash(valid_files, tmp_path, which, cut, flips):
         model.validate()  # may pass (the damage hit nothing structural) or raise RuntimeError
     except RuntimeError:
         pass
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cut=st.floats(0, 1), flips=st.lists(st.tuples(st.floats(0, 1), st.integers(0, 255)), max_size=4))
+def test_fuzzed_upstream_files_both_readers_agree(valid_files, tmp_path, cut, flips):
+    """Both readers check an upstream file fully while reading, so they accept exactly the same files,
+    and read them the same; the Python reader raises RuntimeError (never another exception)."""
+    data = bytearray(valid_files[1])
+    data = data[: int(len(data) * cut)] if cut < 0.9 else data
+    for pos, byte in flips:
+        if data:
+            data[int(pos * (len(data) - 1))] = byte
+    path = tmp_path / "f.trie"
+    path.write_bytes(bytes(data))
+    try:
+        cpp = ngram_cpp.load(path)
+    except RuntimeError:
+        cpp = None
+    try:
+        py = PyNGramModel.load(path)
+    except RuntimeError:
+        py = None
+    assert (cpp is None) == (py is None)
+    if cpp is not None:
+        cpp.validate()
+        assert (cpp.num_nodes, cpp.total, cpp.vocab_size) == (py.num_nodes, py.total, py.vocab_size)
+        for ctx in ([1, 2], [3], [19, 19]):
+            np.testing.assert_array_equal(cpp.probs(ctx, list(range(V))), py.probs(ctx, list(range(V))))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cut=st.floats(0, 1), flips=st.lists(st.tuples(st.floats(0, 1), st.integers(0, 255)), max_size=4))
+def test_fuzzed_compact_files_python_reader(valid_files, tmp_path, cut, flips):
+    """The Python fallback's compact reader raises RuntimeError on damage, never another exception."""
+    data = bytearray(valid_files[0])
+    data = data[: int(len(data) * cut)] if cut < 0.9 else data
+    for pos, byte in flips:
+        if data:
+            data[int(pos * (len(data) - 1))] = byte
+    path = tmp_path / "f.ngram"
+    path.write_bytes(bytes(data))
+    try:
+        model = PyNGramModel.load(path)
+    except RuntimeError:
+        return
+    for ctx in ([1, 2], [3], []):
+        model.probs(ctx, list(range(V)))
+
+
+def test_corrupt_compact_header_fields(tmp_path):
+    model, _ = both(corpus(4))
+    model.save(tmp_path / "m.ngram")
+    good = (tmp_path / "m.ngram").read_bytes()
+    cases = {  # offset in the header -> (bytes, expected message)
+        "version": (8, struct.pack("<I", 2), "version"),
+        "order": (12, struct.pack("<I", 9), "order"),
+        "flags": (20, struct.pack("<I", 0x80), "flags"),
+        "levels beyond the order": (32 + 8 * 3, struct.pack("<Q", 1), "beyond the order"),
+        "level size": (32, struct.pack("<Q", 10**12), "exceed the file"),
+    }
+    for name, (offset, patch, message) in cases.items():
+        bad = good[:offset] + patch + good[offset + len(patch) :]
+        (tmp_path / "bad.ngram").write_bytes(bad)
+        with pytest.raises(RuntimeError, match=message):
+            ngram_cpp.load(tmp_path / "bad.ngram")
+        with pytest.raises(RuntimeError):
+            PyNGramModel.load(tmp_path / "bad.ngram")
+    with pytest.raises(RuntimeError, match="bad magic|not a compact"):
+        (tmp_path / "magic.ngram").write_bytes(b"DARTNGRX" + good[8:])
+        ngram_cpp._ngram.NGramModel.load_compact(str(tmp_path / "magic.ngram"))
+
+
+class CharTokenizer:
+    """Just enough of a HF tokenizer for scripts/build_ngram.py: one id per character, EOS = 0."""
+
+    eos_token_id = 0
+
+    def __init__(self):
+        self.vocab = {"<eos>": 0, **{chr(c): c - 31 for c in range(32, 127)}, "\n": 96}
+
+    def __len__(self) -> int:
+        return len(self.vocab)
+
+    def get_vocab(self) -> dict:
+        return dict(self.vocab)
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict:
+        return {"input_ids": [self.vocab[c] for c in text]}
+
+    def apply_chat_template(self, messages, tokenize=False, **_) -> str:
+        return "".join(f"[{m['role'][0]}]{m['content']}\n" for m in messages)
+
+
+def test_build_script_is_deterministic_and_counts_every_record(tmp_path, monkeypatch):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("build_ngram", Path(__file__).resolve().parent.parent / "scripts" / "build_ngram.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    tok = CharTokenizer()
+    monkeypatch.setattr(script, "load_tokenizer", lambda name: tok)
+    (tmp_path / "a.txt").write_text("hello world\n\nsecond doc\n")
+    (tmp_path / "b.jsonl").write_text(json.dumps({"text": "plain"}) + "\n" + json.dumps({"prompt": "Q?", "completion": "A."}) + "\n")
+    (tmp_path / "c.json").write_text(json.dumps([{"instruction": "Do", "input": "", "output": "Done"}]))
+    files = [str(tmp_path / n) for n in ("a.txt", "b.jsonl", "c.json")]
+    for out in ("one.ngram", "two.ngram"):
+        assert script.main([*files, "--out", str(tmp_path / out), "--slices-in-memory", "7"]) == 0
+    assert (tmp_path / "one.ngram").read_bytes() == (tmp_path / "two.ngram").read_bytes()
+
+    # the same documents, rendered by hand: plain texts end with EOS, conversations with the template
+    docs = ["hello world", "second doc", "plain"]
+    expected = PyNGramModel(3, len(tok))
+    for d in docs:
+        expected.add(tok(d)["input_ids"] + [0])
+    for conv in ("[u]Q?\n[a]A.\n", "[u]Do\n[a]Done\n"):
+        expected.add(tok(conv)["input_ids"])
+    model = ngram_cpp.load(tmp_path / "one.ngram", expected_fingerprint=ngram_cpp.tokenizer_fingerprint(tok))
+    assert (model.total, model.num_nodes, model.vocab_size, model.vocab_known) == (expected.total, expected.num_nodes, len(tok), True)
+    o, c = tok("oc")["input_ids"]
+    assert model.prob([o, c], 0) == expected.prob([o, c], 0) == 1.0  # "...doc" ends its document

@@ -34,6 +34,28 @@ def test_golden_beam_and_global_cut():
     np.testing.assert_allclose(tree.scores, [0, math.log(0.6), math.log(0.4), math.log(0.6) + w1 * math.log(0.7), math.log(0.4) + w1 * math.log(0.7)], atol=1e-6)
 
 
+def test_golden_global_cut_keeps_nodes_outside_the_beam():
+    # row 0: 10 p=.5, 11 p=.3, 12 p=.2 ; row 1: 20 p=.9, 21 p=.1 ; beam width 1, no n-gram
+    # level 0: 10 -> ln .5 = -0.693, 11 -> ln .3 = -1.204, 12 -> ln .2 = -1.609 ; the beam keeps only 10
+    # level 1 (parent 10): 2^-0.7 * 0.9 = 0.554 ; 20 -> -0.693 + 0.554 ln .9 = -0.752 ; 21 -> -0.693 + 0.554 ln .1 = -1.969
+    # global top 4: 10, 10.20, 11, 12 -- 11 and 12 were never in the beam but survive as leaves
+    # depth order, best first: [5, 10, 11, 12, 20]; leaves in token order: (10 20), (11), (12)
+    tree = ngram_cpp.prune([[10, 11, 12], [20, 21, 22]], [[0.5, 0.3, 0.2], [0.9, 0.1, 0.0]], 5, [], None, PruneParams(beam_width=1, max_nodes=4, use_ngram=False))
+    assert tree.tokens.tolist() == [5, 10, 11, 12, 20]
+    assert tree.parents.tolist() == [-1, 0, 0, 0, 1]
+    assert tree.positions.tolist() == [0, 1, 1, 1, 2]
+    assert tree.retrieve.tolist() == [[0, 1, 4], [0, 2, -1], [0, 3, -1]]
+
+
+def test_golden_ties_keep_the_parent_first():
+    # p = 1 at both levels: ln(1 + 1e-10) > 0 is clamped to 0, so 10 and 10.20 both score exactly 0.
+    # With room for one node the tie goes to the shallower one (the parent): the tree stays prefix-closed.
+    one = ngram_cpp.prune([[10], [20]], [[1.0], [1.0]], 5, [], None, PruneParams(max_nodes=1, use_ngram=False))
+    assert one.tokens.tolist() == [5, 10] and one.scores.tolist() == [0.0, 0.0]
+    two = ngram_cpp.prune([[10], [20]], [[1.0], [1.0]], 5, [], None, PruneParams(max_nodes=2, use_ngram=False))
+    assert two.tokens.tolist() == [5, 10, 20] and two.retrieve.tolist() == [[0, 1, 2]]
+
+
 def test_golden_eos_is_never_extended_but_can_be_a_leaf():
     # row 0: 10 p=.4, EOS(3) p=.6 ; beam width 1 keeps 10 although EOS scores higher
     # pool: EOS (-0.511), 10 (-0.916), 10.20 (-1.114), 10.21 (-1.583); top 3 -> EOS, 10, 10.20
@@ -70,28 +92,60 @@ def random_case(rng: random.Random, seed: int):
     return tokens, probs, root, context, params, rng.choice([-1, 3, tokens[0, 0]])
 
 
-@pytest.fixture(scope="module")
-def tries():
-    rng = random.Random(0)
+def corpus_tries(order: int):
+    """The same random corpus as a C++ trie and as the Python reference trie."""
+    rng = random.Random(order)
     seqs = [[rng.randrange(V) for _ in range(rng.randrange(2, 40))] for _ in range(150)]
-    ref = PyNGramModel(3, V)
+    ref = PyNGramModel(order, V)
     for s in seqs:
         ref.add(s)
-    return ngram_cpp.build(seqs, V), ref
+    return ngram_cpp.build(seqs, V, order), ref
+
+
+@pytest.fixture(scope="module")
+def tries():
+    return corpus_tries(3)
+
+
+@pytest.fixture(scope="module")
+def tries_by_order():
+    return {order: corpus_tries(order) for order in (2, 3, 4)}
+
+
+def assert_same_tree(a, b):
+    for field in ("tokens", "parents", "positions", "mask", "retrieve"):
+        np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
+    np.testing.assert_allclose(a.scores, b.scores, atol=1e-5)
 
 
 @pytest.mark.skipif(not ngram_cpp.HAVE_CPP, reason="the C++ extension is not built")
 @settings(max_examples=400, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1))
-def test_cpp_agrees_with_reference(tries, seed):
-    model, ref = tries
+@given(seed=st.integers(0, 2**31 - 1), order=st.sampled_from([2, 3, 3, 4]))
+def test_cpp_agrees_with_reference(tries_by_order, seed, order):
+    model, ref = tries_by_order[order]
     tokens, probs, root, context, params, eos = random_case(random.Random(seed), seed)
     a = ngram_cpp.prune(tokens, probs, root, context, model, params, int(eos))
     b = prune_reference(tokens, probs, root, context, ref, params, int(eos))
-    for field in ("tokens", "parents", "positions", "mask", "retrieve"):
-        np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
-    np.testing.assert_allclose(a.scores, b.scores, atol=1e-5)
+    assert_same_tree(a, b)
     check_invariants(a, params, tokens.shape[0])
+
+
+@pytest.mark.skipif(not ngram_cpp.HAVE_CPP, reason="the C++ extension is not built")
+def test_python_fallback_matches_cpp(tries, tmp_path, monkeypatch):
+    """Without the extension, ngram_cpp.load reads both formats into the Python model and prune runs the
+    reference: the trees must be the C++ trees."""
+    model, _ = tries
+    model.save(tmp_path / "m.ngram")
+    model.save(tmp_path / "m.trie", "upstream")
+    cases = [random_case(random.Random(seed), seed) for seed in range(40)]
+    expected = [ngram_cpp.prune(t, p, r, c, model, prm, int(e)) for t, p, r, c, prm, e in cases]
+    monkeypatch.setattr(ngram_cpp, "HAVE_CPP", False)
+    for name in ("m.ngram", "m.trie"):
+        fallback = ngram_cpp.load(tmp_path / name)
+        assert fallback.native is None and isinstance(fallback._impl, PyNGramModel)
+        for (t, p, r, c, prm, e), want in zip(cases, expected):
+            assert_same_tree(ngram_cpp.prune(t, p, r, c, fallback, prm, int(e)), want)
+    assert_same_tree(ngram_cpp.prune(*cases[0][:4], None, cases[0][4], int(cases[0][5])), prune_reference(*cases[0][:4], None, cases[0][4], int(cases[0][5])))
 
 
 def check_invariants(t, params, d):
@@ -129,6 +183,40 @@ def test_bad_inputs_raise(tries, tokens, probs, match):
 def test_root_out_of_range(tries):
     with pytest.raises(ValueError, match="out of range"):
         ngram_cpp.prune([[1]], [[1.0]], V + 5, [], tries[0], PruneParams())
+    with pytest.raises(ValueError, match="context"):
+        ngram_cpp.prune([[1]], [[1.0]], 2, [3, V], tries[0], PruneParams())
+    with pytest.raises(ValueError, match="out of range"):
+        ngram_cpp.prune([[1]], [[1.0]], 2, [3, -1], None, PruneParams())
+    with pytest.raises(ValueError, match="out of range"):
+        ngram_cpp.prune([[2**31]], [[1.0]], 2, [], None, PruneParams())
+
+
+def test_bad_params_raise(tries):
+    for params, match in [
+        (PruneParams(beam_width=0), "beam_width"),
+        (PruneParams(top_k=0), "top_k"),
+        (PruneParams(max_nodes=-1), "max_nodes"),
+        (PruneParams(eps=0.0), "eps"),
+        (PruneParams(ngram_weight=float("inf")), "finite"),
+        (PruneParams(beam_width=10**7), "too large"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            ngram_cpp.prune([[1, 2]] * 3, [[0.5, 0.5]] * 3, 1, [2], tries[0], params)
+
+
+def test_upstream_trie_does_not_bound_token_ids(tries, tmp_path):
+    """An upstream .trie only knows its largest token id, not the tokenizer's vocabulary: larger ids are
+    valid candidates (never seen, so q = 0); a trie built here knows the vocabulary and refuses them."""
+    model, _ = tries
+    model.save(tmp_path / "m.trie", "upstream")
+    upstream = ngram_cpp.load(tmp_path / "m.trie")
+    assert not upstream.vocab_known and upstream.vocab_size <= V
+    tokens, probs = [[1, V + 7]], [[0.5, 0.5]]
+    tree = ngram_cpp.prune(tokens, probs, V + 3, [2, 3], upstream, PruneParams())
+    assert sorted(tree.tokens[1:].tolist()) == [1, V + 7]
+    assert_same_tree(tree, prune_reference(tokens, probs, V + 3, [2, 3], PyNGramModel.load(tmp_path / "m.trie"), PruneParams(), -1))
+    with pytest.raises(ValueError, match="out of range"):
+        ngram_cpp.prune(tokens, probs, 1, [2, 3], model, PruneParams())
 
 
 @settings(max_examples=200, deadline=None)
@@ -141,8 +229,16 @@ def test_root_out_of_range(tries):
 def test_fuzzed_inputs_never_crash(tries, d, k, data, p):
     tokens = np.resize(np.array(data or [0], dtype=np.int64), d * k).reshape(d, k)
     probs = np.resize(np.array(p or [0.5], dtype=np.float32), (d, k))
+    params = PruneParams(max_nodes=10)
     try:
-        tree = ngram_cpp.prune(tokens, probs, 1, data[:3], tries[0], PruneParams(max_nodes=10))
+        tree = ngram_cpp.prune(tokens, probs, 1, data[:3], tries[0], params)
     except ValueError:
-        return
-    check_invariants(tree, PruneParams(max_nodes=10), d)
+        tree = None
+    try:  # the reference accepts and refuses the same inputs
+        ref = prune_reference(tokens, probs, 1, data[:3], tries[1], params, -1)
+    except ValueError:
+        ref = None
+    assert (tree is None) == (ref is None)
+    if tree is not None:
+        assert_same_tree(tree, ref)
+        check_invariants(tree, params, d)

@@ -1,6 +1,7 @@
 // Python bindings: arrays cross as contiguous numpy arrays; C++ exceptions become ValueError
 // (std::invalid_argument) or RuntimeError (everything else, e.g. a corrupt file).
 #include <pybind11/numpy.h>
+#include <chrono>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -46,6 +47,8 @@ PYBIND11_MODULE(_ngram, m) {
         .def("validate", &NGramModel::validate, py::call_guard<py::gil_scoped_release>())
         .def_property_readonly("order", &NGramModel::order)
         .def_property_readonly("vocab_size", &NGramModel::vocab_size)
+        .def_property_readonly("vocab_known", &NGramModel::vocab_known)
+        .def("set_metadata", &NGramModel::set_metadata, py::arg("vocab_size"), py::arg("fingerprint"))
         .def_property_readonly("total", &NGramModel::total)
         .def_property_readonly("num_nodes", &NGramModel::num_nodes)
         .def_property_readonly("fingerprint", &NGramModel::fingerprint)
@@ -84,6 +87,34 @@ PYBIND11_MODULE(_ngram, m) {
                 return py::make_tuple(tok, cnt, fc);
             },
             py::arg("level"), "Copies of one level's (tokens, counts, first_child) arrays, for tests and tools.");
+
+    m.def(
+        "time_lookups",
+        [](const NGramModel& model, const carray<int64_t>& contexts, const carray<int64_t>& tokens, int64_t repeats) {
+            if (contexts.ndim() != 2 || tokens.ndim() != 2 || contexts.shape(0) != tokens.shape(0))
+                throw std::invalid_argument("contexts [n, c] and tokens [n, m] must have the same n");
+            if (repeats < 1) throw std::invalid_argument("repeats must be >= 1");
+            const auto n = static_cast<size_t>(contexts.shape(0)), c = static_cast<size_t>(contexts.shape(1)),
+                       m = static_cast<size_t>(tokens.shape(1));
+            std::vector<token_t> ctx = to_tokens(contexts.attr("reshape")(-1).cast<carray<int64_t>>(), "contexts");
+            std::vector<token_t> tok = to_tokens(tokens.attr("reshape")(-1).cast<carray<int64_t>>(), "tokens");
+            std::vector<double> out(m);
+            double sink = 0.0;
+            py::gil_scoped_release release;
+            auto t0 = std::chrono::steady_clock::now();
+            for (int64_t r = 0; r < repeats; ++r)
+                for (size_t i = 0; i < n; ++i) {
+                    model.probs(ctx.data() + i * c, c, tok.data() + i * m, m, out.data());
+                    sink += out[0];
+                }
+            auto t1 = std::chrono::steady_clock::now();
+            volatile double keep = sink;  // the lookups must not be optimised away
+            (void)keep;
+            return std::chrono::duration<double, std::micro>(t1 - t0).count() / static_cast<double>(n * repeats);
+        },
+        py::arg("model"), py::arg("contexts"), py::arg("tokens"), py::arg("repeats"),
+        "Mean microseconds of one native probs(context, tokens[i]) call (row i of contexts [n, c] and tokens [n, m]), "
+        "timed in C++ without the Python call overhead.");
 
     py::class_<Builder>(m, "Builder")
         .def(py::init<uint32_t, uint32_t, uint64_t, std::string>(), py::arg("order"), py::arg("vocab_size"),

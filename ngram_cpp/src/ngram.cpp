@@ -106,16 +106,36 @@ int64_t NGramModel::find_context(const token_t* ctx, size_t n_ctx, size_t len) c
     return node;
 }
 
-count_t NGramModel::child_count(size_t len, int64_t node, token_t token) const {
-    if (len >= order_) return 0;
+uint64_t NGramModel::node_count(size_t len, int64_t node) const {
+    return len == 0 ? total_ : levels_[len - 1].counts[node];
+}
+
+double NGramModel::child_ratio(size_t len, int64_t node, token_t token) const {
+    if (len >= order_) return kUnseen;
     uint64_t lo = 0, hi = levels_[0].size;
     if (len > 0) child_range(levels_[len - 1], levels_[len], node, &lo, &hi);
     int64_t child = search(levels_[len], lo, hi, token);
-    return child >= 0 ? levels_[len].counts[child] : 0;
+    uint64_t denom = node_count(len, node);
+    if (child < 0 || denom == 0) return kUnseen;
+    return static_cast<double>(levels_[len].counts[child]) / static_cast<double>(denom);
 }
 
-count_t NGramModel::node_count(size_t len, int64_t node) const {
-    return len == 0 ? static_cast<count_t>(std::min<uint64_t>(total_, UINT32_MAX)) : levels_[len - 1].counts[node];
+void NGramModel::child_ratios(size_t len, int64_t node, const token_t* sorted, size_t n, double* out) const {
+    uint64_t lo = 0, hi = 0;
+    if (len < order_) {
+        hi = levels_[0].size;
+        if (len > 0) child_range(levels_[len - 1], levels_[len], node, &lo, &hi);
+    }
+    const uint64_t denom = len < order_ ? node_count(len, node) : 0;
+    const token_t* first = len < order_ ? levels_[len].tokens + lo : nullptr;
+    const token_t* last = len < order_ ? levels_[len].tokens + hi : nullptr;
+    for (size_t i = 0; i < n; ++i) {
+        first = std::lower_bound(first, last, sorted[i]);  // candidates ascend, so the range only shrinks
+        if (first != last && *first == sorted[i] && denom > 0)
+            out[i] = static_cast<double>(levels_[len].counts[first - levels_[len].tokens]) / static_cast<double>(denom);
+        else
+            out[i] = kUnseen;
+    }
 }
 
 double NGramModel::prob(const token_t* ctx, size_t n_ctx, token_t token) const {
@@ -132,10 +152,9 @@ void NGramModel::probs(const token_t* ctx, size_t n_ctx, const token_t* tokens, 
         out[i] = 0.0;
         for (size_t len = max_len; len >= 1; --len) {
             if (nodes[len] < 0) continue;
-            count_t c = child_count(len, nodes[len], tokens[i]);
-            count_t denom = node_count(len, nodes[len]);
-            if (c > 0 && denom > 0) {
-                out[i] = static_cast<double>(c) / denom;
+            double r = child_ratio(len, nodes[len], tokens[i]);
+            if (r != kUnseen) {
+                out[i] = r;
                 break;
             }
         }
@@ -145,15 +164,25 @@ void NGramModel::probs(const token_t* ctx, size_t n_ctx, const token_t* tokens, 
 double NGramModel::smoothed_prob(const token_t* ctx, size_t n_ctx, token_t token) const {
     double weight_sum = 0.0, p = 0.0;
     for (size_t len = 0; len < order_; ++len) weight_sum += static_cast<double>(1u << len);
-    for (size_t len = 0; len < order_; ++len) {
+    for (size_t len = 0; len < order_ && len <= n_ctx; ++len) {
         double w = (1.0 - kUniformWeight) * static_cast<double>(1u << len) / weight_sum;
-        if (len > n_ctx) continue;
         int64_t node = len == 0 ? 0 : find_context(ctx, n_ctx, len);
         if (node < 0) continue;
-        count_t denom = node_count(len, node);
-        if (denom > 0) p += w * static_cast<double>(child_count(len, node, token)) / denom;
+        double r = child_ratio(len, node, token);
+        if (r != kUnseen) p += w * r;
     }
     return p + kUniformWeight / std::max<uint32_t>(vocab_size_, 1);
+}
+
+void NGramModel::set_metadata(uint32_t vocab_size, const std::string& fingerprint) {
+    if (vocab_size < vocab_size_)
+        throw std::invalid_argument("vocab_size " + std::to_string(vocab_size) + " is smaller than the trie's largest token id + 1 (" +
+                                    std::to_string(vocab_size_) + ")");
+    if (fingerprint.size() >= sizeof(CompactHeader::fingerprint))
+        throw std::invalid_argument("tokenizer fingerprint is longer than 63 characters");
+    vocab_size_ = vocab_size;
+    vocab_known_ = true;
+    fingerprint_ = fingerprint;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -165,6 +194,7 @@ void NGramModel::save_compact(const std::string& path) const {
     h.version = kCompactVersion;
     h.order = order_;
     h.vocab_size = vocab_size_;
+    h.flags = vocab_known_ ? 0u : kFlagVocabIsLowerBound;
     h.total = total_;
     for (uint32_t l = 0; l < order_; ++l) h.level_size[l] = levels_[l].size;
     std::strncpy(h.fingerprint, fingerprint_.c_str(), sizeof(h.fingerprint) - 1);
@@ -220,11 +250,15 @@ std::unique_ptr<NGramModel> NGramModel::load_compact(const std::string& path) {
         throw file_error(path, "unsupported compact format version " + std::to_string(h.version));
     if (h.order < 1 || h.order > kMaxOrder) throw file_error(path, "invalid order " + std::to_string(h.order));
     if (h.fingerprint[sizeof(h.fingerprint) - 1] != '\0') throw file_error(path, "corrupt header (fingerprint)");
+    if (h.flags & ~kKnownFlags) throw file_error(path, "corrupt header (unknown flags)");
+    for (uint32_t l = h.order; l < kMaxOrder; ++l)
+        if (h.level_size[l] != 0) throw file_error(path, "corrupt header (levels beyond the order)");
 
     // Every array must lie inside the file; sizes are checked before any pointer is formed.
     std::unique_ptr<NGramModel> m(new NGramModel());
     m->order_ = h.order;
     m->vocab_size_ = h.vocab_size;
+    m->vocab_known_ = (h.flags & kFlagVocabIsLowerBound) == 0;
     m->total_ = h.total;
     m->fingerprint_ = std::string(h.fingerprint);
     m->levels_.resize(h.order);
@@ -265,8 +299,8 @@ void NGramModel::validate() const {
         for (uint64_t i = 0; i < lv.size; ++i) {
             if (lv.tokens[i] < 0 || static_cast<uint32_t>(lv.tokens[i]) >= vocab_size_)
                 throw std::runtime_error("level " + std::to_string(l + 1) + ": token out of range");
-            if (lv.counts[i] == 0) throw std::runtime_error("level " + std::to_string(l + 1) + ": zero count");
         }
+        // (zero counts are legal: upstream's reduce() can leave a kept node at 0)
         if (l == 0) {
             for (uint64_t i = 0; i < lv.size; ++i) level1_sum += lv.counts[i];
             for (uint64_t i = 1; i < lv.size; ++i)
@@ -353,7 +387,9 @@ std::unique_ptr<NGramModel> NGramModel::load_upstream(const std::string& path) {
     constexpr uint64_t kRecord = 24, kChild = 12;
     if (n_nodes == 0 || n_nodes > r.remaining() / kRecord) throw file_error(path, "corrupt: node count exceeds the file size");
 
-    std::vector<int32_t> freq(n_nodes);
+    // freq is an int32 upstream; read it as the uint32 it was counting, so counts in [2^31, 2^32)
+    // that upstream's int32 wrapped around come back right.
+    std::vector<count_t> freq(n_nodes);
     std::vector<uint64_t> child_start(n_nodes + 1);
     std::vector<std::pair<token_t, uint64_t>> children;
     std::vector<token_t> node_token(n_nodes);
@@ -361,9 +397,10 @@ std::unique_ptr<NGramModel> NGramModel::load_upstream(const std::string& path) {
     for (uint64_t i = 0; i < n_nodes; ++i) {
         node_token[i] = r.get<int32_t>();
         node_parent[i] = r.get<uint64_t>();
-        freq[i] = r.get<int32_t>();
+        freq[i] = r.get<uint32_t>();
         uint64_t nc = r.get<uint64_t>();
         if (nc > r.remaining() / kChild) throw file_error(path, "corrupt: child count exceeds the file size");
+        if (nc > n_nodes - 1) throw file_error(path, "corrupt: more children than nodes");
         child_start[i] = children.size();
         for (uint64_t c = 0; c < nc; ++c) {
             token_t t = r.get<int32_t>();
@@ -371,6 +408,7 @@ std::unique_ptr<NGramModel> NGramModel::load_upstream(const std::string& path) {
             if (idx == 0 || idx >= n_nodes) throw file_error(path, "corrupt: child index out of range");
             children.emplace_back(t, idx);
         }
+        if (children.size() > n_nodes - 1) throw file_error(path, "corrupt: more child links than nodes");
     }
     child_start[n_nodes] = children.size();
     if (r.remaining() != 0) throw file_error(path, "corrupt: trailing bytes after the last node");
@@ -391,33 +429,40 @@ std::unique_ptr<NGramModel> NGramModel::load_upstream(const std::string& path) {
             if (!kids.empty() && depth == order) throw file_error(path, "corrupt: trie deeper than its order");
             std::sort(kids.begin(), kids.end());
             if (depth >= 1 && depth < order) first_child[depth - 1].push_back(tokens[depth].size());
+            uint64_t kids_count = 0;
             for (size_t k = 0; k < kids.size(); ++k) {
                 auto [t, idx] = kids[k];
                 if (k > 0 && kids[k - 1].first == t) throw file_error(path, "corrupt: duplicate child token");
                 if (seen[idx]) throw file_error(path, "corrupt: a node has two parents");
                 if (t < 0) throw file_error(path, "corrupt: negative token id");
-                if (freq[idx] <= 0) throw file_error(path, "non-positive count (a reduced trie?) is not supported");
                 if (node_token[idx] != t || node_parent[idx] != node) throw file_error(path, "corrupt: child record disagrees with its parent");
                 seen[idx] = 1;
                 vocab = std::max<uint32_t>(vocab, static_cast<uint32_t>(t) + 1);
                 tokens[depth].push_back(t);
-                counts[depth].push_back(static_cast<count_t>(freq[idx]));
+                counts[depth].push_back(freq[idx]);
                 next.push_back(idx);
+                kids_count += freq[idx];
             }
+            // every occurrence of a continuation is an occurrence of its context (the root is recomputed below)
+            if (depth >= 1 && kids_count > freq[node]) throw file_error(path, "corrupt: children count more than their parent");
         }
         if (depth >= 1 && depth < order) first_child[depth - 1].push_back(tokens[depth].size());
         frontier.swap(next);
     }
     for (uint64_t i = 0; i < n_nodes; ++i)
         if (!seen[i]) throw file_error(path, "corrupt: node " + std::to_string(i) + " is unreachable from the root");
-    uint64_t total = freq[0] > 0 ? static_cast<uint64_t>(freq[0]) : 0;
-    if (total == 0)
-        for (count_t c : counts[0]) total += c;
-    return std::make_unique<NGramModel>(static_cast<uint32_t>(order), vocab, total, std::move(tokens), std::move(counts),
-                                        std::move(first_child), std::string());
+    // The root's freq counts every token of the corpus, i.e. it equals the sum of level 1; take the
+    // sum, which stays right where upstream's int32 root overflowed or reduce() made it negative.
+    uint64_t total = 0;
+    for (count_t c : counts[0]) total += c;
+    auto model = std::make_unique<NGramModel>(static_cast<uint32_t>(order), vocab, total, std::move(tokens), std::move(counts),
+                                              std::move(first_child), std::string());
+    model->vocab_known_ = false;
+    return model;
 }
 
 void NGramModel::save_upstream(const std::string& path) const {
+    validate();  // the parent walk below relies on well-formed child ranges (a mapped file may not have them)
     // Node indices in breadth-first order: root 0, then level 1, level 2, ...
     std::vector<uint64_t> level_base(order_ + 1, 1);
     for (uint32_t l = 1; l <= order_; ++l) level_base[l] = level_base[l - 1] + (l == 1 ? 0 : levels_[l - 2].size);
@@ -434,9 +479,9 @@ void NGramModel::save_upstream(const std::string& path) const {
             buf.clear();
         }
     };
-    auto put_node = [&](token_t token, uint64_t parent, count_t count, uint32_t child_level, uint64_t lo, uint64_t hi) {
-        if (count > static_cast<count_t>(INT32_MAX)) throw std::runtime_error("count exceeds the upstream format's int32");
-        int32_t freq = static_cast<int32_t>(count);
+    // Counts go out as the low 32 bits, which is what upstream's int32 freq holds after wrapping.
+    auto put_node = [&](token_t token, uint64_t parent, uint64_t count, uint32_t child_level, uint64_t lo, uint64_t hi) {
+        uint32_t freq = static_cast<uint32_t>(count);
         uint64_t nc = hi - lo;
         put(&token, 4);
         put(&parent, 8);
@@ -452,8 +497,7 @@ void NGramModel::save_upstream(const std::string& path) const {
     uint64_t order64 = order_, n_nodes = num_nodes();
     put(&order64, 8);
     put(&n_nodes, 8);
-    if (total_ > static_cast<uint64_t>(INT32_MAX)) throw std::runtime_error("corpus too large for the upstream format's int32 root count");
-    put_node(0, 0, static_cast<count_t>(total_), 1, 0, levels_[0].size);
+    put_node(0, 0, total_, 1, 0, levels_[0].size);
     for (uint32_t l = 1; l <= order_; ++l) {
         const Level& lv = levels_[l - 1];
         // parent of node j at level l: the level-(l-1) node whose child range holds j

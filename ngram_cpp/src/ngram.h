@@ -29,7 +29,7 @@ struct CompactHeader {
     uint32_t version;       // kCompactVersion
     uint32_t order;         // n-gram order, 1..kMaxOrder
     uint32_t vocab_size;    // tokens are in [0, vocab_size)
-    uint32_t reserved;
+    uint32_t flags;         // kFlag* bits
     uint64_t total;         // root count: number of tokens in the corpus
     uint64_t level_size[kMaxOrder];  // nodes per level (levels 1..order)
     char fingerprint[64];   // tokenizer fingerprint (hex string, NUL padded)
@@ -38,6 +38,10 @@ static_assert(sizeof(CompactHeader) == 160, "header layout");
 
 constexpr char kCompactMagic[8] = {'D', 'A', 'R', 'T', 'N', 'G', 'R', 'M'};
 constexpr uint32_t kCompactVersion = 1;
+// vocab_size is only max token id + 1 (the trie came from an upstream .trie, which does not record
+// the tokenizer's vocabulary size), so ids at or beyond it are not necessarily invalid.
+constexpr uint32_t kFlagVocabIsLowerBound = 1u << 0;
+constexpr uint32_t kKnownFlags = kFlagVocabIsLowerBound;
 
 // One level of the trie: views into owned vectors or into a mapped file.
 struct Level {
@@ -68,6 +72,12 @@ class NGramModel {
 
     uint32_t order() const { return order_; }
     uint32_t vocab_size() const { return vocab_size_; }
+    // True when vocab_size is the tokenizer's (built by us); false for a trie read from an upstream
+    // .trie, whose vocab_size is only max token id + 1.
+    bool vocab_known() const { return vocab_known_; }
+    // Stamps the tokenizer's vocabulary size and fingerprint (e.g. on an upstream trie before saving
+    // it in the compact format); vocab_size must cover every token id in the trie.
+    void set_metadata(uint32_t vocab_size, const std::string& fingerprint);
     uint64_t total() const { return total_; }
     uint64_t num_nodes() const;  // root included, as upstream counts
     const std::string& fingerprint() const { return fingerprint_; }
@@ -75,12 +85,16 @@ class NGramModel {
 
     // Context lookup: the node index at level `len` for the last `len` tokens of ctx, or -1.
     int64_t find_context(const token_t* ctx, size_t n_ctx, size_t len) const;
-    // Count of `token` as a child of (level len, node); 0 if absent. len 0 = root.
-    count_t child_count(size_t len, int64_t node, token_t token) const;
-    count_t node_count(size_t len, int64_t node) const;
+    // count(context + token) / count(context) for the context node at level `len` (0 = root), or
+    // kUnseen when `token` never followed that context (or the context's count is 0), so that
+    // callers back off to a shorter context.
+    double child_ratio(size_t len, int64_t node, token_t token) const;
+    static constexpr double kUnseen = -1.0;
+    // child_ratio for many tokens at once; `sorted` must be ascending (one forward pass over the children).
+    void child_ratios(size_t len, int64_t node, const token_t* sorted, size_t n, double* out) const;
 
     // Upstream rule: the longest context (up to order-1 tokens) that exists and has `token` as a
-    // child gives count(ctx+token)/count(ctx); no match -> 0. Unmatched contexts back off.
+    // child gives count(ctx+token)/count(ctx); no match -> 0 (there is no unigram level).
     double prob(const token_t* ctx, size_t n_ctx, token_t token) const;
     // Same for many tokens sharing one context: each token gets the longest context that has it.
     void probs(const token_t* ctx, size_t n_ctx, const token_t* tokens, size_t n, double* out) const;
@@ -90,7 +104,9 @@ class NGramModel {
 
   private:
     NGramModel() = default;
+    uint64_t node_count(size_t len, int64_t node) const;  // len 0 = root (the corpus size)
     uint32_t order_ = 0, vocab_size_ = 0;
+    bool vocab_known_ = true;
     uint64_t total_ = 0;
     std::string fingerprint_;
     std::vector<Level> levels_;
