@@ -1,56 +1,94 @@
-"""Start the demo:  python -m app  (the embedded default model, http://127.0.0.1:7860).
+"""Start the demo:  python -m app   (the embedded default model at http://127.0.0.1:7860).
 
-Flag names follow the upstream DART app where it has them (facts doc §7).
+Flag names follow the upstream DART app where it has them (facts doc §7); --dtype, --threads and
+the tree parameters are ours. Models load here, once, before the server starts; importing the
+package loads nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
-import torch
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # the demo phones nowhere
 
-import ngram_cpp
-from dart_core import GenerationParams, load_target
-from dart_core.bench import DEFAULT_MAX_NODES
-from dart_core.loading import DEFAULT_MODEL
+import torch  # noqa: E402
 
-from .engine import Engine
-from .ui import CSS, Settings, build_demo
+from dart_core import GenerationParams, load_target  # noqa: E402
+from dart_core.bench import DEFAULT_MAX_NODES  # noqa: E402
+from dart_core.loading import DEFAULT_MODEL, EMBEDDED_NAME  # noqa: E402
+
+from .engine import MIN_REFERENCE_TOKENS, Engine  # noqa: E402
+from .ui import CSS_PATH, Settings, build_demo  # noqa: E402
 
 log = logging.getLogger("app")
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_DART = ASSETS / "dart"
+DEFAULT_EAGLE3 = ASSETS / "eagle3"  # used when present; this repository ships no EAGLE3 head
 DEFAULT_NGRAM = ASSETS / "ngram" / "smollm2-3gram.ngram"
 DEFAULT_PORT = 7860
-WARMUP_PROMPTS = ("Hello!", "Say hi in one short sentence.")
+DEFAULT_NEW_TOKENS = 128  # the slider's start value (the flag sets its maximum)
+WARMUP_PROMPT = "Say hi in one short sentence."
 WARMUP_TOKENS = 8
+QUEUE_SIZE = 64  # requests waiting beyond this are refused (the queue tells the user)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m app", description="DART speculative decoding demo (Gradio).")
     p.add_argument("--base-model-name-or-path", default=DEFAULT_MODEL, help="target: 'default' (embedded SmolLM2-135M-Instruct), a local dir or a hub id")
-    p.add_argument("--dart-model-name-or-path", default=str(DEFAULT_DART), help="DART head dir or hub id (default: the embedded head)")
-    p.add_argument("--ngram-model-name-or-path", default=None, help="n-gram file, or a directory holding full.trie/small.trie or one *.ngram (default: the embedded trie for the default model)")
-    p.add_argument("--use-small-ngram", action="store_true", help="with a directory, load small.trie instead of full.trie")
-    p.add_argument("--no-ngram", action="store_true", help="prune draft trees without the n-gram model")
-    p.add_argument("--template-name", default=None, help="accepted for upstream compatibility; the tokenizer's own chat template is always used")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--max-length", type=int, default=2048, help="prompt + output limit (tokens)")
-    p.add_argument("--compare-eagle3", action="store_true", help="compare mode: run every loaded method on each prompt, one after another")
-    p.add_argument("--eagle3-model-name-or-path", default=None, help="EAGLE3 head (not available in this version)")
-    p.add_argument("--tree-top-k", type=int, default=25)
-    p.add_argument("--beam-width", type=int, default=20)
-    p.add_argument("--max-nodes", type=int, default=None, help=f"draft tree nodes besides the root (default per device: {DEFAULT_MAX_NODES})")
-    p.add_argument("--listen", action="store_true", help="bind 0.0.0.0 instead of 127.0.0.1")
-    p.add_argument("--share", action="store_true", help="ask Gradio for a public link")
-    p.add_argument("--server-port", type=int, default=DEFAULT_PORT)
-    p.add_argument("--no-warmup", action="store_true")
-    return p.parse_args(argv)
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16", help="float32 makes every method's greedy text identical to AR's, bit for bit")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--template-name", default=None, help="accepted for upstream compatibility; the tokenizer's own chat template is used")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="the most a request may ask for")
+    p.add_argument("--max-length", type=int, default=2048, help="prompt + output limit in tokens (the conversation must fit)")
+    g = p.add_argument_group("DART")
+    g.add_argument("--dart-model-name-or-path", default=None, help=f"DART head dir or hub id (default: the embedded head, {DEFAULT_DART.relative_to(ASSETS.parent)})")
+    g.add_argument("--ngram-model-name-or-path", default=None, help="n-gram file, or a directory with full.trie/small.trie or one *.ngram (default: the embedded trie for the default target)")
+    g.add_argument("--use-small-ngram", action="store_true", help="with a directory, load small.trie instead of full.trie")
+    g.add_argument("--no-ngram", action="store_true", help="prune draft trees without the n-gram model")
+    g.add_argument("--tree-top-k", type=int, default=25, help="candidates per depth")
+    g.add_argument("--beam-width", type=int, default=20)
+    g.add_argument("--max-nodes", type=int, default=None, help=f"drafted tree nodes besides the root (default per device: {DEFAULT_MAX_NODES})")
+    g.add_argument("--draft-depth", type=int, default=None, help="use only the head's first N rows (tree depth <= N)")
+    g = p.add_argument_group("EAGLE3 baseline")
+    g.add_argument("--compare-eagle3", action="store_true", help="start in compare mode: each prompt runs through DART, EAGLE3 and AR in turn")
+    g.add_argument("--eagle3-model-name-or-path", default=None, help=f"EAGLE3 head dir or hub id (default: {DEFAULT_EAGLE3.relative_to(ASSETS.parent)} if present)")
+    g.add_argument("--eagle3-depth", type=int, default=7)
+    g.add_argument("--eagle3-top-k", type=int, default=10)
+    g.add_argument("--eagle3-total-tokens", type=int, default=None, help="tree nodes with the root (default: DART's budget, --max-nodes + 1)")
+    g = p.add_argument_group("server")
+    g.add_argument("--listen", action="store_true", help="bind 0.0.0.0 instead of 127.0.0.1")
+    g.add_argument("--share", action="store_true", help="ask Gradio for a public link")
+    g.add_argument("--server-port", type=int, default=DEFAULT_PORT)
+    g.add_argument("--no-warmup", action="store_true", help="skip the warm-up generations (faster start, first request slower)")
+    args = p.parse_args(argv)
+    if args.max_new_tokens < 1 or args.max_length < 2:
+        p.error("--max-new-tokens must be >= 1 and --max-length >= 2")
+    return args
+
+
+@dataclass
+class Loaded:
+    engine: Engine
+    notes: list[str]
+    pruner: str | None
+    progress: Progress
+
+
+class Progress:
+    """Timed start-up messages on stderr, so a slow load is visibly progressing."""
+
+    def __init__(self):
+        self.t0 = time.perf_counter()
+
+    def __call__(self, what: str) -> None:
+        log.warning("[%5.1fs] %s…", time.perf_counter() - self.t0, what)
 
 
 def resolve_ngram(args) -> Path | None:
@@ -61,8 +99,7 @@ def resolve_ngram(args) -> Path | None:
     path = Path(args.ngram_model_name_or_path)
     if path.is_dir():
         name = "small.trie" if args.use_small_ngram else "full.trie"
-        candidates = [path / name] + sorted(path.glob("*.ngram"))
-        found = next((c for c in candidates if c.is_file()), None)
+        found = next((c for c in [path / name, *sorted(path.glob("*.ngram"))] if c.is_file()), None)
         if found is None:
             raise SystemExit(f"no {name} or *.ngram in {path}")
         return found
@@ -71,66 +108,115 @@ def resolve_ngram(args) -> Path | None:
     return path
 
 
-def load_engine(args) -> tuple[Engine, list[str]]:
-    notes = []
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    log.warning("loading target %s (%s, %s)…", args.base_model_name_or_path, device, args.dtype)
-    target = load_target(args.base_model_name_or_path, device, args.dtype)
-    drafters = {}
-    default_head_missing = Path(args.dart_model_name_or_path) == DEFAULT_DART and not DEFAULT_DART.exists()
-    if not default_head_missing:
-        from dart_core.drafters.dart import DartParams, load_dart_drafter
+def load_dart(args, target, max_nodes: int, notes: list[str], progress: Progress):
+    """The DART drafter, or None with a note when the embedded head is absent or unusable. A head
+    named on the command line must load: failing to is an error, not a silent fallback."""
+    explicit = args.dart_model_name_or_path is not None
+    head = args.dart_model_name_or_path or DEFAULT_DART
+    if not explicit and not (DEFAULT_DART / "config.json").exists():
+        notes.append(f"No trained DART head at {DEFAULT_DART}: only plain decoding (AR) is available.")
+        return None
+    import ngram_cpp
+    from dart_core.drafters.dart import DartParams, load_dart_drafter
 
-        ngram = resolve_ngram(args)
-        log.warning("loading DART head %s and n-gram %s…", args.dart_model_name_or_path, ngram)
-        max_nodes = args.max_nodes if args.max_nodes is not None else DEFAULT_MAX_NODES.get(target.device.type, 60)
-        params = DartParams(ngram_cpp.PruneParams(top_k=args.tree_top_k, beam_width=args.beam_width, max_nodes=max_nodes, use_ngram=ngram is not None))
-        drafters["dart"] = load_dart_drafter(args.dart_model_name_or_path, target, ngram, params)
-        if ngram is None:
-            notes.append("DART runs without an n-gram model.")
-    else:
-        notes.append(f"No DART head at {DEFAULT_DART}: only plain decoding (AR) is available.")
-    if args.compare_eagle3 or args.eagle3_model_name_or_path:
-        notes.append("The EAGLE3 baseline is not part of this version yet; compare mode shows DART against plain decoding.")
+    ngram = resolve_ngram(args)
+    progress(f"loading the DART head {head} and n-gram {ngram}")
+    params = DartParams(ngram_cpp.PruneParams(top_k=args.tree_top_k, beam_width=args.beam_width, max_nodes=max_nodes, use_ngram=ngram is not None), args.draft_depth)
+    try:
+        drafter = load_dart_drafter(head, target, ngram, params)
+    except (OSError, ValueError) as e:
+        if explicit:
+            raise SystemExit(f"cannot load the DART head {head}: {e}") from None
+        notes.append(f"The embedded DART head did not load ({e}): only plain decoding (AR) is available.")
+        return None
+    if ngram is None:
+        notes.append("DART prunes its trees without an n-gram model.")
+    if not ngram_cpp.HAVE_CPP:
+        notes.append("The C++ tree pruner is not built here: the pure-Python pruner runs (same trees, slower drafting).")
+    return drafter
+
+
+def load_eagle3(args, target, total_tokens: int, notes: list[str], progress: Progress):
+    head = args.eagle3_model_name_or_path or (DEFAULT_EAGLE3 if (DEFAULT_EAGLE3 / "config.json").exists() else None)
+    if head is None:
+        if args.compare_eagle3:
+            notes.append("--compare-eagle3: no EAGLE3 head is available for this target (pass --eagle3-model-name-or-path); comparing DART with plain decoding.")
+        return None
+    from dart_core.drafters.eagle3 import Eagle3Params, load_eagle3_drafter
+
+    progress(f"loading the EAGLE3 head {head}")
+    try:
+        return load_eagle3_drafter(head, target, Eagle3Params(args.eagle3_depth, args.eagle3_top_k, total_tokens))
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"cannot load the EAGLE3 head {head}: {e}") from None
+
+
+def load_models(args) -> Loaded:
+    """Target, then the heads; each step logged. Nothing is loaded at import time."""
+    progress = Progress()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    progress(f"loading the target {args.base_model_name_or_path} ({device}, {args.dtype})")
+    target = load_target(args.base_model_name_or_path, device, args.dtype)
+    notes: list[str] = []
     if args.template_name:
         notes.append(f"--template-name {args.template_name} ignored: the tokenizer's own chat template is used.")
-    if not ngram_cpp.HAVE_CPP:
-        notes.append("The C++ pruner is not built here: the pure-Python pruner runs (slower drafting).")
+    max_nodes = args.max_nodes if args.max_nodes is not None else DEFAULT_MAX_NODES.get(target.device.type, 60)
+    drafters = {}
+    dart = load_dart(args, target, max_nodes, notes, progress)
+    if dart is not None:
+        drafters["dart"] = dart
+    eagle3 = load_eagle3(args, target, args.eagle3_total_tokens or max_nodes + 1, notes, progress)
+    if eagle3 is not None:
+        drafters["eagle3"] = eagle3
     for n in notes:
-        log.warning(n)
-    return Engine(target, drafters), notes
+        log.warning("note: %s", n)
+    pruner = None
+    if dart is not None:
+        import ngram_cpp
+
+        pruner = "C++" if getattr(ngram_cpp, "HAVE_CPP", False) else "pure Python"
+    return Loaded(Engine(target, drafters, args.max_new_tokens, args.max_length), notes, pruner, progress)
 
 
 def warm_up(engine: Engine) -> None:
-    """First calls pay for lazy initialisation; do them before users arrive. The AR run also gives the
-    reference speed that speed-ups are quoted against."""
+    """The first calls pay for lazy initialisation; make them before users arrive. The last AR run is
+    long enough to give the speed that speed-ups are quoted against until a user runs AR."""
     for method in engine.methods:
-        for prompt in WARMUP_PROMPTS:
-            for _ in engine.stream([{"role": "user", "content": prompt}], method, GenerationParams(WARMUP_TOKENS)):
-                pass
-    log.warning("warm-up done (AR %.1f tok/s)", engine.ar_tokens_per_s or 0.0)
+        engine.complete(engine.request([{"role": "user", "content": WARMUP_PROMPT}], method, min(WARMUP_TOKENS, engine.max_new_tokens), 0.0, 1.0, 0))
+    n = min(2 * MIN_REFERENCE_TOKENS, engine.max_new_tokens)
+    ar = engine.complete(engine.request([{"role": "user", "content": "Tell me about the moon."}], "ar", n, 0.0, 1.0, 0))
+    log.warning("warm-up done: AR %.1f tok/s over %d tokens", ar.tokens_per_s, ar.new_tokens)
+
+
+def target_label(args, engine: Engine) -> str:
+    return f"{EMBEDDED_NAME} (embedded)" if args.base_model_name_or_path == DEFAULT_MODEL else engine.target.name
 
 
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     args = parse_args(argv)
-    engine, notes = load_engine(args)
+    loaded = load_models(args)
+    engine = loaded.engine
     if not args.no_warmup:
+        loaded.progress(f"warming up {', '.join(engine.methods)}")
         warm_up(engine)
     settings = Settings(
-        max_new_tokens=args.max_new_tokens,
-        max_length=args.max_length,
-        compare=args.compare_eagle3,
-        pruner="C++" if ngram_cpp.HAVE_CPP else "pure Python",
-        notes=tuple(notes),
+        target_label=target_label(args, engine),
+        default_new_tokens=min(DEFAULT_NEW_TOKENS, args.max_new_tokens),
+        compare=args.compare_eagle3 and len(engine.methods) > 1,
+        pruner=loaded.pruner,
+        exact=engine.target.dtype == torch.float32,
+        notes=tuple(loaded.notes),
     )
     demo = build_demo(engine, settings)
-    demo.queue(default_concurrency_limit=1)
+    demo.queue(default_concurrency_limit=1, max_size=QUEUE_SIZE)
     demo.launch(
         server_name="0.0.0.0" if args.listen else "127.0.0.1",
         server_port=args.server_port,
         share=args.share,
-        css=CSS,
+        css_paths=[CSS_PATH],
         show_error=True,
     )
     return 0

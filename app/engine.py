@@ -1,51 +1,89 @@
-"""The app's engine: one loaded target, its drafters, and a lock, consuming the one generation loop.
+"""The app's engine: one loaded target, its drafters and a lock, consuming the one generation loop.
 
-Generation is not re-entrant (one target, CPU-bound), so every request takes the lock; Gradio's
-queue (concurrency limit 1) already serialises requests, the lock makes it hold for any caller.
-Each request gets its own KV caches from `generate`, so no request ever sees another's state.
+Chat, compare mode and the /generate API all go through `Engine.stream`, which drives
+`dart_core.generate` and turns its events into a `Run` (the text so far, one `Step` per target
+forward, timings). Generation is not re-entrant (one target, CPU-bound), so a run holds the lock
+from its first step to its last; Gradio's queue already serialises requests (concurrency limit 1),
+the lock makes that hold for any caller. Every run gets fresh KV caches from `generate`, so no
+request ever sees another's state.
+
+Speeds count engine time only: the seconds spent inside the generation loop (prefill included),
+not the time the UI spends drawing between steps, nor time spent waiting in the queue.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator
 
-from dart_core import ARDrafter, Drafter, GenerationParams, SamplingParams, StepEvent, Summary, generate
+from dart_core import ARDrafter, Drafter, DraftTree, GenerationParams, SamplingParams, StepEvent, Summary, generate
 from dart_core.target import Target
 
-MAX_PROMPT_CHARS = 20_000  # far beyond any context we serve; rejects pasted novels before tokenizing
+METHOD_ORDER = ("dart", "eagle3", "ar")  # compare mode runs them in this order
+METHOD_LABELS = {"dart": "DART", "eagle3": "EAGLE3", "ar": "AR"}
+MAX_PROMPT_CHARS = 20_000  # rejects pasted novels before tokenising them
+MIN_REFERENCE_TOKENS = 16  # an AR run shorter than this is mostly prefill: a poor speed reference
+INCOMPLETE_CHAR = "\ufffd"  # what the tokenizer decodes a partial UTF-8 sequence to
+
+
+class RequestError(ValueError):
+    """A request the app refuses; the message is shown to the user as is."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """A validated generation request."""
+
+    messages: list[dict]
+    method: str
+    params: GenerationParams
+
+    def for_method(self, method: str) -> "Request":
+        """The same request through another (loaded) method: compare mode."""
+        return replace(self, method=method)
 
 
 @dataclass
 class Step:
     """What the UI shows of one target forward."""
 
-    index: int
+    index: int  # 0 = prefill
     tokens: list[int]  # tokens this step added
-    accepted: int  # drafted tokens accepted (the last token of a step is the target's own)
-    text_start: int  # character span of this step's text in the decoded output:
-    text_mid: int  # [start, mid) the accepted drafts, [mid, end) the target's own (bonus) token
-    text_end: int
-    tree: object | None  # DraftTree
-    path: list[int]
-    times: dict
-    info: dict
-    t: float  # seconds since the request started
+    accepted: int  # drafted tokens accepted; the step's last token is the target's own (the bonus)
+    span: tuple[int, int, int]  # character offsets in Run.text: [start, mid) accepted drafts, [mid, end) the bonus
+    tree: DraftTree | None  # the verified tree (None at prefill)
+    path: list[int]  # accepted node indices in the tree, root first
+    times: dict[str, float]  # seconds: draft, prune, verify, other
+    info: dict  # drafter extras (DART: per-depth top-k lists)
+    t: float  # engine seconds since the run started, this step included
+
+    @property
+    def has_bonus(self) -> bool:
+        """False when a stop (EOS, length) cut the step before the target's own token."""
+        return len(self.tokens) == self.accepted + 1
 
 
 @dataclass
 class Run:
-    """The state of one streaming generation, updated after every step."""
+    """One generation as it streams: updated in place after every step."""
 
     method: str
     text: str = ""
     output_ids: list[int] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
     summary: Summary | None = None
-    error: str | None = None
-    started: float = field(default_factory=time.perf_counter)
+    engine_s: float = 0.0  # seconds spent inside the generation loop so far
+
+    @property
+    def label(self) -> str:
+        return METHOD_LABELS.get(self.method, self.method)
+
+    @property
+    def done(self) -> bool:
+        return self.summary is not None
 
     @property
     def new_tokens(self) -> int:
@@ -53,80 +91,152 @@ class Run:
 
     @property
     def tau(self) -> float:
+        """Mean tokens per target forward (accepted drafts + the bonus), the prefill counted as one."""
         return self.new_tokens / max(1, len(self.steps))
 
     @property
     def tokens_per_s(self) -> float:
-        if self.summary is not None:
-            return self.summary.tokens_per_s
-        elapsed = (self.steps[-1].t if self.steps else 0.0) or 1e-9
-        return self.new_tokens / elapsed
+        return self.new_tokens / self.engine_s if self.engine_s > 0 else 0.0
+
+    @property
+    def tree_steps(self) -> list[Step]:
+        """Steps that verified a drafted tree (not the prefill, not plain decoding)."""
+        return [s for s in self.steps if s.tree is not None and len(s.tree) > 1]
+
+    def tree_step(self, index: int | None) -> Step | None:
+        """The tree step nearest to step `index` (None: the latest)."""
+        steps = self.tree_steps
+        if not steps:
+            return None
+        if index is None:
+            return steps[-1]
+        return min(steps, key=lambda s: abs(s.index - index))
 
 
 def decode_stable(tokenizer, ids: list[int]) -> str:
-    """Decode, holding back a trailing incomplete UTF-8 character (shown as U+FFFD) until it completes."""
-    text = tokenizer.decode(ids, skip_special_tokens=True)
-    return text.rstrip("\ufffd")
+    """Decode the whole output, holding back a trailing incomplete UTF-8 character until it completes.
+    Decoding each step's tokens separately and concatenating would break multi-byte characters."""
+    return tokenizer.decode(ids, skip_special_tokens=True).rstrip(INCOMPLETE_CHAR)
+
+
+def _as_int(name: str, value) -> int:
+    if isinstance(value, bool):
+        raise RequestError(f"{name} must be an integer, got {value!r}")
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, int):
+        return value
+    raise RequestError(f"{name} must be an integer, got {value!r}")
+
+
+def _as_float(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RequestError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
 
 
 class Engine:
-    def __init__(self, target: Target, drafters: dict[str, Drafter]):
+    """The loaded models and the lock that lets one generation run at a time."""
+
+    def __init__(self, target: Target, drafters: dict[str, Drafter], max_new_tokens: int, max_length: int | None = None):
         self.target = target
-        self.drafters = {**drafters, "ar": ARDrafter()}
+        loaded = {**drafters, "ar": ARDrafter()}
+        self.drafters = {m: loaded[m] for m in METHOD_ORDER if m in loaded}
+        self.max_new_tokens = max_new_tokens
+        self.max_length = max_length
         self.lock = threading.Lock()
-        self.ar_tokens_per_s: float | None = None  # the latest plain-decoding speed, for speed-ups
+        self.ar_reference: float | None = None  # tokens/s of the latest long-enough AR run
 
     @property
     def methods(self) -> list[str]:
         return list(self.drafters)
 
-    def check(self, message: str, method: str, params: GenerationParams) -> None:
-        """Validate a request before it queues; raises ValueError with a message for the user."""
-        if method not in self.drafters:
-            raise ValueError(f"unknown method {method!r}: available are {', '.join(self.drafters)}")
-        if not isinstance(message, str) or not message.strip():
-            raise ValueError("the prompt is empty")
-        if len(message) > MAX_PROMPT_CHARS:
-            raise ValueError(f"the prompt has {len(message)} characters; the limit is {MAX_PROMPT_CHARS}")
+    @property
+    def context_limit(self) -> int:
+        return min(self.max_length or self.target.context_limit, self.target.context_limit)
 
-    def stream(self, messages: list[dict], method: str, params: GenerationParams) -> Iterator[Run]:
-        """Run one generation, yielding the updated Run after each step. Holds the lock throughout,
-        and releases it when the consumer stops iterating (a cancelled request)."""
-        drafter = self.drafters[method]
-        run = Run(method)
-        tok = self.target.tokenizer
+    def request(self, messages: list[dict], method, max_new_tokens, temperature, top_p, top_k) -> Request:
+        """Validate a request before it runs; raises RequestError naming the offending field."""
+        if method not in METHOD_LABELS:
+            raise RequestError(f"unknown method {method!r}: choose one of {', '.join(self.methods)}")
+        if method not in self.drafters:
+            raise RequestError(f"method {method!r} is not loaded in this app (available: {', '.join(self.methods)})")
+        message = messages[-1]["content"] if messages else None
+        if not isinstance(message, str) or not message.strip():
+            raise RequestError("the prompt is empty")
+        if len(message) > MAX_PROMPT_CHARS:
+            raise RequestError(f"the prompt has {len(message)} characters; the limit is {MAX_PROMPT_CHARS}")
+        max_new = _as_int("max_new_tokens", max_new_tokens)
+        if not 1 <= max_new <= self.max_new_tokens:
+            raise RequestError(f"max_new_tokens must be between 1 and {self.max_new_tokens} (this app's --max-new-tokens), got {max_new}")
+        try:
+            sampling = SamplingParams(_as_float("temperature", temperature), _as_float("top_p", top_p), _as_int("top_k", top_k))
+        except RequestError:
+            raise
+        except ValueError as e:  # SamplingParams names the field and the allowed range
+            raise RequestError(str(e)) from None
+        n_prompt = len(self.target.encode(messages))
+        if n_prompt >= self.context_limit:
+            raise RequestError(
+                f"the conversation has {n_prompt} tokens and the context limit is {self.context_limit}: "
+                "shorten the prompt (or clear the chat)"
+            )
+        return Request(messages, method, GenerationParams(max_new, self.max_length, sampling))
+
+    def stream(self, req: Request) -> Iterator[Run]:
+        """Run one generation, yielding the same Run, updated, after each step. The lock is taken at
+        the first step and released when the loop ends or the consumer stops iterating (a cancelled
+        request closes this generator), so a stopped request frees the engine for the next."""
+        run = Run(req.method)
         with self.lock:
-            run.started = time.perf_counter()
-            for event in generate(self.target, messages, drafter, params):
+            t0 = time.perf_counter()
+            events = generate(self.target, req.messages, self.drafters[req.method], req.params)
+            run.engine_s = time.perf_counter() - t0
+            for event in self._timed(events, run):
                 if isinstance(event, Summary):
                     run.summary = event
-                    run.text = tok.decode(run.output_ids, skip_special_tokens=True)  # final: nothing held back
-                    if method == "ar":
-                        self.ar_tokens_per_s = event.tokens_per_s
-                    yield run
-                    return
-                self._add_step(run, event)
+                    run.text = self.target.tokenizer.decode(run.output_ids, skip_special_tokens=True)  # nothing held back
+                    if req.method == "ar" and run.new_tokens >= MIN_REFERENCE_TOKENS:
+                        self.ar_reference = run.tokens_per_s
+                else:
+                    self._add_step(run, event)
                 yield run
 
+    def complete(self, req: Request) -> Run:
+        run = None
+        for run in self.stream(req):
+            pass
+        return run
+
+    def speedup(self, run: Run, ar_run: Run | None = None) -> float | None:
+        """run's tokens/s over plain decoding's: the AR run of the same comparison when given, else
+        the latest AR measurement (warm-up or an earlier request); None when there is none."""
+        if run.method == "ar":
+            return None
+        ref = ar_run.tokens_per_s if ar_run is not None and ar_run.new_tokens else self.ar_reference
+        return run.tokens_per_s / ref if ref else None
+
+    @staticmethod
+    def _timed(events: Iterator, run: Run) -> Iterator:
+        """The loop's events, with the time spent producing them added to run.engine_s."""
+        while True:
+            t0 = time.perf_counter()
+            try:
+                event = next(events)
+            except StopIteration:
+                return
+            finally:
+                run.engine_s += time.perf_counter() - t0
+            yield event
+
     def _add_step(self, run: Run, e: StepEvent) -> None:
+        tok = self.target.tokenizer
         start = len(run.text)
         run.output_ids.extend(e.new_tokens)
-        mid = len(decode_stable(self.target.tokenizer, run.output_ids[:-1])) if e.accepted else start
-        run.text = decode_stable(self.target.tokenizer, run.output_ids)
+        run.text = decode_stable(tok, run.output_ids)
+        end = len(run.text)
+        bonus = len(e.new_tokens) == e.accepted + 1
+        mid = len(decode_stable(tok, run.output_ids[:-1])) if e.accepted and bonus else (start if bonus else end)
+        mid = min(max(mid, start), end)
         times = {"draft": e.times.draft, "prune": e.times.prune, "verify": e.times.verify, "other": e.times.other}
-        run.steps.append(
-            Step(
-                e.step, list(e.new_tokens), e.accepted, min(start, len(run.text)), min(max(mid, start), len(run.text)), len(run.text),
-                e.tree, e.path, times, e.info, time.perf_counter() - run.started,
-            )
-        )
-
-
-def sampling_params(temperature: float, top_p: float, top_k: int, max_new_tokens: int, max_length: int | None) -> GenerationParams:
-    """Build and validate generation parameters from UI values (raises ValueError with the field name)."""
-    try:
-        top_k = int(top_k)
-        max_new_tokens = int(max_new_tokens)
-    except (TypeError, ValueError):
-        raise ValueError("top_k and max_new_tokens must be integers") from None
-    return GenerationParams(max_new_tokens=max_new_tokens, max_length=max_length, sampling=SamplingParams(float(temperature), float(top_p), top_k))
+        run.steps.append(Step(e.step, list(e.new_tokens), e.accepted, (min(start, end), mid, end), e.tree, e.path, times, e.info, run.engine_s))

@@ -1,198 +1,293 @@
-"""The Gradio Blocks: chat, compare panes, plots, and the /generate API, over an already-loaded Engine."""
+"""The Gradio Blocks over an already-loaded Engine: chat, compare panes, plots and the /generate API.
+
+Nothing here loads a model; `python -m app` (app/__main__.py) does, once, then calls `build_demo`.
+Every generation event shares one concurrency group of size 1, so requests queue for the one target.
+"""
 
 from __future__ import annotations
 
 import html
+import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
 
 import gradio as gr
-import torch
 
-from . import plots
-from .engine import Engine, Run, sampling_params
+from . import plots, render
+from .engine import METHOD_LABELS, Engine, RequestError, Run
 
+CSS_PATH = Path(__file__).with_name("style.css")
+ENGINE_QUEUE = "engine"  # the one concurrency group every generation joins
+TEXT_EVERY_S = 0.08  # stream text at most this often (the engine keeps running between frames)
+PLOTS_EVERY_S = 1.0  # redraw the plots at most this often while streaming; always at the end
 EXAMPLES = [
     "Write a short poem about the sea.",
     "Explain what a hash table is in three sentences.",
     "Write a Python function that checks whether a string is a palindrome.",
     "Give me three tips for a job interview.",
 ]
-ENGINE_QUEUE = "engine"  # one concurrency group: every generation shares the one target
-
-CSS = """
-.chunk0 { background: #fff3e0; border-radius: 3px; }
-.chunk1 { background: #e3f2fd; border-radius: 3px; }
-.bonus { text-decoration: underline dotted #555; }
-.pane { font-family: ui-monospace, monospace; white-space: pre-wrap; min-height: 8em; max-height: 24em; overflow-y: auto;
-        border: 1px solid #ddd; border-radius: 6px; padding: 8px; font-size: 0.9em; }
-.pane-title { font-weight: 600; margin-bottom: 4px; }
-"""
+INTRO = (
+    "A small draft head guesses several future tokens in **one** forward pass; an n-gram guided beam search turns the "
+    "guesses into a tree; the target model checks the whole tree in **one** forward and keeps the longest branch it "
+    "agrees with. The output is exactly the target's own (lossless), with fewer target forwards. "
+    "Each shaded chunk below is one target forward."
+)
+LEGEND = (
+    '<div class="legend"><span class="chunk c0">one target forward</span> <span class="chunk c1">the next one</span> · '
+    '<span class="chunk c0">drafted, accepted<span class="bonus">+bonus</span></span> the underlined token is the target\'s '
+    "own, the rest of that chunk was drafted and accepted · τ = tokens per target forward · speeds count engine time only</div>"
+)
 
 
 @dataclass(frozen=True)
 class Settings:
-    max_new_tokens: int
-    max_length: int | None
-    compare: bool
-    pruner: str  # "C++" or "pure Python"
-    notes: tuple[str, ...] = ()
+    """What the UI needs to know beyond the engine."""
+
+    target_label: str  # how the header names the target model
+    default_new_tokens: int
+    compare: bool  # compare mode on at start (--compare-eagle3)
+    pruner: str | None  # "C++" or "pure Python" (None: no DART head loaded)
+    exact: bool  # float32: greedy texts must match AR's bit for bit
+    notes: tuple[str, ...] = ()  # shown under the header: missing heads, fallbacks, ignored flags
 
 
-def render_chunks(run: Run) -> str:
-    """The output as HTML: each step's tokens one shaded chunk (alternating), the target's own token of a
-    multi-token step underlined. Everything is escaped; the text is decoded as a whole (multi-byte safe)."""
-    out, end = [], 0
-    for i, s in enumerate(run.steps):
-        accepted_txt = run.text[s.text_start : s.text_mid]
-        bonus_txt = run.text[s.text_mid : s.text_end]
-        cls = f"chunk{i % 2}"
-        if accepted_txt:
-            out.append(f'<span class="{cls}">{html.escape(accepted_txt)}</span>')
-        if bonus_txt:
-            extra = " bonus" if s.accepted else ""
-            out.append(f'<span class="{cls}{extra}">{html.escape(bonus_txt)}</span>')
-        end = s.text_end
-    out.append(html.escape(run.text[end:]))
-    return "".join(out).replace("\n", "<br>")
+class DemoApp:
+    """Builds the Blocks and holds the components its handlers write to."""
+
+    def __init__(self, engine: Engine, settings: Settings):
+        self.engine, self.settings = engine, settings
+        self.tok = engine.target.tokenizer
+        self.drafted = [m for m in engine.methods if m != "ar"]
+        self.default_method = self.drafted[0] if self.drafted else "ar"
+
+    def build(self) -> gr.Blocks:
+        with gr.Blocks(title="DART speculative decoding") as demo:
+            self._header()
+            with gr.Row(equal_height=False):
+                with gr.Column(scale=1, min_width=270):
+                    self._controls()
+                with gr.Column(scale=3):
+                    self._chat()
+            self._compare_area()
+            self._analysis()
+            self._wire()
+            self._api()
+            demo.load(self._blank_plots, None, [self.tree_plot, self.speed_plot, self.accepted_plot, self.split_plot], api_visibility="private")
+        return demo
+
+    # ---- layout -------------------------------------------------------------------------------
+
+    def _header(self) -> None:
+        e, s = self.engine, self.settings
+        target = e.target
+        badges = [
+            f"target <code>{html.escape(s.target_label)}</code>",
+            f"{html.escape(str(target.device))} · {html.escape(str(target.dtype).removeprefix('torch.'))}",
+            "methods " + ", ".join(METHOD_LABELS[m] for m in e.methods),
+        ]
+        if s.pruner:
+            badges.append(f"tree pruner: {html.escape(s.pruner)}")
+        gr.HTML(f"<h1>DART speculative decoding</h1><p>{_md_bold(INTRO)}</p><p class='badges'>{' · '.join(badges)}</p>")
+        if s.notes:
+            gr.HTML('<div class="notes">' + "".join(f"<p>⚠ {html.escape(n)}</p>" for n in s.notes) + "</div>", elem_id="notes")
+
+    def _controls(self) -> None:
+        methods = self.engine.methods
+        self.method = gr.Radio([(METHOD_LABELS[m], m) for m in methods], value=self.default_method, label="Method", elem_id="method")
+        can_compare = len(methods) > 1
+        self.compare = gr.Checkbox(self.settings.compare and can_compare, label="Compare methods (one after another)", visible=can_compare, elem_id="compare")
+        self.include_ar = gr.Checkbox(True, label="…including plain decoding (AR)", visible=self.settings.compare and can_compare and bool(self.drafted))
+        with gr.Accordion("Sampling", open=True):
+            self.temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature (0 = greedy)")
+            self.top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p (with temperature > 0)")
+            self.top_k = gr.Slider(0, 200, value=0, step=1, label="Top-k (0 = off)")
+            self.max_new = gr.Slider(1, self.engine.max_new_tokens, value=self.settings.default_new_tokens, step=1, label="Max new tokens")
+        gr.HTML(LEGEND)
+
+    def _chat(self) -> None:
+        self.chat = gr.Chatbot(label="Chat", height=400, sanitize_html=False, render_markdown=False, elem_id="chat")
+        with gr.Row():
+            self.box = gr.Textbox(placeholder="Ask something…", show_label=False, scale=6, lines=1, max_lines=6, elem_id="prompt")
+            self.send = gr.Button("Send", variant="primary", scale=1, min_width=80, elem_id="send")
+            self.stop = gr.Button("Stop", variant="stop", scale=1, min_width=80, elem_id="stop")
+            self.retry = gr.Button("Retry", scale=1, min_width=80)
+            self.clear = gr.Button("Clear", scale=1, min_width=80)
+        gr.Examples(EXAMPLES, inputs=self.box)
+        self.stats = gr.HTML(elem_id="stats")
+        self.history = gr.State([])  # plain-text messages for the model
+        self.display = gr.State([])  # rendered messages for the Chatbot
+        self.runs = gr.State([])  # the last request's runs (for scrubbing)
+
+    def _compare_area(self) -> None:
+        with gr.Group(visible=self.settings.compare) as self.compare_group:
+            self.panes = gr.HTML(elem_id="panes")
+            self.summary = gr.HTML(elem_id="summary")
+
+    def _analysis(self) -> None:
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=3):
+                self.tree_plot = gr.Plot(label="Draft tree", elem_id="tree-plot")
+            with gr.Column(scale=1, min_width=260):
+                self.step = gr.Slider(0, 1, value=0, step=1, label="Step (scrub through the verified trees)", elem_id="step")
+                self.tree_of = gr.Radio([(METHOD_LABELS[m], m) for m in self.drafted], value=self.default_method if self.drafted else None, label="Tree of", visible=len(self.drafted) > 1)
+                self.colour_by = gr.Radio(list(plots.COLOUR_BY), value=plots.COLOUR_BY[0], label="Colour nodes by")
+                self.details = gr.HTML(elem_id="details")
+        with gr.Row():
+            self.speed_plot = gr.Plot(label="Speed", elem_id="speed-plot")
+            self.accepted_plot = gr.Plot(label="Tokens per forward")
+            self.split_plot = gr.Plot(label="Time split")
+
+    # ---- events -------------------------------------------------------------------------------
+
+    def _wire(self) -> None:
+        inputs = [self.box, self.history, self.display, self.method, self.compare, self.include_ar, self.temperature, self.top_p, self.top_k, self.max_new]
+        queued = dict(concurrency_limit=1, concurrency_id=ENGINE_QUEUE, api_visibility="private", show_progress="hidden")
+        events = [
+            self.send.click(self.respond, inputs, self.outputs, **queued),
+            self.box.submit(self.respond, inputs, self.outputs, **queued),
+            self.retry.click(self.retry_last, inputs, self.outputs, **queued),
+        ]
+        self.stop.click(None, None, None, cancels=events, api_visibility="private")
+        self.clear.click(self.reset, None, self.outputs, api_visibility="private")
+        self.compare.change(
+            lambda c: (gr.update(visible=c and bool(self.drafted)), gr.update(interactive=not c), gr.update(visible=c)),
+            self.compare, [self.include_ar, self.method, self.compare_group], api_visibility="private",
+        )
+        view = [self.runs, self.tree_of, self.step, self.colour_by]
+        for trigger in (self.step.release, self.tree_of.change, self.colour_by.change):
+            trigger(self.scrub, view, [self.tree_plot, self.details], api_visibility="private", show_progress="hidden")
+
+    @property
+    def outputs(self) -> list:
+        return [
+            self.chat, self.history, self.display, self.runs, self.stats, self.panes, self.summary, self.compare_group,
+            self.tree_plot, self.details, self.step, self.tree_of, self.speed_plot, self.accepted_plot, self.split_plot, self.box,
+        ]
+
+    def respond(self, message, history, display, method, compare, include_ar, temperature, top_p, top_k, max_new) -> Iterator[dict]:
+        """Stream one chat turn through one method, or through each method in turn (compare mode)."""
+        messages = history + [{"role": "user", "content": message if isinstance(message, str) else ""}]
+        order = self._order(method, compare, include_ar)
+        try:
+            req = self.engine.request(messages, order[0], max_new, temperature, top_p, top_k)
+        except RequestError as e:
+            raise gr.Error(str(e)) from None
+        greedy = req.params.sampling.greedy
+        shown = display + [{"role": "user", "content": render.plain(message)}]
+        runs: list[Run] = []
+        for m in order:
+            last_text = last_plots = 0.0
+            for run in self.engine.stream(req.for_method(m)):
+                now = time.perf_counter()
+                if not run.done and now - last_text < TEXT_EVERY_S:
+                    continue
+                live = runs + [run]
+                with_plots = run.done or now - last_plots >= PLOTS_EVERY_S
+                last_text, last_plots = now, (now if with_plots else last_plots)
+                yield self._frame(live, order, messages, shown, greedy, with_plots, final=False)
+            runs.append(run)
+        yield self._frame(runs, order, messages, shown, greedy, with_plots=True, final=True)
+
+    def retry_last(self, _message, history, display, *rest) -> Iterator[dict]:
+        """Re-run the last user turn (e.g. with other settings or another method)."""
+        if len(history) < 2:
+            raise gr.Error("nothing to retry yet")
+        yield from self.respond(history[-2]["content"], history[:-2], display[:-2], *rest)
+
+    def reset(self) -> dict:
+        blank = self._blank_plots()
+        return {
+            self.chat: [], self.history: [], self.display: [], self.runs: [], self.stats: "", self.panes: "", self.summary: "",
+            self.tree_plot: blank[0], self.details: "", self.step: gr.update(value=0, maximum=1),
+            self.speed_plot: blank[1], self.accepted_plot: blank[2], self.split_plot: blank[3],
+        }
+
+    def scrub(self, runs: list[Run], tree_of: str | None, step: float, colour_by: str):
+        run = self._tree_run(runs, tree_of)
+        index = int(step) if step is not None else None
+        return plots.tree_figure(run, index, self.tok, colour_by), render.step_details_html(run, index, self.tok)
+
+    # ---- helpers ------------------------------------------------------------------------------
+
+    def _order(self, method: str, compare: bool, include_ar: bool) -> list[str]:
+        if not compare:
+            return [method]
+        order = [m for m in self.engine.methods if m != "ar" or include_ar or not self.drafted]
+        return order
+
+    def _frame(self, runs: list[Run], order: list[str], messages, shown, greedy: bool, with_plots: bool, final: bool) -> dict:
+        """The outputs after a step: the chat and the panes every frame, the plots when `with_plots`."""
+        ar = next((r for r in runs if r.method == "ar" and r.done), None)
+        speedups = [self.engine.speedup(r, ar) for r in runs]
+        first = runs[0]
+        assistant = {"role": "assistant", "content": render.render_chunks(first)}
+        out = {
+            self.chat: shown + [assistant],
+            self.history: messages + [{"role": "assistant", "content": first.text}],
+            self.display: shown + [assistant],
+            self.runs: runs,
+            self.stats: render.stats_html(runs, speedups),
+            self.box: "",
+        }
+        if len(order) > 1:
+            pending = [METHOD_LABELS[m] for m in order[len(runs) :]]
+            out[self.panes] = render.compare_html(runs, speedups, pending)
+            out[self.summary] = render.summary_html([r for r in runs if r.done], [s for r, s in zip(runs, speedups) if r.done], greedy, self.settings.exact)
+        out[self.compare_group] = gr.update(visible=len(order) > 1)
+        if with_plots:
+            tree_run = self._tree_run(runs, None) if final else runs[-1]  # while streaming: the live run
+            last = tree_run.steps[-1].index if tree_run and tree_run.steps else 0
+            out.update({
+                self.tree_plot: plots.tree_figure(tree_run, None, self.tok),
+                self.details: render.step_details_html(tree_run, None, self.tok),
+                self.step: gr.update(maximum=max(1, last), value=last),
+                self.speed_plot: plots.speed_figure(runs),
+                self.accepted_plot: plots.accepted_figure(runs),
+                self.split_plot: plots.time_split_figure(runs),
+            })
+            if final and tree_run is not None:
+                out[self.tree_of] = gr.update(value=tree_run.method)
+        return out
+
+    @staticmethod
+    def _tree_run(runs: list[Run], method: str | None) -> Run | None:
+        """The run whose tree to show: `method`'s if it ran, else the first run with trees, else the first."""
+        with_trees = [r for r in runs if r.tree_steps]
+        return next((r for r in with_trees if r.method == method), with_trees[0] if with_trees else (runs[0] if runs else None))
+
+    def _blank_plots(self):
+        return (plots.tree_figure(None, None, self.tok), plots.speed_figure([]), plots.accepted_figure([]), plots.time_split_figure([]))
+
+    def _api(self) -> None:
+        engine, default_method = self.engine, self.default_method
+
+        def generate(message: str, method: str = default_method, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0) -> Iterator[dict]:
+            """Generate a reply to one user message with method dart, eagle3 or ar. Streams dicts
+            {text, new_tokens, tau, tokens_per_s, speedup_vs_ar, done}; `predict` returns the last one.
+            speedup_vs_ar is null until plain decoding has been measured. Bad input raises with the reason."""
+            try:
+                req = engine.request([{"role": "user", "content": message}], method, max_new_tokens, temperature, top_p, top_k)
+            except RequestError as e:
+                raise gr.Error(str(e)) from None
+            for run in engine.stream(req):
+                yield {
+                    "text": run.text,
+                    "new_tokens": run.new_tokens,
+                    "tau": run.tau,
+                    "tokens_per_s": run.tokens_per_s,
+                    "speedup_vs_ar": engine.speedup(run) if run.method != "ar" else 1.0,
+                    "done": run.done,
+                }
+
+        gr.api(generate, api_name="generate", concurrency_limit=1, concurrency_id=ENGINE_QUEUE)
 
 
-def stats_line(run: Run, ar_tps: float | None) -> str:
-    speedup = f", **{run.tokens_per_s / ar_tps:.2f}x** vs AR" if ar_tps and run.method != "ar" else ""
-    done = f" — stopped: {run.summary.stop_reason}" if run.summary else ""
-    return f"**{run.method}**: {run.new_tokens} tokens, **{run.tokens_per_s:.1f} tok/s**, τ = {run.tau:.2f}{speedup}{done}"
+def _md_bold(text: str) -> str:
+    """The intro's **bold** as <b>, the rest escaped."""
+    parts = html.escape(text).split("**")
+    return "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts))
 
 
 def build_demo(engine: Engine, settings: Settings) -> gr.Blocks:
-    methods = [m for m in engine.methods]
-    default_method = "dart" if "dart" in methods else "ar"
-    tok = engine.target.tokenizer
-
-    with gr.Blocks(title="DART speculative decoding") as demo:
-        gr.Markdown(
-            "# DART speculative decoding\n"
-            "A one-layer draft head guesses several future tokens in **one** forward pass; an n-gram guided beam search "
-            "turns the guesses into a tree; the target model checks the whole tree in one forward and keeps the longest "
-            "correct branch. Same output as plain decoding, fewer target forwards. Each shaded chunk below is one target "
-            "forward; the underlined token is the target's own, the rest were drafted and accepted.\n\n"
-            f"Target: `{engine.target.name}` on {engine.target.device} ({str(engine.target.dtype).removeprefix('torch.')}) · "
-            f"methods: {', '.join(methods)} · pruner: {settings.pruner}"
-            + (
-                "\n\n> In bfloat16/float16 a tree verify rounds differently from a one-token step, so a greedy output may "
-                "leave plain decoding's at a near-tie; in float32 they are identical token for token (`--dtype float32`)."
-                if engine.target.dtype != torch.float32
-                else ""
-            )
-            + "".join(f"\n\n> {n}" for n in settings.notes)
-        )
-        history = gr.State([])  # plain-text chat history for the model
-        runs_state = gr.State([])
-        with gr.Row():
-            with gr.Column(scale=1, min_width=260):
-                method = gr.Radio(methods, value=default_method, label="Method")
-                compare = gr.Checkbox(value=settings.compare, label="Compare all methods (one after another)")
-                temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature (0 = greedy)")
-                top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")
-                top_k = gr.Slider(0, 200, value=0, step=1, label="Top-k (0 = off)")
-                max_new = gr.Slider(1, max(settings.max_new_tokens, 1), value=min(128, settings.max_new_tokens), step=1, label="Max new tokens")
-            with gr.Column(scale=3):
-                chat = gr.Chatbot(label="Chat", height=380, sanitize_html=False, render_markdown=False, feedback_options=None)
-                with gr.Row():
-                    box = gr.Textbox(placeholder="Ask something…", show_label=False, scale=5, lines=1, elem_id="prompt")
-                    send = gr.Button("Send", variant="primary", scale=1, elem_id="send")
-                    stop = gr.Button("Stop", scale=1)
-                    clear = gr.Button("Clear", scale=1)
-                gr.Examples(EXAMPLES, inputs=box)
-                stats = gr.Markdown(elem_id="stats")
-        compare_html = gr.HTML()
-        with gr.Row():
-            tree_plot = gr.Plot(label="Draft tree", elem_id="tree-plot")
-        step_slider = gr.Slider(0, 1, value=0, step=1, label="Step (scrub through the verified trees)", interactive=True)
-        with gr.Row():
-            speed_plot = gr.Plot(label="Speed")
-            accepted_plot = gr.Plot(label="Tokens per step")
-            split_plot = gr.Plot(label="Time split")
-
-        def figures(runs: list[Run], step: int | None = None):
-            main = runs[0] if runs else None
-            return (
-                plots.tree_figure(main, step, tok),
-                plots.speed_figure(runs),
-                plots.accepted_figure(runs),
-                plots.time_split_figure(runs),
-            )
-
-        def compare_panes(runs: list[Run]) -> str:
-            if len(runs) < 2:
-                return ""
-            cells = "".join(
-                f'<div style="flex:1;min-width:0"><div class="pane-title">{html.escape(stats_line(r, engine.ar_tokens_per_s).replace("**", ""))}</div>'
-                f'<div class="pane">{render_chunks(r)}</div></div>'
-                for r in runs
-            )
-            return f'<div style="display:flex;gap:10px">{cells}</div>'
-
-        def respond(message, hist, method_v, compare_v, temp_v, top_p_v, top_k_v, max_new_v):
-            try:
-                params = sampling_params(temp_v, top_p_v, top_k_v, max_new_v, settings.max_length)
-                engine.check(message, method_v, params)
-            except ValueError as e:
-                raise gr.Error(str(e)) from None
-            order = [method_v] + ([m for m in methods if m != method_v] if compare_v else [])
-            messages = hist + [{"role": "user", "content": message}]
-            display = [{"role": m["role"], "content": html.escape(m["content"]).replace("\n", "<br>")} for m in hist]
-            display.append({"role": "user", "content": html.escape(message)})
-            runs: list[Run] = []
-            try:
-                for m in order:
-                    for run in engine.stream(messages, m, params):
-                        current = runs + [run]
-                        chat_value = display + [{"role": "assistant", "content": render_chunks(current[0])}]
-                        yield (
-                            chat_value, hist, " · ".join(stats_line(r, engine.ar_tokens_per_s) for r in current), compare_panes(current),
-                            *figures(current), gr.update(maximum=max(1, len(current[0].steps) - 1), value=len(current[0].steps) - 1), current, "",
-                        )
-                    runs.append(run)
-            except ValueError as e:  # e.g. the prompt no longer fits the context
-                raise gr.Error(str(e)) from None
-            new_hist = messages + [{"role": "assistant", "content": runs[0].text}]
-            yield (
-                display + [{"role": "assistant", "content": render_chunks(runs[0])}], new_hist,
-                " · ".join(stats_line(r, engine.ar_tokens_per_s) for r in runs), compare_panes(runs), *figures(runs),
-                gr.update(maximum=max(1, len(runs[0].steps) - 1), value=len(runs[0].steps) - 1), runs, "",
-            )
-
-        outputs = [chat, history, stats, compare_html, tree_plot, speed_plot, accepted_plot, split_plot, step_slider, runs_state, box]
-        inputs = [box, history, method, compare, temperature, top_p, top_k, max_new]
-        ev1 = send.click(respond, inputs, outputs, concurrency_limit=1, concurrency_id=ENGINE_QUEUE, api_visibility="private")
-        ev2 = box.submit(respond, inputs, outputs, concurrency_limit=1, concurrency_id=ENGINE_QUEUE, api_visibility="private")
-        stop.click(None, None, None, cancels=[ev1, ev2])
-        clear.click(
-            lambda: ([], [], "", "", *figures([]), []), None,
-            [chat, history, stats, compare_html, tree_plot, speed_plot, accepted_plot, split_plot, runs_state], api_visibility="private",
-        )
-        step_slider.release(
-            lambda runs, s: plots.tree_figure(runs[0] if runs else None, int(s), tok), [runs_state, step_slider], tree_plot, api_visibility="private"
-        )
-
-        def generate_api(message: str, method: str = default_method, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0) -> dict:
-            """Generate a reply to one user message. Returns text, new_tokens, tau, tokens_per_s and speedup_vs_ar (null until an AR run was measured)."""
-            try:
-                params = sampling_params(temperature, top_p, top_k, max_new_tokens, settings.max_length)
-                engine.check(message, method, params)
-                run = None
-                for run in engine.stream([{"role": "user", "content": message}], method, params):
-                    pass
-            except (ValueError, TypeError) as e:
-                raise gr.Error(str(e)) from None
-            tps = run.summary.tokens_per_s
-            return {
-                "text": run.text,
-                "new_tokens": run.new_tokens,
-                "tau": run.summary.tau,
-                "tokens_per_s": tps,
-                "speedup_vs_ar": tps / engine.ar_tokens_per_s if engine.ar_tokens_per_s else None,
-            }
-
-        gr.api(generate_api, api_name="generate", concurrency_limit=1, concurrency_id=ENGINE_QUEUE)
-        demo.load(lambda: figures([]), None, [tree_plot, speed_plot, accepted_plot, split_plot], api_visibility="private")
-    return demo
+    return DemoApp(engine, settings).build()

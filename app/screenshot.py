@@ -1,0 +1,66 @@
+"""Drive the running app in headless Chromium: send a prompt, wait for the answer, take a screenshot.
+
+    python -m app.screenshot http://127.0.0.1:7860/ docs/screenshot.png --compare
+
+Used to make docs/screenshot.png and by the browser test. Needs Debian's chromium (/usr/bin/chromium)
+and the playwright Python package (its bundled driver; no `playwright install`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+VIEWPORT = {"width": 1400, "height": 1000}
+DONE_JS = "document.querySelector('#stats') && document.querySelectorAll('#stats .stat').length >= %d && !document.querySelector('#stats').innerText.includes('generating')"
+
+
+def launch(pw):
+    return pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+
+
+def chat_once(page, url: str, prompt: str, compare: bool = False, timeout_s: float = 300) -> None:
+    """Open the app, optionally tick compare mode, send `prompt` and wait until every run finished."""
+    page.goto(url, timeout=60_000)
+    page.wait_for_selector("#prompt textarea", timeout=60_000)
+    n_runs = 1
+    if compare:
+        box = page.locator("#compare input")
+        if not box.is_checked():
+            box.check()
+        n_runs = page.locator("#method input").count()
+    page.locator("#prompt textarea").fill(prompt)
+    page.locator("#send").click()
+    page.wait_for_function(DONE_JS % n_runs, timeout=timeout_s * 1000)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m app.screenshot", description=__doc__.splitlines()[0])
+    p.add_argument("url")
+    p.add_argument("out", type=Path)
+    p.add_argument("--prompt", default="Write a short poem about the sea.")
+    p.add_argument("--compare", action="store_true", help="tick compare mode first")
+    p.add_argument("--timeout", type=float, default=600, help="seconds to wait for the answer")
+    args = p.parse_args(argv)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = launch(pw)
+        page = browser.new_page(viewport=VIEWPORT)
+        chat_once(page, args.url, args.prompt, args.compare, args.timeout)
+        page.wait_for_timeout(1500)  # let the last plot redraw settle
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(args.out), full_page=True)
+        browser.close()
+    print(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
