@@ -49,8 +49,9 @@ __all__ = [
 ]
 
 DEFAULT_ORDER = 3
-# Slices buffered before the builder sorts and spills a run to disk (12 bytes each at order 3).
-DEFAULT_SLICES_IN_MEMORY = 50_000_000
+# N-gram slices buffered before the builder sorts them and spills a run to disk: at order 3 a slice
+# is 12 bytes, ~30 while its run is sorted, so ~600 MB of RAM at most.
+DEFAULT_SLICES_IN_MEMORY = 20_000_000
 
 
 class NGram:
@@ -90,12 +91,15 @@ class NGram:
         return self._impl if HAVE_CPP and not isinstance(self._impl, PyNGramModel) else None
 
     def prob(self, context, token: int, smoothed: bool = False) -> float:
-        """P(token | context) by the upstream rule (or interpolated with `smoothed`)."""
-        return float(self._impl.prob(np.asarray(context, dtype=np.int64), int(token), smoothed))
+        """P(token | context) by the upstream rule (or interpolated with `smoothed`).
+
+        context: token ids (list or int64 array), oldest first; only the last order-1 are used.
+        Kept thin: per call this costs ~1 us of Python/pybind11 overhead around a ~0.2 us lookup."""
+        return self._impl.prob(context, token, smoothed)
 
     def probs(self, context, tokens, smoothed: bool = False) -> np.ndarray:
         """P(t | context) for every t in tokens, one context lookup for all of them. (n,) float64."""
-        return np.asarray(self._impl.probs(np.asarray(context, dtype=np.int64), np.asarray(tokens, dtype=np.int64), smoothed))
+        return self._impl.probs(context, tokens, smoothed)
 
     def save(self, path, fmt: str = "compact") -> None:
         """Write in `compact` (ours, memory-mappable) or `upstream` (.trie) format."""
@@ -191,10 +195,18 @@ def convert(src, dst, fmt: str | None = None, vocab_size: int | None = None, fin
 
 
 def prune(tokens, probs, root: int, context, model: NGram | None, params: PruneParams = PruneParams(), eos_id: int = -1) -> PrunedTree:
-    """Turn per-depth top-k draft candidates into a draft tree (see ngram_cpp/src/pruner.h).
+    """Turn per-depth top-k draft candidates into a draft tree (DART's n-gram guided beam search).
 
-    tokens (d, k) int64 target ids, probs (d, k) float32 draft probabilities (row j: depth j+1);
-    root is the target's latest token; context the committed tokens before it.
+    tokens  (d, k) int64    target-vocabulary ids; row j holds the candidates for depth j + 1
+    probs   (d, k) float32  their draft probabilities, already softmaxed within the row (as upstream)
+    root    int             the token the target just produced (tree index 0)
+    context (n,) int64      committed tokens before the root, NOT including it (the last order-1 of
+                            context + root + path are the n-gram context)
+    model   the n-gram model, or None (draft probabilities only)
+    eos_id  sequences ending in it are never extended (-1: none)
+    Returns a PrunedTree (N = kept nodes + 1, index 0 = root, depth order); the score and the
+    selection rule are in ngram_cpp/src/pruner.h. Raises ValueError on bad shapes, ids, probabilities
+    or parameters. Uses the C++ extension when available, else the Python reference (same trees).
     """
     if not HAVE_CPP or (model is not None and model.native is None):
         return prune_reference(tokens, probs, root, context, None if model is None else model._impl, params, eos_id)

@@ -42,7 +42,12 @@ class PruneParams:
 
 @dataclass
 class PrunedTree:
-    """The verifier's arrays. N = kept nodes + 1; index 0 is the root; depth order."""
+    """The verifier's arrays. N = kept nodes + 1; index 0 is the root.
+
+    Nodes are in depth order; within a depth, best score first (ties: expansion order), so every
+    parent precedes its children. retrieve rows are root-to-leaf paths in lexicographic order of the
+    leaves' token sequences (a prefix before its extensions), as upstream's encode_tree.
+    """
 
     tokens: np.ndarray  # (N,) int64
     parents: np.ndarray  # (N,) int64, root -1

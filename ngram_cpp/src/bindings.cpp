@@ -84,9 +84,13 @@ PYBIND11_MODULE(_ngram, m) {
                 std::vector<int64_t> cnt(lv.counts, lv.counts + lv.size);
                 std::vector<int64_t> fc;
                 if (lv.first_child) fc.assign(lv.first_child, lv.first_child + lv.size + 1);
-                return py::make_tuple(tok, cnt, fc);
+                auto n = static_cast<py::ssize_t>(lv.size);
+                auto n_fc = static_cast<py::ssize_t>(fc.size());
+                return py::make_tuple(to_numpy(std::move(tok), {n}), to_numpy(std::move(cnt), {n}), to_numpy(std::move(fc), {n_fc}));
             },
-            py::arg("level"), "Copies of one level's (tokens, counts, first_child) arrays, for tests and tools.");
+            py::arg("level"),
+            "Copies of one level's (tokens, counts, first_child) arrays as int64 numpy arrays (first_child is empty for the "
+            "last level), for tests and tools.");
 
     m.def(
         "time_lookups",

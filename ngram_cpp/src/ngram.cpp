@@ -127,14 +127,24 @@ void NGramModel::child_ratios(size_t len, int64_t node, const token_t* sorted, s
         if (len > 0) child_range(levels_[len - 1], levels_[len], node, &lo, &hi);
     }
     const uint64_t denom = len < order_ ? node_count(len, node) : 0;
-    const token_t* first = len < order_ ? levels_[len].tokens + lo : nullptr;
-    const token_t* last = len < order_ ? levels_[len].tokens + hi : nullptr;
-    for (size_t i = 0; i < n; ++i) {
-        first = std::lower_bound(first, last, sorted[i]);  // candidates ascend, so the range only shrinks
-        if (first != last && *first == sorted[i] && denom > 0)
-            out[i] = static_cast<double>(levels_[len].counts[first - levels_[len].tokens]) / static_cast<double>(denom);
-        else
-            out[i] = kUnseen;
+    std::fill(out, out + n, kUnseen);
+    if (denom == 0 || lo == hi) return;
+    const Level& lv = levels_[len];
+    auto ratio = [&](uint64_t child) { return static_cast<double>(lv.counts[child]) / static_cast<double>(denom); };
+    if (hi - lo < n) {
+        // few children (the usual case for a long context): look each one up among the tokens
+        const token_t* tok_end = sorted + n;
+        for (uint64_t j = lo; j < hi; ++j) {
+            const token_t* it = std::lower_bound(sorted, tok_end, lv.tokens[j]);
+            if (it != tok_end && *it == lv.tokens[j]) out[it - sorted] = ratio(j);
+        }
+        return;
+    }
+    const token_t* first = lv.tokens + lo;
+    const token_t* last = lv.tokens + hi;
+    for (size_t i = 0; i < n && first != last; ++i) {
+        first = std::lower_bound(first, last, sorted[i]);  // the tokens ascend, so the range only shrinks
+        if (first != last && *first == sorted[i]) out[i] = ratio(static_cast<uint64_t>(first - lv.tokens));
     }
 }
 
@@ -595,7 +605,11 @@ struct RunReader {
 }  // namespace
 
 Builder::Builder(uint32_t order, uint32_t vocab_size, uint64_t max_slices_in_memory, std::string spill_dir)
-    : order_(order), vocab_size_(vocab_size), max_in_memory_(std::max<uint64_t>(max_slices_in_memory, 1)), spill_dir_(std::move(spill_dir)) {
+    // (at most 2^32 - 1: a run is sorted through 32-bit slice indices)
+    : order_(order),
+      vocab_size_(vocab_size),
+      max_in_memory_(std::clamp<uint64_t>(max_slices_in_memory, 1, UINT32_MAX)),
+      spill_dir_(std::move(spill_dir)) {
     if (order < 1 || order > kMaxOrder) throw std::invalid_argument("n-gram order must be in 1..8");
     if (vocab_size == 0) throw std::invalid_argument("vocab_size must be positive");
 }
@@ -605,6 +619,7 @@ Builder::~Builder() {
 }
 
 void Builder::add(const token_t* tokens, size_t n) {
+    if (finished_) throw std::logic_error("the n-gram builder has already finished");
     for (size_t i = 0; i < n; ++i)
         if (tokens[i] < 0 || static_cast<uint32_t>(tokens[i]) >= vocab_size_)
             throw std::invalid_argument("token id " + std::to_string(tokens[i]) + " out of range [0, " + std::to_string(vocab_size_) + ")");
@@ -646,6 +661,8 @@ void Builder::spill() {
 }
 
 std::unique_ptr<NGramModel> Builder::finish(const std::string& fingerprint) {
+    if (finished_) throw std::logic_error("the n-gram builder has already finished");
+    finished_ = true;
     LevelWriter w(order_);
     if (runs_.empty()) {
         sort_slices(buffer_, order_);

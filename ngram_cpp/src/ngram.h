@@ -23,7 +23,16 @@ using index_t = uint64_t;
 
 constexpr int kMaxOrder = 8;
 
-// Compact format header, little-endian, 8-byte aligned arrays follow.
+// Compact format (".ngram"), little-endian:
+//     offset 0    CompactHeader (160 bytes)
+//     then, for each level l = 1..order, each array starting on an 8-byte boundary (zero padding):
+//         tokens       int32[level_size[l]]
+//         counts       uint32[level_size[l]]
+//         first_child  uint64[level_size[l] + 1]     (absent for the last level)
+// The file ends right after the last array (no trailing bytes). Loading maps the file read-only and
+// checks the header, that every array lies inside the file and the first/last child offsets; a
+// lookup clamps every child range it reads, so a damaged file can give wrong answers but never read
+// out of bounds. NGramModel::validate() checks every array (sortedness, ranges, counts).
 struct CompactHeader {
     char magic[8];          // "DARTNGRM"
     uint32_t version;       // kCompactVersion
@@ -90,7 +99,7 @@ class NGramModel {
     // callers back off to a shorter context.
     double child_ratio(size_t len, int64_t node, token_t token) const;
     static constexpr double kUnseen = -1.0;
-    // child_ratio for many tokens at once; `sorted` must be ascending (one forward pass over the children).
+    // child_ratio for many tokens at once; `sorted` must be strictly ascending (distinct tokens).
     void child_ratios(size_t len, int64_t node, const token_t* sorted, size_t n, double* out) const;
 
     // Upstream rule: the longest context (up to order-1 tokens) that exists and has `token` as a
@@ -115,7 +124,9 @@ class NGramModel {
 
 // Builds the trie from token sequences by sorting n-gram slices; `add` may be called any number of
 // times (sequences never share n-grams). Slices spill to sorted run files when `max_slices_in_memory`
-// is reached, so a corpus larger than RAM builds in chunks; `finish` merges the runs.
+// is reached, so a corpus larger than RAM builds in chunks; `finish` merges the runs (once: the
+// builder cannot be used afterwards). A buffered slice takes 4 * order bytes, about 2.5x that while
+// a run is sorted.
 class Builder {
   public:
     Builder(uint32_t order, uint32_t vocab_size, uint64_t max_slices_in_memory, std::string spill_dir);
@@ -128,6 +139,7 @@ class Builder {
     void spill();
     uint32_t order_, vocab_size_;
     uint64_t max_in_memory_, n_slices_ = 0;
+    bool finished_ = false;
     std::string spill_dir_;
     std::vector<token_t> buffer_;  // slices of `order` tokens, padded with -1
     std::vector<std::string> runs_;

@@ -5,9 +5,12 @@
 //     w_l * ( decay^l * ln(p + eps)  +  ngram_weight * ln(q + eps) )        w_l = (l+1)^level_exponent
 // where p is the draft probability (softmaxed over the top-k by the caller) and q the n-gram
 // probability of the token after the last order-1 tokens of (context, root, path); the n-gram term is
-// skipped at level 0 unless ngram_on_first_level, and everywhere if !use_ngram. Each level extends
-// the beam_width best sequences (sequences ending in EOS ranked last, so they are never extended);
-// the tree is the max_nodes best of all expanded nodes across levels.
+// skipped at level 0 unless ngram_on_first_level, and everywhere if !use_ngram. An increment is
+// clamped to <= 0 (ln(1 + eps) is positive when p = q = 1), so scores never increase along a path.
+// Each level extends the beam_width best sequences (those ending in EOS are ranked last and dropped
+// from the beam, so they are never extended); the tree is the max_nodes best of all expanded nodes
+// across levels, ranked by (score desc, depth asc, expansion order asc): a tie goes to the ancestor,
+// so the kept set is closed under taking parents.
 #pragma once
 
 #include <cstdint>
@@ -29,7 +32,9 @@ struct PruneParams {
     double eps = 1e-10;
 };
 
-// Arrays for the verifier; N = kept nodes + 1 (index 0 is the root), nodes in depth order.
+// Arrays for the verifier; N = kept nodes + 1 (index 0 is the root). Nodes are in depth order and,
+// within a depth, in the order of the final ranking: score descending, then expansion order (the
+// order in which the beam search created them). Parents therefore always precede their children.
 struct PrunedTree {
     std::vector<int64_t> tokens;     // [N]
     std::vector<int64_t> parents;    // [N], root -1
@@ -41,8 +46,10 @@ struct PrunedTree {
     int64_t width = 0;  // max_depth + 1
 };
 
-// tokens/probs: [d, k] row-major (row j = candidates for depth j+1, target-vocabulary ids).
-// context: the committed tokens before the root (only the last order-1 matter). model may be null.
+// tokens/probs: [d, k] row-major (row j = candidates for depth j+1, target-vocabulary ids; probs
+// already softmaxed over the row by the caller, as upstream). Only the first min(k, top_k) columns
+// are used. context: the committed tokens before the root, NOT including it (only the last order-1
+// matter). model may be null. Throws std::invalid_argument on bad shapes, ids or probabilities.
 PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k, int64_t root, const int64_t* context,
                  int64_t n_context, const NGramModel* model, const PruneParams& params, int64_t eos_id);
 
