@@ -199,7 +199,7 @@ class Engine:
                     if req.method == "ar" and run.new_tokens >= MIN_REFERENCE_TOKENS:
                         self.ar_reference = run.tokens_per_s
                 else:
-                    self._add_step(run, event)
+                    append_step(run, event, self.target.tokenizer)
                 yield run
 
     def complete(self, req: Request) -> Run:
@@ -229,14 +229,18 @@ class Engine:
                 run.engine_s += time.perf_counter() - t0
             yield event
 
-    def _add_step(self, run: Run, e: StepEvent) -> None:
-        tok = self.target.tokenizer
-        start = len(run.text)
-        run.output_ids.extend(e.new_tokens)
-        run.text = decode_stable(tok, run.output_ids)
-        end = len(run.text)
-        bonus = len(e.new_tokens) == e.accepted + 1
-        mid = len(decode_stable(tok, run.output_ids[:-1])) if e.accepted and bonus else (start if bonus else end)
-        mid = min(max(mid, start), end)
-        times = {"draft": e.times.draft, "prune": e.times.prune, "verify": e.times.verify, "other": e.times.other}
-        run.steps.append(Step(e.step, list(e.new_tokens), e.accepted, (min(start, end), mid, end), e.tree, e.path, times, e.info, run.engine_s))
+
+def append_step(run: Run, e: StepEvent, tokenizer) -> None:
+    """Add one step's tokens to the run: re-decode the whole output (multi-byte safe) and record the
+    character span of the accepted drafts and of the bonus token."""
+    start = len(run.text)
+    run.output_ids.extend(e.new_tokens)
+    run.text = decode_stable(tokenizer, run.output_ids)
+    end = len(run.text)
+    bonus = len(e.new_tokens) == e.accepted + 1
+    if e.accepted and bonus:
+        mid = min(max(len(decode_stable(tokenizer, run.output_ids[:-1])), start), end)
+    else:
+        mid = start if bonus else end  # only the target's token / only accepted drafts (a stop cut the step)
+    times = {"draft": e.times.draft, "prune": e.times.prune, "verify": e.times.verify, "other": e.times.other}
+    run.steps.append(Step(e.step, list(e.new_tokens), e.accepted, (min(start, end), mid, end), e.tree, e.path, times, e.info, run.engine_s))

@@ -106,7 +106,10 @@ class DemoApp:
         gr.HTML(LEGEND)
 
     def _chat(self) -> None:
-        self.chat = gr.Chatbot(label="Chat", height=400, sanitize_html=False, render_markdown=False, elem_id="chat")
+        self.chat = gr.Chatbot(
+            label="Chat", height=420, sanitize_html=False, render_markdown=False, feedback_options=None, buttons=[], elem_id="chat",
+            placeholder="Ask something, or pick an example. The answer arrives one target forward at a time.",
+        )
         with gr.Row():
             self.box = gr.Textbox(placeholder="Ask something…", show_label=False, scale=6, lines=1, max_lines=6, elem_id="prompt")
             self.send = gr.Button("Send", variant="primary", scale=1, min_width=80, elem_id="send")
@@ -120,7 +123,7 @@ class DemoApp:
         self.runs = gr.State([])  # the last request's runs (for scrubbing)
 
     def _compare_area(self) -> None:
-        with gr.Group(visible=self.settings.compare) as self.compare_group:
+        with gr.Column(visible=self.settings.compare, elem_id="compare-area") as self.compare_group:
             self.panes = gr.HTML(elem_id="panes")
             self.summary = gr.HTML(elem_id="summary")
 
@@ -213,8 +216,7 @@ class DemoApp:
     def _order(self, method: str, compare: bool, include_ar: bool) -> list[str]:
         if not compare:
             return [method]
-        order = [m for m in self.engine.methods if m != "ar" or include_ar or not self.drafted]
-        return order
+        return [m for m in self.engine.methods if m != "ar" or include_ar or not self.drafted]
 
     def _frame(self, runs: list[Run], order: list[str], messages, shown, greedy: bool, with_plots: bool, final: bool) -> dict:
         """The outputs after a step: the chat and the panes every frame, the plots when `with_plots`."""
@@ -236,7 +238,7 @@ class DemoApp:
             out[self.summary] = render.summary_html([r for r in runs if r.done], [s for r, s in zip(runs, speedups) if r.done], greedy, self.settings.exact)
         out[self.compare_group] = gr.update(visible=len(order) > 1)
         if with_plots:
-            tree_run = self._tree_run(runs, None) if final else runs[-1]  # while streaming: the live run
+            tree_run = self._tree_run(runs, None if final else runs[-1].method)  # streaming: the live run's, if it drafts
             last = tree_run.steps[-1].index if tree_run and tree_run.steps else 0
             out.update({
                 self.tree_plot: plots.tree_figure(tree_run, None, self.tok),
@@ -260,9 +262,9 @@ class DemoApp:
         return (plots.tree_figure(None, None, self.tok), plots.speed_figure([]), plots.accepted_figure([]), plots.time_split_figure([]))
 
     def _api(self) -> None:
-        engine, default_method = self.engine, self.default_method
+        engine, default_method, default_new = self.engine, self.default_method, self.settings.default_new_tokens
 
-        def generate(message: str, method: str = default_method, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0) -> Iterator[dict]:
+        def generate(message: str, method: str = default_method, max_new_tokens: int = default_new, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0) -> Iterator[dict]:
             """Generate a reply to one user message with method dart, eagle3 or ar. Streams dicts
             {text, new_tokens, tau, tokens_per_s, speedup_vs_ar, done}; `predict` returns the last one.
             speedup_vs_ar is null until plain decoding has been measured. Bad input raises with the reason."""

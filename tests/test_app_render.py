@@ -1,0 +1,112 @@
+"""The app's text and figure building, without a server: streaming decode of multi-byte characters,
+HTML escaping and chunk spans, the bonus mark, and the tree layout."""
+
+from __future__ import annotations
+
+import html
+import random
+import re
+
+import pytest
+
+from app import plots, render
+from app.engine import INCOMPLETE_CHAR, Run, Step, append_step
+from dart_core import DraftTree, StageTimes, StepEvent
+
+MULTIBYTE = "héllo 🌊 wörld — 日本語 <b>&amp;</b>"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from dart_core import load_tokenizer
+
+    return load_tokenizer("default")
+
+
+def run_from_steps(tokenizer, token_groups: list[list[int]], accepted: list[int]) -> Run:
+    run = Run("dart")
+    for i, (tokens, acc) in enumerate(zip(token_groups, accepted)):
+        append_step(run, StepEvent(i, tokens, acc, None, [], StageTimes()), tokenizer)
+    return run
+
+
+def visible_text(chunks_html: str) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", "", chunks_html)).removesuffix("▍")
+
+
+def test_streamed_text_never_shows_a_broken_character(tokenizer):
+    ids = tokenizer.encode(MULTIBYTE, add_special_tokens=False)
+    assert any(INCOMPLETE_CHAR in tokenizer.decode([t]) for t in ids)  # the sample does split characters
+    run = Run("ar")
+    seen = []
+    for i, t in enumerate(ids):
+        append_step(run, StepEvent(i, [t], 0, None, [], StageTimes()), tokenizer)
+        seen.append(run.text)
+    assert seen[-1] == MULTIBYTE
+    for text in seen:
+        assert INCOMPLETE_CHAR not in text and MULTIBYTE.startswith(text)
+
+
+def test_chunks_are_escaped_and_cover_the_text_once(tokenizer):
+    ids = tokenizer.encode(MULTIBYTE, add_special_tokens=False)
+    rng = random.Random(0)
+    groups, accepted, i = [], [], 0
+    while i < len(ids):
+        n = rng.randint(1, 4)
+        groups.append(ids[i : i + n])
+        accepted.append(len(groups[-1]) - 1)
+        i += n
+    run = run_from_steps(tokenizer, groups, accepted)
+    out = render.render_chunks(run)
+    assert "<b>" not in out.replace('<span class="bonus">', "")  # the model's "<b>" is text, escaped
+    assert visible_text(out) == MULTIBYTE
+    spans = [s.span for s in run.steps]
+    assert all(a[2] <= b[0] for a, b in zip(spans, spans[1:]))  # chunks never overlap
+
+
+def test_the_bonus_is_marked_only_after_accepted_drafts(tokenizer):
+    a, b, c, d = (tokenizer.encode(w, add_special_tokens=False)[0] for w in (" one", " two", " three", " four"))
+    run = run_from_steps(tokenizer, [[a], [b, c], [d]], [0, 1, 0])
+    out = render.render_chunks(run)
+    assert out.count('class="bonus"') == 1
+    assert re.search(r'<span class="bonus"> three</span>', out)
+    assert [s.has_bonus for s in run.steps] == [True, True, True]
+    cut = run_from_steps(tokenizer, [[a], [b, c]], [0, 2])  # a stop cut the step before its bonus
+    assert 'class="bonus"' not in render.render_chunks(cut) and not cut.steps[1].has_bonus
+
+
+def random_tree(rng: random.Random, n: int) -> DraftTree:
+    parents = [-1] + [rng.randrange(i) for i in range(1, n)]
+    return DraftTree.from_parents(list(range(100, 100 + n)), parents)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_tree_layout_never_crosses_edges(seed):
+    tree = random_tree(random.Random(seed), 40)
+    parents, depths = tree.parents.tolist(), tree.depths.tolist()
+    y = plots.tree_layout(parents, lambda i: i)
+    for d in range(1, max(depths) + 1):
+        level = sorted((i for i in range(len(parents)) if depths[i] == d), key=lambda i: -y[i])
+        parent_y = [y[parents[i]] for i in level]
+        assert parent_y == sorted(parent_y, reverse=True)  # top-to-bottom order of children follows their parents'
+        assert len({y[i] for i in level}) == len(level)  # no two nodes of a level overlap
+
+
+def fake_step(tree: DraftTree, path: list[int], info: dict) -> Step:
+    times = {"draft": 0.01, "prune": 0.002, "verify": 0.05, "other": 0.001}
+    return Step(1, [0] * len(path), len(path) - 1, (0, 0, 0), tree, path, times, info, 0.1)
+
+
+def test_tree_figure_colours_by_draft_probability_when_known(tokenizer):
+    tree = DraftTree.from_parents([5, 6, 7, 8, 9], [-1, 0, 0, 1, 1], [0.0, -0.1, -2.0, -0.3, -1.5])
+    info = {"topk_tokens": [[6, 7, 11], [8, 9, 12]], "topk_probs": [[0.7, 0.2, 0.1], [0.6, 0.3, 0.1]]}
+    run = Run("dart", steps=[fake_step(DraftTree.root_only(4), [0], {}), fake_step(tree, [0, 1, 3], info)])
+    assert plots.node_draft_probs(run.steps[1], "dart") == [None, 0.7, 0.2, 0.6, 0.3]
+    fig = plots.tree_figure(run, None, tokenizer)
+    assert "2 accepted" in fig.layout.title.text
+    no_scores = Run("other", steps=[fake_step(DraftTree.from_parents([5, 6, 7], [-1, 0, 1]), [0], {})])
+    assert plots.node_draft_probs(no_scores.steps[0], "other") == [None, None, None]
+    plots.tree_figure(no_scores, 0, tokenizer, plots.COLOUR_BY[1])  # no scores, no top-k: still drawn
+    eagle = Run("eagle3", steps=[fake_step(tree, [0], {})])
+    probs = plots.node_draft_probs(eagle.steps[0], "eagle3")
+    assert probs[3] == pytest.approx(2.718281828 ** (-0.3 + 0.1))  # cumulative log-probs: own = exp(child - parent)
