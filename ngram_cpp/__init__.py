@@ -91,8 +91,13 @@ class NGram:
         return self._impl if HAVE_CPP and not isinstance(self._impl, PyNGramModel) else None
 
     def prob(self, context, token: int, smoothed: bool = False) -> float:
-        """P(token | context) by the upstream rule (or interpolated with `smoothed`).
+        """P(token | context).
 
+        Upstream rule (default): the longest context suffix (up to order-1 tokens) after which `token`
+        occurs gives count(suffix + token) / count(suffix); never seen after any suffix -> 0 (there is
+        no unigram level and no discounting). smoothed=True: fixed-weight interpolation, 0.01/vocab
+        plus 0.99 x the 2^len-weighted mean of those ratios over every occurring suffix length
+        (len 0 = unigram), so no token gets 0 (details in ngram_cpp/src/ngram.cpp).
         context: token ids (list or int64 array), oldest first; only the last order-1 are used.
         Kept thin: per call this costs ~1 us of Python/pybind11 overhead around a ~0.2 us lookup."""
         return self._impl.prob(context, token, smoothed)

@@ -123,19 +123,20 @@ class PyNGramModel:
         return np.array([self.prob(context, t, smoothed) for t in tokens], dtype=np.float64)
 
     def _smoothed(self, context: list[int], token: int) -> float:
-        weight_sum = float(sum(1 << n for n in range(self.order)))
-        p = 0.0
-        for length in range(self.order):
-            w = (1.0 - UNIFORM_WEIGHT) * float(1 << length) / weight_sum
-            if length > len(context):
-                continue
+        """Interpolation with fixed weights (as ngram.cpp): a uniform floor, plus the 2^len-weighted
+        average of the count ratios over the context lengths that occur (len 0 = unigram)."""
+        weight_sum, p = 0.0, 0.0
+        for length in range(min(self.order - 1, len(context)) + 1):
             node = 0 if length == 0 else self._find(context[len(context) - length :])
             if node is None or self.counts[node] == 0:
                 continue
+            w = float(1 << length)
+            weight_sum += w
             child = self.children[node].get(token)
             if child is not None:
                 p += w * (self.counts[child] / self.counts[node])
-        return p + UNIFORM_WEIGHT / max(self.vocab_size, 1)
+        floor = UNIFORM_WEIGHT / max(self.vocab_size, 1)
+        return (1.0 - UNIFORM_WEIGHT) * (p / weight_sum) + floor if weight_sum > 0 else floor
 
     # -- reading our files (small files only: everything is parsed into dicts)
 

@@ -58,6 +58,12 @@ def test_upstream_rule_by_hand():
     assert model.prob([], 3) == 0.0  # empty context
     assert sum(model.prob([1, 2], t) for t in range(10)) <= 1.0
     assert 0.0 < model.prob([1, 2], 7, smoothed=True) < 0.01
+    # smoothed: 0.01/10 + 0.99 * (1 * c(t)/12 + 2 * c(2 t)/c(2) + 4 * c(1 2 t)/c(1 2)) / (1 + 2 + 4); 12 tokens in all
+    assert model.prob([1, 2], 3, smoothed=True) == pytest.approx(0.001 + 0.99 * (3 / 12 + 2 * 3 / 4 + 4 * 2 / 3) / 7)
+    # neither "2" nor "1 2" ends a sequence, so every level's ratios sum to 1 and so does the mixture
+    assert sum(model.prob([1, 2], t, smoothed=True) for t in range(10)) == pytest.approx(1.0)
+    # an unseen context drops its level: only the unigram and "2" remain
+    assert model.prob([9, 2], 4, smoothed=True) == pytest.approx(0.001 + 0.99 * (1 / 12 + 2 * 1 / 4) / 3)
 
 
 def test_round_trips_and_upstream_bytes(tmp_path):

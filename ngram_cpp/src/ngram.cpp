@@ -40,8 +40,11 @@ std::runtime_error file_error(const std::string& path, const std::string& what) 
     return std::runtime_error(path + ": " + what);
 }
 
-// Smoothed mode: a uniform floor, the rest split over context lengths 0..order-1 in proportion to
-// 2^len, so longer contexts dominate where they exist and every token keeps some mass.
+// Smoothed mode (interpolation with fixed weights): kUniformWeight / vocab_size for every token, plus
+// (1 - kUniformWeight) times the average of the count ratios count(ctx_len + t) / count(ctx_len) over
+// the context lengths len = 0..min(order-1, |context|) whose context occurs in the corpus, weighted
+// by 2^len so that longer contexts dominate. len 0 is the unigram count(t) / total. Every token gets
+// a non-zero probability; over the vocabulary they sum to 1 (less the mass of sequence ends).
 constexpr double kUniformWeight = 0.01;
 
 // [lo, hi) child range of `node` at level l (1-based) in level l+1, clamped so that a corrupt file
@@ -173,15 +176,16 @@ void NGramModel::probs(const token_t* ctx, size_t n_ctx, const token_t* tokens, 
 
 double NGramModel::smoothed_prob(const token_t* ctx, size_t n_ctx, token_t token) const {
     double weight_sum = 0.0, p = 0.0;
-    for (size_t len = 0; len < order_; ++len) weight_sum += static_cast<double>(1u << len);
     for (size_t len = 0; len < order_ && len <= n_ctx; ++len) {
-        double w = (1.0 - kUniformWeight) * static_cast<double>(1u << len) / weight_sum;
         int64_t node = len == 0 ? 0 : find_context(ctx, n_ctx, len);
-        if (node < 0) continue;
+        if (node < 0 || node_count(len, node) == 0) continue;
+        const double w = static_cast<double>(1u << len);
+        weight_sum += w;
         double r = child_ratio(len, node, token);
         if (r != kUnseen) p += w * r;
     }
-    return p + kUniformWeight / std::max<uint32_t>(vocab_size_, 1);
+    const double floor = kUniformWeight / std::max<uint32_t>(vocab_size_, 1);
+    return weight_sum > 0 ? (1.0 - kUniformWeight) * (p / weight_sum) + floor : floor;
 }
 
 void NGramModel::set_metadata(uint32_t vocab_size, const std::string& fingerprint) {
