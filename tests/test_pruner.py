@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -242,3 +243,29 @@ def test_fuzzed_inputs_never_crash(tries, d, k, data, p):
     if tree is not None:
         assert_same_tree(tree, ref)
         check_invariants(tree, params, d)
+
+
+EMBEDDED_TRIE = Path(__file__).resolve().parent.parent / "assets" / "ngram" / "smollm2-3gram.ngram"
+
+
+@pytest.mark.skipif(not ngram_cpp.HAVE_CPP, reason="the C++ extension is not built")
+def test_cpp_agrees_with_reference_at_full_size():
+    """Upstream's sizes (d=8, k=25, beam 20, 60 nodes) on the embedded trie, whose frequent tokens have
+    thousands of continuations: candidates drawn among them so that most lookups hit long child lists."""
+    model = ngram_cpp.load(EMBEDDED_TRIE)
+    ref = PyNGramModel.load(EMBEDDED_TRIE)
+    tok1, cnt1, _ = model.native.level_arrays(1)
+    frequent = tok1[np.argsort(-cnt1, kind="stable")[:300]]
+    rng = np.random.default_rng(0)
+    for case in range(6):
+        tokens = np.stack([rng.choice(frequent, 25, replace=False) for _ in range(8)])
+        logits = rng.standard_normal((8, 25)) * (1.0 + case % 4)
+        probs = np.exp(logits - logits.max(1, keepdims=True))
+        probs = (probs / probs.sum(1, keepdims=True)).astype(np.float32)
+        root, context = int(frequent[case]), rng.choice(frequent, 3).tolist()
+        eos = int(tokens[2, 0]) if case % 3 == 0 else 2
+        a = ngram_cpp.prune(tokens, probs, root, context, model, PruneParams(), eos)
+        b = prune_reference(tokens, probs, root, context, ref, PruneParams(), eos)
+        assert_same_tree(a, b)
+        assert len(a.tokens) == 61
+        check_invariants(a, PruneParams(), 8)
