@@ -162,7 +162,9 @@ class Engine:
         if method not in self.drafters:
             raise RequestError(f"method {method!r} is not loaded in this app (available: {', '.join(self.methods)})")
         message = messages[-1]["content"] if messages else None
-        if not isinstance(message, str) or not message.strip():
+        if not isinstance(message, str):
+            raise RequestError(f"the prompt must be text, got {type(message).__name__}")
+        if not message.strip():
             raise RequestError("the prompt is empty")
         if len(message) > MAX_PROMPT_CHARS:
             raise RequestError(f"the prompt has {len(message)} characters; the limit is {MAX_PROMPT_CHARS}")

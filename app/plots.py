@@ -7,7 +7,7 @@ import math
 
 import plotly.graph_objects as go
 
-from .engine import METHOD_LABELS, Run, Step
+from .engine import Run, Step
 
 ACCEPTED = "#2b8a3e"
 EDGE = "#adb5bd"
@@ -153,20 +153,29 @@ def _tree_nodes(fig: go.Figure, depths, y, labels, probs, scores, values, value_
 
 
 def speed_figure(runs: list[Run]) -> go.Figure:
-    """Tokens generated against engine time, one line per method: the steeper, the faster."""
+    """Tokens/s so far against engine time, one line per method; a line ends when its method finished,
+    so the faster method's line is both higher and shorter."""
     if not runs:
-        return empty_figure("Tokens over time")
+        return empty_figure("Tokens/s as it runs")
     fig = go.Figure()
     for run in runs:
-        xs, ys, n = [0.0], [0], 0
+        xs, ys, counts, n = [], [], [], 0
         for s in run.steps:
             n += len(s.tokens)
-            xs.append(s.t)
-            ys.append(n)
+            if s.t > 0:
+                xs.append(s.t)
+                ys.append(n / s.t)
+                counts.append(n)
+        done = f", done in {run.engine_s:.1f} s" if run.done else ""
         fig.add_trace(
-            go.Scatter(x=xs, y=ys, mode="lines", name=f"{run.label} {run.tokens_per_s:.1f} tok/s", line=dict(color=METHOD_COLOURS.get(run.method), width=2.5))
+            go.Scatter(
+                x=xs, y=ys, customdata=counts, mode="lines", name=f"{run.label} {run.tokens_per_s:.1f} tok/s{done}",
+                line=dict(color=METHOD_COLOURS.get(run.method), width=2.5),
+                hovertemplate="%{y:.1f} tok/s after %{x:.2f} s (%{customdata} tokens)<extra></extra>",
+            )
         )
-    fig.update_layout(title="Tokens over time", xaxis_title="engine seconds", yaxis_title="tokens", **SMALL)
+    fig.update_layout(title="Tokens/s as it runs", xaxis_title="engine seconds", yaxis_title="tokens/s", **SMALL)
+    fig.update_yaxes(rangemode="tozero")
     return fig
 
 
@@ -207,7 +216,3 @@ def _stage_seconds(run: Run, stage: str) -> float:
     if stage == "prefill":
         return run.steps[0].times["verify"] if run.steps else 0.0
     return sum(s.times[stage] for s in run.steps[1:])
-
-
-def method_label(method: str) -> str:
-    return METHOD_LABELS.get(method, method)

@@ -7,6 +7,9 @@ import html
 from .engine import Run
 
 PREVIEW_CANDIDATES = 5  # candidates per depth shown in the step details
+CURSOR = '<span class="cursor">▍</span>'
+GENERATING = "generating…"
+STOPPED = "stopped by you"
 
 
 def render_chunks(run: Run) -> str:
@@ -27,8 +30,7 @@ def render_chunks(run: Run) -> str:
         out.append(f'<span class="{shade}" title="{title}">{inner}</span>')
         end = stop
     out.append(html.escape(run.text[end:]))
-    cursor = "" if run.done else '<span class="cursor">▍</span>'
-    return f'<div class="gen">{"".join(out)}{cursor}</div>'
+    return f'<div class="gen">{"".join(out)}{"" if run.done else CURSOR}</div>'
 
 
 def plain(text: str) -> str:
@@ -41,8 +43,13 @@ def stats_text(run: Run, speedup: float | None) -> str:
     parts = [f"{run.label}", f"{run.new_tokens} tokens", f"{run.tokens_per_s:.1f} tok/s", f"τ {run.tau:.2f}"]
     if speedup is not None:
         parts.append(f"{speedup:.2f}× vs AR")
-    parts.append(f"stopped: {run.summary.stop_reason}" if run.done else "generating…")
+    parts.append(f"stopped: {run.summary.stop_reason}" if run.done else GENERATING)
     return " · ".join(parts)
+
+
+def mark_stopped(fragment: str) -> str:
+    """Rendered HTML of a run the user stopped: no cursor, and it says so instead of 'generating'."""
+    return fragment.replace(CURSOR, "").replace(GENERATING, STOPPED)
 
 
 def stats_html(runs: list[Run], speedups: list[float | None]) -> str:

@@ -18,26 +18,46 @@ CHROMIUM_ARGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]  # fmt: skip
 VIEWPORT = {"width": 1400, "height": 1000}
-DONE_JS = "document.querySelector('#stats') && document.querySelectorAll('#stats .stat').length >= %d && !document.querySelector('#stats').innerText.includes('generating')"
+STATS_JS = "(document.querySelector('#stats') || {innerText: ''}).innerText"
+STARTED_JS = f"{STATS_JS}.includes('generating')"
+# every run finished: its stats line gives the stop reason ("stopped: eos"); none is still generating
+DONE_JS = (
+    "[...document.querySelectorAll('#stats .stat')].filter(e => e.innerText.includes('stopped:')).length >= %d"
+    f" && !{STATS_JS}.includes('generating')"
+)
 
 
 def launch(pw):
     return pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
 
 
-def chat_once(page, url: str, prompt: str, compare: bool = False, timeout_s: float = 300) -> None:
-    """Open the app, optionally tick compare mode, send `prompt` and wait until every run finished."""
+def open_app(page, url: str, compare: bool = False) -> int:
+    """Load the page, optionally tick compare mode; returns how many runs a prompt will make."""
     page.goto(url, timeout=60_000)
     page.wait_for_selector("#prompt textarea", timeout=60_000)
-    n_runs = 1
-    if compare:
-        box = page.locator("#compare input")
-        if not box.is_checked():
-            box.check()
-        n_runs = page.locator("#method input").count()
+    if not compare:
+        return 1
+    box = page.locator("#compare input")
+    if not box.is_checked():
+        box.check()
+    return page.locator("#method input").count()
+
+
+def send(page, prompt: str, timeout_s: float = 120) -> None:
+    """Send `prompt` and wait until its first tokens are on the page."""
     page.locator("#prompt textarea").fill(prompt)
     page.locator("#send").click()
+    page.wait_for_function(STARTED_JS, timeout=timeout_s * 1000)
+
+
+def send_and_wait(page, prompt: str, n_runs: int = 1, timeout_s: float = 300) -> None:
+    """Send `prompt` and wait until all `n_runs` runs finished."""
+    send(page, prompt, timeout_s)
     page.wait_for_function(DONE_JS % n_runs, timeout=timeout_s * 1000)
+
+
+def chat_once(page, url: str, prompt: str, compare: bool = False, timeout_s: float = 300) -> None:
+    send_and_wait(page, prompt, open_app(page, url, compare), timeout_s)
 
 
 def main(argv=None) -> int:

@@ -102,7 +102,7 @@ class DemoApp:
             self.temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature (0 = greedy)")
             self.top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p (with temperature > 0)")
             self.top_k = gr.Slider(0, 200, value=0, step=1, label="Top-k (0 = off)")
-            self.max_new = gr.Slider(1, self.engine.max_new_tokens, value=self.settings.default_new_tokens, step=1, label="Max new tokens")
+            self.max_new = gr.Slider(1, self.engine.max_new_tokens, value=self.settings.default_new_tokens, step=1, label="Max new tokens", elem_id="max-new")
         gr.HTML(LEGEND)
 
     def _chat(self) -> None:
@@ -134,7 +134,10 @@ class DemoApp:
             with gr.Column(scale=1, min_width=260):
                 self.step = gr.Slider(0, 1, value=0, step=1, label="Step (scrub through the verified trees)", elem_id="step")
                 self.tree_of = gr.Radio([(METHOD_LABELS[m], m) for m in self.drafted], value=self.default_method if self.drafted else None, label="Tree of", visible=len(self.drafted) > 1)
-                self.colour_by = gr.Radio(list(plots.COLOUR_BY), value=plots.COLOUR_BY[0], label="Colour nodes by")
+                self.colour_by = gr.Radio(
+                    list(plots.COLOUR_BY), value=plots.COLOUR_BY[0], label="Colour nodes by",
+                    info="tree score: DART's pruner score (draft + n-gram), EAGLE3's cumulative log-probability",
+                )
                 self.details = gr.HTML(elem_id="details")
         with gr.Row():
             self.speed_plot = gr.Plot(label="Speed", elem_id="speed-plot")
@@ -151,7 +154,10 @@ class DemoApp:
             self.box.submit(self.respond, inputs, self.outputs, **queued),
             self.retry.click(self.retry_last, inputs, self.outputs, **queued),
         ]
-        self.stop.click(None, None, None, cancels=events, api_visibility="private")
+        self.stop.click(None, None, None, cancels=events, api_visibility="private").then(
+            self.mark_stopped, [self.display, self.stats, self.panes], [self.chat, self.display, self.stats, self.panes],
+            api_visibility="private", show_progress="hidden",
+        )
         self.clear.click(self.reset, None, self.outputs, api_visibility="private")
         self.compare.change(
             lambda c: (gr.update(visible=c and bool(self.drafted)), gr.update(interactive=not c), gr.update(visible=c)),
@@ -170,7 +176,7 @@ class DemoApp:
 
     def respond(self, message, history, display, method, compare, include_ar, temperature, top_p, top_k, max_new) -> Iterator[dict]:
         """Stream one chat turn through one method, or through each method in turn (compare mode)."""
-        messages = history + [{"role": "user", "content": message if isinstance(message, str) else ""}]
+        messages = history + [{"role": "user", "content": message}]
         order = self._order(method, compare, include_ar)
         try:
             req = self.engine.request(messages, order[0], max_new, temperature, top_p, top_k)
@@ -197,6 +203,13 @@ class DemoApp:
         if len(history) < 2:
             raise gr.Error("nothing to retry yet")
         yield from self.respond(history[-2]["content"], history[:-2], display[:-2], *rest)
+
+    @staticmethod
+    def mark_stopped(display, stats, panes):
+        """After Stop: the partial answer stays (in the history too), marked as stopped."""
+        if display and display[-1]["role"] == "assistant":
+            display = display[:-1] + [{**display[-1], "content": render.mark_stopped(display[-1]["content"])}]
+        return display, display, render.mark_stopped(stats or ""), render.mark_stopped(panes or "")
 
     def reset(self) -> dict:
         blank = self._blank_plots()

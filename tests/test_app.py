@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from app.engine import MIN_REFERENCE_TOKENS
-from app.screenshot import CHROMIUM, chat_once, launch
+from app.screenshot import CHROMIUM, launch, open_app, send, send_and_wait
 
 ROOT = Path(__file__).resolve().parent.parent
 DART_HEAD = ROOT / "assets" / "dart"
@@ -164,24 +164,24 @@ def test_a_cancelled_request_frees_the_engine(client):
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed (CI's .ci/run installs it)")
-def test_browser_chat_streams_draws_the_tree_and_stops(server, tmp_path):
+def test_browser_chat_streams_stops_and_draws_the_tree(server, tmp_path):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
         browser = launch(pw)
         page = browser.new_page(viewport={"width": 1280, "height": 1400})
-        page.goto(server, timeout=60_000)
-        page.locator("#prompt textarea").fill("Tell me a long story about a dragon.")
-        page.locator("#send").click()
+        open_app(page, server)
+        page.locator("#max-new input[type=number]").fill(str(2 * MAX_NEW))
+        page.locator("#max-new input[type=number]").press("Enter")
         # streamed: shaded chunks are on the page while the stats still say it is generating
-        page.wait_for_function(
-            "document.querySelector('#chat .chunk') && document.querySelector('#stats').innerText.includes('generating')", timeout=120_000
-        )
-        page.locator("#stop").click()
-        page.wait_for_timeout(500)
-        # the stopped request freed the engine: a new one runs to the end
-        chat_once(page, server, "Write a haiku about the sea.")
+        send(page, "Tell me a long story about a dragon.")
         assert page.locator("#chat .chunk").count() >= 1
+        page.locator("#stop").click()
+        page.wait_for_function("document.querySelector('#stats').innerText.includes('stopped by you')", timeout=30_000)
+        # the stopped request freed the engine: a second turn runs to the end
+        send_and_wait(page, "Now write a haiku about the sea.")
+        assert page.locator("#chat .chunk").count() >= 2
+        assert f"{2 * MAX_NEW} tokens" in page.locator("#stats").inner_text() or "stopped: eos" in page.locator("#stats").inner_text()
         page.wait_for_selector("#tree-plot .js-plotly-plot", timeout=60_000)
         if HAVE_DART:
             assert "drafted nodes" in page.locator("#tree-plot").inner_text()
