@@ -269,7 +269,16 @@ def _align(x: int) -> int:
 
 
 def prune_reference(tokens, probs, root: int, context, model, params: PruneParams, eos_id: int) -> PrunedTree:
-    """The pruner, step by step (see ngram_cpp/src/pruner.h for the score)."""
+    """DART's n-gram guided beam search, step by step (arguments as ngram_cpp.prune).
+
+    A node at level l (depth l + 1) scores its parent's score plus
+        min(0, (l + 1) ** level_exponent * (logit_decay ** l * ln(p + eps) + ngram_weight * ln(q + eps)))
+    with p its draft probability and q the n-gram probability (upstream rule) of its token after the
+    last order-1 tokens of context + root + path; no n-gram term at level 0 unless
+    ngram_on_first_level. Each level extends the beam_width best non-EOS children (score desc, then
+    expansion order); the tree keeps the max_nodes best expanded nodes by (score desc, depth asc,
+    expansion order asc).
+    """
     tokens = np.asarray(tokens, dtype=np.int64)
     probs = np.asarray(probs, dtype=np.float32)
     if tokens.ndim != 2 or tokens.shape != probs.shape or tokens.shape[0] < 1 or tokens.shape[1] < 1:
