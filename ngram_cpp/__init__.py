@@ -145,10 +145,15 @@ def load(path, expected_fingerprint: str | None = None, expected_vocab_size: int
     if not path.is_file():
         raise FileNotFoundError(f"no n-gram file at {path}")
     compact = _is_compact(path)
-    if HAVE_CPP:
-        impl = _ngram.NGramModel.load_compact(str(path)) if compact else _ngram.NGramModel.load_upstream(str(path))
-    else:
-        impl = PyNGramModel.load(path)
+    try:
+        if HAVE_CPP:
+            impl = _ngram.NGramModel.load_compact(str(path)) if compact else _ngram.NGramModel.load_upstream(str(path))
+        else:
+            impl = PyNGramModel.load(path)
+    except RuntimeError as e:
+        if compact:
+            raise
+        raise RuntimeError(f"{e}; the file does not start with the compact magic {COMPACT_MAGIC.decode()}, so it was read as an upstream .trie") from e
     model = NGram(impl)
     if expected_fingerprint and model.fingerprint and model.fingerprint != expected_fingerprint:
         raise ValueError(f"{path} was built for another tokenizer (fingerprint {model.fingerprint[:12]}…, expected {expected_fingerprint[:12]}…)")

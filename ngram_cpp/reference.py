@@ -207,7 +207,7 @@ class PyNGramModel:
             raise RuntimeError(f"{path}: truncated: no upstream .trie header")
         order, n_nodes = struct.unpack_from("<QQ", data)
         if not 1 <= order <= MAX_ORDER:
-            raise RuntimeError(f"{path}: invalid order {order} (not a .trie file?)")
+            raise RuntimeError(f"{path}: invalid order {order}")
         if n_nodes == 0 or n_nodes > (len(data) - 16) // UPSTREAM_RECORD.size:
             raise RuntimeError(f"{path}: corrupt: node count exceeds the file size")
         pos = 16

@@ -397,7 +397,7 @@ std::unique_ptr<NGramModel> NGramModel::load_upstream(const std::string& path) {
     if (r.remaining() < 16) throw file_error(path, "truncated: no upstream .trie header");
     uint64_t order = r.get<uint64_t>();
     uint64_t n_nodes = r.get<uint64_t>();
-    if (order < 1 || order > kMaxOrder) throw file_error(path, "invalid order " + std::to_string(order) + " (not a .trie file?)");
+    if (order < 1 || order > kMaxOrder) throw file_error(path, "invalid order " + std::to_string(order));
     constexpr uint64_t kRecord = 24, kChild = 12;
     if (n_nodes == 0 || n_nodes > r.remaining() / kRecord) throw file_error(path, "corrupt: node count exceeds the file size");
 
