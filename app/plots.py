@@ -21,7 +21,10 @@ CUMULATIVE_LOGPROB_SCORES = frozenset({"eagle3"})
 LABEL_CHARS = 10
 TREE_ROW_PX = 17  # vertical room per leaf
 TREE_MIN_PX, TREE_MAX_PX = 340, 900
-SMALL = dict(margin=dict(l=50, r=10, t=50, b=40), height=290, template="plotly_white", legend=dict(orientation="h", y=-0.25))
+SMALL = dict(
+    margin=dict(l=50, r=10, t=75, b=45), height=310, template="plotly_white",
+    legend=dict(orientation="h", x=0, y=1.0, xanchor="left", yanchor="bottom", font=dict(size=11)),
+)
 
 
 def token_label(tokenizer, token: int) -> str:

@@ -34,9 +34,11 @@ INTRO = (
     "Each shaded chunk below is one target forward."
 )
 LEGEND = (
-    '<div class="legend"><span class="chunk c0">one target forward</span> <span class="chunk c1">the next one</span> · '
-    '<span class="chunk c0">drafted, accepted<span class="bonus">+bonus</span></span> the underlined token is the target\'s '
-    "own, the rest of that chunk was drafted and accepted · τ = tokens per target forward · speeds count engine time only</div>"
+    '<div class="legend">'
+    '<div><span class="chunk c0">one forward</span><span class="chunk c1">the next</span> each shaded chunk is one target forward</div>'
+    '<div><span class="chunk c0">accepted drafts<span class="bonus"> own</span></span> underlined: the target\'s own token after the drafts it accepted</div>'
+    "<div>τ = tokens per target forward; speeds count engine time only</div>"
+    "</div>"
 )
 
 
