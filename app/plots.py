@@ -105,7 +105,7 @@ def tree_figure(run: Run | None, step_index: int | None, tokenizer, colour_by: s
         showlegend=False,
     )
     fig.update_xaxes(title="depth (0 = the target's last token)", dtick=1, range=[-0.3, max(depths) + 0.9], zeroline=False)
-    fig.update_yaxes(visible=False)
+    fig.update_yaxes(visible=False, range=[min(y) - 0.8, max(y) + 1.0])  # room for the labels above the top row
     return fig
 
 
@@ -169,10 +169,9 @@ def speed_figure(runs: list[Run]) -> go.Figure:
                 xs.append(s.t)
                 ys.append(n / s.t)
                 counts.append(n)
-        done = f", done in {run.engine_s:.1f} s" if run.done else ""
         fig.add_trace(
             go.Scatter(
-                x=xs, y=ys, customdata=counts, mode="lines", name=f"{run.label} {run.tokens_per_s:.1f} tok/s{done}",
+                x=xs, y=ys, customdata=counts, mode="lines", name=f"{run.label} {run.tokens_per_s:.1f} tok/s",
                 line=dict(color=METHOD_COLOURS.get(run.method), width=2.5),
                 hovertemplate="%{y:.1f} tok/s after %{x:.2f} s (%{customdata} tokens)<extra></extra>",
             )

@@ -135,7 +135,7 @@ class DemoApp:
                 self.tree_plot = gr.Plot(label="Draft tree", elem_id="tree-plot")
             with gr.Column(scale=1, min_width=260):
                 self.step = gr.Slider(0, 1, value=0, step=1, label="Step (scrub through the verified trees)", elem_id="step")
-                self.tree_of = gr.Radio([(METHOD_LABELS[m], m) for m in self.drafted], value=self.default_method if self.drafted else None, label="Tree of", visible=len(self.drafted) > 1)
+                self.tree_of = gr.Radio([(METHOD_LABELS[m], m) for m in self.drafted], value=self.default_method if self.drafted else None, label="Tree of", visible=len(self.drafted) > 1, elem_id="tree-of")
                 self.colour_by = gr.Radio(
                     list(plots.COLOUR_BY), value=plots.COLOUR_BY[0], label="Colour nodes by",
                     info="tree score: DART's pruner score (draft + n-gram), EAGLE3's cumulative log-probability",
@@ -166,8 +166,8 @@ class DemoApp:
             self.compare, [self.include_ar, self.method, self.compare_group], api_visibility="private",
         )
         view = [self.runs, self.tree_of, self.step, self.colour_by]
-        for trigger in (self.step.release, self.tree_of.change, self.colour_by.change):
-            trigger(self.scrub, view, [self.tree_plot, self.details], api_visibility="private", show_progress="hidden")
+        for trigger in (self.step.input, self.tree_of.input, self.colour_by.input):  # user input only, not our own updates
+            trigger(self.scrub, view, [self.tree_plot, self.details], api_visibility="private", show_progress="hidden", trigger_mode="always_last")
 
     @property
     def outputs(self) -> list:
