@@ -2,9 +2,9 @@
 
 Chat, compare mode and the /generate API all go through `Engine.stream`, which drives
 `dart_core.generate` and turns its events into a `Run` (the text so far, one `Step` per target
-forward, timings). Generation is not re-entrant (one target, CPU-bound), so a run holds the lock
-from its first step to its last; Gradio's queue already serialises requests (concurrency limit 1),
-the lock makes that hold for any caller. Every run gets fresh KV caches from `generate`, so no
+forward, timings). The target is CPU-bound and shared, so each step computes under a lock, released
+between steps (a cancelled request whose generator is never closed holds nothing); Gradio's queue
+serialises whole requests (concurrency limit 1). Every run gets fresh KV caches from `generate`, so no
 request ever sees another's state.
 
 Speeds count engine time only: the seconds spent inside the generation loop (prefill included),
@@ -186,23 +186,23 @@ class Engine:
         return Request(messages, method, GenerationParams(max_new, self.max_length, sampling))
 
     def stream(self, req: Request) -> Iterator[Run]:
-        """Run one generation, yielding the same Run, updated, after each step. The lock is taken at
-        the first step and released when the loop ends or the consumer stops iterating (a cancelled
-        request closes this generator), so a stopped request frees the engine for the next."""
+        """Run one generation, yielding the same Run, updated, after each step.
+
+        The lock is held while a step computes, never between steps: a consumer that stops iterating
+        without closing the generator (a cancelled request whose thread is abandoned) cannot keep the
+        engine from the next request. Runs own their KV caches, so steps of two runs may interleave;
+        the app's single concurrency group keeps whole runs in order."""
         run = Run(req.method)
-        with self.lock:
-            t0 = time.perf_counter()
-            events = generate(self.target, req.messages, self.drafters[req.method], req.params)
-            run.engine_s = time.perf_counter() - t0
-            for event in self._timed(events, run):
-                if isinstance(event, Summary):
-                    run.summary = event
-                    run.text = self.target.tokenizer.decode(run.output_ids, skip_special_tokens=True)  # nothing held back
-                    if req.method == "ar" and run.new_tokens >= MIN_REFERENCE_TOKENS:
-                        self.ar_reference = run.tokens_per_s
-                else:
-                    append_step(run, event, self.target.tokenizer)
-                yield run
+        events = generate(self.target, req.messages, self.drafters[req.method], req.params)  # lazy: nothing runs yet
+        for event in self._timed(events, run):
+            if isinstance(event, Summary):
+                run.summary = event
+                run.text = self.target.tokenizer.decode(run.output_ids, skip_special_tokens=True)  # nothing held back
+                if req.method == "ar" and run.new_tokens >= MIN_REFERENCE_TOKENS:
+                    self.ar_reference = run.tokens_per_s
+            else:
+                append_step(run, event, self.target.tokenizer)
+            yield run
 
     def complete(self, req: Request) -> Run:
         run = None
@@ -218,17 +218,18 @@ class Engine:
         ref = ar_run.tokens_per_s if ar_run is not None and ar_run.new_tokens else self.ar_reference
         return run.tokens_per_s / ref if ref else None
 
-    @staticmethod
-    def _timed(events: Iterator, run: Run) -> Iterator:
-        """The loop's events, with the time spent producing them added to run.engine_s."""
+    def _timed(self, events: Iterator, run: Run) -> Iterator:
+        """The loop's events, each produced under the lock, with the time spent producing them (not
+        waiting for the lock) added to run.engine_s."""
         while True:
-            t0 = time.perf_counter()
-            try:
-                event = next(events)
-            except StopIteration:
-                return
-            finally:
-                run.engine_s += time.perf_counter() - t0
+            with self.lock:
+                t0 = time.perf_counter()
+                try:
+                    event = next(events)
+                except StopIteration:
+                    return
+                finally:
+                    run.engine_s += time.perf_counter() - t0
             yield event
 
 

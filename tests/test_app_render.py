@@ -110,3 +110,23 @@ def test_tree_figure_colours_by_draft_probability_when_known(tokenizer):
     eagle = Run("eagle3", steps=[fake_step(tree, [0], {})])
     probs = plots.node_draft_probs(eagle.steps[0], "eagle3")
     assert probs[3] == pytest.approx(2.718281828 ** (-0.3 + 0.1))  # cumulative log-probs: own = exp(child - parent)
+
+
+def test_an_abandoned_stream_does_not_hold_the_engine(embedded_target):
+    """A cancelled request's generator may be dropped without being closed (its thread abandoned
+    mid-run); the next request must still run to the end."""
+    import threading
+
+    from app.engine import Engine
+
+    engine = Engine(embedded_target, {}, max_new_tokens=8)
+    req = engine.request([{"role": "user", "content": "Say hello."}], "ar", 8, 0.0, 1.0, 0)
+    abandoned = engine.stream(req)
+    first = next(abandoned)  # mid-run, kept alive, never closed
+    assert not first.done
+    done = {}
+    worker = threading.Thread(target=lambda: done.setdefault("run", engine.complete(req)), daemon=True)
+    worker.start()
+    worker.join(timeout=120)
+    assert not worker.is_alive(), "the second request is blocked behind the abandoned one"
+    assert done["run"].done and done["run"].new_tokens >= 1
