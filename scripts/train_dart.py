@@ -34,8 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache-tokens", type=int, default=1_000_000, help="training tokens to cache")
     p.add_argument("--cache-minutes", type=float, default=None, help="stop caching after this long (0: train on the shards cached so far)")
     p.add_argument("--val-records", type=int, default=150)
-    p.add_argument("--self-distill", type=int, default=0, metavar="N", help="regenerate the answers of N training conversations with the target (greedy)")
+    p.add_argument("--self-distill", type=int, default=0, metavar="N", help="regenerate the answers of the first N conversations (validation first) with the target, greedy")
     p.add_argument("--self-distill-max-new", type=int, default=256, help="token limit of a regenerated answer")
+    p.add_argument("--self-distill-batch", type=int, default=32, help="conversations generated together")
+    p.add_argument("--self-distill-minutes", type=float, default=None, help="stop generating after this long (unfinished records are dropped)")
     p.add_argument("--max-seq-len", type=int, default=512)
     p.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary: the most frequent target tokens")
     p.add_argument("--draft-length", type=int, default=7, help="mask slots D; the head predicts D+1 depths")
@@ -70,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             self_distill=args.self_distill,
             self_distill_max_new=args.self_distill_max_new,
+            self_distill_batch=args.self_distill_batch,
+            self_distill_minutes=args.self_distill_minutes,
         ),
     )
     target = load_target(args.model, args.device, "float32")  # fp32 master copy of the embedding and LM head
