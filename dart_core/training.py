@@ -5,7 +5,13 @@ so the target runs over the data exactly once: `build_cache` stores, per token, 
 hidden states (the head's input) and the final-normed hidden state (from which the teacher's
 distribution over the draft vocabulary is recomputed with the target's LM head rows). Every epoch
 then reuses the cache. Labels are the target's own distributions (distillation); the data's texts
-only supply the contexts.
+only supply the contexts (or the target's own answers, with self-distillation).
+
+Two objectives share everything but the forward that produces the draft rows (`train_head`):
+  DART    one prefix-packed forward per record: D mask slots after each sampled anchor give D+1 rows;
+  EAGLE3  the training-time test: a causal forward over the record, then D unrolled steps at the
+          sampled anchors, each fed the head's own previous output state (what drafting does).
+Both minimise Σ_j γ^j · KL(target ‖ draft) over their rows (`rows_loss`).
 
 Cache layout (a directory):
     meta.json                     target, draft vocab, shard list, token counts
@@ -25,10 +31,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from .data import iter_records, render
+from .model import apply_rope
 from .target import Target
 
 log = logging.getLogger(__name__)
@@ -79,7 +87,7 @@ def vocab_mapping(draft_ids: torch.Tensor, vocab_size: int) -> tuple[torch.Tenso
     return d2t, t2d
 
 
-def _load_records(cfg: CacheConfig, target: Target) -> list[list[int]]:
+def _load_records(cfg: CacheConfig, target: Target, generate: bool = True) -> list[list[int]]:
     """Token ids of every usable record, shuffled with cfg.seed (val = the first cfg.val_records).
     The order depends only on the data and the seed, so an interrupted cache resumes where it stopped."""
     tokenizer = target.tokenizer
@@ -91,11 +99,11 @@ def _load_records(cfg: CacheConfig, target: Target) -> list[list[int]]:
                 pairs.append((ids, rec))
     random.Random(cfg.seed).shuffle(pairs)
     if cfg.self_distill:
-        _self_distill(pairs, cfg, target)
+        _self_distill(pairs, cfg, target, generate)
     return [ids for ids, _ in pairs]
 
 
-def _self_distill(pairs: list, cfg: CacheConfig, target: Target) -> None:
+def _self_distill(pairs: list, cfg: CacheConfig, target: Target, generate: bool = True) -> None:
     """Replace the assistant turn of conversations 0 .. self_distill-1 (after shuffling: the validation
     records come first) by the target's own greedy answer, in place. Generations are appended to
     out_dir/self_distill.jsonl batch by batch, so an interrupted run keeps them; records left without a
@@ -114,7 +122,7 @@ def _self_distill(pairs: list, cfg: CacheConfig, target: Target) -> None:
         if isinstance(pairs[i][1], list) and pairs[i][1] and pairs[i][1][-1]["role"] == "assistant"
     ]
     todo = [i for i in wanted if i not in done]
-    if todo:
+    if todo and generate:
         t0 = time.perf_counter()
         generate = _batched_greedy(target)
         with store.open("a") as f, tqdm(total=len(wanted), initial=len(wanted) - len(todo), desc="self-distill", unit="rec") as bar:
@@ -169,10 +177,15 @@ def build_cache(target: Target, cfg: CacheConfig) -> Path:
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     meta_path = out / CACHE_META
-    records = _load_records(cfg, target)
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else None
+    if meta is not None:
+        fixed = ("data", "max_seq_len", "val_records", "draft_vocab_size", "seed", "self_distill", "self_distill_max_new")
+        changed = [k for k in fixed if meta["config"].get(k) != asdict(cfg)[k]]
+        if changed:
+            raise ValueError(f"{out} was built with other {', '.join(changed)}: use the same settings to resume it, or another cache dir")
+    records = _load_records(cfg, target, generate=meta is None)
     if len(records) <= cfg.val_records:
         raise ValueError(f"only {len(records)} usable records in {cfg.data}")
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else None
     if meta is None:
         draft_ids = draft_vocabulary(records, cfg.draft_vocab_size, target.vocab_size)
         meta = {
@@ -337,44 +350,109 @@ def dart_anchor_logits(head, embed: torch.Tensor, tokens: torch.Tensor, aux: tor
     return head.logits(h).view(m, D + 1, -1)
 
 
-def dart_record_loss(
+def rows_loss(
     head,
-    embed: torch.Tensor,
+    logits: torch.Tensor,
     teacher_rows: torch.Tensor,
     rec: CachedRecord,
     anchors: torch.Tensor,
     gamma: float,
     target_best: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Σ_j γ^j · KL(target ‖ draft) over the D+1 rows of every anchor of one record.
+    """Σ_j γ^j · KL(target ‖ draft) over the rows of every anchor of one record; both objectives.
 
-    embed (V, H) the target's token embedding; teacher_rows (Vd, H) the target LM head rows of the
-    draft vocabulary; with target_best (T,), the target's argmax at every position, also returns
-    whether each row's draft top-1 equals it. Returns (weighted KL sum, weight sum, hits (m, D+1), valid (m, D+1)).
+    logits (m, J, Vd): row j of anchor a drafts the token after position a+1+j, so its teacher is the
+    target's distribution at position a+1+j; teacher_rows (Vd, H) the target LM head rows of the draft
+    vocabulary; with target_best (T,), the target's argmax at every position, also returns whether each
+    row's draft top-1 equals it. Returns (weighted KL sum, weight sum, hits (m, J), valid (m, J)).
     """
-    D = head.config.draft_length
+    m, J = logits.shape[:2]
     T = rec.tokens.numel()
-    m = anchors.numel()
-    dev = embed.device  # the cache lives on the CPU; only what this record needs moves to the device
+    dev = teacher_rows.device  # the cache lives on the CPU; only what this record needs moves to the device
     anchors = anchors.cpu()
-    logits = dart_anchor_logits(head, embed, rec.tokens.to(dev), rec.aux.to(dev), anchors)
-    logq = logits.float().log_softmax(-1).view(m * (D + 1), -1)
-
-    target_pos = anchors[:, None] + 1 + torch.arange(D + 1)[None, :]  # (m, D+1): teacher position per row
+    logq = logits.float().log_softmax(-1).view(m * J, -1)
+    target_pos = anchors[:, None] + 1 + torch.arange(J)[None, :]  # (m, J): teacher position per row
     valid = target_pos <= T - 1
     tp = target_pos.clamp(max=T - 1).reshape(-1)
     final = rec.final[tp].to(dev).float()
     with torch.no_grad():
         logp = (final @ teacher_rows.T).float().log_softmax(-1)
-    kl = (logp.exp() * (logp - logq)).sum(-1).view(m, D + 1)
-    w = (gamma ** torch.arange(D + 1, dtype=torch.float)[None, :] * valid).to(dev)
-    hits = torch.zeros(m, D + 1, dtype=torch.bool)
+    kl = (logp.exp() * (logp - logq)).sum(-1).view(m, J)
+    w = (gamma ** torch.arange(J, dtype=torch.float)[None, :] * valid).to(dev)
+    hits = torch.zeros(m, J, dtype=torch.bool)
     if target_best is not None:
         with torch.no_grad():
-            best = target_best[tp].view(m, D + 1)
-            draft_best = head.to_target_ids(logq.argmax(-1)).view(m, D + 1).cpu()
+            best = target_best[tp].view(m, J)
+            draft_best = head.to_target_ids(logq.argmax(-1)).view(m, J).cpu()
             hits = (best == draft_best) & valid
     return (kl * w).sum(), w.sum(), hits, valid
+
+
+def dart_record_loss(head, embed, teacher_rows, rec: CachedRecord, anchors, gamma: float, target_best=None):
+    """The DART objective on one record: the D+1 rows of one prefix-packed forward (see rows_loss)."""
+    logits = dart_anchor_logits(head, embed, rec.tokens.to(embed.device), rec.aux.to(embed.device), anchors.cpu())
+    return rows_loss(head, logits, teacher_rows, rec, anchors, gamma, target_best)
+
+
+# ---------------------------------------------------------------------------------------------------
+# EAGLE3 objective: training-time test
+
+
+def _attend(u: torch.Tensor, positions: torch.Tensor, head, keys: list, values: list, mask: torch.Tensor) -> torch.Tensor:
+    """One attention of the head's layer for queries u (Tq, 2H) at rope `positions` over the keys and
+    values already in `keys`/`values` plus the queries' own (appended to the lists). mask (Tq, Tk) bool."""
+    c, a = head.config, head.midlayer.self_attn
+    Tq = u.shape[0]
+    cos, sin = head.rope(positions, u.dtype)
+    q = apply_rope(a.q_proj(u).view(Tq, c.num_attention_heads, c.head_dim).transpose(0, 1)[None], cos, sin)
+    keys.append(apply_rope(a.k_proj(u).view(Tq, c.num_key_value_heads, c.head_dim).transpose(0, 1)[None], cos, sin))
+    values.append(a.v_proj(u).view(Tq, c.num_key_value_heads, c.head_dim).transpose(0, 1)[None])
+    out = F.scaled_dot_product_attention(
+        q, torch.cat(keys, dim=2), torch.cat(values, dim=2), attn_mask=mask[None, None],
+        enable_gqa=c.num_attention_heads != c.num_key_value_heads,
+    )
+    return a.o_proj(out[0].transpose(0, 1).reshape(Tq, -1))
+
+
+def eagle3_anchor_logits(head, embed: torch.Tensor, tokens: torch.Tensor, aux: torch.Tensor, anchors: torch.Tensor, steps: int) -> torch.Tensor:
+    """Draft logits (m, steps+1, Vd) of EAGLE3's training-time test for every anchor a, teacher-forced
+    on the record's tokens: what autoregressive drafting computes right after committing tokens 0..a
+    with token a+1 as the root, along the chain of the record's next tokens.
+
+    Step 0 runs every real position i (target states of position i through fc, embedding of token
+    i+1; causal). Step k >= 1 runs the anchors only: the head's own step k-1 output state at the anchor,
+    the embedding of token a+1+k, rope position a+k; it attends to step-0 keys 0..a and to its own
+    chain's keys of steps 1..k, as a drafted node attends to the committed prefix and its ancestors.
+    tokens (T,), aux (T, 3Ht), anchors (m,) <= T-2; rows whose token is past the record are garbage and
+    masked by the loss."""
+    T = tokens.numel()
+    R = T - 1
+    m = anchors.numel()
+    dev = embed.device
+    layer = head.midlayer
+    u, residual = head.inputs(aux[:R].to(embed.dtype), None, embed[tokens[1:]])
+    keys: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+    causal = torch.ones(R, R, dtype=torch.bool, device=dev).tril_()
+    h = layer.mlp_block(residual + _attend(u, torch.arange(R, device=dev), head, keys, values, causal))
+    anchors = anchors.to(dev)
+    prefix = torch.arange(R, device=dev)[None, :] <= anchors[:, None]  # (m, R): step-0 keys an anchor's chain sees
+    eye = torch.eye(m, dtype=torch.bool, device=dev)
+    state = h[anchors]
+    rows = [head.logits(state)]
+    for k in range(1, steps + 1):
+        ids = tokens[(anchors + 1 + k).clamp(max=T - 1)]
+        u, residual = head.inputs(None, state, embed[ids])
+        mask = torch.cat([prefix] + [eye] * k, dim=1)
+        state = layer.mlp_block(residual + _attend(u, anchors + k, head, keys, values, mask))
+        rows.append(head.logits(state))
+    return torch.stack(rows, dim=1)
+
+
+def eagle3_record_loss(head, embed, teacher_rows, rec: CachedRecord, anchors, gamma: float, target_best=None, steps: int = 7):
+    """The EAGLE3 objective on one record: steps+1 unrolled rows per anchor (see rows_loss)."""
+    logits = eagle3_anchor_logits(head, embed, rec.tokens.to(embed.device), rec.aux.to(embed.device), anchors, steps)
+    return rows_loss(head, logits, teacher_rows, rec, anchors, gamma, target_best)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -427,17 +505,20 @@ def target_argmax(records: list[CachedRecord], full_lm: torch.Tensor) -> list[to
         return [(r.final.to(full_lm.device).float() @ full_lm.T).argmax(-1).cpu() for r in records]
 
 
-def evaluate(head, embed, teacher_rows, best: list[torch.Tensor], records: list[CachedRecord], anchors_per_record: int, gamma: float, seed: int = 1234):
-    """Validation KL and per-position hit@1 (draft top-1 == the target's argmax), fixed anchors."""
+def evaluate(head, embed, teacher_rows, best: list[torch.Tensor], records: list[CachedRecord], anchors_per_record: int, gamma: float,
+             seed: int = 1234, record_loss=None, rows: int | None = None):
+    """Validation KL and per-position hit@1 (draft top-1 == the target's argmax), fixed anchors.
+    record_loss defaults to the DART objective (rows = D+1)."""
+    record_loss = record_loss or dart_record_loss
+    rows = rows or head.config.draft_length + 1
     g = torch.Generator().manual_seed(seed)
-    D = head.config.draft_length
     tot_kl = tot_w = 0.0
-    hits = torch.zeros(D + 1)
-    valid = torch.zeros(D + 1)
+    hits = torch.zeros(rows)
+    valid = torch.zeros(rows)
     with torch.no_grad():
         for rec, rec_best in zip(records, best):
             anchors = sample_anchors(rec.tokens.numel(), anchors_per_record, g)
-            kl, w, h, v = dart_record_loss(head, embed, teacher_rows, rec, anchors, gamma, rec_best)
+            kl, w, h, v = record_loss(head, embed, teacher_rows, rec, anchors, gamma, rec_best)
             tot_kl += float(kl)
             tot_w += float(w)
             hits += h.sum(0)
@@ -453,8 +534,34 @@ def sample_anchors(T: int, m: int, g: torch.Generator) -> torch.Tensor:
     return torch.randperm(R, generator=g)[:m].sort().values
 
 
+OBJECTIVES = ("dart", "eagle3")
+
+
 def train_dart(target, cfg: TrainConfig, draft_length: int = 7) -> Path:
-    """Train (or resume) a DART head on a cache built by `build_cache`; returns the exported head dir."""
+    """Train (or resume) a DART head with D = draft_length mask slots; returns the exported head dir."""
+    return train_head(target, cfg, "dart", draft_length + 1)
+
+
+def train_eagle3(target, cfg: TrainConfig, ttt_steps: int = 7) -> Path:
+    """Train (or resume) an EAGLE3 head with a training-time test of ttt_steps unrolled steps."""
+    return train_head(target, cfg, "eagle3", ttt_steps + 1)
+
+
+def train_head(target, cfg: TrainConfig, objective: str, rows: int) -> Path:
+    """Train (or resume) a draft head on a cache built by `build_cache`: the shared loop of both
+    objectives. `rows` drafted depths per anchor: DART's D+1, EAGLE3's unrolled steps + 1."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r}: choose one of {OBJECTIVES}")
+    if rows < 1:
+        raise ValueError("a head drafts at least one depth")
+    if objective == "dart":
+        draft_length, record_loss = rows - 1, dart_record_loss
+    else:
+        draft_length = None
+
+        def record_loss(head, embed, teacher_rows, rec, anchors, gamma, target_best=None):
+            return eagle3_record_loss(head, embed, teacher_rows, rec, anchors, gamma, target_best, steps=rows - 1)
+
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     out = Path(cfg.out_dir)
@@ -481,6 +588,8 @@ def train_dart(target, cfg: TrainConfig, draft_length: int = 7) -> Path:
     step, history, prior_s = 0, [], 0.0
     if ckpt_path.exists():
         ck = torch.load(ckpt_path, weights_only=False, map_location=target.device)
+        if ck.get("objective", "dart") != objective:
+            raise ValueError(f"{ckpt_path} is a {ck.get('objective', 'dart')} checkpoint; this run trains {objective}: use another out_dir")
         head.load_state_dict(ck["head"])
         opt.load_state_dict(ck["opt"])
         step, history = ck["step"], ck["history"]
@@ -495,7 +604,7 @@ def train_dart(target, cfg: TrainConfig, draft_length: int = 7) -> Path:
 
     def save_checkpoint():
         tmp = ckpt_path.with_suffix(".tmp")
-        state = {"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "history": history, "elapsed_s": elapsed(), "config": asdict(cfg)}
+        state = {"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "history": history, "elapsed_s": elapsed(), "config": asdict(cfg), "objective": objective}
         torch.save(state, tmp)
         tmp.rename(ckpt_path)
         head.save(out / "head")
@@ -504,13 +613,13 @@ def train_dart(target, cfg: TrainConfig, draft_length: int = 7) -> Path:
     def run_eval(train_loss: float | None) -> None:
         head.eval()
         with autocast():
-            val_kl, acc = evaluate(head, embed, teacher_rows, val_best, val, cfg.anchors_per_record, cfg.gamma)
+            val_kl, acc = evaluate(head, embed, teacher_rows, val_best, val, cfg.anchors_per_record, cfg.gamma, record_loss=record_loss, rows=rows)
         head.train()
         history.append({"step": step, "train_loss": train_loss, "val_kl": val_kl, "val_hit1": acc, "elapsed_s": elapsed()})
         log.warning("step %d val_kl %.4f hit@1 %s", step, val_kl, " ".join(f"{a:.3f}" for a in acc))
 
     g = torch.Generator().manual_seed(cfg.seed + step)
-    bar = tqdm(total=total_steps, initial=step, desc="train dart", unit="step")
+    bar = tqdm(total=total_steps, initial=step, desc=f"train {objective}", unit="step")
     head.train()
     loss = None
     while step < total_steps:
@@ -528,7 +637,7 @@ def train_dart(target, cfg: TrainConfig, draft_length: int = 7) -> Path:
             for i in order.tolist():
                 rec = train[i]
                 anchors = sample_anchors(rec.tokens.numel(), cfg.anchors_per_record, g)
-                kl, w, _, _ = dart_record_loss(head, embed, teacher_rows, rec, anchors, cfg.gamma)
+                kl, w, _, _ = record_loss(head, embed, teacher_rows, rec, anchors, cfg.gamma)
                 losses.append(kl)
                 tot_w += float(w)
         loss = torch.stack(losses).sum() / max(tot_w, 1e-9)

@@ -1,106 +1,20 @@
 """Train a DART draft head for a target model.
 
-    python scripts/train_dart.py --data ../shared/data/train/*.json* --work runs/dart-smollm2 \\
-        --cache-tokens 900000 --epochs 3 --export assets/dart
+    python scripts/train_dart.py --data ../shared/data/train/*.json* --work runs/dart \\
+        --self-distill 8000 --self-distill-minutes 30 --cache-tokens 700000 --train-minutes 30 --export assets/dart
 
-Two resumable phases: (1) run the frozen target over the data once and cache its captured hidden
-states and final hidden state (dart_core.training.build_cache); (2) train the head on the cache with
-the loss Σ_j γ^j·KL(target ‖ draft) over its D+1 rows, prefix-packed so one forward trains many
-prefixes of a record. Re-running the same command resumes either phase.
+Phases, each resumable by re-running the same command: (0) optionally regenerate the answers with
+the target itself (self-distillation); (1) run the frozen target over the data once and cache its
+captured hidden states and final hidden state; (2) train the head on the cache with the loss
+Σ_j γ^j·KL(target ‖ draft) over its D+1 rows, prefix-packed so one forward trains many prefixes of a
+record. scripts/train_eagle3.py is the same pipeline with EAGLE3's objective.
 """
 
 from __future__ import annotations
 
-import argparse
-import logging
-import shutil
 import sys
-from pathlib import Path
 
-import torch
-
-from dart_core import load_target
-from dart_core.loading import DEFAULT_MODEL
-from dart_core.training import CacheConfig, TrainConfig, build_cache, train_dart
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=DEFAULT_MODEL, help="target: 'default', a local dir or a hub id")
-    p.add_argument("--data", nargs="+", required=True, help="training files (.json/.jsonl/.txt, see dart_core.data)")
-    p.add_argument("--work", type=Path, required=True, help="work dir: cache/, train/ (checkpoints, history)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--cache-dtype", default="bfloat16", help="target dtype while caching states")
-    p.add_argument("--cache-tokens", type=int, default=1_000_000, help="training tokens to cache")
-    p.add_argument("--cache-minutes", type=float, default=None, help="stop caching after this long (0: train on the shards cached so far)")
-    p.add_argument("--val-records", type=int, default=150)
-    p.add_argument("--self-distill", type=int, default=0, metavar="N", help="regenerate the answers of the first N conversations (validation first) with the target, greedy")
-    p.add_argument("--self-distill-max-new", type=int, default=256, help="token limit of a regenerated answer")
-    p.add_argument("--self-distill-batch", type=int, default=32, help="conversations generated together")
-    p.add_argument("--self-distill-minutes", type=float, default=None, help="stop generating after this long (unfinished records are dropped)")
-    p.add_argument("--max-seq-len", type=int, default=512)
-    p.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary: the most frequent target tokens")
-    p.add_argument("--draft-length", type=int, default=7, help="mask slots D; the head predicts D+1 depths")
-    p.add_argument("--epochs", type=float, default=3.0)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--warmup-steps", type=int, default=50)
-    p.add_argument("--batch-records", type=int, default=4)
-    p.add_argument("--anchors", type=int, default=32, help="prefix positions trained per record and step")
-    p.add_argument("--gamma", type=float, default=0.6)
-    p.add_argument("--eval-every", type=int, default=100)
-    p.add_argument("--train-minutes", type=float, default=None, help="training time budget over all resumes; the cosine schedule ends with it")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--export", type=Path, default=None, help="copy the final head (config.json + model.safetensors) here")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-
-    cache_dir = args.work / "cache"
-    target = load_target(args.model, args.device, args.cache_dtype)
-    build_cache(
-        target,
-        CacheConfig(
-            data=[str(d) for d in args.data],
-            out_dir=str(cache_dir),
-            max_tokens=args.cache_tokens,
-            max_minutes=args.cache_minutes,
-            max_seq_len=args.max_seq_len,
-            val_records=args.val_records,
-            draft_vocab_size=args.draft_vocab,
-            seed=args.seed,
-            self_distill=args.self_distill,
-            self_distill_max_new=args.self_distill_max_new,
-            self_distill_batch=args.self_distill_batch,
-            self_distill_minutes=args.self_distill_minutes,
-        ),
-    )
-    target = load_target(args.model, args.device, "float32")  # fp32 master copy of the embedding and LM head
-    head_dir = train_dart(
-        target,
-        TrainConfig(
-            cache_dir=str(cache_dir),
-            out_dir=str(args.work / "train"),
-            epochs=args.epochs,
-            lr=args.lr,
-            warmup_steps=args.warmup_steps,
-            batch_records=args.batch_records,
-            anchors_per_record=args.anchors,
-            gamma=args.gamma,
-            eval_every=args.eval_every,
-            max_minutes=args.train_minutes,
-            seed=args.seed,
-        ),
-        draft_length=args.draft_length,
-    )
-    if args.export:
-        args.export.mkdir(parents=True, exist_ok=True)
-        for name in ("config.json", "model.safetensors"):
-            shutil.copy(head_dir / name, args.export / name)
-        print(f"exported {args.export}", file=sys.stderr)
-    return 0
-
+from dart_core.train_cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main("dart", __doc__, sys.argv[1:]))

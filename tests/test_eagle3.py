@@ -58,3 +58,34 @@ def test_head_types_are_not_mixed(tiny_llama, tmp_path):
         load_head(tmp_path / "e3", dart=True, target=tiny_llama)
     with pytest.raises(ValueError, match="DART head"):
         DartDrafter(head, tiny_llama, None)
+
+
+def test_training_time_test_matches_drafting(tiny_llama):
+    """The EAGLE3 training forward, teacher-forced on a chain, computes what drafting computes along
+    that chain: with top_k=1 drafting follows its own greedy chain, and the training rows of the same
+    anchor (batched with another anchor, which must not leak in) give the same tokens and log-probs."""
+    from dart_core.training import eagle3_anchor_logits
+
+    K = 4
+    head = random_eagle3_head(tiny_llama, seed=3)
+    drafter = Eagle3Drafter(head, tiny_llama, Eagle3Params(depth=K, top_k=1, total_tokens=K + 2))
+    prefix, root = [5, 6, 7, 8, 9, 10], 11
+    a = len(prefix) - 1
+    out = tiny_llama.prefill(prefix, tiny_llama.new_cache(64), capture=True)
+    session = drafter.new_session(64)
+    session.extend(prefix, out.hidden)
+    tree = session.propose(root, 64).tree
+    chain = tree.tokens.tolist()[1:]
+    assert len(chain) == K + 1 and tree.parents.tolist() == [-1] + list(range(K + 1))
+
+    seq = torch.tensor(prefix + [root] + chain[:K])
+    full = tiny_llama.model(seq, torch.arange(len(seq)), tiny_llama.new_cache(64), capture=True, final=False, logits=False)
+    with torch.no_grad():
+        logits = eagle3_anchor_logits(head, tiny_llama.model.tok_embeddings.weight, seq, full.hidden.clone(), torch.tensor([2, a]), K)
+    assert logits.shape == (2, K + 1, head.config.draft_vocab_size)
+    logp = logits[1].log_softmax(-1)
+    draft_ids = (torch.arange(head.config.draft_vocab_size) + head.d2t).tolist()
+    idx = [draft_ids.index(c) for c in chain]
+    assert head.to_target_ids(logp.argmax(-1)).tolist() == chain
+    cumulative = torch.cumsum(logp[torch.arange(K + 1), idx], 0)
+    torch.testing.assert_close(cumulative, tree.scores[1:], atol=1e-4, rtol=0)

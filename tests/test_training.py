@@ -1,4 +1,4 @@
-"""The DART trainer on a tiny target with a real (word-level) tokenizer and chat template:
+"""The DART and EAGLE3 trainers on a tiny target with a real (word-level) tokenizer and chat template:
 data formats, draft vocabulary, the prefix-packed mask, the schedule, the state cache, training
 that resumes and exports a loadable head, self-distillation, and the CLI end to end."""
 
@@ -26,6 +26,7 @@ from dart_core.training import (
     load_split,
     new_head_from_target,
     train_dart,
+    train_eagle3,
     vocab_mapping,
 )
 
@@ -223,3 +224,33 @@ def test_cli_end_to_end(word_target, data_files, tmp_path):
     subprocess.run(cmd, check=True, capture_output=True, timeout=300)
     head = load_head(tmp_path / "head", dart=True, target=word_target)
     assert head.config.draft_length == 2 and head.config.draft_vocab_size == 40
+    # EAGLE3 on the same cache: the cache is reused as it is, the head is an EAGLE3 head
+    script = script.with_name("train_eagle3.py")
+    cmd = [sys.executable, str(script), "--model", str(word_target.model_dir), "--data", *data_files, "--work", str(tmp_path / "e3"),
+           "--cache", str(tmp_path / "w" / "cache"), "--device", "cpu", "--ttt-steps", "2", "--epochs", "1", "--batch-records", "8",
+           "--anchors", "4", "--eval-every", "2", "--export", str(tmp_path / "e3head")]
+    run = subprocess.run(cmd, check=True, capture_output=True, timeout=300, text=True)
+    assert "reusing the cache" in run.stderr
+    head = load_head(tmp_path / "e3head", dart=False, target=word_target)
+    assert head.config.draft_length is None and head.config.draft_vocab_size == 40
+    assert len(json.loads((tmp_path / "e3" / "train" / "history.json").read_text())[-1]["val_hit1"]) == 3
+
+
+def test_eagle3_training_learns_and_refuses_a_dart_checkpoint(word_target, data_files, tmp_path):
+    cache_dir = tmp_path / "cache"
+    build_cache(word_target, CacheConfig(data=data_files, out_dir=str(cache_dir), max_tokens=10_000, val_records=4, draft_vocab_size=48))
+    cfg = TrainConfig(cache_dir=str(cache_dir), out_dir=str(tmp_path / "train"), epochs=2, lr=5e-3, warmup_steps=2, batch_records=4, anchors_per_record=8, eval_every=4)
+    head_dir = train_eagle3(word_target, cfg, ttt_steps=3)
+    history = json.loads((tmp_path / "train" / "history.json").read_text())
+    assert len(history[-1]["val_hit1"]) == 4
+    assert history[-1]["val_kl"] < history[0]["val_kl"]
+    assert load_head(head_dir, dart=False, target=word_target).config.draft_length is None
+    with pytest.raises(ValueError, match="eagle3 checkpoint"):  # resuming the wrong objective is refused
+        train_dart(word_target, cfg, draft_length=D)
+
+
+def test_a_cache_is_not_resumed_with_other_data_settings(word_target, data_files, tmp_path):
+    cfg = CacheConfig(data=data_files, out_dir=str(tmp_path / "c"), max_tokens=2_000, val_records=4, draft_vocab_size=32)
+    build_cache(word_target, cfg)
+    with pytest.raises(ValueError, match="val_records"):
+        build_cache(word_target, CacheConfig(**{**cfg.__dict__, "val_records": 5}))
