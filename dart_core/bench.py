@@ -34,6 +34,7 @@ PLD_NUM_TOKENS = 10  # transformers' documented default for prompt_lookup_num_to
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_DART_HEAD = ASSETS / "dart"
 DEFAULT_NGRAM = ASSETS / "ngram" / "smollm2-3gram.ngram"
+DEFAULT_EAGLE3_HEAD = ASSETS / "eagle3"
 # Draft tree size (nodes besides the root) per device: on a 2-core CPU verifying 60 nodes costs ~3x a
 # one-token step, on a GPU about the same as one token; see the README's tuning notes.
 DEFAULT_MAX_NODES = {"cpu": 24, "cuda": 60}
@@ -147,10 +148,12 @@ def build_runner(name: str, target: Target, args: argparse.Namespace) -> Runner:
         return hf_runner(target, prompt_lookup=True)
     if name == "dart":
         return loop_runner(target, dart_drafter(target, args))
+    if name == "eagle3":
+        return loop_runner(target, eagle3_drafter(target, args))
     raise ValueError(f"unknown method {name!r}: choose from {', '.join(METHODS)}")
 
 
-METHODS = ("ar", "hf", "pld", "dart")
+METHODS = ("ar", "hf", "pld", "dart", "eagle3")
 
 
 def tree_params(args: argparse.Namespace, device: torch.device):
@@ -165,6 +168,13 @@ def dart_drafter(target: Target, args: argparse.Namespace):
 
     ngram = None if args.no_ngram else (args.ngram_model or (DEFAULT_NGRAM if args.model == DEFAULT_MODEL else None))
     return load_dart_drafter(args.dart_model, target, ngram, DartParams(tree_params(args, target.device), args.draft_depth))
+
+
+def eagle3_drafter(target: Target, args: argparse.Namespace):
+    from .drafters.eagle3 import Eagle3Params, load_eagle3_drafter
+
+    total = args.eagle3_total_tokens or tree_params(args, target.device).max_nodes + 1
+    return load_eagle3_drafter(args.eagle3_model, target, Eagle3Params(args.eagle3_depth, args.eagle3_top_k, total))
 
 
 def read_questions(path: Path, limit: int | None) -> list[dict]:
@@ -260,6 +270,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--beam-width", type=int, default=20)
     g.add_argument("--max-nodes", type=int, default=None, help=f"tree nodes besides the root (default per device: {DEFAULT_MAX_NODES})")
     g.add_argument("--draft-depth", type=int, default=None, help="use only the head's first N rows (tree depth <= N; default: all D+1)")
+    g = p.add_argument_group("EAGLE3 trees (eagle3)")
+    g.add_argument("--eagle3-model", default=str(DEFAULT_EAGLE3_HEAD), help="EAGLE3 head dir or hub id (default: the embedded head)")
+    g.add_argument("--eagle3-depth", type=int, default=7, help="expansion steps after the root's (EAGLE3 default 7)")
+    g.add_argument("--eagle3-top-k", type=int, default=10, help="children per node and frontier size (EAGLE3 default 10)")
+    g.add_argument("--eagle3-total-tokens", type=int, default=None,
+                   help="tree nodes with the root (default: DART's budget, max nodes + 1, so both verify trees of one size)")
     return p.parse_args(argv)
 
 

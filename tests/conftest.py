@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,22 @@ def embedded_target() -> Target:
     from dart_core import load_target
 
     return load_target("default", "cpu", "float32")
+
+
+EMBEDDED_DART_HEAD = Path(__file__).resolve().parent.parent / "assets" / "dart"
+
+
+def eagle3_fixture_head(out: Path) -> Path:
+    """The DART head's weights as an EAGLE3 checkpoint (drop the mask embedding and draft_length)."""
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(EMBEDDED_DART_HEAD / "model.safetensors"))
+    state.pop("midlayer.mask_rep")
+    cfg = json.loads((EMBEDDED_DART_HEAD / "config.json").read_text())
+    for key in ("draft_length", "dart_double_norm"):
+        cfg.pop(key, None)
+    cfg["architectures"] = ["LlamaForCausalLMEagle3"]
+    out.mkdir(parents=True)
+    save_file(state, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out

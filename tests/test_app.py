@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from app.engine import MIN_REFERENCE_TOKENS
+from conftest import eagle3_fixture_head
 from app.screenshot import CHROMIUM, launch, open_app, send, send_and_wait
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,22 +40,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def eagle3_fixture_head(out: Path) -> Path:
-    """The DART head's weights as an EAGLE3 checkpoint (drop the mask embedding and draft_length)."""
-    from safetensors.torch import load_file, save_file
-
-    state = load_file(str(DART_HEAD / "model.safetensors"))
-    state.pop("midlayer.mask_rep")
-    cfg = json.loads((DART_HEAD / "config.json").read_text())
-    for key in ("draft_length", "dart_double_norm"):
-        cfg.pop(key, None)
-    cfg["architectures"] = ["LlamaForCausalLMEagle3"]
-    out.mkdir(parents=True)
-    save_file(state, str(out / "model.safetensors"))
-    (out / "config.json").write_text(json.dumps(cfg))
-    return out
 
 
 @pytest.fixture(scope="module")

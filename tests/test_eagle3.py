@@ -89,3 +89,24 @@ def test_training_time_test_matches_drafting(tiny_llama):
     assert head.to_target_ids(logp.argmax(-1)).tolist() == chain
     cumulative = torch.cumsum(logp[torch.arange(K + 1), idx], 0)
     torch.testing.assert_close(cumulative, tree.scores[1:], atol=1e-4, rtol=0)
+
+
+def test_angelslim_style_checkpoint_loads(tiny_llama, tmp_path):
+    """EAGLE3 heads as AngelSlim/SpecForge ship them: pytorch_model.bin, a full draft vocabulary
+    without d2t/t2d, extra config fields (bias) and an embed_tokens tensor that is ignored."""
+    import json
+
+    head = new_head_from_target(tiny_llama, torch.arange(tiny_llama.vocab_size), None, seed=4)
+    state = {k: v for k, v in head.state_dict().items() if k not in ("d2t", "t2d")}
+    state["embed_tokens.weight"] = torch.zeros(tiny_llama.vocab_size, tiny_llama.hidden_size)
+    out = tmp_path / "angelslim"
+    out.mkdir()
+    torch.save(state, out / "pytorch_model.bin")
+    (out / "config.json").write_text(json.dumps({**head.config.to_dict(), "bias": False}))
+    loaded = load_head(out, dart=False, target=tiny_llama)
+    assert loaded.d2t.eq(0).all() and loaded.t2d.all()
+    torch.testing.assert_close(loaded.fc.weight, head.fc.weight)
+    # a pickle that is not a plain tensor dict is refused, not executed
+    (out / "pytorch_model.bin").write_bytes(b"not a pickle")
+    with pytest.raises(ValueError, match="pytorch_model.bin"):
+        load_head(out, dart=False, target=tiny_llama)

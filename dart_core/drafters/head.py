@@ -5,11 +5,13 @@ with `fc`, and runs ONE Llama-style decoder layer whose attention input is 2H wi
 embedding (taken from the target) next to the normed hidden stream. DART adds `midlayer.mask_rep`, a
 learned vector standing in for the not-yet-known future positions (facts doc §3); EAGLE3 has none.
 
-Checkpoint: a directory (or hub repo) with config.json and model.safetensors holding
+Checkpoint: a directory (or hub repo) with config.json and model.safetensors (or, as EAGLE3 heads
+such as AngelSlim's often ship, pytorch_model.bin) holding
     fc.weight [H, 3Ht]; midlayer.{hidden_norm,input_layernorm,post_attention_layernorm}.weight [H];
     midlayer.self_attn.{q,k,v}_proj.weight [*, 2H], o_proj [H, nh·hd]; midlayer.mlp.{gate,up,down}_proj;
     norm.weight [H]; lm_head.weight [Vd, H]; d2t [Vd] (target id = i + d2t[i]); t2d [V] bool;
-    DART only: midlayer.mask_rep [2H]. An `embed_tokens.weight` may be present and is ignored.
+    DART only: midlayer.mask_rep [2H]. An `embed_tokens.weight` may be present and is ignored; d2t and
+    t2d may both be absent when the draft vocabulary is the target's (identity mapping).
 Loading checks every key and shape and the fit with the target, and refuses anything else.
 
 Shapes: T = positions in a forward, P = positions already in the head's cache.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -212,15 +215,31 @@ def expected_shapes(c: HeadConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # safetensors preferred; EAGLE3 heads often ship .bin only
+
+
 def resolve_head_dir(name: str | os.PathLike) -> Path:
     path = Path(name).expanduser()
-    if path.exists():
-        if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
-            raise FileNotFoundError(f"{path} must hold config.json and model.safetensors")
-        return path
-    if str(name).count("/") != 1 or str(name).startswith((".", "/", "~")):
-        raise FileNotFoundError(f"draft head {str(name)!r} is neither a local directory nor a hub id")
-    return Path(hub_snapshot(str(name), ["config.json", "model.safetensors"]))
+    if not path.exists():
+        if str(name).count("/") != 1 or str(name).startswith((".", "/", "~")):
+            raise FileNotFoundError(f"draft head {str(name)!r} is neither a local directory nor a hub id")
+        path = Path(hub_snapshot(str(name), ["config.json", *WEIGHT_FILES]))
+    if not (path / "config.json").is_file() or not any((path / f).is_file() for f in WEIGHT_FILES):
+        raise FileNotFoundError(f"{path} must hold config.json and model.safetensors (or pytorch_model.bin)")
+    return path
+
+
+def read_state(path: Path) -> dict[str, torch.Tensor]:
+    """The head's tensors from model.safetensors, else pytorch_model.bin (tensors only, no pickled code)."""
+    if (path / "model.safetensors").is_file():
+        return load_file(str(path / "model.safetensors"))
+    try:
+        state = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, OSError, EOFError, ValueError) as e:  # torch.load's errors for corrupt or non-tensor files
+        raise ValueError(f"{path / 'pytorch_model.bin'} is not a readable state dict: {e}") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{path / 'pytorch_model.bin'} does not hold a flat dict of tensors")
+    return state
 
 
 def load_head(name: str | os.PathLike, dart: bool, target, dtype=None, device=None) -> DraftHead:
@@ -236,9 +255,13 @@ def load_head(name: str | os.PathLike, dart: bool, target, dtype=None, device=No
         raise ValueError(f"{path}: head was trained for a vocabulary of {c.vocab_size}, the target has {target.vocab_size}")
     if c.hidden_size != target.hidden_size:
         raise ValueError(f"{path}: head hidden size {c.hidden_size} differs from the target's {target.hidden_size} (the embedding is shared)")
-    state = load_file(str(path / "model.safetensors"))
+    state = read_state(path)
     for k in IGNORED_KEYS:
         state.pop(k, None)
+    if c.draft_vocab_size == c.vocab_size and "d2t" not in state and "t2d" not in state:
+        # a head drafting over the full vocabulary may omit the mapping (upstream EAGLE drops it then)
+        state["d2t"] = torch.zeros(c.draft_vocab_size, dtype=torch.long)
+        state["t2d"] = torch.ones(c.vocab_size, dtype=torch.bool)
     shapes = expected_shapes(c)
     missing = sorted(set(shapes) - set(state))
     unexpected = sorted(set(state) - set(shapes))

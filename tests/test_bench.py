@@ -1,0 +1,48 @@
+"""The benchmark CLI end to end on the embedded target (fp32, two prompts, a few tokens): every
+loop method's output equals plain decoding's, the JSON has the fields the report reads, and bad
+arguments are refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import EMBEDDED_DART_HEAD, eagle3_fixture_head
+from dart_core import bench
+
+pytestmark = pytest.mark.skipif(not (EMBEDDED_DART_HEAD / "config.json").exists(), reason="the embedded DART head is missing")
+
+
+@pytest.fixture(scope="module")
+def questions(tmp_path_factory):
+    path = tmp_path_factory.mktemp("q") / "questions.jsonl"
+    rows = [{"question_id": 1, "turns": ["Name three colours."]}, {"question_id": 2, "turns": ["Count from one to five."]}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_bench_cli_json_and_losslessness(questions, tmp_path, capsys):
+    e3 = eagle3_fixture_head(tmp_path / "e3")
+    out = tmp_path / "r.json"
+    rc = bench.main(["--methods", "ar,dart,eagle3", "--dataset", str(questions), "--max-new-tokens", "12", "--dtype", "float32",
+                     "--eagle3-model", str(e3), "--max-nodes", "8", "--out", str(out)])
+    assert rc == 0
+    assert "| dart |" in capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert set(result["methods"]) == {"ar", "dart", "eagle3"}
+    by = {}
+    for s in result["samples"]:
+        by.setdefault(s["question_id"], {})[s["method"]] = s["output_ids"]
+    for qid, outs in by.items():
+        assert outs["dart"] == outs["ar"] and outs["eagle3"] == outs["ar"], qid
+    for m in ("dart", "eagle3"):
+        r = result["methods"][m]
+        assert r["tau"] >= 1.0 and r["new_tokens"] == result["methods"]["ar"]["new_tokens"]
+        assert sum(r["accept_hist"]) > 0 and r["verify_ms"] > 0 and r["draft_ms"] > 0
+    assert result["env"]["dtype"] == "float32" and result["env"]["max_new_tokens"] == 12
+
+
+def test_bench_refuses_unknown_methods(questions):
+    with pytest.raises(SystemExit, match="unknown method"):
+        bench.main(["--methods", "ar,medusa", "--dataset", str(questions)])
