@@ -29,7 +29,7 @@ from .ui import CSS_PATH, Settings, build_demo  # noqa: E402
 log = logging.getLogger("app")
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_DART = ASSETS / "dart"
-DEFAULT_EAGLE3 = ASSETS / "eagle3"  # used when present; this repository ships no EAGLE3 head
+DEFAULT_EAGLE3 = ASSETS / "eagle3"  # the embedded EAGLE3 head (trained by scripts/train_eagle3.py)
 DEFAULT_NGRAM = ASSETS / "ngram" / "smollm2-3gram.ngram"
 DEFAULT_PORT = 7860
 DEFAULT_NEW_TOKENS = 128  # the slider's start value (the flag sets its maximum)
@@ -137,6 +137,9 @@ def load_dart(args, target, max_nodes: int, notes: list[str], progress: Progress
 
 
 def load_eagle3(args, target, total_tokens: int, notes: list[str], progress: Progress):
+    """The EAGLE3 drafter, or None (with a note in compare mode) when there is no usable head. Like
+    DART's: a head named on the command line must load; the embedded one may not fit another target."""
+    explicit = args.eagle3_model_name_or_path is not None
     head = args.eagle3_model_name_or_path or (DEFAULT_EAGLE3 if (DEFAULT_EAGLE3 / "config.json").exists() else None)
     if head is None:
         if args.compare_eagle3:
@@ -148,7 +151,11 @@ def load_eagle3(args, target, total_tokens: int, notes: list[str], progress: Pro
     try:
         return load_eagle3_drafter(head, target, Eagle3Params(args.eagle3_depth, args.eagle3_top_k, total_tokens))
     except (OSError, ValueError) as e:
-        raise SystemExit(f"cannot load the EAGLE3 head {head}: {e}") from None
+        if explicit:
+            raise SystemExit(f"cannot load the EAGLE3 head {head}: {e}") from None
+        if args.compare_eagle3:
+            notes.append(f"The embedded EAGLE3 head does not fit this target ({e}): comparing DART with plain decoding.")
+        return None
 
 
 def load_models(args) -> Loaded:

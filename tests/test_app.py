@@ -3,9 +3,10 @@ gradio_client, malformed requests, two clients at once, a cancelled request, and
 session that chats, sees text stream in and the draft tree drawn, stops a request and goes on.
 
 The server runs the embedded target in float32, where every method's greedy text equals plain
-decoding's token for token. Its EAGLE3 head is a wiring fixture: the embedded DART head's weights
-in the EAGLE3 format (the same layer without the mask embedding), so the compare path and the API run
-a real EAGLE3 drafter; its speed and acceptance mean nothing.
+decoding's token for token. It runs the embedded EAGLE3 head (with a smaller tree, to keep the test
+cheap); without one, a wiring fixture stands in: the embedded DART head's weights in the EAGLE3 format
+(the same layer without the mask embedding), so the compare path and the API still run a real EAGLE3
+drafter, whose speed and acceptance then mean nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from app.screenshot import CHROMIUM, launch, open_app, send, send_and_wait
 ROOT = Path(__file__).resolve().parent.parent
 DART_HEAD = ROOT / "assets" / "dart"
 HAVE_DART = (DART_HEAD / "config.json").exists()
+HAVE_EAGLE3 = (ROOT / "assets" / "eagle3" / "config.json").exists()
 METHODS = ["dart", "eagle3", "ar"] if HAVE_DART else ["ar"]
 MAX_NEW = 12  # tokens per test request: enough for several multi-token steps, cheap on 2 CPU cores
 SERVER_MAX_NEW = 64
@@ -47,8 +49,9 @@ def server(tmp_path_factory):
     port = free_port()
     cmd = [sys.executable, "-m", "app", "--dtype", "float32", "--server-port", str(port), "--max-new-tokens", str(SERVER_MAX_NEW), "--no-warmup"]
     if HAVE_DART:
-        head = eagle3_fixture_head(tmp_path_factory.mktemp("heads") / "eagle3")
-        cmd += ["--eagle3-model-name-or-path", str(head), "--eagle3-depth", "4", "--eagle3-top-k", "4"]
+        if not HAVE_EAGLE3:  # the embedded EAGLE3 head is the app's default when it is there
+            cmd += ["--eagle3-model-name-or-path", str(eagle3_fixture_head(tmp_path_factory.mktemp("heads") / "eagle3"))]
+        cmd += ["--eagle3-depth", "4", "--eagle3-top-k", "4"]
     log_path = tmp_path_factory.mktemp("server") / "app.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"})
