@@ -263,6 +263,7 @@ def section(results: dict[Cell, dict], args: argparse.Namespace, tag: str, figur
             ["CPU", env["cpu"]], ["target", env["model"]], ["dtype", env["dtype"]],
             ["torch / transformers / python", f"{env['torch']} / {env['transformers']} / {env['python']}"],
             ["git commit", str(env["git_commit"])], ["prompts per cell", str(args.limit)], ["max new tokens", str(args.max_new_tokens)],
+            ["draft tree", f"{args.tree_nodes} nodes besides the root (the device default; EAGLE3 gets the same budget) unless a table varies it"],
         ]),  # fmt: skip
     ]
     for t in args.temperatures:
@@ -352,14 +353,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--temperatures", nargs="+", type=float, default=list(TEMPERATURES))
     p.add_argument("--no-ablations", action="store_true")
     p.add_argument("--data", type=Path, default=DATA, help="directory of the benchmark .jsonl files")
-    p.add_argument("--work", type=Path, default=None, help="cell cache (default runs/report/<device>-<dtype>-n<limit>-t<tokens>)")
+    p.add_argument("--work", type=Path, default=None, help="cell cache (default runs/report/<device>-<dtype>-n<limit>-t<tokens>-nodes<default tree size>)")
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
     p.add_argument("--readme", action="store_true", help="also replace the README's headline table")
     args = p.parse_args(argv)
     if "ar" not in args.methods:
         args.methods = ["ar", *args.methods]  # speed-ups are ratios to it
     args.methods = [m for m in METHODS if m in args.methods]
-    args.work = args.work or ROOT / "runs" / "report" / f"{args.device}-{args.dtype}-n{args.limit}-t{args.max_new_tokens}"
+    # the default tree size is part of every cell's setting: a new default must not reuse old cells
+    from dart_core.bench import DEFAULT_MAX_NODES
+
+    nodes = args.tree_nodes = DEFAULT_MAX_NODES.get(args.device.split(":")[0], 60)
+    args.work = args.work or ROOT / "runs" / "report" / f"{args.device}-{args.dtype}-n{args.limit}-t{args.max_new_tokens}-nodes{nodes}"
     return args
 
 
