@@ -35,9 +35,11 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_DART_HEAD = ASSETS / "dart"
 DEFAULT_NGRAM = ASSETS / "ngram" / "smollm2-3gram.ngram"
 DEFAULT_EAGLE3_HEAD = ASSETS / "eagle3"
-# Draft tree size (nodes besides the root) per device: on a 2-core CPU verifying 60 nodes costs ~3x a
-# one-token step, on a GPU about the same as one token; see the README's tuning notes.
-DEFAULT_MAX_NODES = {"cpu": 24, "cuda": 60}
+# Draft tree size (nodes besides the root) per device. On a 2-core CPU a verify of n nodes costs
+# ~31 ms + ~1 ms per node (bf16), so with the embedded heads (τ ≈ 1.5-1.8, nearly flat in n) small
+# trees win: the tree-size ablation in docs/benchmarks.md measured DART at 1.20x / 1.07x / 0.87x / 0.81x
+# plain decoding with 8 / 16 / 24 / 40 nodes. On a GPU a 60-node verify costs about one token (paper).
+DEFAULT_MAX_NODES = {"cpu": 8, "cuda": 60}
 
 
 @dataclass
