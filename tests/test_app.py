@@ -151,16 +151,22 @@ def test_a_cancelled_request_frees_the_engine(client):
     assert waited < remaining, f"the next request waited {waited:.1f} s, as long as the cancelled one had left ({remaining:.1f} s)"
 
 
+def open_chat(pw, server):
+    """Headless Chromium on the app, with the token limit set for the browser tests; (browser, page)."""
+    browser = launch(pw)
+    page = browser.new_page(viewport={"width": 1280, "height": 1400})
+    open_app(page, server)
+    page.locator("#max-new input[type=number]").fill(str(2 * MAX_NEW))
+    page.locator("#max-new input[type=number]").press("Enter")
+    return browser, page
+
+
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed (CI's .ci/run installs it)")
-def test_browser_chat_streams_stops_and_draws_the_tree(server, tmp_path):
+def test_browser_chat_streams_and_draws_the_tree(server, tmp_path):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
-        browser = launch(pw)
-        page = browser.new_page(viewport={"width": 1280, "height": 1400})
-        open_app(page, server)
-        page.locator("#max-new input[type=number]").fill(str(2 * MAX_NEW))
-        page.locator("#max-new input[type=number]").press("Enter")
+        browser, page = open_chat(pw, server)
         # streamed: shaded chunks are on the page while the stats still say it is generating
         send(page, "Tell me a long story about a dragon.")
         assert page.locator("#chat .chunk").count() >= 1
@@ -191,11 +197,7 @@ def test_browser_stop_then_next_turn(server):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
-        browser = launch(pw)
-        page = browser.new_page(viewport={"width": 1280, "height": 1400})
-        open_app(page, server)
-        page.locator("#max-new input[type=number]").fill(str(2 * MAX_NEW))
-        page.locator("#max-new input[type=number]").press("Enter")
+        browser, page = open_chat(pw, server)
         send(page, "Tell me a long story about a dragon.")
         page.locator("#stop").click()
         page.wait_for_function("document.querySelector('#stats').innerText.includes('stopped by you')", timeout=30_000)
