@@ -20,10 +20,12 @@ CHROMIUM_ARGS = [
 VIEWPORT = {"width": 1400, "height": 1000}
 STATS_JS = "(document.querySelector('#stats') || {innerText: ''}).innerText"
 STARTED_JS = f"{STATS_JS}.includes('generating')"
+# the turn is over in the browser too: the app unlocks the prompt box and Send only then (app/ui.py)
+READY_JS = "!document.querySelector('#send').disabled && !document.querySelector('#prompt textarea').disabled"
 # every run finished: its stats line gives the stop reason ("stopped: eos"); none is still generating
 DONE_JS = (
     "[...document.querySelectorAll('#stats .stat')].filter(e => e.innerText.includes('stopped:')).length >= %d"
-    f" && !{STATS_JS}.includes('generating')"
+    f" && !{STATS_JS}.includes('generating') && {READY_JS}"
 )
 
 
@@ -44,7 +46,8 @@ def open_app(page, url: str, compare: bool = False) -> int:
 
 
 def send(page, prompt: str, timeout_s: float = 120) -> None:
-    """Send `prompt` and wait until its first tokens are on the page."""
+    """Send `prompt` once the app takes input, and wait until its first tokens are on the page."""
+    page.wait_for_function(READY_JS, timeout=timeout_s * 1000)
     page.locator("#prompt textarea").fill(prompt)
     page.locator("#send").click()
     page.wait_for_function(STARTED_JS, timeout=timeout_s * 1000)

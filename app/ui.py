@@ -156,6 +156,12 @@ class DemoApp:
             self.box.submit(self.respond, inputs, self.outputs, **queued),
             self.retry.click(self.retry_last, inputs, self.outputs, **queued),
         ]
+        # A turn's first frame locks the prompt box and the Send/Retry buttons; they unlock only once the
+        # browser has seen the turn end (finished, failed or cancelled: Gradio fires .then in every case).
+        # A click while a turn's event is still pending would be dropped (trigger mode "once"), and a
+        # prompt typed before its last frame arrived would be wiped by it.
+        for event in events:
+            event.then(self.ready, None, self.turn_inputs, api_visibility="private", show_progress="hidden")
         self.stop.click(None, None, None, cancels=events, api_visibility="private").then(
             self.mark_stopped, [self.display, self.stats, self.panes], [self.chat, self.display, self.stats, self.panes],
             api_visibility="private", show_progress="hidden",
@@ -170,11 +176,21 @@ class DemoApp:
             trigger(self.scrub, view, [self.tree_plot, self.details], api_visibility="private", show_progress="hidden", trigger_mode="always_last")
 
     @property
+    def turn_inputs(self) -> list:
+        """What starts a turn: locked while one runs."""
+        return [self.box, self.send, self.retry]
+
+    @property
     def outputs(self) -> list:
         return [
             self.chat, self.history, self.display, self.runs, self.stats, self.panes, self.summary, self.compare_group,
-            self.tree_plot, self.details, self.step, self.tree_of, self.speed_plot, self.accepted_plot, self.split_plot, self.box,
+            self.tree_plot, self.details, self.step, self.tree_of, self.speed_plot, self.accepted_plot, self.split_plot,
+            *self.turn_inputs,
         ]
+
+    def ready(self) -> list:
+        """After a turn: the prompt box and the buttons take input again."""
+        return [gr.update(interactive=True) for _ in self.turn_inputs]
 
     def respond(self, message, history, display, method, compare, include_ar, temperature, top_p, top_k, max_new) -> Iterator[dict]:
         """Stream one chat turn through one method, or through each method in turn (compare mode)."""
@@ -187,6 +203,7 @@ class DemoApp:
         greedy = req.params.sampling.greedy
         shown = display + [{"role": "user", "content": render.plain(message)}]
         runs: list[Run] = []
+        first_frame = True
         for m in order:
             last_text = last_plots = 0.0
             for run in self.engine.stream(req.for_method(m)):
@@ -196,7 +213,11 @@ class DemoApp:
                 live = runs + [run]
                 with_plots = run.done or now - last_plots >= PLOTS_EVERY_S
                 last_text, last_plots = now, (now if with_plots else last_plots)
-                yield self._frame(live, order, messages, shown, greedy, with_plots, final=False)
+                frame = self._frame(live, order, messages, shown, greedy, with_plots, final=False)
+                if first_frame:  # the prompt leaves the box, which stays locked until the turn ends (see _wire)
+                    frame.update({self.box: gr.update(value="", interactive=False), self.send: gr.update(interactive=False), self.retry: gr.update(interactive=False)})
+                    first_frame = False
+                yield frame
             runs.append(run)
         yield self._frame(runs, order, messages, shown, greedy, with_plots=True, final=True)
 
@@ -245,7 +266,6 @@ class DemoApp:
             self.display: shown + [assistant],
             self.runs: runs,
             self.stats: render.stats_html(runs, speedups),
-            self.box: "",
         }
         if len(order) > 1:
             pending = [METHOD_LABELS[m] for m in order[len(runs) :]]
