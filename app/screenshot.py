@@ -21,7 +21,8 @@ VIEWPORT = {"width": 1400, "height": 1000}
 STATS_JS = "(document.querySelector('#stats') || {innerText: ''}).innerText"
 STARTED_JS = f"{STATS_JS}.includes('generating')"
 # the turn is over in the browser too: the app unlocks the prompt box and Send only then (app/ui.py)
-READY_JS = "!document.querySelector('#send').disabled && !document.querySelector('#prompt textarea').disabled"
+LOCKED_JS = "(document.querySelector('#send').disabled && document.querySelector('#prompt textarea').disabled)"
+READY_JS = "(!document.querySelector('#send').disabled && !document.querySelector('#prompt textarea').disabled)"
 # every run finished: its stats line gives the stop reason ("stopped: eos"); none is still generating
 DONE_JS = (
     "[...document.querySelectorAll('#stats .stat')].filter(e => e.innerText.includes('stopped:')).length >= %d"

@@ -188,9 +188,13 @@ class DemoApp:
             *self.turn_inputs,
         ]
 
-    def ready(self) -> list:
+    def ready(self) -> dict:
         """After a turn: the prompt box and the buttons take input again."""
-        return [gr.update(interactive=True) for _ in self.turn_inputs]
+        return {c: gr.update(interactive=True) for c in self.turn_inputs}
+
+    def locked(self) -> dict:
+        """A turn's first frame: the prompt leaves the box, which stays locked until the turn ends (see _wire)."""
+        return {**{c: gr.update(interactive=False) for c in self.turn_inputs}, self.box: gr.update(value="", interactive=False)}
 
     def respond(self, message, history, display, method, compare, include_ar, temperature, top_p, top_k, max_new) -> Iterator[dict]:
         """Stream one chat turn through one method, or through each method in turn (compare mode)."""
@@ -214,10 +218,8 @@ class DemoApp:
                 with_plots = run.done or now - last_plots >= PLOTS_EVERY_S
                 last_text, last_plots = now, (now if with_plots else last_plots)
                 frame = self._frame(live, order, messages, shown, greedy, with_plots, final=False)
-                if first_frame:  # the prompt leaves the box, which stays locked until the turn ends (see _wire)
-                    frame.update({self.box: gr.update(value="", interactive=False), self.send: gr.update(interactive=False), self.retry: gr.update(interactive=False)})
-                    first_frame = False
-                yield frame
+                yield {**frame, **self.locked()} if first_frame else frame
+                first_frame = False
             runs.append(run)
         yield self._frame(runs, order, messages, shown, greedy, with_plots=True, final=True)
 

@@ -27,7 +27,7 @@ import pytest
 
 from app.engine import MIN_REFERENCE_TOKENS
 from conftest import eagle3_fixture_head
-from app.screenshot import CHROMIUM, DONE_JS, launch, open_app, send, send_and_wait
+from app.screenshot import CHROMIUM, DONE_JS, LOCKED_JS, launch, open_app, send, send_and_wait
 
 ROOT = Path(__file__).resolve().parent.parent
 DART_HEAD = ROOT / "assets" / "dart"
@@ -173,7 +173,7 @@ def test_browser_chat_streams_and_draws_the_tree(server, tmp_path):
         send(page, "Tell me a long story about a dragon.")
         assert page.locator("#chat .chunk").count() >= 1
         # while a turn runs, nothing can start another (a click Gradio would drop, a prompt the turn would wipe)
-        page.wait_for_function("document.querySelector('#send').disabled && document.querySelector('#prompt textarea').disabled", timeout=10_000)
+        page.wait_for_function(LOCKED_JS, timeout=10_000)
         page.wait_for_function(DONE_JS % 1, timeout=300_000)
         # a second turn, in compare mode, runs every method to the end
         page.locator("#compare input").check()
