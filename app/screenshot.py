@@ -20,8 +20,9 @@ CHROMIUM_ARGS = [
 VIEWPORT = {"width": 1400, "height": 1000}
 STATS_JS = "(document.querySelector('#stats') || {innerText: ''}).innerText"
 STARTED_JS = f"{STATS_JS}.includes('generating')"
-# the turn is over in the browser too: the app unlocks the prompt box and Send only then (app/ui.py)
+# a turn runs: the app locks the prompt box and Send from its first frame (app/ui.py)
 LOCKED_JS = "(document.querySelector('#send').disabled && document.querySelector('#prompt textarea').disabled)"
+# the turn is over in the browser too: the app unlocks them only then
 READY_JS = "(!document.querySelector('#send').disabled && !document.querySelector('#prompt textarea').disabled)"
 # every run finished: its stats line gives the stop reason ("stopped: eos"); none is still generating
 DONE_JS = (
