@@ -3,7 +3,8 @@
 Reads the formats of ../shared/data/train (see its README):
     .json   a list of {"instruction", "input", "response" | "output"}
     .jsonl  rows of {"prompt", "completion"} (T0), {"instruction", "instances": [{"input", "output"}]}
-            (Self-Instruct), {"instruction", "input", "response" | "output"}, or {"text"}
+            (Self-Instruct), {"instruction", "input", "response" | "output"}, {"text"}, or ShareGPT's
+            {"conversations": [{"from": "human" | "gpt" | "system", "value"}]}
     .txt    documents separated by blank lines
 Each record becomes a list of chat messages (a {"text"} row or a .txt document becomes one
 assistant-free user turn, i.e. plain text; see `render`).
@@ -23,8 +24,29 @@ def _turn(instruction: str, inp: str | None) -> str:
     return f"{instruction.strip()}\n\n{inp}" if inp else instruction.strip()
 
 
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "assistant": "assistant", "system": "system"}
+
+
+def _from_sharegpt(turns: list, where: str) -> Messages:
+    """A ShareGPT conversation ([{from: human|gpt|system, value}]) as chat messages. Turns of other
+    speakers are an error; a conversation is cut before its first empty turn."""
+    messages = []
+    for k, turn in enumerate(turns):
+        role = SHAREGPT_ROLES.get(turn.get("from"))
+        if role is None or not isinstance(turn.get("value"), str):
+            raise ValueError(f"{where}: turn {k} is not {{from: human|gpt|system, value: str}}: {sorted(turn)}")
+        if not turn["value"].strip():
+            break
+        messages.append({"role": role, "content": turn["value"]})
+    return messages
+
+
 def _from_record(row: dict, where: str) -> Iterator[Messages | str]:
-    if "text" in row and isinstance(row["text"], str):
+    if "conversations" in row and isinstance(row["conversations"], list):
+        messages = _from_sharegpt(row["conversations"], where)
+        if any(m["role"] == "user" for m in messages):
+            yield messages
+    elif "text" in row and isinstance(row["text"], str):
         yield row["text"]
     elif "prompt" in row and "completion" in row:
         yield [{"role": "user", "content": row["prompt"]}, {"role": "assistant", "content": row["completion"]}]

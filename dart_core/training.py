@@ -30,6 +30,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
@@ -89,7 +90,7 @@ def vocab_mapping(draft_ids: torch.Tensor, vocab_size: int) -> tuple[torch.Tenso
     return d2t, t2d
 
 
-def _load_records(cfg: CacheConfig, target: Target, generate: bool = True) -> list[list[int]]:
+def _load_records(cfg: CacheConfig, target: Target, generate: bool = True) -> tuple[list[list[int]], list[int]]:
     """Token ids of every usable record, shuffled with cfg.seed (val = the first cfg.val_records).
     The order depends only on the data and the seed, so an interrupted cache resumes where it stopped."""
     tokenizer = target.tokenizer
@@ -102,7 +103,18 @@ def _load_records(cfg: CacheConfig, target: Target, generate: bool = True) -> li
     random.Random(cfg.seed).shuffle(pairs)
     if cfg.self_distill:
         _self_distill(pairs, cfg, target, generate)
-    return [ids for ids, _ in pairs]
+    return [ids for ids, _ in pairs], [min(answer_start(tokenizer, rec), len(ids)) for ids, rec in pairs]
+
+
+def answer_start(tokenizer, record) -> int:
+    """Where the last assistant turn's text begins in the rendered record (0 for plain text or a
+    conversation that does not end with the assistant): the tokens before it are context only."""
+    if isinstance(record, str) or not record or record[-1]["role"] != "assistant":
+        return 0
+    full = render(tokenizer, record)
+    text = tokenizer.apply_chat_template(record[:-1], tokenize=False, add_generation_prompt=True, enable_thinking=False)
+    prefix = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return len(prefix) if full[: len(prefix)] == prefix else 0
 
 
 def _self_distill(pairs: list, cfg: CacheConfig, target: Target, generate: bool = True) -> None:
@@ -185,7 +197,7 @@ def build_cache(target: Target, cfg: CacheConfig) -> Path:
         changed = [k for k in fixed if meta["config"].get(k) != asdict(cfg)[k]]
         if changed:
             raise ValueError(f"{out} was built with other {', '.join(changed)}: use the same settings to resume it, or another cache dir")
-    records = _load_records(cfg, target, generate=meta is None)
+    records, starts = _load_records(cfg, target, generate=meta is None)
     if len(records) <= cfg.val_records:
         raise ValueError(f"only {len(records)} usable records in {cfg.data}")
     if meta is None:
@@ -200,23 +212,23 @@ def build_cache(target: Target, cfg: CacheConfig) -> Path:
             "tokens": {"val": 0, "train": 0},
             "records_done": {"val": 0, "train": 0},
         }
-    splits = {"val": records[: cfg.val_records], "train": records[cfg.val_records :]}
+    splits = {"val": list(zip(records, starts))[: cfg.val_records], "train": list(zip(records, starts))[cfg.val_records :]}
     t0 = time.perf_counter()
     for split, recs in splits.items():
         budget = None if split == "val" else cfg.max_tokens
         done = meta["records_done"][split]
-        bar = tqdm(total=budget or sum(map(len, recs)), initial=meta["tokens"][split], desc=f"cache {split}", unit="tok")
-        buf: list[tuple[list[int], torch.Tensor, torch.Tensor]] = []
+        bar = tqdm(total=budget or sum(len(r) for r, _ in recs), initial=meta["tokens"][split], desc=f"cache {split}", unit="tok")
+        buf: list[tuple[list[int], torch.Tensor, torch.Tensor, int]] = []
         i = done
         while i < len(recs) and (budget is None or meta["tokens"][split] + sum(len(b[0]) for b in buf) < budget):
             if cfg.max_minutes is not None and time.perf_counter() - t0 > 60 * cfg.max_minutes:
                 break
-            ids = recs[i]
+            ids, start = recs[i]
             cache = target.new_cache(len(ids))
             out_fwd = target.model(
                 torch.tensor(ids, device=target.device), torch.arange(len(ids), device=target.device), cache, capture=True, final=True, logits=False
             )
-            buf.append((ids, out_fwd.hidden.to(torch.bfloat16).cpu(), out_fwd.final.to(torch.bfloat16).cpu()))
+            buf.append((ids, out_fwd.hidden.to(torch.bfloat16).cpu(), out_fwd.final.to(torch.bfloat16).cpu(), start))
             bar.update(len(ids))
             i += 1
             if sum(len(b[0]) for b in buf) >= SHARD_TOKENS:
@@ -239,6 +251,7 @@ def _write_shard(out: Path, split: str, buf, meta: dict, records_done: int) -> N
         "offsets": lengths.cumsum(0),
         "aux": torch.cat([b[1] for b in buf]),
         "final": torch.cat([b[2] for b in buf]),
+        "answer_start": torch.tensor([b[3] for b in buf], dtype=torch.int64),
     }
     tmp = out / (name + ".tmp")
     save_file(tensors, str(tmp))
@@ -253,23 +266,69 @@ class CachedRecord:
     tokens: torch.Tensor  # (T,) int64
     aux: torch.Tensor  # (T, 3H) bf16
     final: torch.Tensor  # (T, H) bf16
+    answer_start: int = 0  # first token of the answer: drafting (and so the loss) starts there
+
+    @property
+    def first_anchor(self) -> int:
+        """The first prefix the head is trained on: the one whose root is the answer's first token."""
+        return max(0, self.answer_start - 1)
+
+
+_SAFETENSORS_DTYPES = {"BF16": (np.uint16, torch.bfloat16), "F32": (np.float32, None), "F16": (np.float16, None),
+                       "I64": (np.int64, None), "I32": (np.int32, None), "BOOL": (np.bool_, None)}
+
+
+def mmap_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors of a .safetensors file as zero-copy views of a memory map: a record's states are
+    read from disk (or the page cache) when training touches them, so a cache larger than memory trains."""
+    path = Path(path)
+    with path.open("rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    buf = np.memmap(path, dtype=np.uint8, mode="c")  # copy-on-write: never written, but torch wants writable memory
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        np_dtype, torch_dtype = _SAFETENSORS_DTYPES[info["dtype"]]
+        a, b = info["data_offsets"]
+        arr = buf[8 + n + a : 8 + n + b].view(np_dtype).reshape(info["shape"])
+        t = torch.from_numpy(arr)
+        out[name] = t.view(torch_dtype) if torch_dtype is not None else t
+    return out
 
 
 def load_split(cache_dir: str | Path, split: str) -> list[CachedRecord]:
-    """All cached records of a split, in memory (bf16: ~4.6 KB per token at H=576)."""
+    """Every cached record of a split. Token ids are in memory; the states (bf16: ~4.6 KB per token at
+    H=576) are views of memory-mapped shards."""
     cache_dir = Path(cache_dir)
     meta = json.loads((cache_dir / CACHE_META).read_text())
     out = []
     for name in meta["shards"][split]:
-        t = load_file(str(cache_dir / name))
+        t = mmap_safetensors(cache_dir / name)
         off = t["offsets"].tolist()
-        for a, b in zip(off, off[1:]):
-            out.append(CachedRecord(t["tokens"][a:b].long(), t["aux"][a:b], t["final"][a:b]))
+        tokens = t["tokens"].long()
+        starts = t["answer_start"].tolist() if "answer_start" in t else [0] * (len(off) - 1)
+        for (a, b), start in zip(zip(off, off[1:]), starts):
+            if b - a - start < 1:  # no answer token to draft (an answer of one token: EOS at once)
+                continue
+            out.append(CachedRecord(tokens[a:b], t["aux"][a:b], t["final"][a:b], start))
     return out
 
 
+DRAFT_VOCAB_FILE = "draft_vocab.json"  # a corpus cache's draft vocabulary (its meta.json is the generator's)
+
+
 def cache_meta(cache_dir: str | Path) -> dict:
-    return json.loads((Path(cache_dir) / CACHE_META).read_text())
+    """A cache's meta.json; for a self-distilled corpus (dart_core.corpus), the draft vocabulary
+    chosen for it comes from draft_vocab.json beside it."""
+    meta = json.loads((Path(cache_dir) / CACHE_META).read_text())
+    vocab_file = Path(cache_dir) / DRAFT_VOCAB_FILE
+    if "draft_ids" not in meta and vocab_file.exists():
+        meta["draft_ids"] = json.loads(vocab_file.read_text())["draft_ids"]
+    if "draft_ids" not in meta:
+        raise ValueError(f"{cache_dir} has no draft vocabulary yet: choose one with dart_core.corpus.choose_draft_vocab")
+    return meta
 
 
 @dataclass
@@ -519,7 +578,7 @@ def evaluate(head, embed, teacher_rows, best: list[torch.Tensor], records: list[
     valid = torch.zeros(rows)
     with torch.no_grad():
         for rec, rec_best in zip(records, best):
-            anchors = sample_anchors(rec.tokens.numel(), anchors_per_record, g)
+            anchors = sample_anchors(rec.tokens.numel(), anchors_per_record, g, rec.first_anchor)
             kl, w, h, v = record_loss(head, embed, teacher_rows, rec, anchors, gamma, rec_best)
             tot_kl += float(kl)
             tot_w += float(w)
@@ -528,12 +587,14 @@ def evaluate(head, embed, teacher_rows, best: list[torch.Tensor], records: list[
     return tot_kl / max(tot_w, 1e-9), (hits / valid.clamp(min=1)).tolist()
 
 
-def sample_anchors(T: int, m: int, g: torch.Generator) -> torch.Tensor:
-    """Up to m distinct anchor positions in [0, T-2], sorted."""
-    R = T - 1
+def sample_anchors(T: int, m: int, g: torch.Generator, first: int = 0) -> torch.Tensor:
+    """Up to m distinct anchor positions in [first, T-2], sorted (first: the record's first_anchor, so
+    that only prefixes inside the answer are trained)."""
+    first = min(max(0, first), max(0, T - 2))
+    R = T - 1 - first
     if R <= m:
-        return torch.arange(R)
-    return torch.randperm(R, generator=g)[:m].sort().values
+        return torch.arange(first, first + max(R, 0))
+    return first + torch.randperm(R, generator=g)[:m].sort().values
 
 
 OBJECTIVES = ("dart", "eagle3")
@@ -638,7 +699,7 @@ def train_head(target, cfg: TrainConfig, objective: str, rows: int) -> Path:
         with autocast():
             for i in order.tolist():
                 rec = train[i]
-                anchors = sample_anchors(rec.tokens.numel(), cfg.anchors_per_record, g)
+                anchors = sample_anchors(rec.tokens.numel(), cfg.anchors_per_record, g, rec.first_anchor)
                 kl, w, _, _ = record_loss(head, embed, teacher_rows, rec, anchors, cfg.gamma)
                 losses.append(kl)
                 tot_w += float(w)

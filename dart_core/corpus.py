@@ -1,0 +1,667 @@
+"""The self-distilled corpus: the target's own answers to chat prompts, with its hidden states.
+
+Draft heads learn best from the text the target itself writes (the field's practice: EAGLE3 and DART
+regenerate ShareGPT/UltraChat answers with the target). This module turns a pool of chat prompts into
+that corpus on a CPU, in batches, resumably, and captures the target's states *in the generating
+forward*, so no second teacher-forced pass over the corpus is needed:
+
+    prompt pool     first user turns of every training file (ShareGPT and the instruction sets),
+                    deduplicated, the evaluation prompts (bench sets) removed, shuffled with a seed
+    generation      transformers' `generate` on the target's weights, left-padded batches of prompts
+                    of similar length; a fixed share of prompts is answered by sampling at a
+                    temperature (so the heads also serve sampling), the rest greedily
+    capture         forward hooks keep, for every token the target reads, the input residual stream of
+                    the three captured layers (the heads' input) and the final-normed hidden state (the
+                    teacher's distribution is recomputed from it); pad positions are dropped
+
+The run directory is a target-state cache in the format `dart_core.training` trains from (meta.json
+plus shards of tokens/offsets/aux/final), with per-record extras: `answer_start` (where the
+target's answer begins: the loss only trains drafting inside answers), `index` (the prompt's place in
+the pool), `sampled` and `last` (the final token, which is never fed to the target and so has no
+states). A shard is written every few thousand tokens and then listed in meta.json (atomically), so
+an interrupted run loses at most one shard's worth of work and resumes where it stopped.
+
+`export_corpus` writes the compact, versioned corpus that is committed to the repository (token ids
+and offsets only, compressed) and `corpus_to_cache` rebuilds a cache from it with one teacher-forced
+pass, for a machine that has the corpus but not the states.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from .data import iter_records
+from .target import Target
+
+log = logging.getLogger(__name__)
+
+CORPUS_FORMAT = "dart-demo-corpus/1"
+CORPUS_META = "corpus.json"
+CACHE_META = "meta.json"  # same name as dart_core.training's cache meta
+SHARD_TOKENS = 24_000  # tokens per state shard (~110 MB at H=576): a checkpoint every ~minute
+PART_RECORDS = 2048  # prompts per exported corpus part (a part is written once all its prompts are done)
+
+
+@dataclass
+class PoolPrompt:
+    source: str  # file stem
+    messages: list[dict]  # the chat up to (not including) the answer to generate
+
+
+def prompt_pool(paths: list[str], exclude: list[str] = (), seed: int = 0) -> list[PoolPrompt]:
+    """First user turns of every conversation in `paths` (system turns before it are kept),
+    deduplicated by text, minus any prompt that is a turn of a file in `exclude` (question.jsonl
+    files: the evaluation sets stay unseen), shuffled with `seed`. Plain-text records have no prompt
+    and are skipped."""
+    held_out = set()
+    for path in exclude:
+        for line in Path(path).read_text().splitlines():
+            if line.strip():
+                held_out.update(_norm(t) for t in json.loads(line)["turns"])
+    seen: set[str] = set()
+    pool = []
+    for path in paths:
+        for rec in iter_records(path):
+            if isinstance(rec, str):
+                continue
+            first_user = next((k for k, m in enumerate(rec) if m["role"] == "user"), None)
+            if first_user is None:
+                continue
+            messages = [dict(m) for m in rec[: first_user + 1]]
+            key = _norm(messages[-1]["content"])
+            if not key or key in seen or key in held_out:
+                continue
+            seen.add(key)
+            pool.append(PoolPrompt(Path(path).stem, messages))
+    random.Random(seed).shuffle(pool)
+    return pool
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.split()).lower()
+
+
+@dataclass
+class CorpusConfig:
+    data: list[str]
+    out_dir: str
+    exclude: list[str] = field(default_factory=list)
+    max_prompt_tokens: int = 768  # longer prompts are skipped, not cut (a cut prompt is a broken prompt)
+    max_new_tokens: int = 256
+    batch_size: int = 48  # sequences decoding together (continuous batching)
+    sample_share: float = 0.25  # prompts answered by sampling (the rest greedily)
+    temperature: float = 0.7
+    val_prompts: int = 300  # the first pool prompts form the validation split
+    seed: int = 0
+    capture: bool = True  # keep the target's states (a cache); without, tokens only
+    max_minutes: float | None = None
+    max_prompts: int | None = None  # stop after this many pool prompts
+
+    def fingerprint(self) -> dict:
+        """The settings a resumed run must share with the run it resumes."""
+        keep = ("data", "exclude", "max_prompt_tokens", "max_new_tokens", "sample_share", "temperature", "val_prompts", "seed")
+        return {k: v for k, v in asdict(self).items() if k in keep}
+
+
+def is_sampled(index: int, share: float, seed: int) -> bool:
+    """Whether pool prompt `index` is answered by sampling: a fixed, seeded draw per prompt."""
+    h = hashlib.sha256(f"{seed}:{index}".encode()).digest()
+    return int.from_bytes(h[:8], "little") / 2**64 < share
+
+
+@dataclass
+class Generated:
+    index: int
+    prompt: list[int]
+    answer: list[int]  # EOS included when the target emitted it
+    sampled: bool
+    aux: torch.Tensor | None  # (len(prompt) + len(answer) - 1, 3H) bf16: every token the target read
+    final: torch.Tensor | None  # (same, H) bf16
+
+
+@dataclass
+class _Job:
+    index: int
+    prompt: list[int]
+    generator: torch.Generator | None  # None: greedy
+    answer: list[int] = field(default_factory=list)
+    aux: list[torch.Tensor] = field(default_factory=list)
+    final: list[torch.Tensor] = field(default_factory=list)
+
+
+class ContinuousBatcher:
+    """Batched generation on our own Transformer with continuous batching: `slots` sequences decode
+    together, one token each per step, each in its own row of a preallocated KV cache; a sequence that
+    ends (EOS or its token limit) is replaced at once by the next prompt, prefilled alone into the
+    freed row. No padding is ever computed, no cache is copied, and greedy and sampled sequences
+    share the batch. States are captured in the same forwards.
+
+    Cache layout: k, v (L, slots, nkv, capacity, hd); row s holds lengths[s] committed tokens."""
+
+    def __init__(self, target: Target, slots: int, capacity: int, temperature: float, capture: bool):
+        a = target.model.args
+        self.target, self.model, self.args = target, target.model, a
+        self.slots, self.capacity, self.temperature, self.capture = slots, capacity, temperature, capture
+        shape = (a.n_layers, slots, a.n_kv_heads, capacity, a.head_dim)
+        self.k = torch.zeros(shape, dtype=target.dtype, device=target.device)
+        self.v = torch.zeros(shape, dtype=target.dtype, device=target.device)
+        self.lengths = torch.zeros(slots, dtype=torch.long, device=target.device)
+        self.jobs: list[_Job | None] = [None] * slots
+        self.next_token = torch.zeros(slots, dtype=torch.long, device=target.device)
+        self.capture_layers = set(a.capture_layers())
+
+    def _pick(self, job: _Job, logits: torch.Tensor) -> int:
+        """The next token from logits (V,) fp32: argmax, or a draw at the temperature."""
+        if job.generator is None:
+            return int(logits.argmax())
+        probs = torch.softmax(logits / self.temperature, dim=-1)
+        return int(torch.multinomial(probs, 1, generator=job.generator))
+
+    @torch.inference_mode()
+    def start(self, slot: int, job: _Job) -> None:
+        """Prefill job's prompt alone into row `slot` and pick its first answer token."""
+        from .model import KVCache
+
+        a = self.args
+        T = len(job.prompt)
+        cache = KVCache(a.n_layers, a.n_kv_heads, a.head_dim, T, self.target.dtype, self.target.device)
+        out = self.model(
+            torch.tensor(job.prompt, device=self.target.device), torch.arange(T, device=self.target.device), cache,
+            capture=self.capture, final=self.capture, logits_at=slice(-1, None) if not self.capture else None,
+        )
+        self.k[:, slot, :, :T] = cache.k[:, 0]
+        self.v[:, slot, :, :T] = cache.v[:, 0]
+        self.lengths[slot] = T
+        if self.capture:
+            job.aux.append(out.hidden.to(torch.bfloat16))
+            job.final.append(out.final.to(torch.bfloat16))
+        token = self._pick(job, out.logits[-1])
+        job.answer.append(token)
+        self.next_token[slot] = token
+        self.jobs[slot] = job
+
+    @torch.inference_mode()
+    def step(self) -> None:
+        """Feed every row its last token: one forward of (slots, 1) tokens, then pick the next ones.
+        Rows without a job run a dummy token whose result is ignored."""
+        from .model import apply_rope
+
+        a, m = self.args, self.model
+        B = self.slots
+        rows = torch.arange(B, device=self.k.device)
+        pos = self.lengths.clone()  # the fed token's position == its cache slot
+        end = int(pos.max()) + 1
+        x = m.tok_embeddings(self.next_token)[:, None]  # (B, 1, H)
+        cos, sin = m.rope(pos, x.dtype)
+        cos, sin = cos[:, None, None], sin[:, None, None]  # (B, 1, 1, hd)
+        visible = torch.arange(end, device=x.device)[None, :] <= pos[:, None]  # (B, end)
+        bias = torch.zeros(B, 1, 1, end, dtype=x.dtype, device=x.device).masked_fill_(~visible[:, None, None], float("-inf"))
+        group, scale = a.n_heads // a.n_kv_heads, a.head_dim**-0.5
+        q_out, kv_out = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
+        captured = []
+        for i, layer in enumerate(m.layers):
+            if i in self.capture_layers:
+                captured.append(x[:, 0])
+            att = layer.attention
+            q, k, v = att.wqkv(layer.attention_norm(x)).split([q_out, kv_out, kv_out], dim=-1)
+            q = q.view(B, 1, a.n_heads, a.head_dim)
+            k = k.view(B, 1, a.n_kv_heads, a.head_dim)
+            if a.qk_norm:
+                q, k = att.q_norm(q), att.k_norm(k)
+            q = apply_rope(q.transpose(1, 2), cos, sin)  # (B, nh, 1, hd)
+            k = apply_rope(k.transpose(1, 2), cos, sin)  # (B, nkv, 1, hd)
+            v = v.view(B, 1, a.n_kv_heads, a.head_dim).transpose(1, 2)
+            self.k[i, rows, :, pos] = k[:, :, 0]
+            self.v[i, rows, :, pos] = v[:, :, 0]
+            # grouped-query attention as two batched matmuls: each key is read once for its query group
+            # (SDPA's enable_gqa path is ~2x slower here on a CPU at 64 rows x ~1k keys)
+            scores = torch.matmul(q.view(B, a.n_kv_heads, group, a.head_dim), self.k[i, :, :, :end].transpose(-1, -2))
+            probs = torch.softmax(scores * scale + bias, dim=-1)  # (B, nkv, group, end)
+            out = torch.matmul(probs, self.v[i, :, :, :end])  # (B, nkv, group, hd)
+            x = x + att.wo(out.reshape(B, 1, q_out))
+            x = x + layer.feed_forward(layer.ffn_norm(x))
+        normed = m.norm(x[:, 0])
+        logits = m.output(normed).float()  # (B, V)
+        self.lengths += 1
+        aux = torch.cat(captured, dim=-1).to(torch.bfloat16) if self.capture else None
+        greedy = logits.argmax(-1).tolist()
+        for s, job in enumerate(self.jobs):
+            if job is None:
+                continue
+            if self.capture:
+                job.aux.append(aux[s : s + 1])
+                job.final.append(normed[s : s + 1].to(torch.bfloat16))
+            token = greedy[s] if job.generator is None else self._pick(job, logits[s])
+            job.answer.append(token)
+            self.next_token[s] = token
+
+    def finished(self, slot: int, max_new: int) -> bool:
+        job = self.jobs[slot]
+        return job is not None and (job.answer[-1] in self.target.eos_ids or len(job.answer) >= max_new)
+
+    def release(self, slot: int) -> Generated:
+        job = self.jobs[slot]
+        self.jobs[slot] = None
+        self.lengths[slot] = 0
+        self.next_token[slot] = 0
+        aux = torch.cat(job.aux) if self.capture else None
+        final = torch.cat(job.final) if self.capture else None
+        if aux is not None and aux.shape[0] != len(job.prompt) + len(job.answer) - 1:
+            raise RuntimeError(f"prompt {job.index}: {aux.shape[0]} captured positions for {len(job.prompt) + len(job.answer) - 1} fed tokens")
+        return Generated(job.index, job.prompt, job.answer, job.generator is not None, aux, final)
+
+
+def run_batcher(batcher: ContinuousBatcher, jobs, max_new: int, deadline: float | None = None):
+    """Yield a Generated for every job of the iterable `jobs`, as they finish (not in order), keeping
+    every row busy while jobs remain. With a deadline (perf_counter time), stops taking new jobs then
+    and drops the unfinished ones."""
+    jobs = iter(jobs)
+    exhausted = False
+
+    def refill():
+        nonlocal exhausted
+        for s in range(batcher.slots):
+            if batcher.jobs[s] is None and not exhausted:
+                if deadline is not None and time.perf_counter() > deadline:
+                    exhausted = True
+                    return
+                job = next(jobs, None)
+                if job is None:
+                    exhausted = True
+                    return
+                batcher.start(s, job)
+
+    while True:
+        while True:  # release what has ended; a refilled job can end at once (EOS as its first token)
+            ended = [s for s in range(batcher.slots) if batcher.finished(s, max_new)]
+            for s in ended:
+                yield batcher.release(s)
+            refill()
+            if not any(batcher.finished(s, max_new) for s in range(batcher.slots)):
+                break
+        if all(j is None for j in batcher.jobs) or (deadline is not None and time.perf_counter() > deadline):
+            return
+        batcher.step()
+
+
+def _read_meta(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj))
+    tmp.replace(path)
+
+
+def generate_corpus(target: Target, cfg: CorpusConfig) -> Path:
+    """Generate (or resume) the corpus in cfg.out_dir; returns the directory. See the module doc."""
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    meta_path = out / CACHE_META
+    meta = _read_meta(meta_path)
+    if meta is not None and meta["corpus"]["config"] != cfg.fingerprint():
+        changed = sorted(k for k, v in cfg.fingerprint().items() if meta["corpus"]["config"].get(k) != v)
+        raise ValueError(f"{out} was generated with other {', '.join(changed)}: use the same settings to resume it, or another directory")
+    pool = prompt_pool(cfg.data, cfg.exclude, cfg.seed)
+    if meta is None:
+        meta = {
+            "target": target.name,
+            "hidden_size": target.hidden_size,
+            "vocab_size": target.vocab_size,
+            "capture_layers": list(target.model.args.capture_layers()),
+            "dtype": str(target.dtype).removeprefix("torch."),
+            "shards": {"val": [], "train": []},
+            "tokens": {"val": 0, "train": 0},
+            "records_done": {"val": 0, "train": 0},
+            "corpus": {
+                "format": CORPUS_FORMAT,
+                "config": cfg.fingerprint(),
+                "pool_size": len(pool),
+                "done": [],  # pool indices finished (generated, or skipped: see "skipped")
+                "skipped": [],  # pool indices whose prompt was too long
+                "answer_tokens": 0,
+                "generate_s": 0.0,
+            },
+        }
+    if meta["corpus"]["pool_size"] != len(pool):
+        raise ValueError(f"{out}: the prompt pool now has {len(pool)} prompts, the run was started with {meta['corpus']['pool_size']}")
+    done = set(meta["corpus"]["done"])
+    limit = len(pool) if cfg.max_prompts is None else min(len(pool), cfg.max_prompts)
+    batcher = ContinuousBatcher(target, cfg.batch_size, cfg.max_prompt_tokens + cfg.max_new_tokens, cfg.temperature, cfg.capture)
+    buffers: dict[str, list[Generated]] = {"val": [], "train": []}
+    skipped: list[int] = []
+    t0 = time.perf_counter()
+    prior_s = meta["corpus"]["generate_s"]
+    new_tokens = 0
+
+    def flush(split: str) -> None:
+        recs = buffers[split]
+        if recs:
+            name = f"{split}-{len(meta['shards'][split]):05d}.safetensors"
+            lengths = torch.tensor([0] + [len(g.prompt) + len(g.answer) - 1 for g in recs])
+            tensors = {
+                "tokens": torch.tensor([t for g in recs for t in (g.prompt + g.answer)[:-1]], dtype=torch.int32),
+                "offsets": lengths.cumsum(0),
+                "answer_start": torch.tensor([len(g.prompt) for g in recs], dtype=torch.int64),
+                "last": torch.tensor([g.answer[-1] for g in recs], dtype=torch.int32),
+                "index": torch.tensor([g.index for g in recs], dtype=torch.int64),
+                "sampled": torch.tensor([g.sampled for g in recs], dtype=torch.bool),
+            }
+            if cfg.capture:
+                tensors["aux"] = torch.cat([g.aux for g in recs])
+                tensors["final"] = torch.cat([g.final for g in recs])
+            tmp = out / (name + ".tmp")
+            save_file(tensors, str(tmp))
+            tmp.replace(out / name)
+            meta["shards"][split].append(name)
+            meta["tokens"][split] += int(lengths.sum())
+            meta["records_done"][split] += len(recs)
+            meta["corpus"]["done"].extend(g.index for g in recs)
+            meta["corpus"]["answer_tokens"] += sum(len(g.answer) for g in recs)
+        meta["corpus"]["skipped"].extend(skipped)
+        meta["corpus"]["done"].extend(skipped)
+        skipped.clear()
+        meta["corpus"]["generate_s"] = prior_s + time.perf_counter() - t0
+        _write_json(meta_path, meta)
+        buffers[split] = []
+
+    def jobs():
+        for i in range(limit):
+            if i in done:
+                continue
+            ids = target.encode(pool[i].messages)
+            if len(ids) > cfg.max_prompt_tokens:
+                skipped.append(i)
+                continue
+            g = None
+            if is_sampled(i, cfg.sample_share, cfg.seed):
+                g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + i)
+            yield _Job(i, ids, g)
+
+    deadline = None if cfg.max_minutes is None else t0 + 60 * cfg.max_minutes
+    last_log = time.perf_counter()
+    for g in run_batcher(batcher, jobs(), cfg.max_new_tokens, deadline):
+        split = "val" if g.index < cfg.val_prompts else "train"
+        buffers[split].append(g)
+        new_tokens += len(g.answer)
+        if sum(len(x.prompt) + len(x.answer) for x in buffers[split]) >= SHARD_TOKENS:
+            flush(split)
+        if time.perf_counter() - last_log > 60:
+            last_log = time.perf_counter()
+            log.warning(
+                "prompts done %d/%d  answer tokens %d  (this run: %.1f answer tok/s)",
+                len(meta["corpus"]["done"]) + sum(map(len, buffers.values())), limit,
+                meta["corpus"]["answer_tokens"] + sum(len(x.answer) for v in buffers.values() for x in v),
+                new_tokens / (time.perf_counter() - t0),
+            )
+    for split in buffers:
+        flush(split)
+    return out
+
+
+def corpus_records(run_dir: str | Path, split: str | None = None):
+    """Token data of every finished record of a run directory, shard by shard, without its states:
+    dicts of index, ids (prompt + answer, the last token included), answer_start, sampled, split."""
+    from .training import mmap_safetensors
+
+    run_dir = Path(run_dir)
+    meta = json.loads((run_dir / CACHE_META).read_text())
+    for sp in ("val", "train") if split is None else (split,):
+        for name in meta["shards"][sp]:
+            t = mmap_safetensors(run_dir / name)
+            off = t["offsets"].tolist()
+            tokens = t["tokens"].tolist()
+            for r, (a, b) in enumerate(zip(off, off[1:])):
+                yield {
+                    "index": int(t["index"][r]), "ids": tokens[a:b] + [int(t["last"][r])],
+                    "answer_start": int(t["answer_start"][r]), "sampled": bool(t["sampled"][r]), "split": sp,
+                }
+
+
+def choose_draft_vocab(run_dir: str | Path, size: int, vocab_size: int) -> dict:
+    """Pick the draft vocabulary of a corpus: the `size` target ids most frequent in its answers, and
+    measure how much of the target's argmax it covers. In a greedy answer every token *is* the
+    target's argmax at the position before it, so the coverage of greedy answer tokens is the share of
+    drafting positions whose greedy token the head can propose at all. Written to draft_vocab.json in
+    the run directory (training reads it from there); returns it."""
+    from collections import Counter
+
+    from .training import DRAFT_VOCAB_FILE
+
+    counts: Counter = Counter()
+    greedy: Counter = Counter()
+    for rec in corpus_records(run_dir):
+        answer = rec["ids"][rec["answer_start"] :]
+        counts.update(answer)
+        if not rec["sampled"]:
+            greedy.update(answer)
+    if not counts:
+        raise ValueError(f"{run_dir} holds no finished records yet")
+    top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:size]
+    ids = sorted(t for t, _ in top)
+    fill = (t for t in range(vocab_size) if t not in counts)
+    while len(ids) < min(size, vocab_size):
+        ids.append(next(fill))
+    ids.sort()
+    chosen = set(ids)
+    cover_all = sum(c for t, c in counts.items() if t in chosen) / sum(counts.values())
+    cover_greedy = sum(c for t, c in greedy.items() if t in chosen) / max(1, sum(greedy.values()))
+    info = {
+        "draft_ids": ids,
+        "size": len(ids),
+        "answer_tokens": sum(counts.values()),
+        "distinct_answer_tokens": len(counts),
+        "coverage_answer_tokens": cover_all,
+        "coverage_greedy_argmax": cover_greedy,
+    }
+    _write_json(Path(run_dir) / DRAFT_VOCAB_FILE, info)
+    return info
+
+
+def export_corpus(run_dir: str | Path, out_dir: str | Path, command: str) -> dict:
+    """Write the compact corpus of a run directory to out_dir: for every complete block of
+    PART_RECORDS pool prompts, part-NNNNN.npz (compressed: tokens uint16/int32, offsets int64,
+    answer_start int32, index int32, sampled bool, val bool), and corpus.json (format, provenance,
+    settings, counts, parts with their sha256). Existing parts are kept (a part never changes)."""
+    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    meta = json.loads((run_dir / CACHE_META).read_text())
+    c = meta["corpus"]
+    done = set(c["done"])
+    pool_size = c["pool_size"]
+    records = {r["index"]: r for r in corpus_records(run_dir)}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    manifest_path = out_dir / CORPUS_META
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {"parts": []}
+    have = {p["name"] for p in manifest["parts"]}
+    parts = list(manifest["parts"])
+    dtype = np.uint16 if meta["vocab_size"] <= 65536 else np.int32
+    for k in range((pool_size + PART_RECORDS - 1) // PART_RECORDS):
+        lo, hi = k * PART_RECORDS, min(pool_size, (k + 1) * PART_RECORDS)
+        name = f"part-{k:05d}.npz"
+        if name in have or not all(i in done for i in range(lo, hi)):
+            continue
+        recs = [records[i] for i in range(lo, hi) if i in records]
+        lengths = np.array([0] + [len(r["ids"]) for r in recs], dtype=np.int64)
+        arrays = {
+            "tokens": np.array([t for r in recs for t in r["ids"]], dtype=dtype),
+            "offsets": lengths.cumsum(),
+            "answer_start": np.array([r["answer_start"] for r in recs], dtype=np.int32),
+            "index": np.array([r["index"] for r in recs], dtype=np.int32),
+            "sampled": np.array([r["sampled"] for r in recs], dtype=bool),
+            "val": np.array([r["split"] == "val" for r in recs], dtype=bool),
+        }
+        np.savez_compressed(out_dir / name, **arrays)
+        parts.append({
+            "name": name, "pool_range": [lo, hi], "records": len(recs),
+            "answer_tokens": int(sum(len(r["ids"]) - r["answer_start"] for r in recs)),
+            "tokens": int(lengths.sum()), "sha256": hashlib.sha256((out_dir / name).read_bytes()).hexdigest(),
+        })
+    manifest = {
+        "format": CORPUS_FORMAT,
+        "target": meta["target"],
+        "generated_dtype": meta.get("dtype"),
+        "command": command,
+        "settings": c["config"],
+        "pool_size": pool_size,
+        "records": sum(p["records"] for p in parts),
+        "answer_tokens": sum(p["answer_tokens"] for p in parts),
+        "tokens": sum(p["tokens"] for p in parts),
+        "parts": sorted(parts, key=lambda p: p["name"]),
+    }
+    manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+def read_corpus(corpus_dir: str | Path):
+    """The records of an exported corpus (see export_corpus), part by part, checking each part's
+    sha256: dicts of index, ids, answer_start, sampled, split."""
+    corpus_dir = Path(corpus_dir)
+    manifest = json.loads((corpus_dir / CORPUS_META).read_text())
+    if manifest.get("format") != CORPUS_FORMAT:
+        raise ValueError(f"{corpus_dir}: not a {CORPUS_FORMAT} corpus (format {manifest.get('format')!r})")
+    for part in manifest["parts"]:
+        path = corpus_dir / part["name"]
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        if digest != part["sha256"]:
+            raise ValueError(f"{path}: sha256 {digest} does not match the manifest's {part['sha256']}")
+        with np.load(path) as z:
+            off = z["offsets"]
+            for r in range(len(off) - 1):
+                yield {
+                    "index": int(z["index"][r]), "ids": z["tokens"][off[r] : off[r + 1]].astype(np.int64).tolist(),
+                    "answer_start": int(z["answer_start"][r]), "sampled": bool(z["sampled"][r]),
+                    "split": "val" if z["val"][r] else "train",
+                }
+
+
+def corpus_to_cache(target: Target, corpus_dir: str | Path, out_dir: str | Path, max_minutes: float | None = None) -> Path:
+    """Rebuild a run directory (the states cache) from an exported corpus with one teacher-forced
+    pass of the target over every record, for a machine that has the committed corpus but not the
+    generator's states. Resumable like generation: finished shards are kept."""
+    corpus_dir, out = Path(corpus_dir), Path(out_dir)
+    manifest = json.loads((corpus_dir / CORPUS_META).read_text())
+    out.mkdir(parents=True, exist_ok=True)
+    meta_path = out / CACHE_META
+    meta = _read_meta(meta_path) or {
+        "target": target.name, "hidden_size": target.hidden_size, "vocab_size": target.vocab_size,
+        "capture_layers": list(target.model.args.capture_layers()), "dtype": str(target.dtype).removeprefix("torch."),
+        "shards": {"val": [], "train": []}, "tokens": {"val": 0, "train": 0}, "records_done": {"val": 0, "train": 0},
+        "corpus": {"format": CORPUS_FORMAT, "config": manifest["settings"], "pool_size": manifest["pool_size"],
+                   "done": [], "skipped": [], "answer_tokens": 0, "generate_s": 0.0, "rebuilt_from": str(corpus_dir)},
+    }
+    done = set(meta["corpus"]["done"])
+    t0 = time.perf_counter()
+    buffers: dict[str, list[Generated]] = {"val": [], "train": []}
+
+    def flush(split: str) -> None:
+        recs = buffers[split]
+        if not recs:
+            return
+        name = f"{split}-{len(meta['shards'][split]):05d}.safetensors"
+        lengths = torch.tensor([0] + [len(g.prompt) + len(g.answer) - 1 for g in recs])
+        save_file({
+            "tokens": torch.tensor([t for g in recs for t in (g.prompt + g.answer)[:-1]], dtype=torch.int32),
+            "offsets": lengths.cumsum(0),
+            "answer_start": torch.tensor([len(g.prompt) for g in recs], dtype=torch.int64),
+            "last": torch.tensor([g.answer[-1] for g in recs], dtype=torch.int32),
+            "index": torch.tensor([g.index for g in recs], dtype=torch.int64),
+            "sampled": torch.tensor([g.sampled for g in recs], dtype=torch.bool),
+            "aux": torch.cat([g.aux for g in recs]),
+            "final": torch.cat([g.final for g in recs]),
+        }, str(out / (name + ".tmp")))
+        (out / (name + ".tmp")).replace(out / name)
+        meta["shards"][split].append(name)
+        meta["tokens"][split] += int(lengths.sum())
+        meta["records_done"][split] += len(recs)
+        meta["corpus"]["done"].extend(g.index for g in recs)
+        meta["corpus"]["answer_tokens"] += sum(len(g.answer) for g in recs)
+        _write_json(meta_path, meta)
+        buffers[split] = []
+
+    for rec in read_corpus(corpus_dir):
+        if rec["index"] in done:
+            continue
+        if max_minutes is not None and time.perf_counter() - t0 > 60 * max_minutes:
+            break
+        ids = rec["ids"]
+        fed = torch.tensor(ids[:-1], device=target.device)
+        cache = target.new_cache(len(fed))
+        fwd = target.model(fed, torch.arange(len(fed), device=target.device), cache, capture=True, final=True, logits=False)
+        start = rec["answer_start"]
+        buffers[rec["split"]].append(Generated(
+            rec["index"], ids[:start], ids[start:], rec["sampled"], fwd.hidden.to(torch.bfloat16).cpu(), fwd.final.to(torch.bfloat16).cpu()
+        ))
+        if sum(len(g.prompt) + len(g.answer) for g in buffers[rec["split"]]) >= SHARD_TOKENS:
+            flush(rec["split"])
+    for split in buffers:
+        flush(split)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from .loading import DEFAULT_MODEL
+    from .target import load_target
+
+    p = argparse.ArgumentParser(description="Generate the self-distilled corpus (see dart_core/corpus.py).")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="target: 'default', a local dir or a hub id")
+    p.add_argument("--data", nargs="+", required=True, help="prompt files (.json/.jsonl, see dart_core.data)")
+    p.add_argument("--exclude", nargs="*", default=[], help="question.jsonl files whose prompts are held out (the bench sets)")
+    p.add_argument("--out", type=Path, required=True, help="run directory (resumable; a training cache when states are captured)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--max-prompt-tokens", type=int, default=768)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=48, help="sequences decoding together")
+    p.add_argument("--sample-share", type=float, default=0.25, help="share of prompts answered by sampling")
+    p.add_argument("--temperature", type=float, default=0.7, help="temperature of the sampled answers")
+    p.add_argument("--val-prompts", type=int, default=300)
+    p.add_argument("--no-capture", action="store_true", help="token ids only (no hidden states)")
+    p.add_argument("--minutes", type=float, default=None, help="stop after this long (resumable)")
+    p.add_argument("--max-prompts", type=int, default=None, help="stop after this many pool prompts")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--export", type=Path, default=None, metavar="DIR",
+                   help="after generating, write the compact corpus (token ids, offsets, provenance) of the finished parts to DIR")
+    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                   help="after generating, choose the N-token draft vocabulary of the corpus and report its coverage of the target's argmax")
+    p.add_argument("--rebuild-from", type=Path, default=None, metavar="CORPUS",
+                   help="instead of generating, rebuild the states of an exported corpus with one teacher-forced pass into --out")
+    p.add_argument("--no-generate", action="store_true", help="only --export / --draft-vocab what --out holds")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.rebuild_from is not None:
+        corpus_to_cache(load_target(args.model, args.device, args.dtype), args.rebuild_from, args.out, args.minutes)
+        return 0
+    cfg = CorpusConfig(
+        data=[str(d) for d in args.data], out_dir=str(args.out), exclude=[str(e) for e in args.exclude],
+        max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+        sample_share=args.sample_share, temperature=args.temperature, val_prompts=args.val_prompts, seed=args.seed,
+        capture=not args.no_capture, max_minutes=args.minutes, max_prompts=args.max_prompts,
+    )
+    if not args.no_generate:
+        generate_corpus(load_target(args.model, args.device, args.dtype), cfg)
+    if args.export is not None:
+        command = "python scripts/make_corpus.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        m = export_corpus(args.out, args.export, command)
+        print(f"{args.export}: {len(m['parts'])} parts, {m['records']} records, {m['answer_tokens']} answer tokens", file=sys.stderr)
+    if args.draft_vocab is not None:
+        info = choose_draft_vocab(args.out, args.draft_vocab, json.loads((args.out / CACHE_META).read_text())["vocab_size"])
+        print(f"draft vocabulary {info['size']}: covers {info['coverage_greedy_argmax']:.2%} of greedy answer tokens "
+              f"(the target's argmax), {info['coverage_answer_tokens']:.2%} of all answer tokens", file=sys.stderr)
+    return 0
