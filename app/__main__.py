@@ -21,6 +21,7 @@ import torch  # noqa: E402
 
 from dart_core import GenerationParams, load_target  # noqa: E402
 from dart_core.bench import DEFAULT_MAX_NODES  # noqa: E402
+from dart_core.drafters.dart import CONTEXT_EXTEND, CONTEXT_WEIGHT  # noqa: E402
 from dart_core.loading import DEFAULT_MODEL, EMBEDDED_NAME  # noqa: E402
 
 from .engine import MIN_REFERENCE_TOKENS, Engine  # noqa: E402
@@ -56,6 +57,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--beam-width", type=int, default=20)
     g.add_argument("--max-nodes", type=int, default=None, help=f"drafted tree nodes besides the root (default per device: {DEFAULT_MAX_NODES})")
     g.add_argument("--draft-depth", type=int, default=None, help="use only the head's first N rows (tree depth <= N)")
+    g.add_argument("--no-context-ngram", action="store_true", help="prune without the context n-gram (the conversation's own repeats)")
+    g.add_argument("--context-weight", type=float, default=CONTEXT_WEIGHT, help=f"context n-gram weight at a full-length match, in [0, 1] (default {CONTEXT_WEIGHT})")
+    g.add_argument("--context-extend", type=int, default=CONTEXT_EXTEND, help=f"tree levels past the head's rows that follow a context match (default {CONTEXT_EXTEND})")
     g = p.add_argument_group("EAGLE3 baseline")
     g.add_argument("--compare-eagle3", action="store_true", help="start in compare mode: each prompt runs through DART, EAGLE3 and AR in turn")
     g.add_argument("--eagle3-model-name-or-path", default=None, help=f"EAGLE3 head dir or hub id (default: {DEFAULT_EAGLE3.relative_to(ASSETS.parent)} if present)")
@@ -117,11 +121,14 @@ def load_dart(args, target, max_nodes: int, notes: list[str], progress: Progress
         notes.append(f"No trained DART head at {DEFAULT_DART}: only plain decoding (AR) is available.")
         return None
     import ngram_cpp
-    from dart_core.drafters.dart import DartParams, load_dart_drafter
+    from dart_core.drafters.dart import DartParams, load_dart_drafter, with_context
 
     ngram = resolve_ngram(args)
     progress(f"loading the DART head {head} and n-gram {ngram}")
-    params = DartParams(ngram_cpp.PruneParams(top_k=args.tree_top_k, beam_width=args.beam_width, max_nodes=max_nodes, use_ngram=ngram is not None), args.draft_depth)
+    if not 0.0 <= args.context_weight <= 1.0 or args.context_extend < 0:
+        raise SystemExit("--context-weight must be in [0, 1] and --context-extend >= 0")
+    plain = ngram_cpp.PruneParams(top_k=args.tree_top_k, beam_width=args.beam_width, max_nodes=max_nodes, use_ngram=ngram is not None)
+    params = DartParams(with_context(plain, not args.no_context_ngram, args.context_weight, args.context_extend), args.draft_depth)
     try:
         drafter = load_dart_drafter(head, target, ngram, params)
     except (OSError, ValueError) as e:

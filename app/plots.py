@@ -69,6 +69,20 @@ def node_draft_probs(step: Step, method: str) -> list[float | None]:
     return [None] * len(tokens)
 
 
+# Marker per node provenance (DART's info["sources"]): the head's candidate, one the context n-gram
+# also proposed, or the context's alone (a repeat of the conversation the head did not propose).
+SOURCE_SYMBOLS = ("circle", "star", "square")
+SOURCE_NAMES = ("draft head", "draft head + context", "context n-gram")
+PATH_SYMBOLS = ("diamond", "star-diamond", "square")  # the same, on the accepted path
+
+
+def node_sources(step: Step) -> list[int]:
+    """Each node's provenance index into SOURCE_NAMES (0 where the drafter does not tell)."""
+    sources = step.info.get("sources")
+    n = len(step.tree.tokens)
+    return list(sources) if sources is not None and len(sources) == n else [0] * n
+
+
 def empty_figure(title: str, height: int = SMALL["height"]) -> go.Figure:
     fig = go.Figure()
     fig.update_layout(**{**SMALL, "height": height}, title=title)
@@ -94,7 +108,7 @@ def tree_figure(run: Run | None, step_index: int | None, tokenizer, colour_by: s
     fig = go.Figure()
     _tree_edges(fig, parents, depths, y, on_path)
     values, title = (probs, "draft prob.") if colour_by == COLOUR_BY[0] else (scores, "tree score")
-    _tree_nodes(fig, depths, y, labels, probs, scores, values, title, on_path)
+    _tree_nodes(fig, depths, y, labels, probs, scores, values, title, on_path, node_sources(step))
     n_leaves = sum(1 for i in range(len(tokens)) if i not in set(parents))
     fig.update_layout(
         title=f"{run.label} step {step.index}: {len(tokens) - 1} drafted nodes, {step.accepted} accepted (green)",
@@ -119,11 +133,11 @@ def _tree_edges(fig: go.Figure, parents, depths, y, on_path) -> None:
     fig.add_trace(go.Scatter(x=path[0], y=path[1], mode="lines", line=dict(color=ACCEPTED, width=4), hoverinfo="skip"))
 
 
-def _tree_nodes(fig: go.Figure, depths, y, labels, probs, scores, values, value_title, on_path) -> None:
+def _tree_nodes(fig: go.Figure, depths, y, labels, probs, scores, values, value_title, on_path, sources) -> None:
     def hover(i):
         p = f"draft prob. {probs[i]:.3f}" if probs[i] is not None else "draft prob. n/a"
         s = f"tree score {scores[i]:.3f}" if scores[i] is not None else ""
-        return f"{labels[i]}<br>depth {depths[i]}<br>{p}<br>{s}"
+        return f"{labels[i]}<br>depth {depths[i]}<br>{p}<br>{s}<br>from the {SOURCE_NAMES[sources[i]]}"
 
     drafted = [i for i in range(1, len(labels)) if i not in on_path]
     known = [values[i] for i in drafted if values[i] is not None]
@@ -134,6 +148,7 @@ def _tree_nodes(fig: go.Figure, depths, y, labels, probs, scores, values, value_
             text=[labels[i] for i in drafted], textposition="middle right", textfont=dict(size=11, color="#343a40"),
             marker=dict(
                 size=10, color=colours, colorscale="YlOrRd", line=dict(width=0.5, color="#495057"),
+                symbol=[SOURCE_SYMBOLS[sources[i]] for i in drafted],
                 showscale=bool(known), colorbar=dict(title=dict(text=value_title, side="right"), thickness=12, len=0.8),
             ),
             hovertext=[hover(i) for i in drafted], hoverinfo="text",
@@ -144,7 +159,8 @@ def _tree_nodes(fig: go.Figure, depths, y, labels, probs, scores, values, value_
         go.Scatter(
             x=[depths[i] for i in path], y=[y[i] for i in path], mode="markers+text",
             text=[f"<b>{labels[i]}</b>" for i in path], textposition="top center", textfont=dict(size=12, color=ACCEPTED),
-            marker=dict(size=14, color=ACCEPTED, symbol="diamond"), hovertext=[hover(i) for i in path], hoverinfo="text",
+            marker=dict(size=14, color=ACCEPTED, symbol=[PATH_SYMBOLS[sources[i]] for i in path]),
+            hovertext=[hover(i) for i in path], hoverinfo="text",
         )
     )
     fig.add_trace(

@@ -38,6 +38,8 @@ LEGEND = (
     '<div><span class="chunk c0">one forward</span><span class="chunk c1">the next</span> each shaded chunk is one target forward</div>'
     '<div><span class="chunk c0">accepted drafts<span class="bonus"> own</span></span> underlined: the target\'s own token after the drafts it accepted</div>'
     "<div>τ = tokens per target forward; speeds count engine time only</div>"
+    "<div>draft tree: ● the head's guess, ★ a guess the conversation's own text also suggested, ■ a repeat of the "
+    "conversation proposed by the context n-gram alone (green: accepted)</div>"
     "</div>"
 )
 

@@ -25,6 +25,7 @@ from typing import Callable
 import torch
 
 from .generate import ARDrafter, Drafter, GenerationParams, StageTimes, Summary, complete
+from .drafters.dart import CONTEXT_EXTEND, CONTEXT_ORDER, CONTEXT_WEIGHT
 from .loading import DEFAULT_MODEL
 from .sampling import SamplingParams
 from .target import Target, load_target
@@ -150,26 +151,32 @@ def build_runner(name: str, target: Target, args: argparse.Namespace) -> Runner:
         return hf_runner(target, prompt_lookup=True)
     if name == "dart":
         return loop_runner(target, dart_drafter(target, args))
+    if name == "dart-noctx":
+        return loop_runner(target, dart_drafter(target, args, context=False))
     if name == "eagle3":
         return loop_runner(target, eagle3_drafter(target, args))
     raise ValueError(f"unknown method {name!r}: choose from {', '.join(METHODS)}")
 
 
-METHODS = ("ar", "hf", "pld", "dart", "eagle3")
+METHODS = ("ar", "hf", "pld", "dart", "dart-noctx", "eagle3")
 
 
-def tree_params(args: argparse.Namespace, device: torch.device):
+def tree_params(args: argparse.Namespace, device: torch.device, context: bool = True):
     import ngram_cpp
 
+    from .drafters.dart import with_context
+
     max_nodes = args.max_nodes if args.max_nodes is not None else DEFAULT_MAX_NODES.get(device.type, 60)
-    return ngram_cpp.PruneParams(top_k=args.tree_top_k, beam_width=args.beam_width, max_nodes=max_nodes, use_ngram=not args.no_ngram)
+    plain = ngram_cpp.PruneParams(top_k=args.tree_top_k, beam_width=args.beam_width, max_nodes=max_nodes, use_ngram=not args.no_ngram)
+    return with_context(plain, context and not args.no_context_ngram, args.context_weight, args.context_extend)
 
 
-def dart_drafter(target: Target, args: argparse.Namespace):
+def dart_drafter(target: Target, args: argparse.Namespace, context: bool = True):
     from .drafters.dart import DartParams, load_dart_drafter
 
     ngram = None if args.no_ngram else (args.ngram_model or (DEFAULT_NGRAM if args.model == DEFAULT_MODEL else None))
-    return load_dart_drafter(args.dart_model, target, ngram, DartParams(tree_params(args, target.device), args.draft_depth))
+    params = DartParams(tree_params(args, target.device, context), args.draft_depth, args.context_order)
+    return load_dart_drafter(args.dart_model, target, ngram, params)
 
 
 def eagle3_drafter(target: Target, args: argparse.Namespace):
@@ -195,6 +202,12 @@ def read_questions(path: Path, limit: int | None) -> list[dict]:
     if not rows:
         raise ValueError(f"{path} holds no questions")
     return rows
+
+
+def dataset_names(paths: list[Path]) -> list[str]:
+    """A short name per dataset file: its stem, made unique with the parent directory if needed."""
+    stems = [p.stem for p in paths]
+    return [p.stem if stems.count(p.stem) == 1 else f"{p.parent.name}/{p.stem}" for p in paths]
 
 
 def environment(args: argparse.Namespace, target: Target) -> dict:
@@ -223,7 +236,7 @@ def environment(args: argparse.Namespace, target: Target) -> dict:
         "transformers": transformers.__version__,
         "python": platform.python_version(),
         "model": target.name,
-        "dataset": str(args.dataset),
+        "dataset": [str(d) for d in args.dataset],
         "limit": args.limit,
         "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature,
@@ -249,11 +262,25 @@ def markdown_table(methods: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def dataset_table(datasets: dict[str, dict[str, dict]]) -> str:
+    """Speed-up vs ar and τ per dataset (rows) and method (columns)."""
+    methods = list(next(iter(datasets.values())))
+    lines = ["| dataset | " + " | ".join(f"{m} speed-up / τ" for m in methods) + " |", "|---|" + "---|" * len(methods)]
+    for d, rep in datasets.items():
+        cells = []
+        for m in methods:
+            su, tau = rep[m]["speedup_vs_ar"], rep[m]["tau"]
+            cells.append(("–" if su is None else f"{su:.2f}x") + " / " + ("–" if tau is None else f"{tau:.2f}"))
+        lines.append(f"| {d} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m dart_core.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--methods", default="ar,hf", help=f"comma-separated, from: {', '.join(METHODS)} (default: ar,hf)")
-    p.add_argument("--dataset", type=Path, required=True, help="question.jsonl file (first turn of each row is used)")
-    p.add_argument("--limit", type=int, default=None, help="use the first N questions")
+    p.add_argument("--dataset", type=Path, nargs="+", required=True,
+                   help="question.jsonl file(s) (first turn of each row is used); with several, the report has a section per file")
+    p.add_argument("--limit", type=int, default=None, help="use the first N questions of each file")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -272,6 +299,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--beam-width", type=int, default=20)
     g.add_argument("--max-nodes", type=int, default=None, help=f"tree nodes besides the root (default per device: {DEFAULT_MAX_NODES})")
     g.add_argument("--draft-depth", type=int, default=None, help="use only the head's first N rows (tree depth <= N; default: all D+1)")
+    g.add_argument("--no-context-ngram", action="store_true", help="prune without the context n-gram (the conversation's own repeats); method dart-noctx is DART without it")
+    g.add_argument("--context-weight", type=float, default=CONTEXT_WEIGHT, help=f"context n-gram weight at a full-length match, in [0, 1] (default {CONTEXT_WEIGHT})")
+    g.add_argument("--context-extend", type=int, default=CONTEXT_EXTEND, help=f"levels past the head's rows that follow a context match (default {CONTEXT_EXTEND})")
+    g.add_argument("--context-order", type=int, default=CONTEXT_ORDER, help=f"longest context match in tokens (default {CONTEXT_ORDER})")
     g = p.add_argument_group("EAGLE3 trees (eagle3)")
     g.add_argument("--eagle3-model", default=str(DEFAULT_EAGLE3_HEAD), help="EAGLE3 head dir or hub id (default: the embedded head)")
     g.add_argument("--eagle3-depth", type=int, default=7, help="expansion steps after the root's (EAGLE3 default 7)")
@@ -289,33 +320,42 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"unknown method(s) {unknown}: choose from {', '.join(METHODS)}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    questions = read_questions(args.dataset, args.limit)
+    names = dataset_names(args.dataset)
+    questions = [(name, q) for name, path in zip(names, args.dataset) for q in read_questions(path, args.limit)]
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
 
     log(f"loading target {args.model!r} ({args.dtype}, {args.device})")
     target = load_target(args.model, args.device, args.dtype)
     runners = {m: build_runner(m, target, args) for m in methods}
-    prompts = [target.encode([{"role": "user", "content": q["turns"][0]}]) for q in questions]
+    prompts = [target.encode([{"role": "user", "content": q["turns"][0]}]) for _, q in questions]
 
     log("warm-up")
     for name, run in runners.items():
         run(prompts[0], GenerationParams(WARMUP_NEW_TOKENS, sampling=sampling))
 
     totals = {m: Totals() for m in methods}
+    by_set = {d: {m: Totals() for m in methods} for d in names}
     samples = []
-    for i, (q, ids) in enumerate(zip(questions, prompts)):
+    for i, ((dataset, q), ids) in enumerate(zip(questions, prompts)):
         for name, run in runners.items():
             sp = SamplingParams(args.temperature, args.top_p, args.top_k, seed=args.seed + i)
             r = run(ids, GenerationParams(args.max_new_tokens, sampling=sp))
             totals[name].add(r)
-            samples.append({"question_id": q.get("question_id", i), "method": name, "output_ids": r.output_ids})
+            by_set[dataset][name].add(r)
+            samples.append({"dataset": dataset, "question_id": q.get("question_id", i), "method": name, "output_ids": r.output_ids})
             tau = f" τ {len(r.output_ids) / r.steps:.2f}" if r.steps else ""
-            log(f"[{i + 1}/{len(questions)}] {name:>6}: {len(r.output_ids):4d} tokens {len(r.output_ids) / r.wall_s:7.2f} tok/s{tau}")
+            log(f"[{i + 1}/{len(questions)}] {dataset} {name:>10}: {len(r.output_ids):4d} tokens {len(r.output_ids) / r.wall_s:7.2f} tok/s{tau}")
 
-    ar_tps = totals["ar"].report(None)["tokens_per_s"] if "ar" in totals else None
-    report = {m: t.report(ar_tps) for m, t in totals.items()}
-    result = {"env": environment(args, target), "methods": report, "samples": samples}
+    def reports(tot: dict) -> dict:
+        ar_tps = tot["ar"].report(None)["tokens_per_s"] if "ar" in tot else None
+        return {m: t.report(ar_tps) for m, t in tot.items()}
+
+    report = reports(totals)
+    datasets = {d: reports(t) for d, t in by_set.items()}
+    result = {"env": environment(args, target), "methods": report, "datasets": datasets, "samples": samples}
+    if len(names) > 1:
+        print(dataset_table(datasets) + "\n\nAll prompts:\n")
     print(markdown_table(report))
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))

@@ -50,7 +50,7 @@ CORPUS_FORMAT = "dart-demo-corpus/1"
 CORPUS_META = "corpus.json"
 CACHE_META = "meta.json"  # same name as dart_core.training's cache meta
 SHARD_TOKENS = 24_000  # tokens per state shard (~110 MB at H=576): a checkpoint every ~minute
-PART_RECORDS = 2048  # prompts per exported corpus part (a part is written once all its prompts are done)
+PART_RECORDS = 1024  # prompts per exported corpus part (a part is written once all its prompts are done)
 
 
 @dataclass

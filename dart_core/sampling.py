@@ -63,7 +63,11 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def sample_token(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    return int(torch.multinomial(probs, 1, generator=generator))
+    """One draw from probs (V,). The draw runs where the generator lives (the loop's generator is a
+    CPU one, so CUDA probabilities are moved to the CPU first: multinomial refuses a generator of
+    another device)."""
+    device = generator.device if generator is not None else probs.device
+    return int(torch.multinomial(probs.to(device), 1, generator=generator))
 
 
 @dataclass(frozen=True)
@@ -107,7 +111,11 @@ def accept_sampling(
                 break
             if px > 0.0:
                 p[x] = 0.0
-                p = p / p.sum()
+                rest = float(p.sum())
+                if rest <= 0.0:  # x held all the mass but lost the draw to rounding (px = 1 - ulp): it is the draw
+                    accepted = child
+                    break
+                p = p / rest
         if accepted is None:
             return Acceptance(path, sample_token(p, generator))
         node = accepted

@@ -26,7 +26,17 @@ from typing import Iterable
 
 import numpy as np
 
-from .reference import COMPACT_MAGIC, PrunedTree, PruneParams, PyNGramModel, prune_reference
+from .reference import (
+    COMPACT_MAGIC,
+    FROM_CONTEXT,
+    FROM_HEAD,
+    HEAD_AND_CONTEXT,
+    PrunedTree,
+    PruneParams,
+    PyContextIndex,
+    PyNGramModel,
+    prune_reference,
+)
 
 try:
     from . import _ngram
@@ -37,7 +47,11 @@ except ImportError:  # the extension was not built: fall back to the Python refe
     HAVE_CPP = False
 
 __all__ = [
+    "FROM_CONTEXT",
+    "FROM_HEAD",
+    "HEAD_AND_CONTEXT",
     "HAVE_CPP",
+    "ContextIndex",
     "NGram",
     "PruneParams",
     "PrunedTree",
@@ -204,7 +218,37 @@ def convert(src, dst, fmt: str | None = None, vocab_size: int | None = None, fin
     return model
 
 
-def prune(tokens, probs, root: int, context, model: NGram | None, params: PruneParams = PruneParams(), eos_id: int = -1) -> PrunedTree:
+class ContextIndex:
+    """The context n-gram of one conversation: every n-gram (n <= max_order) of the tokens given to
+    `extend` so far, with the tokens that followed it. The DART pruner looks up the longest suffix of
+    (these tokens + root + a draft path) that occurred before and proposes what followed it.
+    Updating costs O(max_order) per new token (C++ where built, else the Python reference)."""
+
+    def __init__(self, max_order: int = 4, tokens=()):
+        self._impl = _ngram.ContextIndex(int(max_order)) if HAVE_CPP else PyContextIndex(int(max_order))
+        if len(tokens):
+            self.extend(tokens)
+
+    def extend(self, tokens) -> None:
+        self._impl.extend(np.asarray(tokens, dtype=np.int64).reshape(-1))
+
+    def __len__(self) -> int:
+        return len(self._impl)
+
+    @property
+    def max_order(self) -> int:
+        return self._impl.max_order
+
+    def lookup(self, virtual_tokens, min_len: int = 1) -> tuple[int, dict[int, int], int]:
+        """(match length, {token: count}, most recent continuation) of the longest suffix of the
+        indexed tokens + virtual_tokens (root, path) that occurred earlier; (0, {}, -1) if none."""
+        return self._impl.lookup(np.asarray(virtual_tokens, dtype=np.int64).reshape(-1), int(min_len))
+
+
+def prune(
+    tokens, probs, root: int, context, model: NGram | None, params: PruneParams = PruneParams(), eos_id: int = -1,
+    index: ContextIndex | None = None,
+) -> PrunedTree:
     """Turn per-depth top-k draft candidates into a draft tree (DART's n-gram guided beam search).
 
     tokens  (d, k) int64    target-vocabulary ids; row j holds the candidates for depth j + 1
@@ -214,12 +258,16 @@ def prune(tokens, probs, root: int, context, model: NGram | None, params: PruneP
                             context + root + path are the n-gram context)
     model   the n-gram model, or None (draft probabilities only)
     eos_id  sequences ending in it are never extended (-1: none)
+    index   the context n-gram over every committed token before the root (used when
+            params.context_weight > 0), or None
     Returns a PrunedTree (N = kept nodes + 1, index 0 = root, depth order); the score and the
     selection rule are in ngram_cpp/src/pruner.h. Raises ValueError on bad shapes, ids, probabilities
     or parameters. Uses the C++ extension when available, else the Python reference (same trees).
     """
     if not HAVE_CPP or (model is not None and model.native is None):
-        return prune_reference(tokens, probs, root, context, None if model is None else model._impl, params, eos_id)
+        return prune_reference(
+            tokens, probs, root, context, None if model is None else model._impl, params, eos_id, None if index is None else index._impl
+        )
     native = _ngram.PruneParams()
     for f in dataclasses.fields(PruneParams):
         setattr(native, f.name, getattr(params, f.name))
@@ -231,6 +279,7 @@ def prune(tokens, probs, root: int, context, model: NGram | None, params: PruneP
         None if model is None else model.native,
         native,
         int(eos_id),
+        None if index is None else index._impl,
     )
     return PrunedTree(**out)
 

@@ -38,6 +38,13 @@ class PruneParams:
     use_ngram: bool = True
     ngram_on_first_level: bool = False  # upstream builds with -DNO_NGRAM_ON_FIRST_TOKEN
     eps: float = 1e-10
+    # The context n-gram (ours; see ngram_cpp/src/pruner.h): draft probabilities mixed with the
+    # continuations of the longest earlier match, lambda = context_weight * match / max_order.
+    context_weight: float = 0.0  # 0: off
+    context_min_match: int = 1
+    context_extend: int = 0  # levels past the head's rows drafted from the context alone
+    context_extend_min_match: int = 2
+    context_max_candidates: int = 4  # context-only candidates per parent
 
 
 @dataclass
@@ -55,6 +62,54 @@ class PrunedTree:
     scores: np.ndarray  # (N,) float32 cumulative beam score
     mask: np.ndarray  # (N, N) bool, row i = i and its ancestors
     retrieve: np.ndarray  # (leaves, max_depth + 1) int64, -1 padded
+    sources: np.ndarray | None = None  # (N,) uint8: FROM_HEAD, HEAD_AND_CONTEXT, FROM_CONTEXT
+
+
+FROM_HEAD, HEAD_AND_CONTEXT, FROM_CONTEXT = 0, 1, 2
+MAX_CONTEXT_ORDER = 8
+
+
+class PyContextIndex:
+    """The context n-gram of one conversation (as ngram_cpp/src/context.h): for n = 1..max_order,
+    the tokens that followed every n-gram seen so far, with counts in first-seen order."""
+
+    def __init__(self, max_order: int):
+        if not 1 <= max_order <= MAX_CONTEXT_ORDER:
+            raise ValueError(f"context max_order must be in 1..{MAX_CONTEXT_ORDER}")
+        self.max_order = max_order
+        self.seq: list[int] = []
+        self.maps: list[dict[tuple, dict[int, int]]] = [{} for _ in range(max_order)]
+        self.last: list[dict[tuple, int]] = [{} for _ in range(max_order)]
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+    def extend(self, tokens) -> None:
+        for t in np.asarray(tokens, dtype=np.int64).reshape(-1).tolist():
+            if t < 0:
+                raise ValueError(f"token id {t} is negative")
+            for n in range(1, min(self.max_order, len(self.seq)) + 1):
+                key = tuple(self.seq[-n:])
+                counts = self.maps[n - 1].setdefault(key, {})
+                counts[t] = counts.get(t, 0) + 1
+                self.last[n - 1][key] = t
+            self.seq.append(t)
+
+    def lookup(self, virtual_tokens, min_len: int = 1) -> tuple[int, dict[int, int], int]:
+        """(match length, {token: count} in first-seen order, most recent continuation) of the longest
+        suffix of indexed + virtual tokens seen earlier with a continuation; (0, {}, -1) if none."""
+        virt = [int(t) for t in np.asarray(virtual_tokens, dtype=np.int64).reshape(-1)]
+        full = self.seq + virt
+        for n in range(min(self.max_order, len(full)), max(1, min_len) - 1, -1):
+            key = tuple(full[-n:])
+            counts = dict(self.maps[n - 1].get(key, {}))
+            last = self.last[n - 1].get(key, -1)
+            if virt and len(self.seq) >= n and tuple(self.seq[-n:]) == key:
+                counts[virt[0]] = counts.get(virt[0], 0) + 1
+                last = virt[0]
+            if counts:
+                return n, counts, last
+        return 0, {}, -1
 
 
 class PyNGramModel:
@@ -268,7 +323,7 @@ def _align(x: int) -> int:
     return (x + ALIGN - 1) // ALIGN * ALIGN
 
 
-def prune_reference(tokens, probs, root: int, context, model, params: PruneParams, eos_id: int) -> PrunedTree:
+def prune_reference(tokens, probs, root: int, context, model, params: PruneParams, eos_id: int, index=None) -> PrunedTree:
     """DART's n-gram guided beam search, step by step (arguments as ngram_cpp.prune).
 
     A node at level l (depth l + 1) scores its parent's score plus
@@ -277,7 +332,8 @@ def prune_reference(tokens, probs, root: int, context, model, params: PruneParam
     last order-1 tokens of context + root + path; no n-gram term at level 0 unless
     ngram_on_first_level. Each level extends the beam_width best non-EOS children (score desc, then
     expansion order); the tree keeps the max_nodes best expanded nodes by (score desc, depth asc,
-    expansion order asc).
+    expansion order asc). With a context index and context_weight > 0, p is mixed with the context
+    continuations and context-only candidates join (see PruneParams and ngram_cpp/src/pruner.h).
     """
     tokens = np.asarray(tokens, dtype=np.int64)
     probs = np.asarray(probs, dtype=np.float32)
@@ -289,7 +345,9 @@ def prune_reference(tokens, probs, root: int, context, model, params: PruneParam
         raise ValueError("top_k and beam_width must be >= 1, max_nodes >= 0")
     if not all(math.isfinite(x) for x in (params.eps, params.level_exponent, params.logit_decay, params.ngram_weight)) or not params.eps > 0:
         raise ValueError("score weights must be finite and eps > 0")
-    if kk * (1 + params.beam_width * (d - 1)) > MAX_EXPANDED_NODES:
+    if (kk + (params.context_max_candidates if index is not None and params.context_weight > 0 else 0)) * (
+        1 + params.beam_width * (d - 1 + (params.context_extend if index is not None and params.context_weight > 0 else 0))
+    ) > MAX_EXPANDED_NODES:
         raise ValueError(f"d * beam_width * top_k is too large (more than {MAX_EXPANDED_NODES} expanded nodes)")
     vocab = model.vocab_size if model is not None and model.vocab_known else TOKEN_ID_LIMIT
     context = [int(t) for t in np.asarray(context, dtype=np.int64).reshape(-1)]
@@ -299,37 +357,60 @@ def prune_reference(tokens, probs, root: int, context, model, params: PruneParam
         raise ValueError("draft probabilities must be in [0, 1]")
     if any(len(set(row)) != len(row) for row in tokens.tolist()):
         raise ValueError("a token appears twice in one row")
+    if not 0.0 <= params.context_weight <= 1.0:
+        raise ValueError("context_weight must be in [0, 1]")
+    if params.context_min_match < 1 or params.context_extend < 0 or params.context_extend_min_match < 1 or params.context_max_candidates < 0:
+        raise ValueError("context_min_match and context_extend_min_match must be >= 1, context_extend and context_max_candidates >= 0")
+    use_context = index is not None and params.context_weight > 0
+    levels = d + (params.context_extend if use_context else 0)
     order = model.order if model is not None else 1
     ctx_len = order - 1
 
-    # pool entries: [token, parent, depth, score]
-    pool: list[tuple[int, int, int, float]] = []
+    # pool entries: [token, parent, depth, score, source]
+    pool: list[tuple[int, int, int, float, int]] = []
     beam = [-1]
-    for level in range(d):
+    for level in range(levels):
         if not beam:
             break
         w = math.pow(float(level + 1), params.level_exponent)
         decay = math.pow(params.logit_decay, float(level))
+        head_row = level < d
         ngram = model is not None and params.use_ngram and ctx_len > 0 and (level > 0 or params.ngram_on_first_level)
-        cand = [int(t) for t in tokens[level, :kk]]
+        cand = [int(t) for t in tokens[level, :kk]] if head_row else []
         nxt = []
         for parent in beam:
-            q = [1.0] * kk
+            path = []
+            n = parent
+            while n >= 0:
+                path.append(pool[n][0])
+                n = pool[n][1]
+            path = path[::-1]
+            seq = context + [int(root)] + path
+            match, lam, cont = 0, 0.0, {}
+            if use_context:
+                match, cont, _ = index.lookup([int(root)] + path, params.context_min_match)
+                if match:
+                    lam = params.context_weight * match / index.max_order
+            total = sum(cont.values())
+            extra = []
+            if match and (head_row or match >= params.context_extend_min_match):
+                extra = [t for t in cont if t not in cand]  # first-seen order
+                extra.sort(key=lambda t: -cont[t])  # stable: ties keep first-seen order
+                extra = extra[: params.context_max_candidates]
+            q = [1.0] * (len(cand) + len(extra))
             if ngram:
-                path = []
-                n = parent
-                while n >= 0:
-                    path.append(pool[n][0])
-                    n = pool[n][1]
-                seq = context + [int(root)] + path[::-1]
-                q = list(model.probs(seq[-ctx_len:], cand))
+                q = list(model.probs(seq[-ctx_len:], cand + extra))
             base = pool[parent][3] if parent >= 0 else 0.0
             depth = pool[parent][2] + 1 if parent >= 0 else 1
-            for i in range(kk):
-                term = decay * math.log(float(probs[level, i]) + params.eps)
+            for i, tok in enumerate(cand + extra):
+                c = cont.get(tok, 0) / total if match else 0.0
+                p = float(probs[level, i]) if i < len(cand) else 0.0
+                mixed = (1.0 - lam) * p + lam * c
+                term = decay * math.log(mixed + params.eps)
                 if ngram:
                     term += params.ngram_weight * math.log(q[i] + params.eps)
-                pool.append((cand[i], parent, depth, base + min(0.0, w * term)))
+                source = FROM_CONTEXT if i >= len(cand) else (HEAD_AND_CONTEXT if c > 0 else FROM_HEAD)
+                pool.append((tok, parent, depth, base + min(0.0, w * term), source))
                 nxt.append(len(pool) - 1)
         nxt.sort(key=lambda n: (pool[n][0] == eos_id, -pool[n][3], n))
         nxt = nxt[: params.beam_width]
@@ -380,4 +461,5 @@ def prune_reference(tokens, probs, root: int, context, model, params: PruneParam
         np.array(scores, dtype=np.float32),
         mask,
         retrieve,
+        np.array([FROM_HEAD] + [pool[n][4] for n in kept], dtype=np.uint8),
     )

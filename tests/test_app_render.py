@@ -130,3 +130,18 @@ def test_an_abandoned_stream_does_not_hold_the_engine(embedded_target):
     worker.join(timeout=120)
     assert not worker.is_alive(), "the second request is blocked behind the abandoned one"
     assert done["run"].done and done["run"].new_tokens >= 1
+
+
+def test_tree_figure_marks_nodes_from_the_context(tokenizer):
+    # nodes 1 and 3 are accepted; 2 came from the context alone, 3 from head and context
+    tree = DraftTree.from_parents([5, 6, 7, 8], [-1, 0, 0, 1], [0.0, -0.1, -0.5, -0.3])
+    info = {"topk_tokens": [[6, 11]], "topk_probs": [[0.7, 0.3]], "sources": [0, 0, 2, 1]}
+    run = Run("dart", steps=[fake_step(tree, [0, 1, 3], info)])
+    assert plots.node_sources(run.steps[0]) == [0, 0, 2, 1]
+    fig = plots.tree_figure(run, None, tokenizer)
+    symbols = {tuple(t.marker.symbol) for t in fig.data if t.mode == "markers+text" and isinstance(t.marker.symbol, tuple)}
+    assert ("square",) in symbols  # the drafted, not accepted node 2: the context's alone
+    assert ("diamond", "star-diamond") in symbols  # the accepted path: a head node, then one the context supported
+    assert any("from the context n-gram" in h for t in fig.data if t.hovertext for h in t.hovertext)
+    no_info = Run("dart", steps=[fake_step(tree, [0], {"sources": [0, 1]})])  # a wrong length is ignored, not trusted
+    assert plots.node_sources(no_info.steps[0]) == [0, 0, 0, 0]

@@ -25,22 +25,27 @@ def questions(tmp_path_factory):
 def test_bench_cli_json_and_losslessness(questions, tmp_path, capsys):
     e3 = eagle3_fixture_head(tmp_path / "e3")
     out = tmp_path / "r.json"
-    rc = bench.main(["--methods", "ar,dart,eagle3", "--dataset", str(questions), "--max-new-tokens", "12", "--dtype", "float32",
-                     "--eagle3-model", str(e3), "--max-nodes", "8", "--out", str(out)])
+    repeats = tmp_path / "repeats.jsonl"  # text the answer copies: the context n-gram has matches to use
+    repeats.write_text(json.dumps({"question_id": 7, "turns": ["Repeat exactly, three times: the blue cat sat on the red mat."]}) + "\n")
+    rc = bench.main(["--methods", "ar,dart,dart-noctx,eagle3", "--dataset", str(questions), str(repeats), "--max-new-tokens", "24",
+                     "--dtype", "float32", "--eagle3-model", str(e3), "--max-nodes", "8", "--out", str(out)])
     assert rc == 0
-    assert "| dart |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "| dart |" in printed and "| repeats |" in printed
     result = json.loads(out.read_text())
-    assert set(result["methods"]) == {"ar", "dart", "eagle3"}
+    assert set(result["methods"]) == {"ar", "dart", "dart-noctx", "eagle3"}
+    assert set(result["datasets"]) == {"questions", "repeats"}
+    assert result["datasets"]["repeats"]["ar"]["new_tokens"] + result["datasets"]["questions"]["ar"]["new_tokens"] == result["methods"]["ar"]["new_tokens"]
     by = {}
     for s in result["samples"]:
         by.setdefault(s["question_id"], {})[s["method"]] = s["output_ids"]
     for qid, outs in by.items():
-        assert outs["dart"] == outs["ar"] and outs["eagle3"] == outs["ar"], qid
-    for m in ("dart", "eagle3"):
+        assert outs["dart"] == outs["ar"] and outs["dart-noctx"] == outs["ar"] and outs["eagle3"] == outs["ar"], qid
+    for m in ("dart", "dart-noctx", "eagle3"):
         r = result["methods"][m]
         assert r["tau"] >= 1.0 and r["new_tokens"] == result["methods"]["ar"]["new_tokens"]
         assert sum(r["accept_hist"]) > 0 and r["verify_ms"] > 0 and r["draft_ms"] > 0
-    assert result["env"]["dtype"] == "float32" and result["env"]["max_new_tokens"] == 12
+    assert result["env"]["dtype"] == "float32" and result["env"]["max_new_tokens"] == 24
 
 
 def test_bench_refuses_unknown_methods(questions):

@@ -24,11 +24,27 @@ from .head import DraftHead, load_head
 
 CONTEXT_TAIL = 8  # committed tokens passed to the pruner as n-gram context (order - 1 are used)
 
+# The context n-gram (the conversation's own repeats; ngram_cpp/src/pruner.h has the score): the
+# defaults of the bench and the app, chosen by the bench sweep in docs/benchmarks.md.
+CONTEXT_ORDER = 4  # longest suffix matched against the conversation
+CONTEXT_WEIGHT = 0.5  # lambda at a full-length match
+CONTEXT_EXTEND = 4  # levels past the head's rows that follow a context match alone
+CONTEXT_EXTEND_MIN_MATCH = 2
+
+
+def with_context(prune: ngram_cpp.PruneParams, on: bool = True, weight: float = CONTEXT_WEIGHT, extend: int = CONTEXT_EXTEND) -> ngram_cpp.PruneParams:
+    """Tree parameters with the context n-gram on (the project's defaults, or the given weight and
+    extension) or off."""
+    if not on:
+        return replace(prune, context_weight=0.0, context_extend=0)
+    return replace(prune, context_weight=weight, context_extend=extend, context_extend_min_match=CONTEXT_EXTEND_MIN_MATCH)
+
 
 @dataclass(frozen=True)
 class DartParams:
     prune: ngram_cpp.PruneParams = field(default_factory=ngram_cpp.PruneParams)
     depth: int | None = None  # use only the first `depth` rows (tree depth <= depth); None: all D+1
+    context_order: int = CONTEXT_ORDER  # the context n-gram's longest match (used when prune.context_weight > 0)
 
 
 class DartDrafter:
@@ -60,6 +76,8 @@ class _DartSession:
         self.pending_ids: list[int] = []
         self.pending_aux: list[torch.Tensor] = []
         self.committed: list[int] = []
+        p = drafter.params
+        self.index = ngram_cpp.ContextIndex(p.context_order) if p.prune.context_weight > 0 else None
 
     def extend(self, ids: list[int], hidden: torch.Tensor | None) -> None:
         if hidden is None or hidden.shape[0] != len(ids):
@@ -67,6 +85,8 @@ class _DartSession:
         self.pending_ids += ids
         self.pending_aux.append(hidden)
         self.committed = (self.committed + ids)[-CONTEXT_TAIL:]
+        if self.index is not None:
+            self.index.extend(ids)
 
     @torch.inference_mode()
     def draft_logits(self, root: int) -> torch.Tensor:
@@ -102,11 +122,12 @@ class _DartSession:
         t1 = time.perf_counter()
         params = replace(p, max_nodes=max(0, min(p.max_nodes, budget - 1)))
         pruned = ngram_cpp.prune(
-            tokens.cpu().numpy(), probs.cpu().numpy(), root, self.committed, self.d.ngram, params, self.d.eos_id
+            tokens.cpu().numpy(), probs.cpu().numpy(), root, self.committed, self.d.ngram, params, self.d.eos_id, self.index
         )
         tree = DraftTree.from_parents(pruned.tokens, pruned.parents, pruned.scores)
         t2 = time.perf_counter()
-        info = {"topk_tokens": tokens.tolist(), "topk_probs": probs.tolist()}
+        # sources: per tree node, 0 the head's candidate, 1 one the context also proposed, 2 the context's alone
+        info = {"topk_tokens": tokens.tolist(), "topk_probs": probs.tolist(), "sources": pruned.sources.tolist()}
         return Proposal(tree, t1 - t0, t2 - t1, info)
 
 

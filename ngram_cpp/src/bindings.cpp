@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "context.h"
 #include "ngram.h"
 #include "pruner.h"
 
@@ -144,12 +145,42 @@ PYBIND11_MODULE(_ngram, m) {
         .def_readwrite("ngram_weight", &PruneParams::ngram_weight)
         .def_readwrite("use_ngram", &PruneParams::use_ngram)
         .def_readwrite("ngram_on_first_level", &PruneParams::ngram_on_first_level)
-        .def_readwrite("eps", &PruneParams::eps);
+        .def_readwrite("eps", &PruneParams::eps)
+        .def_readwrite("context_weight", &PruneParams::context_weight)
+        .def_readwrite("context_min_match", &PruneParams::context_min_match)
+        .def_readwrite("context_extend", &PruneParams::context_extend)
+        .def_readwrite("context_extend_min_match", &PruneParams::context_extend_min_match)
+        .def_readwrite("context_max_candidates", &PruneParams::context_max_candidates);
+
+    py::class_<ContextIndex>(m, "ContextIndex")
+        .def(py::init<int>(), py::arg("max_order"))
+        .def(
+            "extend",
+            [](ContextIndex& self, const carray<int64_t>& tokens) {
+                std::vector<token_t> t = to_tokens(tokens, "tokens");
+                self.extend(t.data(), t.size());
+            },
+            py::arg("tokens"))
+        .def("__len__", &ContextIndex::size)
+        .def_property_readonly("max_order", &ContextIndex::max_order)
+        .def(
+            "lookup",
+            [](const ContextIndex& self, const carray<int64_t>& virt, int min_len) {
+                std::vector<token_t> v = to_tokens(virt, "virtual tokens");
+                Continuations c;
+                int m = self.lookup(v.data(), v.size(), min_len, c);
+                py::dict counts;
+                for (const auto& tc : c.counts) counts[py::int_(tc.first)] = tc.second;
+                return py::make_tuple(m, counts, c.last);
+            },
+            py::arg("virtual_tokens"), py::arg("min_len") = 1,
+            "(match length, {token: count}, most recent continuation) for the longest earlier occurrence of a suffix of "
+            "the indexed tokens + virtual_tokens");
 
     m.def(
         "prune",
         [](const carray<int64_t>& tokens, const carray<float>& probs, int64_t root, const carray<int64_t>& context,
-           const NGramModel* model, const PruneParams& params, int64_t eos_id) {
+           const NGramModel* model, const PruneParams& params, int64_t eos_id, const ContextIndex* index) {
             if (tokens.ndim() != 2 || probs.ndim() != 2) throw std::invalid_argument("tokens and probs must be 2-D [d, k]");
             if (tokens.shape(0) != probs.shape(0) || tokens.shape(1) != probs.shape(1))
                 throw std::invalid_argument("tokens and probs shapes differ: [" + std::to_string(tokens.shape(0)) + ", " +
@@ -160,7 +191,7 @@ PYBIND11_MODULE(_ngram, m) {
             {
                 py::gil_scoped_release release;
                 t = prune(tokens.data(), probs.data(), tokens.shape(0), tokens.shape(1), root, context.data(), context.shape(0), model,
-                          params, eos_id);
+                          params, eos_id, index);
             }
             auto n = static_cast<py::ssize_t>(t.tokens.size());
             py::dict out;
@@ -168,10 +199,11 @@ PYBIND11_MODULE(_ngram, m) {
             out["parents"] = to_numpy(std::move(t.parents), {n});
             out["positions"] = to_numpy(std::move(t.positions), {n});
             out["scores"] = to_numpy(std::move(t.scores), {n});
+            out["sources"] = to_numpy(std::move(t.sources), {n});
             out["mask"] = to_numpy(std::move(t.mask), {n, n}).attr("astype")("bool");
             out["retrieve"] = to_numpy(std::move(t.retrieve), {static_cast<py::ssize_t>(t.n_leaves), static_cast<py::ssize_t>(t.width)});
             return out;
         },
         py::arg("tokens"), py::arg("probs"), py::arg("root"), py::arg("context"), py::arg("model"), py::arg("params"),
-        py::arg("eos_id"));
+        py::arg("eos_id"), py::arg("index") = nullptr);
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <utility>
 #include <cmath>
 #include <optional>
 #include <stdexcept>
@@ -21,6 +22,7 @@ struct Node {
     int32_t parent;  // index into the node pool, -1 = child of the root
     int32_t depth;   // 1-based
     double score;
+    uint8_t source;  // kFromHead / kHeadAndContext / kFromContext
 };
 
 // N-gram count ratios of one level's candidates after context suffixes, memoised per level: every
@@ -92,16 +94,26 @@ void check_token(int64_t t, int64_t vocab, const char* where, int64_t row = -1, 
     throw std::invalid_argument("token id " + std::to_string(t) + at + " out of range [0, " + std::to_string(vocab) + ")");
 }
 
+// Candidates a parent can expand into at most, and the levels searched.
+int64_t max_children(int64_t k, const PruneParams& p, bool context) {
+    return std::min<int64_t>(k, p.top_k) + (context ? p.context_max_candidates : 0);
+}
+
 void check_inputs(const int64_t* tokens, const float* probs, int64_t d, int64_t k, int64_t root, const int64_t* context,
-                  int64_t n_context, const NGramModel* model, const PruneParams& p) {
+                  int64_t n_context, const NGramModel* model, const PruneParams& p, bool use_context) {
     if (d < 1 || k < 1) throw std::invalid_argument("tokens/probs must be [d, k] with d >= 1 and k >= 1");
     if (p.top_k < 1 || p.beam_width < 1 || p.max_nodes < 0)
         throw std::invalid_argument("top_k and beam_width must be >= 1, max_nodes >= 0");
     if (!(p.eps > 0) || !std::isfinite(p.eps) || !std::isfinite(p.level_exponent) || !std::isfinite(p.logit_decay) ||
         !std::isfinite(p.ngram_weight))
         throw std::invalid_argument("score weights must be finite and eps > 0");
-    const int64_t kk = std::min<int64_t>(k, p.top_k);
-    if (static_cast<double>(kk) * (1.0 + static_cast<double>(p.beam_width) * static_cast<double>(d - 1)) > kMaxExpandedNodes)
+    if (!(p.context_weight >= 0.0 && p.context_weight <= 1.0))
+        throw std::invalid_argument("context_weight must be in [0, 1]");
+    if (p.context_min_match < 1 || p.context_extend < 0 || p.context_extend_min_match < 1 || p.context_max_candidates < 0)
+        throw std::invalid_argument("context_min_match and context_extend_min_match must be >= 1, context_extend and context_max_candidates >= 0");
+    const int64_t levels = d + (use_context ? p.context_extend : 0);
+    const int64_t kk = max_children(k, p, use_context);
+    if (static_cast<double>(kk) * (1.0 + static_cast<double>(p.beam_width) * static_cast<double>(levels - 1)) > kMaxExpandedNodes)
         throw std::invalid_argument("d * beam_width * top_k is too large (more than " + std::to_string(kMaxExpandedNodes) +
                                     " expanded nodes)");
     const int64_t vocab = model && model->vocab_known() ? model->vocab_size() : kTokenIdLimit;
@@ -131,43 +143,64 @@ size_t ngram_context(const std::vector<Node>& pool, int32_t parent, int64_t root
     return have;
 }
 
+// The n-gram term of one token after ctx[ctx_len - have, ctx_len): the upstream rule (the longest
+// suffix it was seen after), as NgramRows computes it for a level's shared candidates.
+double trie_term(const NGramModel& model, const token_t* ctx_end, size_t have, token_t token, const PruneParams& p) {
+    for (size_t len = have; len >= 1; --len) {
+        int64_t node = model.find_context(ctx_end - len, len, len);
+        if (node < 0) continue;
+        double r = model.child_ratio(len, node, token);
+        if (r != NGramModel::kUnseen) return p.ngram_weight * std::log(r + p.eps);
+    }
+    return p.ngram_weight * std::log(0.0 + p.eps);
+}
+
 }  // namespace
 
 PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k, int64_t root, const int64_t* context,
-                 int64_t n_context, const NGramModel* model, const PruneParams& p, int64_t eos_id) {
-    check_inputs(tokens, probs, d, k, root, context, n_context, model, p);
+                 int64_t n_context, const NGramModel* model, const PruneParams& p, int64_t eos_id, const ContextIndex* index) {
+    const bool use_context = index != nullptr && p.context_weight > 0.0;
+    check_inputs(tokens, probs, d, k, root, context, n_context, model, p, use_context);
     const int64_t kk = std::min<int64_t>(k, p.top_k);
+    const int64_t levels = d + (use_context ? p.context_extend : 0);
     const uint32_t order = model ? model->order() : 1;
     const size_t ctx_len = order > 1 ? order - 1 : 0;
 
     std::vector<Node> pool;
-    pool.reserve(static_cast<size_t>(kk) * (1 + static_cast<size_t>(p.beam_width) * static_cast<size_t>(d - 1)));
+    pool.reserve(static_cast<size_t>(max_children(k, p, use_context)) *
+                 (1 + static_cast<size_t>(p.beam_width) * static_cast<size_t>(levels - 1)));
     std::vector<int32_t> beam{-1}, next;
-    std::vector<token_t> ctx(ctx_len), cand(kk);
-    std::vector<double> draft_term(kk), ngram_term(kk);
+    std::vector<token_t> ctx(ctx_len), cand(kk), virt;
+    std::vector<double> draft_p(kk), ngram_term(kk), cont_p(kk);
     std::vector<uint8_t> done(kk);
+    std::vector<std::pair<token_t, uint32_t>> extra;
+    Continuations cont;
     const double unseen_term = p.ngram_weight * std::log(0.0 + p.eps);
 
-    for (int64_t level = 0; level < d && !beam.empty(); ++level) {
+    for (int64_t level = 0; level < levels && !beam.empty(); ++level) {
         const double w = std::pow(static_cast<double>(level + 1), p.level_exponent);
         const double decay = std::pow(p.logit_decay, static_cast<double>(level));
+        const bool head_row = level < d;
         const bool ngram = model && p.use_ngram && ctx_len > 0 && (level > 0 || p.ngram_on_first_level);
-        for (int64_t i = 0; i < kk; ++i) {
-            cand[i] = static_cast<token_t>(tokens[level * k + i]);
-            draft_term[i] = decay * std::log(static_cast<double>(probs[level * k + i]) + p.eps);
+        if (head_row) {
+            for (int64_t i = 0; i < kk; ++i) {
+                cand[i] = static_cast<token_t>(tokens[level * k + i]);
+                draft_p[i] = static_cast<double>(probs[level * k + i]);
+            }
         }
         std::optional<NgramRows> rows;
-        if (ngram) rows.emplace(*model, cand.data(), static_cast<size_t>(kk));
+        if (ngram && head_row) rows.emplace(*model, cand.data(), static_cast<size_t>(kk));
         next.clear();
         for (int32_t parent : beam) {
-            if (ngram) {
+            size_t have = 0;
+            if (ngram) have = ngram_context(pool, parent, root, context, n_context, ctx.data(), ctx_len);
+            const token_t* ctx_end = ctx.data() + ctx_len;
+            if (ngram && head_row) {
                 // upstream rule per candidate: the longest suffix of the context it was seen after
-                const size_t have = ngram_context(pool, parent, root, context, n_context, ctx.data(), ctx_len);
-                const token_t* end = ctx.data() + ctx_len;
                 std::fill(ngram_term.begin(), ngram_term.end(), unseen_term);
                 std::fill(done.begin(), done.end(), 0);
                 for (size_t len = have; len >= 1; --len) {
-                    const double* r = rows->ratios(end - len, len);
+                    const double* r = rows->ratios(ctx_end - len, len);
                     for (int64_t i = 0; i < kk; ++i) {
                         if (done[i] || r[i] == NGramModel::kUnseen) continue;
                         done[i] = 1;
@@ -175,15 +208,51 @@ PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k
                     }
                 }
             }
+            // the context n-gram after indexed tokens + root + path
+            int match = 0;
+            double lambda = 0.0;
+            if (use_context) {
+                virt.clear();
+                for (int32_t n = parent; n >= 0; n = pool[n].parent) virt.push_back(pool[n].token);
+                virt.push_back(static_cast<token_t>(root));
+                std::reverse(virt.begin(), virt.end());
+                match = index->lookup(virt.data(), virt.size(), p.context_min_match, cont);
+                if (match > 0) lambda = p.context_weight * static_cast<double>(match) / static_cast<double>(index->max_order());
+            }
             const double base = parent >= 0 ? pool[parent].score : 0.0;
             const int32_t depth = parent >= 0 ? pool[parent].depth + 1 : 1;
-            for (int64_t i = 0; i < kk; ++i) {
-                double term = draft_term[i];
-                if (ngram) term += ngram_term[i];
+            auto push = [&](token_t token, double prob, double ngram_inc, uint8_t source) {
+                double term = decay * std::log(prob + p.eps);
+                if (ngram) term += ngram_inc;
                 // ln(1 + eps) > 0: clamp so a child never outscores its parent
                 double inc = std::min(0.0, w * term);
-                pool.push_back(Node{cand[i], parent, depth, base + inc});
+                pool.push_back(Node{token, parent, depth, base + inc, source});
                 next.push_back(static_cast<int32_t>(pool.size() - 1));
+            };
+            if (head_row) {
+                std::fill(cont_p.begin(), cont_p.end(), 0.0);
+                for (const auto& tc : cont.counts)
+                    for (int64_t i = 0; i < kk; ++i)
+                        if (match > 0 && cand[i] == tc.first) cont_p[i] = static_cast<double>(tc.second) / cont.total;
+                for (int64_t i = 0; i < kk; ++i) {
+                    const double mixed = (1.0 - lambda) * draft_p[i] + lambda * cont_p[i];
+                    push(cand[i], mixed, ngram ? ngram_term[i] : 0.0, cont_p[i] > 0.0 ? kHeadAndContext : kFromHead);
+                }
+            }
+            if (match > 0 && (head_row || match >= p.context_extend_min_match)) {
+                // continuations the head did not propose: most frequent first, ties in first-seen order
+                extra.clear();
+                for (const auto& tc : cont.counts) {
+                    bool in_row = false;
+                    for (int64_t i = 0; head_row && i < kk && !in_row; ++i) in_row = cand[i] == tc.first;
+                    if (!in_row) extra.push_back(tc);
+                }
+                std::stable_sort(extra.begin(), extra.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+                if (extra.size() > static_cast<size_t>(p.context_max_candidates)) extra.resize(static_cast<size_t>(p.context_max_candidates));
+                for (const auto& tc : extra) {
+                    const double prob = lambda * (static_cast<double>(tc.second) / cont.total);
+                    push(tc.first, prob, ngram ? trie_term(*model, ctx_end, have, tc.first, p) : 0.0, kFromContext);
+                }
             }
         }
         // Beam cut: non-EOS before EOS (as upstream), then by score, then expansion order; the EOS
@@ -225,6 +294,7 @@ PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k
     t.parents.assign(N, -1);
     t.positions.assign(N, 0);
     t.scores.assign(N, 0.0f);
+    t.sources.assign(N, kFromHead);
     t.mask.assign(N * N, 0);
     t.mask[0] = 1;
     std::vector<uint8_t> has_child(N, 0);
@@ -238,6 +308,7 @@ PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k
         t.parents[idx] = par;
         t.positions[idx] = n.depth;
         t.scores[idx] = static_cast<float>(n.score);
+        t.sources[idx] = n.source;
         std::copy(t.mask.begin() + par * N, t.mask.begin() + par * N + N, t.mask.begin() + idx * N);
         t.mask[idx * N + idx] = 1;
         has_child[par] = 1;

@@ -11,11 +11,23 @@
 // from the beam, so they are never extended); the tree is the max_nodes best of all expanded nodes
 // across levels, ranked by (score desc, depth asc, expansion order asc): a tie goes to the ancestor,
 // so the kept set is closed under taking parents.
+//
+// The context n-gram (optional, `context` index given and context_weight > 0): for each parent, the
+// longest suffix (length m >= context_min_match) of indexed tokens + root + path that occurred
+// earlier in the conversation gives a continuation distribution c(t) (counts / total). The draft
+// probability of a candidate is then mixed with it,
+//     p' = (1 - lambda) p + lambda c(t)        lambda = context_weight * m / context_max_order,
+// so a longer match is trusted more. Continuations missing from the head's top-k join the parent's
+// candidates with p = 0 (at most context_max_candidates, most frequent first, ties: first seen), and
+// for context_extend levels past the head's last row a branch keeps growing along the context alone
+// while its match is at least context_extend_min_match long (prompt lookup inside the tree). Such
+// nodes are marked in PrunedTree::sources (1: head candidate the context supports, 2: context only).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "context.h"
 #include "ngram.h"
 
 namespace ngram {
@@ -30,7 +42,15 @@ struct PruneParams {
     bool use_ngram = true;
     bool ngram_on_first_level = false;
     double eps = 1e-10;
+    double context_weight = 0.0;  // lambda at a full-length match; 0: context n-gram off
+    int context_min_match = 1;
+    int context_extend = 0;  // levels past the head's rows drafted from the context alone
+    int context_extend_min_match = 2;
+    int context_max_candidates = 4;  // context-only candidates per parent
 };
+
+// Node provenance in PrunedTree::sources.
+enum : uint8_t { kFromHead = 0, kHeadAndContext = 1, kFromContext = 2 };
 
 // Arrays for the verifier; N = kept nodes + 1 (index 0 is the root). Nodes are in depth order and,
 // within a depth, in the order of the final ranking: score descending, then expansion order (the
@@ -40,6 +60,7 @@ struct PrunedTree {
     std::vector<int64_t> parents;    // [N], root -1
     std::vector<int64_t> positions;  // [N], depth: root 0
     std::vector<float> scores;       // [N], cumulative beam score, root 0
+    std::vector<uint8_t> sources;    // [N], kFromHead / kHeadAndContext / kFromContext; root kFromHead
     std::vector<uint8_t> mask;       // [N, N], row i: i and its ancestors
     std::vector<int64_t> retrieve;   // [n_leaves, max_depth + 1], root-to-leaf node indices, -1 padded
     int64_t n_leaves = 0;
@@ -49,8 +70,10 @@ struct PrunedTree {
 // tokens/probs: [d, k] row-major (row j = candidates for depth j+1, target-vocabulary ids; probs
 // already softmaxed over the row by the caller, as upstream). Only the first min(k, top_k) columns
 // are used. context: the committed tokens before the root, NOT including it (only the last order-1
-// matter). model may be null. Throws std::invalid_argument on bad shapes, ids or probabilities.
+// matter). model may be null; so may index (the context n-gram over every committed token before the
+// root). Throws std::invalid_argument on bad shapes, ids or probabilities.
 PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k, int64_t root, const int64_t* context,
-                 int64_t n_context, const NGramModel* model, const PruneParams& params, int64_t eos_id);
+                 int64_t n_context, const NGramModel* model, const PruneParams& params, int64_t eos_id,
+                 const ContextIndex* index = nullptr);
 
 }  // namespace ngram

@@ -1,0 +1,66 @@
+#include "context.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace ngram {
+
+void Continuations::add(token_t t) {
+    ++total;
+    last = t;
+    for (auto& tc : counts)
+        if (tc.first == t) {
+            ++tc.second;
+            return;
+        }
+    counts.emplace_back(t, 1);
+}
+
+ContextIndex::ContextIndex(int max_order) : max_order_(max_order) {
+    if (max_order < 1 || max_order > kMaxContextOrder)
+        throw std::invalid_argument("context max_order must be in 1.." + std::to_string(kMaxContextOrder));
+    maps_.resize(static_cast<size_t>(max_order));
+}
+
+void ContextIndex::extend(const token_t* tokens, size_t n) {
+    seq_.reserve(seq_.size() + n);
+    for (size_t i = 0; i < n; ++i) {
+        if (tokens[i] < 0) throw std::invalid_argument("token id " + std::to_string(tokens[i]) + " is negative");
+        // the n-grams ending at the current last token are now followed by tokens[i]
+        const size_t end = seq_.size();
+        for (int len = 1; len <= max_order_ && static_cast<size_t>(len) <= end; ++len) {
+            ContextKey key;
+            key.len = static_cast<uint8_t>(len);
+            std::copy(seq_.end() - len, seq_.end(), key.tokens.begin());
+            maps_[len - 1][key].add(tokens[i]);
+        }
+        seq_.push_back(tokens[i]);
+    }
+}
+
+int ContextIndex::lookup(const token_t* virt, size_t n_virt, int min_len, Continuations& out) const {
+    out = Continuations{};
+    const size_t total = seq_.size() + n_virt;
+    auto at = [&](size_t i) { return i < seq_.size() ? seq_[i] : virt[i - seq_.size()]; };  // virtual sequence
+    const int longest = static_cast<int>(std::min<size_t>(static_cast<size_t>(max_order_), total));
+    for (int len = longest; len >= std::max(1, min_len); --len) {
+        ContextKey key;
+        key.len = static_cast<uint8_t>(len);
+        for (int j = 0; j < len; ++j) key.tokens[j] = at(total - len + j);
+        auto it = maps_[len - 1].find(key);
+        if (it != maps_[len - 1].end()) out = it->second;
+        // an occurrence ending at the last indexed token is followed by the first virtual token (the root);
+        // with no virtual tokens that occurrence is the query suffix itself
+        if (n_virt > 0 && seq_.size() >= static_cast<size_t>(len)) {
+            bool same = true;
+            for (int j = 0; j < len && same; ++j) same = seq_[seq_.size() - len + j] == key.tokens[j];
+            if (same) out.add(virt[0]);
+        }
+        if (out.total > 0) return len;
+    }
+    out = Continuations{};
+    return 0;
+}
+
+}  // namespace ngram
