@@ -50,7 +50,6 @@ CORPUS_FORMAT = "dart-demo-corpus/1"
 CORPUS_META = "corpus.json"
 CACHE_META = "meta.json"  # same name as dart_core.training's cache meta
 SHARD_TOKENS = 24_000  # tokens per state shard (~110 MB at H=576): a checkpoint every ~minute
-PART_RECORDS = 1024  # prompts per exported corpus part (a part is written once all its prompts are done)
 
 
 @dataclass
@@ -470,55 +469,52 @@ def choose_draft_vocab(run_dir: str | Path, size: int, vocab_size: int) -> dict:
     return info
 
 
-def export_corpus(run_dir: str | Path, out_dir: str | Path, command: str) -> dict:
-    """Write the compact corpus of a run directory to out_dir: for every complete block of
-    PART_RECORDS pool prompts, part-NNNNN.npz (compressed: tokens uint16/int32, offsets int64,
-    answer_start int32, index int32, sampled bool, val bool), and corpus.json (format, provenance,
-    settings, counts, parts with their sha256). Existing parts are kept (a part never changes)."""
+def export_corpus(run_dir: str | Path, out_dir: str | Path, command: str, min_records: int = 1) -> dict:
+    """Append the records of a run directory that are not exported yet to out_dir as one new part,
+    part-NNNNN.npz (compressed: tokens uint16/int32, offsets int64, answer_start int32, index int32 (the
+    prompt's place in the pool), sampled bool, val bool), and rewrite corpus.json (format, provenance,
+    settings, counts, parts with their sha256). Parts are never rewritten, so each export adds only
+    the new records to the repository; fewer than min_records new records write no part."""
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     meta = json.loads((run_dir / CACHE_META).read_text())
-    c = meta["corpus"]
-    done = set(c["done"])
-    pool_size = c["pool_size"]
-    records = {r["index"]: r for r in corpus_records(run_dir)}
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest_path = out_dir / CORPUS_META
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {"parts": []}
-    have = {p["name"] for p in manifest["parts"]}
-    parts = list(manifest["parts"])
-    dtype = np.uint16 if meta["vocab_size"] <= 65536 else np.int32
-    for k in range((pool_size + PART_RECORDS - 1) // PART_RECORDS):
-        lo, hi = k * PART_RECORDS, min(pool_size, (k + 1) * PART_RECORDS)
-        name = f"part-{k:05d}.npz"
-        if name in have or not all(i in done for i in range(lo, hi)):
-            continue
-        recs = [records[i] for i in range(lo, hi) if i in records]
+    parts = json.loads(manifest_path.read_text())["parts"] if manifest_path.exists() else []
+    exported: set[int] = set()
+    for part in parts:
+        with np.load(out_dir / part["name"]) as z:
+            exported.update(z["index"].tolist())
+    recs = sorted((r for r in corpus_records(run_dir) if r["index"] not in exported), key=lambda r: r["index"])
+    if len(recs) >= max(1, min_records):
+        name = f"part-{len(parts):05d}.npz"
         lengths = np.array([0] + [len(r["ids"]) for r in recs], dtype=np.int64)
-        arrays = {
-            "tokens": np.array([t for r in recs for t in r["ids"]], dtype=dtype),
-            "offsets": lengths.cumsum(),
-            "answer_start": np.array([r["answer_start"] for r in recs], dtype=np.int32),
-            "index": np.array([r["index"] for r in recs], dtype=np.int32),
-            "sampled": np.array([r["sampled"] for r in recs], dtype=bool),
-            "val": np.array([r["split"] == "val" for r in recs], dtype=bool),
-        }
-        np.savez_compressed(out_dir / name, **arrays)
+        dtype = np.uint16 if meta["vocab_size"] <= 65536 else np.int32
+        np.savez_compressed(
+            out_dir / name,
+            tokens=np.array([t for r in recs for t in r["ids"]], dtype=dtype),
+            offsets=lengths.cumsum(),
+            answer_start=np.array([r["answer_start"] for r in recs], dtype=np.int32),
+            index=np.array([r["index"] for r in recs], dtype=np.int32),
+            sampled=np.array([r["sampled"] for r in recs], dtype=bool),
+            val=np.array([r["split"] == "val" for r in recs], dtype=bool),
+        )
         parts.append({
-            "name": name, "pool_range": [lo, hi], "records": len(recs),
+            "name": name, "records": len(recs), "tokens": int(lengths.sum()),
             "answer_tokens": int(sum(len(r["ids"]) - r["answer_start"] for r in recs)),
-            "tokens": int(lengths.sum()), "sha256": hashlib.sha256((out_dir / name).read_bytes()).hexdigest(),
+            "sha256": hashlib.sha256((out_dir / name).read_bytes()).hexdigest(),
         })
+    c = meta["corpus"]
     manifest = {
         "format": CORPUS_FORMAT,
         "target": meta["target"],
         "generated_dtype": meta.get("dtype"),
         "command": command,
         "settings": c["config"],
-        "pool_size": pool_size,
+        "pool_size": c["pool_size"],
         "records": sum(p["records"] for p in parts),
         "answer_tokens": sum(p["answer_tokens"] for p in parts),
         "tokens": sum(p["tokens"] for p in parts),
-        "parts": sorted(parts, key=lambda p: p["name"]),
+        "parts": parts,
     }
     manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest

@@ -405,10 +405,9 @@ def prune_reference(tokens, probs, root: int, context, model, params: PruneParam
             for i, tok in enumerate(cand + extra):
                 c = cont.get(tok, 0) / total if match else 0.0
                 p = float(probs[level, i]) if i < len(cand) else 0.0
-                mixed = (1.0 - lam) * p + lam * c
-                term = decay * math.log(mixed + params.eps)
-                if ngram:
-                    term += params.ngram_weight * math.log(q[i] + params.eps)
+                term = decay * math.log((1.0 - lam) * p + lam * c + params.eps)
+                if ngram:  # the n-gram probability is mixed with the context too
+                    term += params.ngram_weight * math.log((1.0 - lam) * q[i] + lam * c + params.eps)
                 source = FROM_CONTEXT if i >= len(cand) else (HEAD_AND_CONTEXT if c > 0 else FROM_HEAD)
                 pool.append((tok, parent, depth, base + min(0.0, w * term), source))
                 nxt.append(len(pool) - 1)

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ngram_cpp
-from ngram_cpp.reference import FROM_CONTEXT, FROM_HEAD, HEAD_AND_CONTEXT, PruneParams, PyContextIndex, prune_reference
+from ngram_cpp.reference import FROM_CONTEXT, FROM_HEAD, HEAD_AND_CONTEXT, PruneParams, PyContextIndex, PyNGramModel, prune_reference
 from test_pruner import V, assert_same_tree, check_invariants, corpus_tries, random_case
 
 
@@ -131,3 +131,26 @@ def test_bad_context_params_raise():
         ngram_cpp.ContextIndex(0)
     with pytest.raises(ValueError):
         ngram_cpp.ContextIndex(3, [1, -2])
+
+
+def test_golden_context_is_not_vetoed_by_the_trie():
+    # trie: "5 10 21" x3, so after (5, 10) the trie gives 21 q = 1 and 29 q = 0 (never seen: ln(eps) = -23)
+    # conversation "5 10 29 7", root 5. Level 0 (no trie term): the suffix "5" (m = 1, lambda .25) was followed
+    # by 10, so 10 scores ln(.75 * .9 + .25 * 1). Level 1: the suffix "5 10" (m = 2, lambda .5) was followed by 29;
+    # both probabilities are mixed with that continuation c:
+    #   29 (context only): p' = .5,            q' = .5 * 0 + .5 * 1 = .5
+    #   21 (head p .6):    p' = .5 * .6 = .3,  q' = .5 * 1 + 0 = .5        -> 29 ranks first
+    seqs = [[5, 10, 21]] * 3
+    conversation = [5, 10, 29, 7]
+    tokens, probs = [[10, 11], [21, 22]], [[0.9, 0.1], [0.6, 0.4]]
+    params = PruneParams(max_nodes=2, beam_width=1, context_weight=1.0)
+    tree = ngram_cpp.prune(tokens, probs, 5, conversation, ngram_cpp.build(seqs, V), params, index=ngram_cpp.ContextIndex(4, conversation))
+    assert tree.tokens.tolist() == [5, 10, 29] and tree.sources.tolist() == [FROM_HEAD, HEAD_AND_CONTEXT, FROM_CONTEXT]
+    level0 = math.log(0.75 * 0.9 + 0.25 * 1.0)
+    np.testing.assert_allclose(tree.scores[2], level0 + 2**-0.7 * (0.9 * math.log(0.5) + 0.5 * math.log(0.5)), atol=1e-6)
+    ref_trie = PyNGramModel(3, V)
+    for seq in seqs:
+        ref_trie.add(seq)
+    ref_index = PyContextIndex(4)
+    ref_index.extend(conversation)
+    assert_same_tree(tree, prune_reference(tokens, probs, 5, conversation, ref_trie, params, -1, ref_index))

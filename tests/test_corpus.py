@@ -125,11 +125,11 @@ def test_corpus_resumes_exports_and_rebuilds(word_target, prompt_files, tmp_path
     import dart_core.corpus as corpus
 
     monkeypatch.setattr(corpus, "SHARD_TOKENS", 150)
-    monkeypatch.setattr(corpus, "PART_RECORDS", 16)
     one = generate_corpus(word_target, corpus_cfg(prompt_files, tmp_path / "one"))
     two = tmp_path / "two"
     generate_corpus(word_target, corpus_cfg(prompt_files, two, max_prompts=17))  # interrupted ...
     assert len(json.loads((two / "meta.json").read_text())["corpus"]["done"]) == 17
+    first = export_corpus(two, tmp_path / "export", "test")  # a milestone commit of what is done so far
     generate_corpus(word_target, corpus_cfg(prompt_files, two))  # ... and resumed
     with pytest.raises(ValueError, match="temperature"):
         generate_corpus(word_target, corpus_cfg(prompt_files, two, temperature=1.0))
@@ -150,9 +150,13 @@ def test_corpus_resumes_exports_and_rebuilds(word_target, prompt_files, tmp_path
         if not r["sampled"]:
             assert r["ids"][r["answer_start"] :] == plain_greedy(word_target, r["ids"][: r["answer_start"]], 16)
 
-    exported = export_corpus(one, tmp_path / "export", "test")
-    assert [p["name"] for p in exported["parts"]] == ["part-00000.npz", "part-00001.npz", "part-00002.npz"]
+    assert [p["name"] for p in first["parts"]] == ["part-00000.npz"] and 0 < first["records"] < len(a)
+    exported = export_corpus(two, tmp_path / "export", "test")  # parts append: the next holds only the new records
+    assert [p["name"] for p in exported["parts"]] == ["part-00000.npz", "part-00001.npz"] and exported["parts"][0] == first["parts"][0]
     assert exported["records"] == len(a) and exported["settings"]["temperature"] == 0.7
+    assert export_corpus(one, tmp_path / "export", "test")["parts"] == exported["parts"]  # the same records again: no new part
+    partial = export_corpus(two, tmp_path / "export2", "test", min_records=10_000)
+    assert partial["parts"] == [] and partial["records"] == 0
     back = {r["index"]: r for r in read_corpus(tmp_path / "export")}
     assert back == a
 
@@ -165,7 +169,10 @@ def test_corpus_resumes_exports_and_rebuilds(word_target, prompt_files, tmp_path
             assert torch.equal(x[key].tokens, y[key].tokens) and x[key].answer_start == y[key].answer_start
             torch.testing.assert_close(x[key].aux.float(), y[key].aux.float(), atol=3e-2, rtol=2e-2)
 
-    part = tmp_path / "export" / "part-00001.npz"
+    generate_corpus(word_target, corpus_cfg(prompt_files, tmp_path / "rebuilt"))  # a rebuilt run resumes: nothing left to do
+    assert by_index(tmp_path / "rebuilt").keys() == a.keys()
+
+    part = tmp_path / "export" / "part-00000.npz"
     part.write_bytes(part.read_bytes()[:-3] + b"xyz")
     with pytest.raises(ValueError, match="sha256"):
         list(read_corpus(tmp_path / "export"))

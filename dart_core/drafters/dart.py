@@ -27,7 +27,7 @@ CONTEXT_TAIL = 8  # committed tokens passed to the pruner as n-gram context (ord
 # The context n-gram (the conversation's own repeats; ngram_cpp/src/pruner.h has the score): the
 # defaults of the bench and the app, chosen by the bench sweep in docs/benchmarks.md.
 CONTEXT_ORDER = 4  # longest suffix matched against the conversation
-CONTEXT_WEIGHT = 0.5  # lambda at a full-length match
+CONTEXT_WEIGHT = 0.8  # lambda at a full-length match (a 4-token match: 0.8 of the weight goes to the context)
 CONTEXT_EXTEND = 4  # levels past the head's rows that follow a context match alone
 CONTEXT_EXTEND_MIN_MATCH = 2
 

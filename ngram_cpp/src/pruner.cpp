@@ -143,16 +143,16 @@ size_t ngram_context(const std::vector<Node>& pool, int32_t parent, int64_t root
     return have;
 }
 
-// The n-gram term of one token after ctx[ctx_len - have, ctx_len): the upstream rule (the longest
-// suffix it was seen after), as NgramRows computes it for a level's shared candidates.
-double trie_term(const NGramModel& model, const token_t* ctx_end, size_t have, token_t token, const PruneParams& p) {
+// The n-gram probability of one token after ctx[ctx_len - have, ctx_len): the upstream rule (the
+// longest suffix it was seen after; 0 if none), as NgramRows gives it for a level's shared candidates.
+double trie_prob(const NGramModel& model, const token_t* ctx_end, size_t have, token_t token) {
     for (size_t len = have; len >= 1; --len) {
         int64_t node = model.find_context(ctx_end - len, len, len);
         if (node < 0) continue;
         double r = model.child_ratio(len, node, token);
-        if (r != NGramModel::kUnseen) return p.ngram_weight * std::log(r + p.eps);
+        if (r != NGramModel::kUnseen) return r;
     }
-    return p.ngram_weight * std::log(0.0 + p.eps);
+    return 0.0;
 }
 
 }  // namespace
@@ -171,11 +171,10 @@ PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k
                  (1 + static_cast<size_t>(p.beam_width) * static_cast<size_t>(levels - 1)));
     std::vector<int32_t> beam{-1}, next;
     std::vector<token_t> ctx(ctx_len), cand(kk), virt;
-    std::vector<double> draft_p(kk), ngram_term(kk), cont_p(kk);
+    std::vector<double> draft_p(kk), ngram_q(kk), cont_p(kk);
     std::vector<uint8_t> done(kk);
     std::vector<std::pair<token_t, uint32_t>> extra;
     Continuations cont;
-    const double unseen_term = p.ngram_weight * std::log(0.0 + p.eps);
 
     for (int64_t level = 0; level < levels && !beam.empty(); ++level) {
         const double w = std::pow(static_cast<double>(level + 1), p.level_exponent);
@@ -197,14 +196,14 @@ PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k
             const token_t* ctx_end = ctx.data() + ctx_len;
             if (ngram && head_row) {
                 // upstream rule per candidate: the longest suffix of the context it was seen after
-                std::fill(ngram_term.begin(), ngram_term.end(), unseen_term);
+                std::fill(ngram_q.begin(), ngram_q.end(), 0.0);  // unseen after every suffix: 0
                 std::fill(done.begin(), done.end(), 0);
                 for (size_t len = have; len >= 1; --len) {
                     const double* r = rows->ratios(ctx_end - len, len);
                     for (int64_t i = 0; i < kk; ++i) {
                         if (done[i] || r[i] == NGramModel::kUnseen) continue;
                         done[i] = 1;
-                        ngram_term[i] = p.ngram_weight * std::log(r[i] + p.eps);
+                        ngram_q[i] = r[i];
                     }
                 }
             }
@@ -221,9 +220,10 @@ PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k
             }
             const double base = parent >= 0 ? pool[parent].score : 0.0;
             const int32_t depth = parent >= 0 ? pool[parent].depth + 1 : 1;
-            auto push = [&](token_t token, double prob, double ngram_inc, uint8_t source) {
-                double term = decay * std::log(prob + p.eps);
-                if (ngram) term += ngram_inc;
+            // both the draft and the n-gram probability are mixed with the context's continuation c
+            auto push = [&](token_t token, double prob, double q, double c, uint8_t source) {
+                double term = decay * std::log((1.0 - lambda) * prob + lambda * c + p.eps);
+                if (ngram) term += p.ngram_weight * std::log((1.0 - lambda) * q + lambda * c + p.eps);
                 // ln(1 + eps) > 0: clamp so a child never outscores its parent
                 double inc = std::min(0.0, w * term);
                 pool.push_back(Node{token, parent, depth, base + inc, source});
@@ -234,10 +234,8 @@ PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k
                 for (const auto& tc : cont.counts)
                     for (int64_t i = 0; i < kk; ++i)
                         if (match > 0 && cand[i] == tc.first) cont_p[i] = static_cast<double>(tc.second) / cont.total;
-                for (int64_t i = 0; i < kk; ++i) {
-                    const double mixed = (1.0 - lambda) * draft_p[i] + lambda * cont_p[i];
-                    push(cand[i], mixed, ngram ? ngram_term[i] : 0.0, cont_p[i] > 0.0 ? kHeadAndContext : kFromHead);
-                }
+                for (int64_t i = 0; i < kk; ++i)
+                    push(cand[i], draft_p[i], ngram ? ngram_q[i] : 0.0, cont_p[i], cont_p[i] > 0.0 ? kHeadAndContext : kFromHead);
             }
             if (match > 0 && (head_row || match >= p.context_extend_min_match)) {
                 // continuations the head did not propose: most frequent first, ties in first-seen order
@@ -250,8 +248,8 @@ PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k
                 std::stable_sort(extra.begin(), extra.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
                 if (extra.size() > static_cast<size_t>(p.context_max_candidates)) extra.resize(static_cast<size_t>(p.context_max_candidates));
                 for (const auto& tc : extra) {
-                    const double prob = lambda * (static_cast<double>(tc.second) / cont.total);
-                    push(tc.first, prob, ngram ? trie_term(*model, ctx_end, have, tc.first, p) : 0.0, kFromContext);
+                    const double c = static_cast<double>(tc.second) / cont.total;
+                    push(tc.first, 0.0, ngram ? trie_prob(*model, ctx_end, have, tc.first) : 0.0, c, kFromContext);
                 }
             }
         }

@@ -15,9 +15,11 @@
 // The context n-gram (optional, `context` index given and context_weight > 0): for each parent, the
 // longest suffix (length m >= context_min_match) of indexed tokens + root + path that occurred
 // earlier in the conversation gives a continuation distribution c(t) (counts / total). The draft
-// probability of a candidate is then mixed with it,
-//     p' = (1 - lambda) p + lambda c(t)        lambda = context_weight * m / context_max_order,
-// so a longer match is trusted more. Continuations missing from the head's top-k join the parent's
+// probability p and the n-gram probability q of a candidate are both mixed with it,
+//     p' = (1 - lambda) p + lambda c(t)    q' = (1 - lambda) q + lambda c(t)
+//     lambda = context_weight * m / context_max_order,
+// so a longer match is trusted more, and a repeat of the conversation is not vetoed by a corpus trie
+// that never saw it (names, numbers). Continuations missing from the head's top-k join the parent's
 // candidates with p = 0 (at most context_max_candidates, most frequent first, ties: first seen), and
 // for context_extend levels past the head's last row a branch keeps growing along the context alone
 // while its match is at least context_extend_min_match long (prompt lookup inside the tree). Such
