@@ -1,0 +1,257 @@
+"""The training loop shared by both objectives: a fresh head, the schedule, evaluation, checkpoints
+that resume across sessions, export. See dart_core/training/__init__.py."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from .cache import CachedRecord, cache_meta, load_split, vocab_mapping
+from .objectives import dart_record_loss, eagle3_record_loss
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainConfig:
+    cache_dir: str
+    out_dir: str
+    epochs: float = 3.0
+    lr: float = 2e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 50
+    grad_clip: float = 1.0
+    batch_records: int = 4  # records per optimizer step
+    anchors_per_record: int = 48  # prefix positions trained per record (sampled)
+    gamma: float = 0.6  # loss weight decay over draft positions (paper)
+    eval_every: int = 100
+    val_records: int = 40  # validation records used for the periodic evaluation
+    checkpoint_every_s: float = 300.0
+    max_minutes: float | None = None
+    seed: int = 0
+    threads: int | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def cosine_lr(step: int, total: int, base: float, warmup: int, time_progress: float = 0.0) -> float:
+    """Linear warm-up, then cosine decay to 0. The decay follows whichever ends first: the step
+    count or the time budget (time_progress = elapsed / budget), so that a run cut by its time
+    budget still ends annealed instead of stopping at a high learning rate."""
+    if step < warmup:
+        return base * (step + 1) / warmup
+    progress = min(1.0, max((step - warmup) / max(1, total - warmup), time_progress))
+    return base * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The training loop (objective-agnostic: `record_loss` decides what is trained)
+
+
+def new_head_from_target(target, draft_ids: torch.Tensor, draft_length: int | None, seed: int = 0):
+    """A fresh head shaped like the target's layers; lm_head and final norm start from the target's
+    own (restricted to the draft vocabulary), which the head must imitate anyway."""
+    from ..drafters.head import DraftHead, HeadConfig
+
+    a = target.model.args
+    c = HeadConfig(
+        hidden_size=a.hidden_size,
+        intermediate_size=a.intermediate_size,
+        num_attention_heads=a.n_heads,
+        num_key_value_heads=a.n_kv_heads,
+        head_dim=a.head_dim,
+        rms_norm_eps=a.rms_norm_eps,
+        rope_theta=float(1.0 / float(target.model.inv_freq[1]) ** (a.head_dim / 2.0)) if a.head_dim > 2 else 10000.0,
+        max_position_embeddings=a.max_position_embeddings,
+        vocab_size=a.vocab_size,
+        draft_vocab_size=draft_ids.numel(),
+        target_hidden_size=a.hidden_size,
+        draft_length=draft_length,
+        double_norm=False,
+    )
+    torch.manual_seed(seed)
+    head = DraftHead(c)
+    for name, p in head.named_parameters():
+        if p.dim() == 2:
+            nn_init_normal(p)
+    d2t, t2d = vocab_mapping(draft_ids, a.vocab_size)
+    with torch.no_grad():
+        head.lm_head.weight.copy_(target.model.output.weight[draft_ids].float())
+        head.norm.weight.copy_(target.model.norm.weight.float())
+        head.d2t.copy_(d2t)
+        head.t2d.copy_(t2d)
+    return head
+
+
+def nn_init_normal(p: torch.Tensor, std: float = 0.02) -> None:
+    with torch.no_grad():
+        p.normal_(0.0, std)
+
+
+def target_argmax(records: list[CachedRecord], full_lm: torch.Tensor) -> list[torch.Tensor]:
+    """The target's greedy next token at every position of every record (computed once, kept on the CPU)."""
+    with torch.no_grad(), torch.autocast(full_lm.device.type, dtype=torch.bfloat16):
+        return [(r.final.to(full_lm.device).float() @ full_lm.T).argmax(-1).cpu() for r in records]
+
+
+def evaluate(head, embed, teacher_rows, best: list[torch.Tensor], records: list[CachedRecord], anchors_per_record: int, gamma: float,
+             seed: int = 1234, record_loss=None, rows: int | None = None):
+    """Validation KL and per-position hit@1 (draft top-1 == the target's argmax), fixed anchors.
+    record_loss defaults to the DART objective (rows = D+1)."""
+    record_loss = record_loss or dart_record_loss
+    rows = rows or head.config.draft_length + 1
+    g = torch.Generator().manual_seed(seed)
+    tot_kl = tot_w = 0.0
+    hits = torch.zeros(rows)
+    valid = torch.zeros(rows)
+    with torch.no_grad():
+        for rec, rec_best in zip(records, best):
+            anchors = sample_anchors(rec.tokens.numel(), anchors_per_record, g, rec.first_anchor)
+            kl, w, h, v = record_loss(head, embed, teacher_rows, rec, anchors, gamma, rec_best)
+            tot_kl += float(kl)
+            tot_w += float(w)
+            hits += h.sum(0)
+            valid += v.sum(0)
+    return tot_kl / max(tot_w, 1e-9), (hits / valid.clamp(min=1)).tolist()
+
+
+def sample_anchors(T: int, m: int, g: torch.Generator, first: int = 0) -> torch.Tensor:
+    """Up to m distinct anchor positions in [first, T-2], sorted (first: the record's first_anchor, so
+    that only prefixes inside the answer are trained)."""
+    first = min(max(0, first), max(0, T - 2))
+    R = T - 1 - first
+    if R <= m:
+        return torch.arange(first, first + max(R, 0))
+    return first + torch.randperm(R, generator=g)[:m].sort().values
+
+
+OBJECTIVES = ("dart", "eagle3")
+
+
+def train_dart(target, cfg: TrainConfig, draft_length: int = 7) -> Path:
+    """Train (or resume) a DART head with D = draft_length mask slots; returns the exported head dir."""
+    return train_head(target, cfg, "dart", draft_length + 1)
+
+
+def train_eagle3(target, cfg: TrainConfig, ttt_steps: int = 7) -> Path:
+    """Train (or resume) an EAGLE3 head with a training-time test of ttt_steps unrolled steps."""
+    return train_head(target, cfg, "eagle3", ttt_steps + 1)
+
+
+def train_head(target, cfg: TrainConfig, objective: str, rows: int) -> Path:
+    """Train (or resume) a draft head on a cache built by `build_cache`: the shared loop of both
+    objectives. `rows` drafted depths per anchor: DART's D+1, EAGLE3's unrolled steps + 1."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r}: choose one of {OBJECTIVES}")
+    if rows < 1:
+        raise ValueError("a head drafts at least one depth")
+    if objective == "dart":
+        draft_length, record_loss = rows - 1, dart_record_loss
+    else:
+        draft_length = None
+
+        def record_loss(head, embed, teacher_rows, rec, anchors, gamma, target_best=None):
+            return eagle3_record_loss(head, embed, teacher_rows, rec, anchors, gamma, target_best, steps=rows - 1)
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = cache_meta(cfg.cache_dir)
+    draft_ids = torch.tensor(meta["draft_ids"])
+    train = load_split(cfg.cache_dir, "train")
+    val = load_split(cfg.cache_dir, "val")[: cfg.val_records]
+    if not train:
+        raise ValueError(f"{cfg.cache_dir} holds no training records")
+    embed = target.model.tok_embeddings.weight.detach().float()
+    full_lm = target.model.output.weight.detach().float()
+    teacher_rows = full_lm[draft_ids.to(full_lm.device)].contiguous()
+    val_best = target_argmax(val, full_lm)
+
+    def autocast():  # bf16 matmuls on CPU (avx512-bf16) and GPU; master weights and the loss stay fp32
+        return torch.autocast(target.device.type, dtype=torch.bfloat16)
+
+    ckpt_path = out / "checkpoint.pt"
+    head = new_head_from_target(target, draft_ids, draft_length, cfg.seed).to(target.device)
+    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    steps_per_epoch = math.ceil(len(train) / cfg.batch_records)
+    total_steps = max(1, int(cfg.epochs * steps_per_epoch))
+    step, history, prior_s = 0, [], 0.0
+    if ckpt_path.exists():
+        ck = torch.load(ckpt_path, weights_only=False, map_location=target.device)
+        if ck.get("objective", "dart") != objective:
+            raise ValueError(f"{ckpt_path} is a {ck.get('objective', 'dart')} checkpoint; this run trains {objective}: use another out_dir")
+        head.load_state_dict(ck["head"])
+        opt.load_state_dict(ck["opt"])
+        step, history = ck["step"], ck["history"]
+        # training time spent before this process (older checkpoints: the last logged time)
+        prior_s = ck.get("elapsed_s", history[-1]["elapsed_s"] if history else 0.0)
+        log.warning("resumed from %s at step %d (%.1f min trained)", ckpt_path, step, prior_s / 60)
+    budget_s = None if cfg.max_minutes is None else 60.0 * cfg.max_minutes  # over all resumes
+    t_start = last_ckpt = time.perf_counter()
+
+    def elapsed() -> float:
+        return prior_s + time.perf_counter() - t_start
+
+    def save_checkpoint():
+        tmp = ckpt_path.with_suffix(".tmp")
+        state = {"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "history": history, "elapsed_s": elapsed(), "config": asdict(cfg), "objective": objective}
+        torch.save(state, tmp)
+        tmp.rename(ckpt_path)
+        head.save(out / "head")
+        (out / "history.json").write_text(json.dumps(history, indent=1))
+
+    def run_eval(train_loss: float | None) -> None:
+        head.eval()
+        with autocast():
+            val_kl, acc = evaluate(head, embed, teacher_rows, val_best, val, cfg.anchors_per_record, cfg.gamma, record_loss=record_loss, rows=rows)
+        head.train()
+        history.append({"step": step, "train_loss": train_loss, "val_kl": val_kl, "val_hit1": acc, "elapsed_s": elapsed()})
+        log.warning("step %d val_kl %.4f hit@1 %s", step, val_kl, " ".join(f"{a:.3f}" for a in acc))
+
+    g = torch.Generator().manual_seed(cfg.seed + step)
+    bar = tqdm(total=total_steps, initial=step, desc=f"train {objective}", unit="step")
+    head.train()
+    loss = None
+    while step < total_steps:
+        if budget_s is not None and elapsed() > budget_s:
+            log.warning("time budget reached at step %d", step)
+            break
+        lr = cosine_lr(step, total_steps, cfg.lr, cfg.warmup_steps, 0.0 if budget_s is None else elapsed() / budget_s)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        order = torch.randperm(len(train), generator=g)[: cfg.batch_records]
+        opt.zero_grad(set_to_none=True)
+        tot_w = 0.0
+        losses = []
+        with autocast():
+            for i in order.tolist():
+                rec = train[i]
+                anchors = sample_anchors(rec.tokens.numel(), cfg.anchors_per_record, g, rec.first_anchor)
+                kl, w, _, _ = record_loss(head, embed, teacher_rows, rec, anchors, cfg.gamma)
+                losses.append(kl)
+                tot_w += float(w)
+        loss = torch.stack(losses).sum() / max(tot_w, 1e-9)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
+        opt.step()
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.2e}")
+        if step % cfg.eval_every == 0 or step == total_steps:
+            run_eval(loss.item())
+        if time.perf_counter() - last_ckpt > cfg.checkpoint_every_s:
+            save_checkpoint()
+            last_ckpt = time.perf_counter()
+    bar.close()
+    if not history or history[-1]["step"] != step:  # stopped by the time budget: evaluate the final head
+        run_eval(None if loss is None else loss.item())
+    head.eval()
+    save_checkpoint()
+    return out / "head"
