@@ -20,7 +20,10 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # the demo phones no
 import torch  # noqa: E402
 
 from dart_core import GenerationParams, load_target  # noqa: E402
-from dart_core.bench import DEFAULT_MAX_NODES  # noqa: E402
+from dart_core.drafters import ASSETS, DEFAULT_MAX_NODES, default_max_nodes  # noqa: E402
+from dart_core.drafters import DEFAULT_DART_HEAD as DEFAULT_DART  # noqa: E402
+from dart_core.drafters import DEFAULT_EAGLE3_HEAD as DEFAULT_EAGLE3  # noqa: E402
+from dart_core.drafters import DEFAULT_NGRAM  # noqa: E402
 from dart_core.drafters.dart import CONTEXT_EXTEND, CONTEXT_WEIGHT  # noqa: E402
 from dart_core.loading import DEFAULT_MODEL, EMBEDDED_NAME  # noqa: E402
 
@@ -28,10 +31,6 @@ from .engine import MIN_REFERENCE_TOKENS, Engine  # noqa: E402
 from .ui import CSS_PATH, Settings, build_demo  # noqa: E402
 
 log = logging.getLogger("app")
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
-DEFAULT_DART = ASSETS / "dart"
-DEFAULT_EAGLE3 = ASSETS / "eagle3"  # the embedded EAGLE3 head (trained by scripts/train_eagle3.py)
-DEFAULT_NGRAM = ASSETS / "ngram" / "smollm2-3gram.ngram"
 DEFAULT_PORT = 7860
 DEFAULT_NEW_TOKENS = 128  # the slider's start value (the flag sets its maximum)
 WARMUP_PROMPT = "Say hi in one short sentence."
@@ -65,7 +64,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--eagle3-model-name-or-path", default=None, help=f"EAGLE3 head dir or hub id (default: {DEFAULT_EAGLE3.relative_to(ASSETS.parent)} if present)")
     g.add_argument("--eagle3-depth", type=int, default=7)
     g.add_argument("--eagle3-top-k", type=int, default=10)
-    g.add_argument("--eagle3-total-tokens", type=int, default=None, help="tree nodes with the root (default: DART's budget, --max-nodes + 1)")
+    g.add_argument("--eagle3-max-nodes", type=int, default=None, help="drafted tree nodes besides the root (default: DART's --max-nodes)")
     g = p.add_argument_group("server")
     g.add_argument("--listen", action="store_true", help="bind 0.0.0.0 instead of 127.0.0.1")
     g.add_argument("--share", action="store_true", help="ask Gradio for a public link")
@@ -143,7 +142,7 @@ def load_dart(args, target, max_nodes: int, notes: list[str], progress: Progress
     return drafter
 
 
-def load_eagle3(args, target, total_tokens: int, notes: list[str], progress: Progress):
+def load_eagle3(args, target, max_nodes: int, notes: list[str], progress: Progress):
     """The EAGLE3 drafter, or None (with a note in compare mode) when there is no usable head. Like
     DART's: a head named on the command line must load; the embedded one may not fit another target."""
     explicit = args.eagle3_model_name_or_path is not None
@@ -156,7 +155,7 @@ def load_eagle3(args, target, total_tokens: int, notes: list[str], progress: Pro
 
     progress(f"loading the EAGLE3 head {head}")
     try:
-        return load_eagle3_drafter(head, target, Eagle3Params(args.eagle3_depth, args.eagle3_top_k, total_tokens))
+        return load_eagle3_drafter(head, target, Eagle3Params(args.eagle3_depth, args.eagle3_top_k, max_nodes))
     except (OSError, ValueError) as e:
         if explicit:
             raise SystemExit(f"cannot load the EAGLE3 head {head}: {e}") from None
@@ -176,12 +175,12 @@ def load_models(args) -> Loaded:
     notes: list[str] = []
     if args.template_name:
         notes.append(f"--template-name {args.template_name} ignored: the tokenizer's own chat template is used.")
-    max_nodes = args.max_nodes if args.max_nodes is not None else DEFAULT_MAX_NODES.get(target.device.type, 60)
+    max_nodes = args.max_nodes if args.max_nodes is not None else default_max_nodes(target.device.type)
     drafters = {}
     dart = load_dart(args, target, max_nodes, notes, progress)
     if dart is not None:
         drafters["dart"] = dart
-    eagle3 = load_eagle3(args, target, args.eagle3_total_tokens or max_nodes + 1, notes, progress)
+    eagle3 = load_eagle3(args, target, args.eagle3_max_nodes if args.eagle3_max_nodes is not None else max_nodes, notes, progress)
     if eagle3 is not None:
         drafters["eagle3"] = eagle3
     for n in notes:

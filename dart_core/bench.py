@@ -25,6 +25,7 @@ from typing import Callable
 import torch
 
 from .generate import ARDrafter, Drafter, GenerationParams, StageTimes, Summary, complete
+from .drafters import DEFAULT_DART_HEAD, DEFAULT_EAGLE3_HEAD, DEFAULT_MAX_NODES, DEFAULT_NGRAM, default_max_nodes
 from .drafters.dart import CONTEXT_EXTEND, CONTEXT_ORDER, CONTEXT_WEIGHT
 from .loading import DEFAULT_MODEL
 from .sampling import SamplingParams
@@ -32,15 +33,6 @@ from .target import Target, load_target
 
 WARMUP_NEW_TOKENS = 16
 PLD_NUM_TOKENS = 10  # transformers' documented default for prompt_lookup_num_tokens
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
-DEFAULT_DART_HEAD = ASSETS / "dart"
-DEFAULT_NGRAM = ASSETS / "ngram" / "smollm2-3gram.ngram"
-DEFAULT_EAGLE3_HEAD = ASSETS / "eagle3"
-# Draft tree size (nodes besides the root) per device. On a 2-core CPU a verify of n nodes costs
-# ~31 ms + ~1 ms per node (bf16), so with the embedded heads (τ ≈ 1.5-1.8, nearly flat in n) small
-# trees win: the tree-size ablation in docs/benchmarks.md measured DART at 1.20x / 1.07x / 0.87x / 0.81x
-# plain decoding with 8 / 16 / 24 / 40 nodes. On a GPU a 60-node verify costs about one token (paper).
-DEFAULT_MAX_NODES = {"cpu": 8, "cuda": 60}
 
 
 @dataclass
@@ -166,7 +158,7 @@ def tree_params(args: argparse.Namespace, device: torch.device, context: bool = 
 
     from .drafters.dart import with_context
 
-    max_nodes = args.max_nodes if args.max_nodes is not None else DEFAULT_MAX_NODES.get(device.type, 60)
+    max_nodes = args.max_nodes if args.max_nodes is not None else default_max_nodes(device.type)
     plain = ngram_cpp.PruneParams(top_k=args.tree_top_k, beam_width=args.beam_width, max_nodes=max_nodes, use_ngram=not args.no_ngram)
     return with_context(plain, context and not args.no_context_ngram, args.context_weight, args.context_extend)
 
@@ -182,8 +174,8 @@ def dart_drafter(target: Target, args: argparse.Namespace, context: bool = True)
 def eagle3_drafter(target: Target, args: argparse.Namespace):
     from .drafters.eagle3 import Eagle3Params, load_eagle3_drafter
 
-    total = args.eagle3_total_tokens or tree_params(args, target.device).max_nodes + 1
-    return load_eagle3_drafter(args.eagle3_model, target, Eagle3Params(args.eagle3_depth, args.eagle3_top_k, total))
+    max_nodes = args.eagle3_max_nodes if args.eagle3_max_nodes is not None else tree_params(args, target.device).max_nodes
+    return load_eagle3_drafter(args.eagle3_model, target, Eagle3Params(args.eagle3_depth, args.eagle3_top_k, max_nodes))
 
 
 def read_questions(path: Path, limit: int | None) -> list[dict]:
@@ -307,8 +299,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--eagle3-model", default=str(DEFAULT_EAGLE3_HEAD), help="EAGLE3 head dir or hub id (default: the embedded head)")
     g.add_argument("--eagle3-depth", type=int, default=7, help="expansion steps after the root's (EAGLE3 default 7)")
     g.add_argument("--eagle3-top-k", type=int, default=10, help="children per node and frontier size (EAGLE3 default 10)")
-    g.add_argument("--eagle3-total-tokens", type=int, default=None,
-                   help="tree nodes with the root (default: DART's budget, max nodes + 1, so both verify trees of one size)")
+    g.add_argument("--eagle3-max-nodes", type=int, default=None,
+                   help="drafted tree nodes besides the root (default: DART's --max-nodes, so both verify trees of one size)")
     return p.parse_args(argv)
 
 

@@ -66,14 +66,15 @@ class DraftSession(Protocol):
     def extend(self, ids: list[int], hidden: torch.Tensor | None) -> None:
         """Tokens just committed to the target's cache, with their captured hidden states (n, 3H)."""
 
-    def propose(self, root: int, budget: int) -> Proposal:
-        """A tree rooted at `root` (the target's latest token) with at most `budget` nodes."""
+    def propose(self, root: int, max_nodes: int) -> Proposal:
+        """A tree rooted at `root` (the target's latest token) with at most `max_nodes` drafted nodes
+        besides it (the room left in the cache; may be lower than the drafter's own max_nodes)."""
 
 
 class Drafter(Protocol):
     name: str
     needs_hidden: bool  # whether the target must return captured hidden states
-    max_nodes: int  # upper bound on tree size, root included
+    max_nodes: int  # the most drafted nodes in a tree, the root not counted (the engine's one tree-size convention)
 
     def new_session(self, capacity: int) -> DraftSession: ...
 
@@ -82,7 +83,7 @@ class _ARSession:
     def extend(self, ids, hidden) -> None:
         pass
 
-    def propose(self, root: int, budget: int) -> Proposal:
+    def propose(self, root: int, max_nodes: int) -> Proposal:
         return Proposal(DraftTree.root_only(root))
 
 
@@ -91,7 +92,7 @@ class ARDrafter:
 
     name = "ar"
     needs_hidden = False
-    max_nodes = 1
+    max_nodes = 0
 
     def new_session(self, capacity: int) -> DraftSession:
         return _ARSession()
@@ -167,7 +168,7 @@ def generate(
     if len(ids) >= limit:
         raise ValueError(f"the prompt has {len(ids)} tokens, the context limit is {limit}: no room to generate")
     # The cache holds prompt + output minus the pending root; a verify writes the tree after that.
-    capacity = min(limit, len(ids) + params.max_new_tokens + drafter.max_nodes)
+    capacity = min(limit, len(ids) + params.max_new_tokens + drafter.max_nodes + 1)
     return _loop(target, ids, drafter, params, limit, capacity)
 
 
@@ -196,9 +197,9 @@ def _loop(target, ids, drafter, params, limit, capacity) -> Iterator[StepEvent |
 
     while stop is None:
         t_step = clock()
-        budget = capacity - cache.length
-        proposal = session.propose(root, budget)
-        tree = proposal.tree.truncate(budget)
+        max_nodes = capacity - cache.length - 1  # drafted nodes that fit after the root
+        proposal = session.propose(root, max_nodes)
+        tree = proposal.tree.truncate(max_nodes + 1)
         t_verify = clock()
         out = target.verify(tree, cache, capture=drafter.needs_hidden)
         t_accept = clock()

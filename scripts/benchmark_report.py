@@ -361,9 +361,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.methods = ["ar", *args.methods]  # speed-ups are ratios to it
     args.methods = [m for m in METHODS if m in args.methods]
     # the default tree size is part of every cell's setting: a new default must not reuse old cells
-    from dart_core.bench import DEFAULT_MAX_NODES
+    from dart_core.drafters import default_max_nodes
 
-    nodes = args.tree_nodes = DEFAULT_MAX_NODES.get(args.device.split(":")[0], 60)
+    nodes = args.tree_nodes = default_max_nodes(args.device.split(":")[0])
     args.work = args.work or ROOT / "runs" / "report" / f"{args.device}-{args.dtype}-n{args.limit}-t{args.max_new_tokens}-nodes{nodes}"
     return args
 

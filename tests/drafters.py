@@ -38,7 +38,7 @@ class RandomTreeDrafter:
     name = "random-tree"
     needs_hidden = True
 
-    def __init__(self, vocab: int, max_nodes: int = 12, seed: int = 0):
+    def __init__(self, vocab: int, max_nodes: int = 11, seed: int = 0):
         self.vocab, self.max_nodes, self.seed = vocab, max_nodes, seed
 
     def new_session(self, capacity: int):
@@ -48,8 +48,8 @@ class RandomTreeDrafter:
             def extend(self, ids, hidden):
                 assert hidden is not None and hidden.shape[0] == len(ids)
 
-            def propose(self, root, budget):
-                n = rng.randrange(1, drafter.max_nodes + 1)
+            def propose(self, root, max_nodes):
+                n = rng.randrange(1, drafter.max_nodes + 2)  # nodes with the root
                 return Proposal(random_tree_under(rng, root, n, drafter.vocab))
 
         return Session()
@@ -63,7 +63,7 @@ class OracleDrafter:
     name = "oracle"
     needs_hidden = False
 
-    def __init__(self, reference: list[int], vocab: int, max_nodes: int = 16, seed: int = 0):
+    def __init__(self, reference: list[int], vocab: int, max_nodes: int = 15, seed: int = 0):
         self.reference, self.vocab, self.max_nodes, self.seed = reference, vocab, max_nodes, seed
 
     def new_session(self, capacity: int):
@@ -78,12 +78,12 @@ class OracleDrafter:
                     self.prompt_len = len(ids)
                 self.committed += len(ids)
 
-            def propose(self, root, budget):
+            def propose(self, root, max_nodes):
                 produced = self.committed - self.prompt_len + 1  # output so far, root included
                 spine = list(drafter.reference[produced : produced + rng.randrange(0, 7)])
                 if spine and rng.random() < 0.3:
                     spine[rng.randrange(len(spine))] = rng.randrange(drafter.vocab)
-                n = max(rng.randrange(1, drafter.max_nodes + 1), len(spine) + 1)
+                n = max(rng.randrange(1, drafter.max_nodes + 2), len(spine) + 1)  # nodes with the root
                 return Proposal(random_tree_under(rng, root, n, drafter.vocab, spine))
 
         return Session()

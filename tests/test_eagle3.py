@@ -26,7 +26,7 @@ def random_eagle3_head(target, seed=0, vd=64):
 def test_eagle3_greedy_equals_ar(tiny_ckpt):
     _, path = tiny_ckpt
     target = tiny_target(path)
-    drafter = Eagle3Drafter(random_eagle3_head(target), target, Eagle3Params(depth=4, top_k=4, total_tokens=16))
+    drafter = Eagle3Drafter(random_eagle3_head(target), target, Eagle3Params(depth=4, top_k=4, max_nodes=15))
     for prompt in ([5, 6, 7], [60], [11, 40, 12, 90, 4, 4, 4, 17]):
         ar = complete(target, prompt, ARDrafter(), GenerationParams(30))
         s = complete(target, prompt, drafter, GenerationParams(30))
@@ -34,20 +34,20 @@ def test_eagle3_greedy_equals_ar(tiny_ckpt):
 
 
 def test_eagle3_tree_shape(tiny_llama):
-    drafter = Eagle3Drafter(random_eagle3_head(tiny_llama, seed=2), tiny_llama, Eagle3Params(depth=3, top_k=5, total_tokens=20))
+    drafter = Eagle3Drafter(random_eagle3_head(tiny_llama, seed=2), tiny_llama, Eagle3Params(depth=3, top_k=5, max_nodes=19))
     ids = [5, 6, 7, 8]
     out = tiny_llama.prefill(ids, tiny_llama.new_cache(64), capture=True)
 
-    def propose(budget):
+    def propose(max_nodes):
         session = drafter.new_session(64)
         session.extend(ids, out.hidden)
-        return session.propose(9, budget).tree
+        return session.propose(9, max_nodes).tree
 
     tree = propose(64)
     assert len(tree) == 20 and tree.max_depth <= 4
     scores = tree.scores.tolist()
     assert all(scores[i] <= scores[int(tree.parents[i])] + 1e-6 for i in range(1, len(tree)))
-    assert len(propose(5)) == 5  # the budget caps the tree
+    assert len(propose(4)) == 5  # the room in the cache caps the tree: 4 drafted nodes + the root
 
 
 def test_head_types_are_not_mixed(tiny_llama, tmp_path):
@@ -68,7 +68,7 @@ def test_training_time_test_matches_drafting(tiny_llama):
 
     K = 4
     head = random_eagle3_head(tiny_llama, seed=3)
-    drafter = Eagle3Drafter(head, tiny_llama, Eagle3Params(depth=K, top_k=1, total_tokens=K + 2))
+    drafter = Eagle3Drafter(head, tiny_llama, Eagle3Params(depth=K, top_k=1, max_nodes=K + 1))
     prefix, root = [5, 6, 7, 8, 9, 10], 11
     a = len(prefix) - 1
     out = tiny_llama.prefill(prefix, tiny_llama.new_cache(64), capture=True)

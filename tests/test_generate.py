@@ -66,7 +66,7 @@ def test_context_limit_never_overflows(tiny_llama):
     prompt = PROMPTS[1]
     ar = complete(tiny_llama, prompt, ARDrafter(), GenerationParams(max_new_tokens=30)).output_ids
     limit = len(prompt) + 9
-    drafter = OracleDrafter(ar, TINY_VOCAB, max_nodes=40, seed=3)
+    drafter = OracleDrafter(ar, TINY_VOCAB, max_nodes=39, seed=3)
     _, summary = run(tiny_llama, prompt, drafter, max_new_tokens=100, max_length=limit)
     assert summary.stop_reason == "context"
     assert summary.output_ids == ar[:9]

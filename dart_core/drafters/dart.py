@@ -57,7 +57,7 @@ class DartDrafter:
         if params.depth is not None and params.depth < 1:
             raise ValueError(f"draft depth must be >= 1, got {params.depth}")
         self.head, self.target, self.ngram, self.params = head, target, ngram, params
-        self.max_nodes = params.prune.max_nodes + 1
+        self.max_nodes = params.prune.max_nodes
         self.eos_id = min(target.eos_ids) if target.eos_ids else -1
 
     def with_params(self, params: DartParams) -> "DartDrafter":
@@ -110,7 +110,7 @@ class _DartSession:
         self.pending_ids, self.pending_aux = [], []
         return head.logits(h)
 
-    def propose(self, root: int, budget: int) -> Proposal:
+    def propose(self, root: int, max_nodes: int) -> Proposal:
         sync = torch.cuda.synchronize if self.d.target.device.type == "cuda" else (lambda: None)
         t0 = time.perf_counter()
         logits = self.draft_logits(root)[: self.d.params.depth].float()
@@ -120,7 +120,7 @@ class _DartSession:
         tokens = self.d.head.to_target_ids(idx)
         sync()
         t1 = time.perf_counter()
-        params = replace(p, max_nodes=max(0, min(p.max_nodes, budget - 1)))
+        params = replace(p, max_nodes=max(0, min(p.max_nodes, max_nodes)))
         pruned = ngram_cpp.prune(
             tokens.cpu().numpy(), probs.cpu().numpy(), root, self.committed, self.d.ngram, params, self.d.eos_id, self.index
         )

@@ -7,7 +7,7 @@ Per step (EAGLE's defaults: depth 7, top_k 10, 60 tree nodes with the root):
      its own embedding, attending to the committed prefix and its own ancestors; every node's top_k
      children are scored (parent score + log-prob) and all are kept in a pool; the best top_k of them
      become the next frontier;
-  3. the tree is the best `total_tokens - 1` nodes of the pool (cumulative log-probability, ties
+  3. the tree is the best `max_nodes` nodes of the pool (cumulative log-probability, ties
      parent-first), in pool order so parents precede children.
 That is 1 + depth head forwards per step, against DART's one.
 """
@@ -30,11 +30,11 @@ from .head import DraftHead, load_head
 class Eagle3Params:
     depth: int = 7
     top_k: int = 10
-    total_tokens: int = 60  # tree nodes including the root
+    max_nodes: int = 59  # drafted nodes besides the root (EAGLE's total_token = 60 counts the root)
 
     def __post_init__(self):
-        if self.depth < 0 or self.top_k < 1 or self.total_tokens < 1:
-            raise ValueError("EAGLE3 needs depth >= 0, top_k >= 1 and total_tokens >= 1")
+        if self.depth < 0 or self.top_k < 1 or self.max_nodes < 0:
+            raise ValueError("EAGLE3 needs depth >= 0, top_k >= 1 and max_nodes >= 0")
 
 
 class Eagle3Drafter:
@@ -45,7 +45,7 @@ class Eagle3Drafter:
         if head.config.is_dart:
             raise ValueError("Eagle3Drafter needs an EAGLE3 head (no draft_length / mask_rep)")
         self.head, self.target, self.params = head, target, params
-        self.max_nodes = params.total_tokens
+        self.max_nodes = params.max_nodes
 
     def new_session(self, capacity: int) -> "_Eagle3Session":
         return _Eagle3Session(self, capacity)
@@ -73,7 +73,7 @@ class _Eagle3Session:
         return head.midlayer.mlp_block(h)
 
     @torch.inference_mode()
-    def propose(self, root: int, budget: int) -> Proposal:
+    def propose(self, root: int, max_nodes: int) -> Proposal:
         head, target, p = self.d.head, self.d.target, self.d.params
         dev = target.device
         t0 = time.perf_counter()
@@ -132,7 +132,7 @@ class _Eagle3Session:
         self.cache.rewind(committed)
         t1 = time.perf_counter()
 
-        keep = max(0, min(p.total_tokens, budget) - 1)
+        keep = max(0, min(p.max_nodes, max_nodes))
         sc = scores.tolist()
         depth = [0] * len(tokens)
         for i, par in enumerate(parents):
