@@ -310,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in methods if m not in METHODS]
     if not methods or unknown:
         raise SystemExit(f"unknown method(s) {unknown}: choose from {', '.join(METHODS)}")
+    if not 0.0 <= args.context_weight <= 1.0 or args.context_extend < 0 or args.context_order < 1:
+        raise SystemExit("--context-weight must be in [0, 1], --context-extend >= 0 and --context-order >= 1")
     if args.threads:
         torch.set_num_threads(args.threads)
     names = dataset_names(args.dataset)

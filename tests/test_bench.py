@@ -51,3 +51,5 @@ def test_bench_cli_json_and_losslessness(questions, tmp_path, capsys):
 def test_bench_refuses_unknown_methods(questions):
     with pytest.raises(SystemExit, match="unknown method"):
         bench.main(["--methods", "ar,medusa", "--dataset", str(questions)])
+    with pytest.raises(SystemExit, match="context-weight"):
+        bench.main(["--methods", "ar,dart", "--dataset", str(questions), "--context-weight", "1.5"])
