@@ -13,18 +13,22 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # the demo phones nowhere
 
 import torch  # noqa: E402
 
 from dart_core import GenerationParams, load_target  # noqa: E402
-from dart_core.drafters import ASSETS, DEFAULT_MAX_NODES, default_max_nodes  # noqa: E402
 from dart_core.drafters import DEFAULT_DART_HEAD as DEFAULT_DART  # noqa: E402
 from dart_core.drafters import DEFAULT_EAGLE3_HEAD as DEFAULT_EAGLE3  # noqa: E402
-from dart_core.drafters import DEFAULT_NGRAM  # noqa: E402
-from dart_core.drafters.dart import CONTEXT_EXTEND, CONTEXT_WEIGHT  # noqa: E402
+from dart_core.drafters.registry import (  # noqa: E402
+    add_drafter_flags,
+    build_drafter,
+    check_drafter_flags,
+    embedded_head_exists,
+    head_is_named,
+    resolve_ngram,
+)
 from dart_core.loading import DEFAULT_MODEL, EMBEDDED_NAME  # noqa: E402
 
 from .engine import MIN_REFERENCE_TOKENS, Engine  # noqa: E402
@@ -47,24 +51,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--template-name", default=None, help="accepted for upstream compatibility; the tokenizer's own chat template is used")
     p.add_argument("--max-new-tokens", type=int, default=256, help="the most a request may ask for")
     p.add_argument("--max-length", type=int, default=2048, help="prompt + output limit in tokens (the conversation must fit)")
-    g = p.add_argument_group("DART")
-    g.add_argument("--dart-model-name-or-path", default=None, help=f"DART head dir or hub id (default: the embedded head, {DEFAULT_DART.relative_to(ASSETS.parent)})")
-    g.add_argument("--ngram-model-name-or-path", default=None, help="n-gram file, or a directory with full.trie/small.trie or one *.ngram (default: the embedded trie for the default target)")
-    g.add_argument("--use-small-ngram", action="store_true", help="with a directory, load small.trie instead of full.trie")
-    g.add_argument("--no-ngram", action="store_true", help="prune draft trees without the n-gram model")
-    g.add_argument("--tree-top-k", type=int, default=25, help="candidates per depth")
-    g.add_argument("--beam-width", type=int, default=20)
-    g.add_argument("--max-nodes", type=int, default=None, help=f"drafted tree nodes besides the root (default per device: {DEFAULT_MAX_NODES})")
-    g.add_argument("--draft-depth", type=int, default=None, help="use only the head's first N rows (tree depth <= N)")
-    g.add_argument("--no-context-ngram", action="store_true", help="prune without the context n-gram (the conversation's own repeats)")
-    g.add_argument("--context-weight", type=float, default=CONTEXT_WEIGHT, help=f"context n-gram weight at a full-length match, in [0, 1] (default {CONTEXT_WEIGHT})")
-    g.add_argument("--context-extend", type=int, default=CONTEXT_EXTEND, help=f"tree levels past the head's rows that follow a context match (default {CONTEXT_EXTEND})")
-    g = p.add_argument_group("EAGLE3 baseline")
+    add_drafter_flags(p)
+    g = p.add_argument_group("compare")
     g.add_argument("--compare-eagle3", action="store_true", help="start in compare mode: each prompt runs through DART, EAGLE3 and AR in turn")
-    g.add_argument("--eagle3-model-name-or-path", default=None, help=f"EAGLE3 head dir or hub id (default: {DEFAULT_EAGLE3.relative_to(ASSETS.parent)} if present)")
-    g.add_argument("--eagle3-depth", type=int, default=7)
-    g.add_argument("--eagle3-top-k", type=int, default=10)
-    g.add_argument("--eagle3-max-nodes", type=int, default=None, help="drafted tree nodes besides the root (default: DART's --max-nodes)")
     g = p.add_argument_group("server")
     g.add_argument("--listen", action="store_true", help="bind 0.0.0.0 instead of 127.0.0.1")
     g.add_argument("--share", action="store_true", help="ask Gradio for a public link")
@@ -73,6 +62,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.max_new_tokens < 1 or args.max_length < 2:
         p.error("--max-new-tokens must be >= 1 and --max-length >= 2")
+    try:
+        check_drafter_flags(args)
+    except ValueError as e:
+        p.error(str(e))
     return args
 
 
@@ -94,45 +87,25 @@ class Progress:
         log.warning("[%5.1fs] %s…", time.perf_counter() - self.t0, what)
 
 
-def resolve_ngram(args) -> Path | None:
-    if args.no_ngram:
-        return None
-    if args.ngram_model_name_or_path is None:
-        return DEFAULT_NGRAM if args.base_model_name_or_path == DEFAULT_MODEL and DEFAULT_NGRAM.exists() else None
-    path = Path(args.ngram_model_name_or_path)
-    if path.is_dir():
-        name = "small.trie" if args.use_small_ngram else "full.trie"
-        found = next((c for c in [path / name, *sorted(path.glob("*.ngram"))] if c.is_file()), None)
-        if found is None:
-            raise SystemExit(f"no {name} or *.ngram in {path}")
-        return found
-    if not path.is_file():
-        raise SystemExit(f"no n-gram file at {path}")
-    return path
-
-
-def load_dart(args, target, max_nodes: int, notes: list[str], progress: Progress):
+def load_dart(args, target, default_target: bool, notes: list[str], progress: Progress):
     """The DART drafter, or None with a note when the embedded head is absent or unusable. A head
     named on the command line must load: failing to is an error, not a silent fallback."""
-    explicit = args.dart_model_name_or_path is not None
-    head = args.dart_model_name_or_path or DEFAULT_DART
-    if not explicit and not (DEFAULT_DART / "config.json").exists():
+    import ngram_cpp
+
+    explicit = head_is_named("dart", args)
+    if not explicit and not embedded_head_exists("dart"):
         notes.append(f"No trained DART head at {DEFAULT_DART}: only plain decoding (AR) is available.")
         return None
-    import ngram_cpp
-    from dart_core.drafters.dart import DartParams, load_dart_drafter, with_context
-
-    ngram = resolve_ngram(args)
-    progress(f"loading the DART head {head} and n-gram {ngram}")
-    if not 0.0 <= args.context_weight <= 1.0 or args.context_extend < 0:
-        raise SystemExit("--context-weight must be in [0, 1] and --context-extend >= 0")
-    plain = ngram_cpp.PruneParams(top_k=args.tree_top_k, beam_width=args.beam_width, max_nodes=max_nodes, use_ngram=ngram is not None)
-    params = DartParams(with_context(plain, not args.no_context_ngram, args.context_weight, args.context_extend), args.draft_depth)
     try:
-        drafter = load_dart_drafter(head, target, ngram, params)
+        ngram = resolve_ngram(args, default_target)
+    except FileNotFoundError as e:
+        raise SystemExit(str(e)) from None
+    progress(f"loading the DART head {args.dart_model or DEFAULT_DART} and n-gram {ngram}")
+    try:
+        drafter = build_drafter("dart", target, args, default_target)
     except (OSError, ValueError) as e:
         if explicit:
-            raise SystemExit(f"cannot load the DART head {head}: {e}") from None
+            raise SystemExit(f"cannot load the DART head {args.dart_model}: {e}") from None
         notes.append(f"The embedded DART head did not load ({e}): only plain decoding (AR) is available.")
         return None
     if ngram is None:
@@ -142,23 +115,20 @@ def load_dart(args, target, max_nodes: int, notes: list[str], progress: Progress
     return drafter
 
 
-def load_eagle3(args, target, max_nodes: int, notes: list[str], progress: Progress):
+def load_eagle3(args, target, default_target: bool, notes: list[str], progress: Progress):
     """The EAGLE3 drafter, or None (with a note in compare mode) when there is no usable head. Like
     DART's: a head named on the command line must load; the embedded one may not fit another target."""
-    explicit = args.eagle3_model_name_or_path is not None
-    head = args.eagle3_model_name_or_path or (DEFAULT_EAGLE3 if (DEFAULT_EAGLE3 / "config.json").exists() else None)
-    if head is None:
+    explicit = head_is_named("eagle3", args)
+    if not explicit and not embedded_head_exists("eagle3"):
         if args.compare_eagle3:
             notes.append("--compare-eagle3: no EAGLE3 head is available for this target (pass --eagle3-model-name-or-path); comparing DART with plain decoding.")
         return None
-    from dart_core.drafters.eagle3 import Eagle3Params, load_eagle3_drafter
-
-    progress(f"loading the EAGLE3 head {head}")
+    progress(f"loading the EAGLE3 head {args.eagle3_model or DEFAULT_EAGLE3}")
     try:
-        return load_eagle3_drafter(head, target, Eagle3Params(args.eagle3_depth, args.eagle3_top_k, max_nodes))
+        return build_drafter("eagle3", target, args, default_target)
     except (OSError, ValueError) as e:
         if explicit:
-            raise SystemExit(f"cannot load the EAGLE3 head {head}: {e}") from None
+            raise SystemExit(f"cannot load the EAGLE3 head {args.eagle3_model}: {e}") from None
         if args.compare_eagle3:
             notes.append(f"The embedded EAGLE3 head does not fit this target ({e}): comparing DART with plain decoding.")
         return None
@@ -175,12 +145,12 @@ def load_models(args) -> Loaded:
     notes: list[str] = []
     if args.template_name:
         notes.append(f"--template-name {args.template_name} ignored: the tokenizer's own chat template is used.")
-    max_nodes = args.max_nodes if args.max_nodes is not None else default_max_nodes(target.device.type)
+    default_target = args.base_model_name_or_path == DEFAULT_MODEL
     drafters = {}
-    dart = load_dart(args, target, max_nodes, notes, progress)
+    dart = load_dart(args, target, default_target, notes, progress)
     if dart is not None:
         drafters["dart"] = dart
-    eagle3 = load_eagle3(args, target, args.eagle3_max_nodes if args.eagle3_max_nodes is not None else max_nodes, notes, progress)
+    eagle3 = load_eagle3(args, target, default_target, notes, progress)
     if eagle3 is not None:
         drafters["eagle3"] = eagle3
     for n in notes:

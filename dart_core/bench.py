@@ -25,8 +25,7 @@ from typing import Callable
 import torch
 
 from .generate import ARDrafter, Drafter, GenerationParams, StageTimes, Summary, complete
-from .drafters import DEFAULT_DART_HEAD, DEFAULT_EAGLE3_HEAD, DEFAULT_MAX_NODES, DEFAULT_NGRAM, default_max_nodes
-from .drafters.dart import CONTEXT_EXTEND, CONTEXT_ORDER, CONTEXT_WEIGHT
+from .drafters.registry import DRAFTERS, add_drafter_flags, build_drafter, check_drafter_flags
 from .loading import DEFAULT_MODEL
 from .sampling import SamplingParams
 from .target import Target, load_target
@@ -141,41 +140,15 @@ def build_runner(name: str, target: Target, args: argparse.Namespace) -> Runner:
         return hf_runner(target, prompt_lookup=False)
     if name == "pld":
         return hf_runner(target, prompt_lookup=True)
-    if name == "dart":
-        return loop_runner(target, dart_drafter(target, args))
+    default_target = args.model == DEFAULT_MODEL
+    if name in DRAFTERS:
+        return loop_runner(target, build_drafter(name, target, args, default_target))
     if name == "dart-noctx":
-        return loop_runner(target, dart_drafter(target, args, context=False))
-    if name == "eagle3":
-        return loop_runner(target, eagle3_drafter(target, args))
+        return loop_runner(target, build_drafter("dart", target, args, default_target, context=False))
     raise ValueError(f"unknown method {name!r}: choose from {', '.join(METHODS)}")
 
 
 METHODS = ("ar", "hf", "pld", "dart", "dart-noctx", "eagle3")
-
-
-def tree_params(args: argparse.Namespace, device: torch.device, context: bool = True):
-    import ngram_cpp
-
-    from .drafters.dart import with_context
-
-    max_nodes = args.max_nodes if args.max_nodes is not None else default_max_nodes(device.type)
-    plain = ngram_cpp.PruneParams(top_k=args.tree_top_k, beam_width=args.beam_width, max_nodes=max_nodes, use_ngram=not args.no_ngram)
-    return with_context(plain, context and not args.no_context_ngram, args.context_weight, args.context_extend)
-
-
-def dart_drafter(target: Target, args: argparse.Namespace, context: bool = True):
-    from .drafters.dart import DartParams, load_dart_drafter
-
-    ngram = None if args.no_ngram else (args.ngram_model or (DEFAULT_NGRAM if args.model == DEFAULT_MODEL else None))
-    params = DartParams(tree_params(args, target.device, context), args.draft_depth, args.context_order)
-    return load_dart_drafter(args.dart_model, target, ngram, params)
-
-
-def eagle3_drafter(target: Target, args: argparse.Namespace):
-    from .drafters.eagle3 import Eagle3Params, load_eagle3_drafter
-
-    max_nodes = args.eagle3_max_nodes if args.eagle3_max_nodes is not None else tree_params(args, target.device).max_nodes
-    return load_eagle3_drafter(args.eagle3_model, target, Eagle3Params(args.eagle3_depth, args.eagle3_top_k, max_nodes))
 
 
 def read_questions(path: Path, limit: int | None) -> list[dict]:
@@ -283,24 +256,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default=DEFAULT_MODEL, help="target: 'default' (embedded SmolLM2-135M-Instruct), a local dir or a hub id")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--out", type=Path, default=None, help="write results JSON here")
-    g = p.add_argument_group("draft trees (dart)")
-    g.add_argument("--dart-model", default=str(DEFAULT_DART_HEAD), help="DART head dir or hub id (default: the embedded head)")
-    g.add_argument("--ngram-model", default=None, help="n-gram file (.ngram or upstream .trie); default: the embedded trie for the default model")
-    g.add_argument("--no-ngram", action="store_true", help="prune without the n-gram model")
-    g.add_argument("--tree-top-k", type=int, default=25, help="candidates per depth")
-    g.add_argument("--beam-width", type=int, default=20)
-    g.add_argument("--max-nodes", type=int, default=None, help=f"tree nodes besides the root (default per device: {DEFAULT_MAX_NODES})")
-    g.add_argument("--draft-depth", type=int, default=None, help="use only the head's first N rows (tree depth <= N; default: all D+1)")
-    g.add_argument("--no-context-ngram", action="store_true", help="prune without the context n-gram (the conversation's own repeats); method dart-noctx is DART without it")
-    g.add_argument("--context-weight", type=float, default=CONTEXT_WEIGHT, help=f"context n-gram weight at a full-length match, in [0, 1] (default {CONTEXT_WEIGHT})")
-    g.add_argument("--context-extend", type=int, default=CONTEXT_EXTEND, help=f"levels past the head's rows that follow a context match (default {CONTEXT_EXTEND})")
-    g.add_argument("--context-order", type=int, default=CONTEXT_ORDER, help=f"longest context match in tokens (default {CONTEXT_ORDER})")
-    g = p.add_argument_group("EAGLE3 trees (eagle3)")
-    g.add_argument("--eagle3-model", default=str(DEFAULT_EAGLE3_HEAD), help="EAGLE3 head dir or hub id (default: the embedded head)")
-    g.add_argument("--eagle3-depth", type=int, default=7, help="expansion steps after the root's (EAGLE3 default 7)")
-    g.add_argument("--eagle3-top-k", type=int, default=10, help="children per node and frontier size (EAGLE3 default 10)")
-    g.add_argument("--eagle3-max-nodes", type=int, default=None,
-                   help="drafted tree nodes besides the root (default: DART's --max-nodes, so both verify trees of one size)")
+    add_drafter_flags(p)
     return p.parse_args(argv)
 
 
@@ -310,8 +266,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in methods if m not in METHODS]
     if not methods or unknown:
         raise SystemExit(f"unknown method(s) {unknown}: choose from {', '.join(METHODS)}")
-    if not 0.0 <= args.context_weight <= 1.0 or args.context_extend < 0 or args.context_order < 1:
-        raise SystemExit("--context-weight must be in [0, 1], --context-extend >= 0 and --context-order >= 1")
+    try:
+        check_drafter_flags(args)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     if args.threads:
         torch.set_num_threads(args.threads)
     names = dataset_names(args.dataset)

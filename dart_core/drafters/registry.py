@@ -1,0 +1,154 @@
+"""The drafters the bench and the app offer, declared once: each one's command-line flags (with the
+upstream app's names as aliases), its per-device defaults and how it is built.
+
+    p = argparse.ArgumentParser(); add_drafter_flags(p)
+    args = p.parse_args(); check_drafter_flags(args)
+    drafter = build_drafter("dart", target, args, default_target=True)
+
+`build_drafter` raises OSError / ValueError when a head or n-gram file cannot be loaded; the caller
+decides whether that is fatal (the bench, a head named on the command line) or a note (the app's
+optional embedded heads).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from . import DEFAULT_DART_HEAD, DEFAULT_EAGLE3_HEAD, DEFAULT_MAX_NODES, DEFAULT_NGRAM, default_max_nodes
+from .dart import CONTEXT_EXTEND, CONTEXT_ORDER, CONTEXT_WEIGHT
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    name: str  # the method name in the bench and the app
+    title: str  # its flags' group in --help
+    add_flags: Callable[[argparse._ArgumentGroup], None]
+    build: Callable[..., object]  # (target, args, default_target: bool, **variant) -> a Drafter
+    head_dest: str  # the args attribute naming its head (None: the embedded one)
+    default_head: Path
+
+
+def _dart_flags(g: argparse._ArgumentGroup) -> None:
+    g.add_argument("--dart-model", "--dart-model-name-or-path", dest="dart_model", default=None,
+                   help=f"DART head dir or hub id (default: the embedded head, assets/{DEFAULT_DART_HEAD.name})")
+    g.add_argument("--ngram-model", "--ngram-model-name-or-path", dest="ngram_model", default=None,
+                   help="n-gram file (.ngram or upstream .trie), or a directory with full.trie/small.trie or one *.ngram "
+                        "(default: the embedded trie for the default target)")
+    g.add_argument("--use-small-ngram", action="store_true", help="with an n-gram directory, load small.trie instead of full.trie")
+    g.add_argument("--no-ngram", action="store_true", help="prune draft trees without the n-gram model")
+    g.add_argument("--tree-top-k", type=int, default=25, help="candidates per depth")
+    g.add_argument("--beam-width", type=int, default=20)
+    g.add_argument("--max-nodes", type=int, default=None, help=f"drafted tree nodes besides the root (default per device: {DEFAULT_MAX_NODES})")
+    g.add_argument("--draft-depth", type=int, default=None, help="use only the head's first N rows (tree depth <= N; default: all D+1)")
+    g.add_argument("--no-context-ngram", action="store_true", help="prune without the context n-gram (the conversation's own repeats)")
+    g.add_argument("--context-weight", type=float, default=CONTEXT_WEIGHT, help=f"context n-gram weight at a full-length match, in [0, 1] (default {CONTEXT_WEIGHT})")
+    g.add_argument("--context-extend", type=int, default=CONTEXT_EXTEND, help=f"tree levels past the head's rows that follow a context match (default {CONTEXT_EXTEND})")
+    g.add_argument("--context-order", type=int, default=CONTEXT_ORDER, help=f"longest context match in tokens (default {CONTEXT_ORDER})")
+
+
+def _eagle3_flags(g: argparse._ArgumentGroup) -> None:
+    g.add_argument("--eagle3-model", "--eagle3-model-name-or-path", dest="eagle3_model", default=None,
+                   help=f"EAGLE3 head dir or hub id (default: the embedded head, assets/{DEFAULT_EAGLE3_HEAD.name})")
+    g.add_argument("--eagle3-depth", type=int, default=7, help="expansion steps after the root's (EAGLE3 default 7)")
+    g.add_argument("--eagle3-top-k", type=int, default=10, help="children per node and frontier size (EAGLE3 default 10)")
+    g.add_argument("--eagle3-max-nodes", type=int, default=None,
+                   help="drafted tree nodes besides the root (default: DART's --max-nodes, so both verify trees of one size)")
+
+
+def max_nodes(args: argparse.Namespace, device_type: str) -> int:
+    """DART's tree size: --max-nodes, else the device default."""
+    return args.max_nodes if args.max_nodes is not None else default_max_nodes(device_type)
+
+
+def tree_params(args: argparse.Namespace, device_type: str, ngram: bool, context: bool = True):
+    """DART's pruning parameters from the flags."""
+    import ngram_cpp
+
+    from .dart import with_context
+
+    plain = ngram_cpp.PruneParams(top_k=args.tree_top_k, beam_width=args.beam_width, max_nodes=max_nodes(args, device_type), use_ngram=ngram)
+    return with_context(plain, context and not args.no_context_ngram, args.context_weight, args.context_extend)
+
+
+def resolve_ngram(args: argparse.Namespace, default_target: bool) -> Path | None:
+    """The n-gram file DART prunes with: None with --no-ngram; the embedded trie for the default
+    target; a named file; or, in a named directory, full.trie (small.trie with --use-small-ngram) or
+    its one *.ngram. A named path that holds none of these raises FileNotFoundError."""
+    if args.no_ngram:
+        return None
+    if args.ngram_model is None:
+        return DEFAULT_NGRAM if default_target and DEFAULT_NGRAM.exists() else None
+    path = Path(args.ngram_model)
+    if path.is_dir():
+        name = "small.trie" if args.use_small_ngram else "full.trie"
+        found = next((c for c in [path / name, *sorted(path.glob("*.ngram"))] if c.is_file()), None)
+        if found is None:
+            raise FileNotFoundError(f"no {name} or *.ngram in {path}")
+        return found
+    if not path.is_file():
+        raise FileNotFoundError(f"no n-gram file at {path}")
+    return path
+
+
+def _build_dart(target, args: argparse.Namespace, default_target: bool, context: bool = True):
+    from .dart import DartParams, load_dart_drafter
+
+    ngram = resolve_ngram(args, default_target)
+    params = DartParams(tree_params(args, target.device.type, ngram is not None, context), args.draft_depth, args.context_order)
+    return load_dart_drafter(args.dart_model or DEFAULT_DART_HEAD, target, ngram, params)
+
+
+def _build_eagle3(target, args: argparse.Namespace, default_target: bool):
+    from .eagle3 import Eagle3Params, load_eagle3_drafter
+
+    nodes = args.eagle3_max_nodes if args.eagle3_max_nodes is not None else max_nodes(args, target.device.type)
+    return load_eagle3_drafter(args.eagle3_model or DEFAULT_EAGLE3_HEAD, target, Eagle3Params(args.eagle3_depth, args.eagle3_top_k, nodes))
+
+
+DRAFTERS: dict[str, DrafterSpec] = {
+    "dart": DrafterSpec("dart", "DART draft trees", _dart_flags, _build_dart, "dart_model", DEFAULT_DART_HEAD),
+    "eagle3": DrafterSpec("eagle3", "EAGLE3 draft trees (the baseline)", _eagle3_flags, _build_eagle3, "eagle3_model", DEFAULT_EAGLE3_HEAD),
+}
+
+
+def add_drafter_flags(parser: argparse.ArgumentParser) -> dict[str, argparse._ArgumentGroup]:
+    """Every drafter's flags, one argument group each; returns the groups by drafter name."""
+    groups = {}
+    for spec in DRAFTERS.values():
+        groups[spec.name] = parser.add_argument_group(spec.title)
+        spec.add_flags(groups[spec.name])
+    return groups
+
+
+def check_drafter_flags(args: argparse.Namespace) -> None:
+    """Raise ValueError naming the first flag out of range."""
+    if not 0.0 <= args.context_weight <= 1.0:
+        raise ValueError("--context-weight must be in [0, 1]")
+    if args.context_extend < 0 or args.context_order < 1:
+        raise ValueError("--context-extend must be >= 0 and --context-order >= 1")
+    for flag, value in (("--max-nodes", args.max_nodes), ("--eagle3-max-nodes", args.eagle3_max_nodes)):
+        if value is not None and value < 0:
+            raise ValueError(f"{flag} must be >= 0")
+    if args.tree_top_k < 1 or args.beam_width < 1 or args.eagle3_top_k < 1 or args.eagle3_depth < 0:
+        raise ValueError("--tree-top-k, --beam-width and --eagle3-top-k must be >= 1, --eagle3-depth >= 0")
+    if args.draft_depth is not None and args.draft_depth < 1:
+        raise ValueError("--draft-depth must be >= 1")
+
+
+def head_is_named(name: str, args: argparse.Namespace) -> bool:
+    """Whether the command line named this drafter's head (else the embedded one is used)."""
+    return getattr(args, DRAFTERS[name].head_dest) is not None
+
+
+def embedded_head_exists(name: str) -> bool:
+    return (DRAFTERS[name].default_head / "config.json").exists()
+
+
+def build_drafter(name: str, target, args: argparse.Namespace, default_target: bool, **variant):
+    """Build the drafter `name` for `target` from the flags (variant: e.g. context=False for DART)."""
+    if name not in DRAFTERS:
+        raise ValueError(f"unknown drafter {name!r}: choose from {', '.join(DRAFTERS)}")
+    return DRAFTERS[name].build(target, args, default_target, **variant)

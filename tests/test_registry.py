@@ -1,0 +1,62 @@
+"""The drafter registry: one declaration of each drafter's flags serves the bench and the app (with
+the upstream app's names as aliases), its checks, and n-gram resolution."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from dart_core.drafters import DEFAULT_NGRAM, default_max_nodes
+from dart_core.drafters.registry import DRAFTERS, add_drafter_flags, check_drafter_flags, max_nodes, resolve_ngram
+
+
+def parse(*argv):
+    p = argparse.ArgumentParser()
+    add_drafter_flags(p)
+    return p.parse_args(list(argv))
+
+
+def test_upstream_names_are_aliases_of_ours():
+    a = parse("--dart-model-name-or-path", "x", "--eagle3-model-name-or-path", "y", "--ngram-model-name-or-path", "z")
+    b = parse("--dart-model", "x", "--eagle3-model", "y", "--ngram-model", "z")
+    assert vars(a) == vars(b) and a.dart_model == "x" and a.eagle3_model == "y"
+    assert set(DRAFTERS) == {"dart", "eagle3"}
+
+
+def test_the_app_and_the_bench_take_the_same_drafter_flags():
+    from app.__main__ import parse_args as app_args
+    from dart_core.bench import parse_args as bench_args
+
+    flags = ["--dart-model", "h", "--max-nodes", "5", "--context-weight", "0.3", "--eagle3-max-nodes", "7", "--no-context-ngram"]
+    app, bench = app_args(flags), bench_args(["--dataset", "q.jsonl", *flags])
+    keys = vars(parse())
+    assert {k: getattr(app, k) for k in keys} == {k: getattr(bench, k) for k in keys}
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--context-weight", "1.2"], "context-weight"), (["--context-extend", "-1"], "context-extend"),
+    (["--max-nodes", "-1"], "max-nodes"), (["--eagle3-max-nodes", "-2"], "eagle3-max-nodes"),
+    (["--tree-top-k", "0"], "tree-top-k"), (["--draft-depth", "0"], "draft-depth"),
+])
+def test_out_of_range_flags_are_refused(argv, match):
+    with pytest.raises(ValueError, match=match):
+        check_drafter_flags(parse(*argv))
+    check_drafter_flags(parse())  # the defaults pass
+
+
+def test_tree_size_and_ngram_resolution(tmp_path):
+    assert max_nodes(parse(), "cpu") == default_max_nodes("cpu") and max_nodes(parse("--max-nodes", "3"), "cuda") == 3
+    assert resolve_ngram(parse("--no-ngram"), True) is None
+    assert resolve_ngram(parse(), False) is None  # another target: the embedded trie does not fit it
+    if DEFAULT_NGRAM.exists():
+        assert resolve_ngram(parse(), True) == DEFAULT_NGRAM
+    (tmp_path / "full.trie").write_bytes(b"x")
+    (tmp_path / "small.trie").write_bytes(b"x")
+    assert resolve_ngram(parse("--ngram-model", str(tmp_path)), True) == tmp_path / "full.trie"
+    assert resolve_ngram(parse("--ngram-model", str(tmp_path), "--use-small-ngram"), True) == tmp_path / "small.trie"
+    with pytest.raises(FileNotFoundError, match="no n-gram file"):
+        resolve_ngram(parse("--ngram-model", str(tmp_path / "missing.ngram")), True)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="full.trie"):
+        resolve_ngram(parse("--ngram-model", str(tmp_path / "empty")), True)
