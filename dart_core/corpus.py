@@ -304,6 +304,56 @@ def _write_json(path: Path, obj: dict) -> None:
     tmp.replace(path)
 
 
+def _new_meta(target: Target, config: dict, pool_size: int, **extra) -> dict:
+    """The meta.json of a fresh run directory (the cache layout dart_core.training reads, plus the
+    corpus's own bookkeeping)."""
+    return {
+        "target": target.name,
+        "hidden_size": target.hidden_size,
+        "vocab_size": target.vocab_size,
+        "capture_layers": list(target.model.args.capture_layers()),
+        "dtype": str(target.dtype).removeprefix("torch."),
+        "shards": {"val": [], "train": []},
+        "tokens": {"val": 0, "train": 0},
+        "records_done": {"val": 0, "train": 0},
+        "corpus": {
+            "format": CORPUS_FORMAT,
+            "config": config,
+            "pool_size": pool_size,
+            "done": [],  # pool indices finished (generated, or skipped: see "skipped")
+            "skipped": [],  # pool indices whose prompt was too long
+            "answer_tokens": 0,
+            "generate_s": 0.0,
+            **extra,
+        },
+    }
+
+
+def _write_shard(out: Path, meta: dict, split: str, recs: list[Generated]) -> None:
+    """Write recs as the split's next shard (atomically) and count them in meta (not yet saved)."""
+    name = f"{split}-{len(meta['shards'][split]):05d}.safetensors"
+    lengths = torch.tensor([0] + [len(g.prompt) + len(g.answer) - 1 for g in recs])
+    tensors = {
+        "tokens": torch.tensor([t for g in recs for t in (g.prompt + g.answer)[:-1]], dtype=torch.int32),
+        "offsets": lengths.cumsum(0),
+        "answer_start": torch.tensor([len(g.prompt) for g in recs], dtype=torch.int64),
+        "last": torch.tensor([g.answer[-1] for g in recs], dtype=torch.int32),
+        "index": torch.tensor([g.index for g in recs], dtype=torch.int64),
+        "sampled": torch.tensor([g.sampled for g in recs], dtype=torch.bool),
+    }
+    if recs[0].aux is not None:
+        tensors["aux"] = torch.cat([g.aux for g in recs])
+        tensors["final"] = torch.cat([g.final for g in recs])
+    tmp = out / (name + ".tmp")
+    save_file(tensors, str(tmp))
+    tmp.replace(out / name)
+    meta["shards"][split].append(name)
+    meta["tokens"][split] += int(lengths.sum())
+    meta["records_done"][split] += len(recs)
+    meta["corpus"]["done"].extend(g.index for g in recs)
+    meta["corpus"]["answer_tokens"] += sum(len(g.answer) for g in recs)
+
+
 def generate_corpus(target: Target, cfg: CorpusConfig) -> Path:
     """Generate (or resume) the corpus in cfg.out_dir; returns the directory. See the module doc."""
     out = Path(cfg.out_dir)
@@ -315,25 +365,7 @@ def generate_corpus(target: Target, cfg: CorpusConfig) -> Path:
         raise ValueError(f"{out} was generated with other {', '.join(changed)}: use the same settings to resume it, or another directory")
     pool = prompt_pool(cfg.data, cfg.exclude, cfg.seed)
     if meta is None:
-        meta = {
-            "target": target.name,
-            "hidden_size": target.hidden_size,
-            "vocab_size": target.vocab_size,
-            "capture_layers": list(target.model.args.capture_layers()),
-            "dtype": str(target.dtype).removeprefix("torch."),
-            "shards": {"val": [], "train": []},
-            "tokens": {"val": 0, "train": 0},
-            "records_done": {"val": 0, "train": 0},
-            "corpus": {
-                "format": CORPUS_FORMAT,
-                "config": cfg.fingerprint(),
-                "pool_size": len(pool),
-                "done": [],  # pool indices finished (generated, or skipped: see "skipped")
-                "skipped": [],  # pool indices whose prompt was too long
-                "answer_tokens": 0,
-                "generate_s": 0.0,
-            },
-        }
+        meta = _new_meta(target, cfg.fingerprint(), len(pool))
     if meta["corpus"]["pool_size"] != len(pool):
         raise ValueError(f"{out}: the prompt pool now has {len(pool)} prompts, the run was started with {meta['corpus']['pool_size']}")
     done = set(meta["corpus"]["done"])
@@ -346,29 +378,8 @@ def generate_corpus(target: Target, cfg: CorpusConfig) -> Path:
     new_tokens = 0
 
     def flush(split: str) -> None:
-        recs = buffers[split]
-        if recs:
-            name = f"{split}-{len(meta['shards'][split]):05d}.safetensors"
-            lengths = torch.tensor([0] + [len(g.prompt) + len(g.answer) - 1 for g in recs])
-            tensors = {
-                "tokens": torch.tensor([t for g in recs for t in (g.prompt + g.answer)[:-1]], dtype=torch.int32),
-                "offsets": lengths.cumsum(0),
-                "answer_start": torch.tensor([len(g.prompt) for g in recs], dtype=torch.int64),
-                "last": torch.tensor([g.answer[-1] for g in recs], dtype=torch.int32),
-                "index": torch.tensor([g.index for g in recs], dtype=torch.int64),
-                "sampled": torch.tensor([g.sampled for g in recs], dtype=torch.bool),
-            }
-            if cfg.capture:
-                tensors["aux"] = torch.cat([g.aux for g in recs])
-                tensors["final"] = torch.cat([g.final for g in recs])
-            tmp = out / (name + ".tmp")
-            save_file(tensors, str(tmp))
-            tmp.replace(out / name)
-            meta["shards"][split].append(name)
-            meta["tokens"][split] += int(lengths.sum())
-            meta["records_done"][split] += len(recs)
-            meta["corpus"]["done"].extend(g.index for g in recs)
-            meta["corpus"]["answer_tokens"] += sum(len(g.answer) for g in recs)
+        if buffers[split]:
+            _write_shard(out, meta, split, buffers[split])
         meta["corpus"]["skipped"].extend(skipped)
         meta["corpus"]["done"].extend(skipped)
         skipped.clear()
@@ -550,39 +561,15 @@ def corpus_to_cache(target: Target, corpus_dir: str | Path, out_dir: str | Path,
     manifest = json.loads((corpus_dir / CORPUS_META).read_text())
     out.mkdir(parents=True, exist_ok=True)
     meta_path = out / CACHE_META
-    meta = _read_meta(meta_path) or {
-        "target": target.name, "hidden_size": target.hidden_size, "vocab_size": target.vocab_size,
-        "capture_layers": list(target.model.args.capture_layers()), "dtype": str(target.dtype).removeprefix("torch."),
-        "shards": {"val": [], "train": []}, "tokens": {"val": 0, "train": 0}, "records_done": {"val": 0, "train": 0},
-        "corpus": {"format": CORPUS_FORMAT, "config": manifest["settings"], "pool_size": manifest["pool_size"],
-                   "done": [], "skipped": [], "answer_tokens": 0, "generate_s": 0.0, "rebuilt_from": str(corpus_dir)},
-    }
+    meta = _read_meta(meta_path) or _new_meta(target, manifest["settings"], manifest["pool_size"], rebuilt_from=str(corpus_dir))
     done = set(meta["corpus"]["done"])
     t0 = time.perf_counter()
     buffers: dict[str, list[Generated]] = {"val": [], "train": []}
 
     def flush(split: str) -> None:
-        recs = buffers[split]
-        if not recs:
+        if not buffers[split]:
             return
-        name = f"{split}-{len(meta['shards'][split]):05d}.safetensors"
-        lengths = torch.tensor([0] + [len(g.prompt) + len(g.answer) - 1 for g in recs])
-        save_file({
-            "tokens": torch.tensor([t for g in recs for t in (g.prompt + g.answer)[:-1]], dtype=torch.int32),
-            "offsets": lengths.cumsum(0),
-            "answer_start": torch.tensor([len(g.prompt) for g in recs], dtype=torch.int64),
-            "last": torch.tensor([g.answer[-1] for g in recs], dtype=torch.int32),
-            "index": torch.tensor([g.index for g in recs], dtype=torch.int64),
-            "sampled": torch.tensor([g.sampled for g in recs], dtype=torch.bool),
-            "aux": torch.cat([g.aux for g in recs]),
-            "final": torch.cat([g.final for g in recs]),
-        }, str(out / (name + ".tmp")))
-        (out / (name + ".tmp")).replace(out / name)
-        meta["shards"][split].append(name)
-        meta["tokens"][split] += int(lengths.sum())
-        meta["records_done"][split] += len(recs)
-        meta["corpus"]["done"].extend(g.index for g in recs)
-        meta["corpus"]["answer_tokens"] += sum(len(g.answer) for g in recs)
+        _write_shard(out, meta, split, buffers[split])
         _write_json(meta_path, meta)
         buffers[split] = []
 
