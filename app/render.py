@@ -70,8 +70,9 @@ def compare_html(runs: list[Run], speedups: list[float | None], pending: list[st
 
 def summary_html(runs: list[Run], speedups: list[float | None], greedy: bool, exact: bool) -> str:
     """The comparison in one table. At temperature 0 every method must produce AR's text (lossless);
-    the last column shows it. In bfloat16 a tree verify can round differently from a one-token
-    forward and flip a near-tie, so a difference is expected there now and then; in float32 never."""
+    the last column shows it. On the CPU kernel path a tree verify computes bit for bit what a one-token
+    step computes, in every dtype, so a difference is a bug; on the eager path (no C++ kernels, CUDA)
+    reduced precision can round a near-tie differently now and then."""
     ar = next((r for r in runs if r.method == "ar" and r.done), None)
     head = ["method", "tokens", "target forwards", "τ", "engine time", "tok/s", "speed-up vs AR"]
     if ar is not None and greedy:
@@ -93,7 +94,7 @@ def summary_html(runs: list[Run], speedups: list[float | None], greedy: bool, ex
     th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
     note = ""
     if ar is not None and greedy and not exact and any(r.output_ids != ar.output_ids for r in runs):
-        note = '<p class="note">Reduced precision: a tree verify may round a near-tie differently from a one-token step; start with --dtype float32 for bit-identical texts.</p>'
+        note = '<p class="note">This target runs the eager path in reduced precision: a tree verify may round a near-tie differently from a one-token step. The CPU kernel path (built by make setup) or --dtype float32 gives identical texts.</p>'
     return f'<table class="summary"><thead><tr>{th}</tr></thead><tbody>{"".join(rows)}</tbody></table>{note}'
 
 

@@ -52,7 +52,7 @@ class Settings:
     default_new_tokens: int
     compare: bool  # compare mode on at start (--compare-eagle3)
     pruner: str | None  # "C++" or "pure Python" (None: no DART head loaded)
-    exact: bool  # float32: greedy texts must match AR's bit for bit
+    exact: bool  # greedy texts must match AR's bit for bit (the CPU kernel path, or float32)
     notes: tuple[str, ...] = ()  # shown under the header: missing heads, fallbacks, ignored flags
 
 

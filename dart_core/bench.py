@@ -208,7 +208,19 @@ def environment(args: argparse.Namespace, target: Target) -> dict:
         "top_p": args.top_p,
         "top_k": args.top_k,
         "git_commit": commit,
+        "target_path": "eager" if args.eager or not target.model.kernel_path(1, target.device) else "kernels",
     }
+
+
+def same_as_ar(samples: list[dict], methods: list[str]) -> dict[str, str]:
+    """Per method, 'k/n': the prompts whose output ids equal ar's exactly."""
+    ar = {(s["dataset"], s["question_id"]): s["output_ids"] for s in samples if s["method"] == "ar"}
+    counts = {m: [0, 0] for m in methods}
+    for s in samples:
+        c = counts[s["method"]]
+        c[0] += s["output_ids"] == ar[(s["dataset"], s["question_id"])]
+        c[1] += 1
+    return {m: f"{k}/{n}" for m, (k, n) in counts.items()}
 
 
 def markdown_table(methods: dict[str, dict]) -> str:
@@ -216,13 +228,14 @@ def markdown_table(methods: dict[str, dict]) -> str:
         return "–" if v is None else format(v, spec)
 
     lines = [
-        "| method | tokens/s | speed-up vs ar | τ | new tokens | draft ms/step | prune ms/step | verify ms/step |",
-        "|---|---|---|---|---|---|---|---|",
+        "| method | tokens/s | speed-up vs ar | τ | new tokens | draft ms/step | prune ms/step | verify ms/step | same ids as ar |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, m in methods.items():
         lines.append(
             f"| {name} | {m['tokens_per_s']:.2f} | {fmt(m['speedup_vs_ar'], '.2f')} | {fmt(m['tau'], '.2f')} | "
-            f"{m['new_tokens']} | {fmt(m['draft_ms'], '.2f')} | {fmt(m['prune_ms'], '.2f')} | {fmt(m['verify_ms'], '.2f')} |"
+            f"{m['new_tokens']} | {fmt(m['draft_ms'], '.2f')} | {fmt(m['prune_ms'], '.2f')} | {fmt(m['verify_ms'], '.2f')} | "
+            f"{m.get('same_as_ar', '–')} |"
         )
     return "\n".join(lines)
 
@@ -252,6 +265,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=0, help="sampling seed (per prompt: seed + question index)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16")
+    p.add_argument(
+        "--eager",
+        action="store_true",
+        help="run the target on the eager torch path instead of the batch-invariant CPU kernels (dart_core/kernels.py)",
+    )
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda (default: cuda if available)")
     p.add_argument("--model", default=DEFAULT_MODEL, help="target: 'default' (embedded SmolLM2-135M-Instruct), a local dir or a hub id")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
@@ -278,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
 
     log(f"loading target {args.model!r} ({args.dtype}, {args.device})")
-    target = load_target(args.model, args.device, args.dtype)
+    target = load_target(args.model, args.device, args.dtype, kernels=not args.eager)
     runners = {m: build_runner(m, target, args) for m in methods}
     prompts = [target.encode([{"role": "user", "content": q["turns"][0]}]) for _, q in questions]
 
@@ -305,6 +323,10 @@ def main(argv: list[str] | None = None) -> int:
 
     report = reports(totals)
     datasets = {d: reports(t) for d, t in by_set.items()}
+    if "ar" in methods:  # lossless check: how many prompts give exactly ar's output ids
+        same = same_as_ar(samples, methods)
+        for m in methods:
+            report[m]["same_as_ar"] = same[m]
     result = {"env": environment(args, target), "methods": report, "datasets": datasets, "samples": samples}
     if len(names) > 1:
         print(dataset_table(datasets) + "\n\nAll prompts:\n")

@@ -24,6 +24,8 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from torch import nn
 
+from . import kernels
+
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
@@ -211,9 +213,16 @@ class ForwardOutput:
 
 
 class Transformer(nn.Module):
-    """Decoder-only LM. `forward` never mutates the cache's committed length: see KVCache."""
+    """Decoder-only LM. `forward` never mutates the cache's committed length: see KVCache.
 
-    def __init__(self, args: ModelArgs, inv_freq: torch.Tensor, rope_scale: float = 1.0):
+    Two paths compute the same function. Forwards of up to `kernels.MAX_ROWS` new tokens on a CPU
+    run the batch-invariant kernels (dart_core/kernels.py): a row's logits are then bit-identical
+    whatever other rows run with it, which makes a tree verify exactly as lossless as plain decoding,
+    and it is the faster path at decode sizes. Longer forwards (prompt prefill), other devices, or
+    `use_kernels=False` run the eager torch path (SDPA, torch GEMMs).
+    """
+
+    def __init__(self, args: ModelArgs, inv_freq: torch.Tensor, rope_scale: float = 1.0, use_kernels: bool = True):
         super().__init__()
         self.args = args
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.hidden_size)
@@ -223,6 +232,8 @@ class Transformer(nn.Module):
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
         self.rope_scale = rope_scale
         self.capture = args.capture_layers() if args.n_layers >= 7 else ()
+        self.use_kernels = use_kernels
+        self._rope_table: kernels.RopeTable | None = None  # fp32 angles for the kernel path, built on first use
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions[:, None].float() * self.inv_freq[None, :]  # (T, hd/2)
@@ -240,15 +251,21 @@ class Transformer(nn.Module):
         capture: bool = False,
         final: bool = False,
         logits: bool = True,
+        parents: torch.Tensor | None = None,
     ) -> ForwardOutput:
         """Run T new tokens after the cache's committed prefix.
 
         tokens (T,) int64; positions (T,) int64 rope positions; tree_mask (T, T) bool, True where new
-        token i may attend to new token j (None = causal); logits_at selects which of the T positions
-        get logits (None = all); capture returns the three EAGLE3/DART residual streams for all T;
-        final returns the final-normed hidden states (the LM head's input) at those positions.
+        token i may attend to new token j, and parents (T,) int64 the same tree as parent links
+        (parents[i] < i, -1 for the root); both None = causal; logits_at selects which of the T
+        positions get logits (None = all); capture returns the three EAGLE3/DART residual streams for
+        all T; final returns the final-normed hidden states (the LM head's input) at those positions.
         """
         T = tokens.shape[0]
+        if self.kernel_path(T, tokens.device) and (parents is not None or tree_mask is None):
+            if parents is None:
+                parents = torch.arange(-1, T - 1)
+            return self._forward_kernels(tokens, positions, cache, parents, logits_at, capture, final, logits)
         P = cache.length
         x = self.tok_embeddings(tokens[None])  # (1, T, H)
         cos, sin = self.rope(positions, x.dtype)
@@ -263,6 +280,44 @@ class Transformer(nn.Module):
             x = x[logits_at]
         normed = self.norm(x)
         out_logits = self.output(normed).float() if logits else None
+        hidden = torch.cat(captured, dim=-1) if capture else None
+        return ForwardOutput(logits=out_logits, hidden=hidden, final=normed if final else None)
+
+    def kernel_path(self, T: int, device: torch.device) -> bool:
+        """Whether a forward of T new tokens runs the batch-invariant kernels."""
+        return self.use_kernels and T <= kernels.MAX_ROWS and kernels.supports(self.output.weight.dtype, device)
+
+    def _forward_kernels(self, tokens, positions, cache: KVCache, parents, logits_at, capture, final, logits) -> ForwardOutput:
+        """The kernel path of `forward` (same contract). Every op here is row-wise, so a row's result
+        depends on its own inputs only (attention: on its own key sequence)."""
+        a = self.args
+        if self._rope_table is None:
+            self._rope_table = kernels.RopeTable(self.inv_freq, self.rope_scale)
+        T, P = tokens.shape[0], cache.length
+        if P + T > cache.capacity:
+            raise RuntimeError(f"KV cache overflow: {P + T} > capacity {cache.capacity}")
+        q_out, kv_out = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
+        x = self.tok_embeddings(tokens)  # (T, H)
+        captured = []
+        for i, layer in enumerate(self.layers):
+            if capture and i in self.capture:
+                captured.append(x)
+            att, ffn = layer.attention, layer.feed_forward
+            qkv = kernels.linear(layer.attention_norm(x), att.wqkv.weight, att.wqkv.bias)  # (T, q|k|v)
+            q, k, v = qkv.split([q_out, kv_out, kv_out], dim=-1)
+            if a.qk_norm:
+                q = att.q_norm(q.reshape(T, a.n_heads, a.head_dim)).reshape(T, q_out)
+                k = att.k_norm(k.reshape(T, a.n_kv_heads, a.head_dim)).reshape(T, kv_out)
+            o = kernels.tree_attention(
+                q, k, v, self._rope_table, positions, cache.k[i, 0], cache.v[i, 0], P, parents, a.n_heads, a.n_kv_heads
+            )
+            x = x + kernels.linear(o, att.wo.weight)
+            gu = kernels.linear(layer.ffn_norm(x), ffn.w13.weight)  # (T, 2I)
+            x = x + kernels.linear(kernels.silu_mul(gu), ffn.w2.weight)
+        if logits_at is not None:
+            x = x[logits_at]
+        normed = self.norm(x)
+        out_logits = kernels.linear(normed, self.output.weight).float() if logits else None
         hidden = torch.cat(captured, dim=-1) if capture else None
         return ForwardOutput(logits=out_logits, hidden=hidden, final=normed if final else None)
 

@@ -101,12 +101,17 @@ class Target:
         positions = torch.arange(cache.length, cache.length + len(ids), device=self.device)
         return self.model(tokens, positions, cache, None, logits_at=slice(-1, None), capture=capture)
 
+    def exact_verify(self, rows: int) -> bool:
+        """Whether a verify of up to `rows` nodes computes bit for bit what one-token steps compute
+        (the batch-invariant CPU kernel path; see dart_core/kernels.py)."""
+        return self.model.kernel_path(rows, self.device)
+
     def verify(self, tree: DraftTree, cache: KVCache, capture: bool) -> ForwardOutput:
         """Run every tree node in one forward. Logits (N, V); hidden (N, 3H)."""
         tokens = tree.tokens.to(self.device)
         positions = (tree.depths + cache.length).to(self.device)
         mask = None if len(tree) == 1 else tree.mask.to(self.device)
-        return self.model(tokens, positions, cache, mask, capture=capture)
+        return self.model(tokens, positions, cache, mask, capture=capture, parents=tree.parents)
 
 
 def _eos_ids(model_dir: Path, tokenizer) -> frozenset[int]:
@@ -126,8 +131,11 @@ def load_target(
     model: str | os.PathLike | None = DEFAULT_MODEL,
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype = "float32",
+    kernels: bool = True,
 ) -> Target:
-    """Load a target: "default" (embedded SmolLM2-135M-Instruct), a local directory or a hub id."""
+    """Load a target: "default" (embedded SmolLM2-135M-Instruct), a local directory or a hub id.
+
+    kernels=False keeps every forward on the eager torch path (see Transformer)."""
     from transformers import AutoTokenizer
 
     device = torch.device(device)
@@ -137,5 +145,6 @@ def load_target(
     model_dir = resolve_model_dir(model)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     transformer = load_transformer(model_dir, dtype, device)
+    transformer.use_kernels = kernels
     name = str(model or DEFAULT_MODEL)
     return Target(name, model_dir, transformer, tokenizer, _eos_ids(model_dir, tokenizer), device, dtype)

@@ -77,6 +77,13 @@ def embedded_target() -> Target:
     return load_target("default", "cpu", "float32")
 
 
+@pytest.fixture(scope="session")
+def embedded_bf16() -> Target:
+    from dart_core import load_target
+
+    return load_target("default", "cpu", "bfloat16")
+
+
 EMBEDDED_DART_HEAD = Path(__file__).resolve().parent.parent / "assets" / "dart"
 
 

@@ -1,0 +1,543 @@
+// CPU kernels for the target's decode and tree-verify forwards: a linear layer and tree attention
+// whose result for a row never depends on which other rows run with it.
+//
+// Why: speculative decoding is lossless only if the logits of a node in a verified tree equal the
+// logits a one-token step would compute at that position. BLAS / oneDNN pick different kernels (and
+// so different summation orders) for different row counts, and SDPA over a tree mask sums a node's
+// keys at other offsets than a one-token step does, so in bf16 the two disagree in the last bit and
+// greedy texts part. Here every output element is computed by one fixed sequence of float operations
+// that depends only on that row's inputs (and, for attention, on the node's own key sequence in its
+// logical order: the committed prefix, then its ancestors by depth, then itself), so the results are
+// bit-identical whatever the batch. The same kernels are also faster than the eager path at batch
+// 1-16 on a 2-core CPU: the linear streams each weight row once for all rows (memory-bound), and the
+// attention call also applies RoPE and writes the cache, replacing ~20 small torch ops per layer.
+//
+// Arithmetic contract (what "fixed" means): all accumulation in fp32; a dot product of length K runs
+// in 16 lanes (lane l sums elements l, l+16, ... with fmaf, in order) and the lanes are then added in
+// a fixed pairwise tree; the softmax sum runs the same way over the logical key index. Compiled with
+// -ffp-contract=off so the compiler cannot fuse or reorder anything else.
+//
+// Element types: fp32, bf16 (uint16 storage, round-to-nearest-even like torch) and fp16 (_Float16).
+// Threads: OpenMP. The extension links libgomp.so.1, which resolves to the copy torch has already
+// loaded, so these loops share torch's thread pool (two pools on two cores would oversubscribe).
+
+#include <pybind11/pybind11.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+namespace py = pybind11;
+
+namespace {
+
+constexpr int LANES = 16;
+
+enum class DType : int { F32 = 0, BF16 = 1, F16 = 2 };
+
+// ------------------------------------------------------------------------------------- conversions
+
+inline float to_f32(float x) { return x; }
+inline float to_f32(uint16_t x) {  // bf16
+    uint32_t bits = static_cast<uint32_t>(x) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+inline float to_f32(_Float16 x) { return static_cast<float>(x); }
+
+template <class T> inline T from_f32(float x);
+template <> inline float from_f32<float>(float x) { return x; }
+template <> inline uint16_t from_f32<uint16_t>(float x) {
+    uint32_t bits;
+    std::memcpy(&bits, &x, 4);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
+    bits += 0x7fffu + ((bits >> 16) & 1u);                  // round to nearest even
+    return static_cast<uint16_t>(bits >> 16);
+}
+template <> inline _Float16 from_f32<_Float16>(float x) { return static_cast<_Float16>(x); }
+
+template <class T> inline void load_row(const T* src, float* dst, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = to_f32(src[i]);
+}
+
+// ------------------------------------------------------------------------------------- fixed-order sums
+
+inline float reduce_lanes(float* acc) {  // fixed pairwise tree: 16 -> 8 -> 4 -> 2 -> 1
+    for (int w = LANES / 2; w >= 1; w /= 2)
+        for (int l = 0; l < w; ++l) acc[l] = acc[l] + acc[l + w];
+    return acc[0];
+}
+
+inline float dot(const float* a, const float* b, int64_t n) {
+    float acc[LANES] = {0};
+    int64_t k = 0;
+    for (; k + LANES <= n; k += LANES)
+        for (int l = 0; l < LANES; ++l) acc[l] = std::fma(a[k + l], b[k + l], acc[l]);
+    for (int l = 0; k + l < n; ++l) acc[l] = std::fma(a[k + l], b[k + l], acc[l]);
+    return reduce_lanes(acc);
+}
+
+inline float sum(const float* a, int64_t n) {
+    float acc[LANES] = {0};
+    int64_t k = 0;
+    for (; k + LANES <= n; k += LANES)
+        for (int l = 0; l < LANES; ++l) acc[l] = acc[l] + a[k + l];
+    for (int l = 0; k + l < n; ++l) acc[l] = acc[l] + a[k + l];
+    return reduce_lanes(acc);
+}
+
+// exp(x) for x <= 0 (softmax after subtracting the max): Cody-Waite reduction and a degree-6
+// polynomial, ~1 ulp, branch-free so loops over it vectorise; one fixed formula for every element.
+inline float exp_nonpositive(float x) {
+    x = std::max(x, -87.0f);
+    const float n = std::nearbyint(x * 1.44269504088896341f);
+    float r = x - n * 0.693145751953125f;
+    r = r - n * 1.428606765330187045e-06f;
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const int32_t e = static_cast<int32_t>(n) + 127;
+    uint32_t bits = static_cast<uint32_t>(e) << 23;
+    float scale;
+    std::memcpy(&scale, &bits, 4);
+    return p * scale;
+}
+
+int n_threads() {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+// ------------------------------------------------------------------------------------- linear
+// out[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]).  x (M, K) rows `x_stride` apart; w (N, K)
+// contiguous; out (M, N) rows `out_stride` apart. Every (m, n) is `dot(x[m], w[n])` of the contract
+// above; blocks of NB weight rows x MB input rows only decide which dots run together.
+
+constexpr int64_t NB = 4;  // weight rows per block
+constexpr int64_t MB = 4;  // input rows per block
+
+#ifdef __AVX512F__
+// 16 lanes in one zmm register: the same arithmetic as the generic lane loops, written so that a
+// block's 16 accumulators stay in registers.
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline __m512 load16(const _Float16* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+
+template <class T> inline __m512 load_tail(const T* p, int64_t rem) {  // lanes >= rem are zero (never used)
+    T buf[LANES] = {};
+    std::memcpy(buf, p, rem * sizeof(T));
+    return load16(buf);
+}
+
+inline float reduce_zmm(__m512 v) {  // the pairwise tree of reduce_lanes
+    __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+    return _mm_cvtss_f32(s1);
+}
+
+template <class T, int MBc>
+void linear_block_fixed(const float* xf, int64_t K, const T* w, float* res /* [MB][NB] */) {
+    __m512 acc[MBc][NB];
+    for (int i = 0; i < MBc; ++i)
+        for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
+    const int64_t full = K / LANES * LANES, rem = K - full;
+    for (int64_t k = 0; k < full; k += LANES) {
+        __m512 wv[NB];
+#pragma GCC unroll 8
+        for (int j = 0; j < NB; ++j) wv[j] = load16(w + j * K + k);
+#pragma GCC unroll 8
+        for (int i = 0; i < MBc; ++i) {
+            const __m512 xv = _mm512_loadu_ps(xf + i * K + k);
+#pragma GCC unroll 8
+            for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+        }
+    }
+    if (rem) {
+        const __mmask16 live = static_cast<__mmask16>((1u << rem) - 1);
+        __m512 wv[NB];
+        for (int j = 0; j < NB; ++j) wv[j] = load_tail(w + j * K + full, rem);
+        for (int i = 0; i < MBc; ++i) {
+            const __m512 xv = load_tail(xf + i * K + full, rem);
+            for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_mask3_fmadd_ps(xv, wv[j], acc[i][j], live);
+        }
+    }
+    for (int i = 0; i < MBc; ++i)
+        for (int j = 0; j < NB; ++j) res[i * NB + j] = reduce_zmm(acc[i][j]);
+}
+
+template <class T>
+void linear_block(const float* xf, int64_t K, int64_t mb, const T* w, int64_t nb, float* res /* [MB][NB] */) {
+    if (nb == NB) {  // register-resident accumulators need compile-time block sizes
+        switch (mb) {
+            case 1: return linear_block_fixed<T, 1>(xf, K, w, res);
+            case 2: return linear_block_fixed<T, 2>(xf, K, w, res);
+            case 3: return linear_block_fixed<T, 3>(xf, K, w, res);
+            case 4: return linear_block_fixed<T, 4>(xf, K, w, res);
+        }
+    }
+    std::vector<float> wf(static_cast<size_t>(K));  // the last < NB weight rows: the generic lane loops
+    for (int64_t j = 0; j < nb; ++j) {
+        load_row(w + j * K, wf.data(), K);
+        for (int64_t i = 0; i < mb; ++i) res[i * NB + j] = dot(xf + i * K, wf.data(), K);
+    }
+}
+#else
+template <class T>
+void linear_block(const float* xf, int64_t K, int64_t mb, const T* w, int64_t nb, float* res /* [MB][NB] */) {
+    std::vector<float> wf(static_cast<size_t>(K));
+    for (int64_t j = 0; j < nb; ++j) {
+        load_row(w + j * K, wf.data(), K);
+        for (int64_t i = 0; i < mb; ++i) res[i * NB + j] = dot(xf + i * K, wf.data(), K);
+    }
+}
+#endif
+
+template <class T>
+void linear_impl(const T* x, int64_t x_stride, int64_t M, int64_t K, const T* w, int64_t N, const T* bias, T* out,
+                 int64_t out_stride) {
+    std::vector<float> xf(static_cast<size_t>(M * K));
+    for (int64_t m = 0; m < M; ++m) load_row(x + m * x_stride, xf.data() + m * K, K);
+    const int64_t blocks = (N + NB - 1) / NB;
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t n0 = b * NB, nb = std::min(NB, N - n0);
+        float res[MB * NB];
+        for (int64_t m0 = 0; m0 < M; m0 += MB) {
+            const int64_t mb = std::min(MB, M - m0);
+            linear_block(xf.data() + m0 * K, K, mb, w + n0 * K, nb, res);
+            for (int64_t i = 0; i < mb; ++i)
+                for (int64_t j = 0; j < nb; ++j) {
+                    float v = res[i * NB + j];
+                    if (bias) v = v + to_f32(bias[n0 + j]);
+                    out[(m0 + i) * out_stride + n0 + j] = from_f32<T>(v);
+                }
+        }
+    }
+}
+
+#ifdef __AVX512BF16__
+// bf16 on CPUs with AVX512-BF16: vdpbf16ps multiplies bf16 pairs and adds them into fp32 lanes with
+// the ISA's fixed order and rounding (lane l of a 32-element chunk takes elements 2l and 2l+1), twice
+// the multiply rate of converting to fp32 first. Still one fixed sequence per output element: the
+// contract above with "pairs of bf16" in place of "fp32 fma" (so results differ from CPUs without
+// the instruction, never between row counts on one CPU).
+constexpr int64_t PAIR_LANES = 32;
+
+template <int MBc>
+void linear_bf16_block(const uint16_t* x, int64_t K, const uint16_t* w, float* res /* [MB][NB] */) {
+    __m512 acc[MBc][NB];
+    for (int i = 0; i < MBc; ++i)
+        for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
+    const int64_t full = K / PAIR_LANES * PAIR_LANES;
+    for (int64_t k = 0; k < full; k += PAIR_LANES) {
+        __m512bh wv[NB];
+#pragma GCC unroll 8
+        for (int j = 0; j < NB; ++j) wv[j] = (__m512bh)_mm512_loadu_si512(w + j * K + k);
+#pragma GCC unroll 8
+        for (int i = 0; i < MBc; ++i) {
+            const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + i * K + k);
+#pragma GCC unroll 8
+            for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
+        }
+    }
+    if (full < K) {  // zero-filled tail lanes add +0 products: acc starts at +0 and never becomes -0
+        const __mmask32 live = static_cast<__mmask32>((1ull << (K - full)) - 1);
+        __m512bh wv[NB];
+        for (int j = 0; j < NB; ++j) wv[j] = (__m512bh)_mm512_maskz_loadu_epi16(live, w + j * K + full);
+        for (int i = 0; i < MBc; ++i) {
+            const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(live, x + i * K + full);
+            for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
+        }
+    }
+    for (int i = 0; i < MBc; ++i)
+        for (int j = 0; j < NB; ++j) res[i * NB + j] = reduce_zmm(acc[i][j]);
+}
+
+void linear_bf16_dp(const uint16_t* x, int64_t x_stride, int64_t M, int64_t K, const uint16_t* w, int64_t N,
+                    const uint16_t* bias, uint16_t* out, int64_t out_stride) {
+    std::vector<uint16_t> xc(static_cast<size_t>(M * K));
+    for (int64_t m = 0; m < M; ++m) std::memcpy(xc.data() + m * K, x + m * x_stride, K * sizeof(uint16_t));
+    const int64_t blocks = (N + NB - 1) / NB;
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t n0 = b * NB, nb = std::min(NB, N - n0);
+        std::vector<uint16_t> wpad;
+        const uint16_t* wb = w + n0 * K;
+        if (nb < NB) {  // the last partial block: zero rows, results dropped
+            wpad.assign(static_cast<size_t>(NB * K), 0);
+            std::memcpy(wpad.data(), wb, nb * K * sizeof(uint16_t));
+            wb = wpad.data();
+        }
+        float res[MB * NB];
+        for (int64_t m0 = 0; m0 < M; m0 += MB) {
+            const int64_t mb = std::min(MB, M - m0);
+            const uint16_t* xb = xc.data() + m0 * K;
+            switch (mb) {
+                case 1: linear_bf16_block<1>(xb, K, wb, res); break;
+                case 2: linear_bf16_block<2>(xb, K, wb, res); break;
+                case 3: linear_bf16_block<3>(xb, K, wb, res); break;
+                default: linear_bf16_block<4>(xb, K, wb, res); break;
+            }
+            for (int64_t i = 0; i < mb; ++i)
+                for (int64_t j = 0; j < nb; ++j) {
+                    float v = res[i * NB + j];
+                    if (bias) v = v + to_f32(bias[n0 + j]);
+                    out[(m0 + i) * out_stride + n0 + j] = from_f32<uint16_t>(v);
+                }
+        }
+    }
+}
+#endif
+
+// ------------------------------------------------------------------------------------- gated activation
+// out[m, i] = silu(gu[m, i]) * gu[m, I + i], each product rounded to T as the eager path does
+// (silu rounded, then the product rounded). gu (M, 2I) rows gu_stride apart; out (M, I) contiguous.
+
+template <class T> void silu_mul_impl(const T* gu, int64_t gu_stride, int64_t M, int64_t I, T* out) {
+#pragma omp parallel for schedule(static) if (M * I > 32768)
+    for (int64_t m = 0; m < M; ++m) {
+        const T* g = gu + m * gu_stride;
+        const T* u = g + I;
+        for (int64_t i = 0; i < I; ++i) {
+            const float x = to_f32(g[i]);
+            const float t = exp_nonpositive(-std::fabs(x));  // e^{-|x|}: sigmoid without overflow
+            const float sig = x >= 0.0f ? 1.0f / (1.0f + t) : t / (1.0f + t);
+            const float act = to_f32(from_f32<T>(x * sig));
+            out[m * I + i] = from_f32<T>(act * to_f32(u[i]));
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------- tree attention
+// One layer, new rows i = 0..T-1 after P committed cache entries.
+//   q/k/v: row i at q + i*q_stride (nh*hd, heads contiguous), k + i*k_stride (nkv*hd), v likewise;
+//          q and k are pre-RoPE.  cos/sin: fp32 tables (positions, hd/2); row i uses position pos[i].
+//   k_cache/v_cache: (nkv, cap, hd) contiguous for this layer; row i is written at slot P+i.
+//   parents[i]: the parent row of row i (-1 for the root).  Row i attends, in this order, to slots
+//          0..P-1, its ancestors' slots from the root down, and its own slot: exactly the keys (and
+//          the order) a one-token step would see once the ancestors are committed.
+//   out: (T, nh*hd) rows out_stride apart.
+
+// Attention's two inner loops, per query head. Generic lane loops, and for head dims that are a
+// multiple of 16 the same arithmetic with the lanes in zmm registers (acc[c] is lane group c).
+template <class T>
+void key_scores(const float* q, const T* kc, int64_t P, const std::vector<int64_t>& tl, int64_t L, int64_t hd,
+                float scale, float* kf, float* out) {
+#ifdef __AVX512F__
+    if (hd % LANES == 0 && hd <= 256) {
+        const int64_t C = hd / LANES;
+        __m512 qv[16];
+        for (int64_t c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(q + c * LANES);
+        for (int64_t j = 0; j < L; ++j) {
+            const T* kr = kc + (j < P ? j : tl[j - P]) * hd;
+            __m512 acc = _mm512_setzero_ps();
+            for (int64_t c = 0; c < C; ++c) acc = _mm512_fmadd_ps(qv[c], load16(kr + c * LANES), acc);
+            out[j] = reduce_zmm(acc) * scale;
+        }
+        return;
+    }
+#endif
+    for (int64_t j = 0; j < L; ++j) {
+        load_row(kc + (j < P ? j : tl[j - P]) * hd, kf, hd);
+        out[j] = dot(q, kf, hd) * scale;
+    }
+}
+
+template <class T>
+void weighted_values(const float* p, const T* vc, int64_t P, const std::vector<int64_t>& tl, int64_t L, int64_t hd,
+                     float* vf, float* out) {
+#ifdef __AVX512F__
+    if (hd % LANES == 0 && hd <= 256) {
+        const int64_t C = hd / LANES;
+        __m512 acc[16];
+        for (int64_t c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
+        for (int64_t j = 0; j < L; ++j) {
+            const T* vr = vc + (j < P ? j : tl[j - P]) * hd;
+            const __m512 pj = _mm512_set1_ps(p[j]);
+            for (int64_t c = 0; c < C; ++c) acc[c] = _mm512_fmadd_ps(pj, load16(vr + c * LANES), acc[c]);
+        }
+        for (int64_t c = 0; c < C; ++c) _mm512_storeu_ps(out + c * LANES, acc[c]);
+        return;
+    }
+#endif
+    std::fill(out, out + hd, 0.0f);
+    for (int64_t j = 0; j < L; ++j) {
+        load_row(vc + (j < P ? j : tl[j - P]) * hd, vf, hd);
+        for (int64_t d = 0; d < hd; ++d) out[d] = std::fma(p[j], vf[d], out[d]);
+    }
+}
+
+template <class T>
+void tree_attention_impl(const T* q, int64_t q_stride, const T* k, int64_t k_stride, const T* v, int64_t v_stride,
+                         const float* cos, const float* sin, const int64_t* pos, T* k_cache, T* v_cache, int64_t cap,
+                         int64_t P, int64_t T_, const int64_t* parents, int64_t nh, int64_t nkv, int64_t hd, float scale,
+                         T* out, int64_t out_stride) {
+    const int64_t half = hd / 2, rep = nh / nkv;
+    // Keys of the new rows: RoPE in fp32, rounded to the cache dtype, written at slot P+i.
+    for (int64_t i = 0; i < T_; ++i) {
+        const float* c = cos + pos[i] * half;
+        const float* s = sin + pos[i] * half;
+        for (int64_t g = 0; g < nkv; ++g) {
+            const T* src = k + i * k_stride + g * hd;
+            T* dst = k_cache + (g * cap + P + i) * hd;
+            for (int64_t d = 0; d < half; ++d) {
+                const float x1 = to_f32(src[d]), x2 = to_f32(src[d + half]);
+                dst[d] = from_f32<T>(x1 * c[d] - x2 * s[d]);
+                dst[d + half] = from_f32<T>(x2 * c[d] + x1 * s[d]);
+            }
+            std::memcpy(v_cache + (g * cap + P + i) * hd, v + i * v_stride + g * hd, hd * sizeof(T));
+        }
+    }
+    // Each row's ancestor slots (root first), from the parent links.
+    std::vector<std::vector<int64_t>> tail(T_);
+    for (int64_t i = 0; i < T_; ++i) {
+        if (parents[i] >= i) throw std::invalid_argument("tree_attention: parents[i] must be < i");
+        for (int64_t a = i; a >= 0; a = parents[a]) tail[i].push_back(P + a);
+        std::reverse(tail[i].begin(), tail[i].end());
+    }
+    int64_t max_len = 0;
+    for (auto& t : tail) max_len = std::max<int64_t>(max_len, P + static_cast<int64_t>(t.size()));
+    const int64_t items = T_ * nkv;
+#pragma omp parallel
+    {
+        std::vector<float> qf(static_cast<size_t>(rep * hd)), kf(hd), vf(hd), acc(static_cast<size_t>(rep * hd));
+        std::vector<float> scores(static_cast<size_t>(rep * max_len));
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; ++it) {
+            const int64_t i = it / nkv, g = it % nkv;
+            const float* c = cos + pos[i] * half;
+            const float* s = sin + pos[i] * half;
+            for (int64_t r = 0; r < rep; ++r) {  // the group's query heads, RoPE in fp32
+                const T* src = q + i * q_stride + (g * rep + r) * hd;
+                float* dst = qf.data() + r * hd;
+                for (int64_t d = 0; d < half; ++d) {
+                    const float x1 = to_f32(src[d]), x2 = to_f32(src[d + half]);
+                    dst[d] = x1 * c[d] - x2 * s[d];
+                    dst[d + half] = x2 * c[d] + x1 * s[d];
+                }
+            }
+            const auto& tl = tail[i];
+            const int64_t L = P + static_cast<int64_t>(tl.size());
+            const T* kc = k_cache + g * cap * hd;
+            const T* vc = v_cache + g * cap * hd;
+            for (int64_t r = 0; r < rep; ++r)
+                key_scores(qf.data() + r * hd, kc, P, tl, L, hd, scale, kf.data(), scores.data() + r * max_len);
+            for (int64_t r = 0; r < rep; ++r) {
+                float* sr = scores.data() + r * max_len;
+                float mx = sr[0];
+                for (int64_t j = 1; j < L; ++j) mx = std::max(mx, sr[j]);
+                for (int64_t j = 0; j < L; ++j) sr[j] = exp_nonpositive(sr[j] - mx);
+            }
+            for (int64_t r = 0; r < rep; ++r)
+                weighted_values(scores.data() + r * max_len, vc, P, tl, L, hd, vf.data(), acc.data() + r * hd);
+            for (int64_t r = 0; r < rep; ++r) {
+                const float denom = sum(scores.data() + r * max_len, L);
+                T* dst = out + i * out_stride + (g * rep + r) * hd;
+                for (int64_t d = 0; d < hd; ++d) dst[d] = from_f32<T>(acc[r * hd + d] / denom);
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------- bindings
+// Tensors cross as raw addresses (the Python side checks dtypes, shapes, contiguity and devices):
+// the module needs no torch headers and builds in seconds.
+
+template <class T> T* ptr(uintptr_t a) { return reinterpret_cast<T*>(a); }
+
+void linear(int dtype, uintptr_t x, int64_t x_stride, int64_t M, int64_t K, uintptr_t w, int64_t N, uintptr_t bias,
+            uintptr_t out, int64_t out_stride) {
+    py::gil_scoped_release release;
+    switch (static_cast<DType>(dtype)) {
+        case DType::F32:
+            return linear_impl(ptr<const float>(x), x_stride, M, K, ptr<const float>(w), N, ptr<const float>(bias),
+                               ptr<float>(out), out_stride);
+        case DType::BF16:
+#ifdef __AVX512BF16__
+            return linear_bf16_dp(ptr<const uint16_t>(x), x_stride, M, K, ptr<const uint16_t>(w), N,
+                                  ptr<const uint16_t>(bias), ptr<uint16_t>(out), out_stride);
+#else
+            return linear_impl(ptr<const uint16_t>(x), x_stride, M, K, ptr<const uint16_t>(w), N,
+                               ptr<const uint16_t>(bias), ptr<uint16_t>(out), out_stride);
+#endif
+        case DType::F16:
+            return linear_impl(ptr<const _Float16>(x), x_stride, M, K, ptr<const _Float16>(w), N,
+                               ptr<const _Float16>(bias), ptr<_Float16>(out), out_stride);
+    }
+    throw std::invalid_argument("linear: unknown dtype code " + std::to_string(dtype));
+}
+
+void silu_mul(int dtype, uintptr_t gu, int64_t gu_stride, int64_t M, int64_t I, uintptr_t out) {
+    py::gil_scoped_release release;
+    switch (static_cast<DType>(dtype)) {
+        case DType::F32: return silu_mul_impl(ptr<const float>(gu), gu_stride, M, I, ptr<float>(out));
+        case DType::BF16: return silu_mul_impl(ptr<const uint16_t>(gu), gu_stride, M, I, ptr<uint16_t>(out));
+        case DType::F16: return silu_mul_impl(ptr<const _Float16>(gu), gu_stride, M, I, ptr<_Float16>(out));
+    }
+    throw std::invalid_argument("silu_mul: unknown dtype code " + std::to_string(dtype));
+}
+
+void tree_attention(int dtype, uintptr_t q, int64_t q_stride, uintptr_t k, int64_t k_stride, uintptr_t v,
+                    int64_t v_stride, uintptr_t cos, uintptr_t sin, uintptr_t pos, uintptr_t k_cache,
+                    uintptr_t v_cache, int64_t cap, int64_t P, int64_t T_, uintptr_t parents, int64_t nh, int64_t nkv,
+                    int64_t hd, float scale, uintptr_t out, int64_t out_stride) {
+    if (hd % 2 || nh % nkv) throw std::invalid_argument("tree_attention: head_dim must be even and nkv divide nh");
+    if (P + T_ > cap) throw std::invalid_argument("tree_attention: the cache is too small");
+    py::gil_scoped_release release;
+#define DART_ATTN(TY)                                                                                                  \
+    return tree_attention_impl(ptr<const TY>(q), q_stride, ptr<const TY>(k), k_stride, ptr<const TY>(v), v_stride,     \
+                               ptr<const float>(cos), ptr<const float>(sin), ptr<const int64_t>(pos), ptr<TY>(k_cache), \
+                               ptr<TY>(v_cache), cap, P, T_, ptr<const int64_t>(parents), nh, nkv, hd, scale,           \
+                               ptr<TY>(out), out_stride)
+    switch (static_cast<DType>(dtype)) {
+        case DType::F32: DART_ATTN(float);
+        case DType::BF16: DART_ATTN(uint16_t);
+        case DType::F16: DART_ATTN(_Float16);
+    }
+#undef DART_ATTN
+    throw std::invalid_argument("tree_attention: unknown dtype code " + std::to_string(dtype));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_cpu_kernels, m) {
+    m.doc() = "Batch-invariant CPU kernels for the target's decode / tree-verify forward (see cpu_kernels.cpp)";
+    m.def("linear", &linear);
+    m.def("silu_mul", &silu_mul);
+    m.def("tree_attention", &tree_attention);
+    m.def("num_threads", &n_threads);
+#ifdef __AVX512BF16__
+    m.attr("BF16_DOT") = true;
+#else
+    m.attr("BF16_DOT") = false;
+#endif
+#ifdef __AVX512F__
+    m.attr("AVX512") = true;
+#else
+    m.attr("AVX512") = false;
+#endif
+}

@@ -1,0 +1,147 @@
+"""Batch-invariant CPU kernels for the target's decode and tree-verify forwards (C++: csrc/cpu_kernels.cpp).
+
+A tree verify is lossless bit for bit only if every node's logits equal those of the one-token step
+plain decoding would run at that position. torch's CPU matmuls choose kernels by row count (in bf16 a
+1-row down-projection sums in another order than a 2-row one) and SDPA over a tree mask sums a node's
+keys at other offsets than a one-token call, so the eager path parts in the last bit. These kernels
+compute every output element with one fixed sequence of fp32 operations that depends only on that
+row's own inputs, and attention over each node's logical key sequence (committed prefix, ancestors
+by depth, itself), so a row's result never depends on how many rows run with it. They are also the
+fast path: the linear streams each weight row once for all rows, and the attention call applies RoPE
+and writes the cache itself.
+
+    linear(x, weight, bias)      x (M, K) with unit inner stride -> (M, N), as F.linear
+    silu_mul(gu)                 gu (M, 2I) gate|up -> (M, I), silu(gate) * up
+    tree_attention(...)          one layer's attention for T new rows, see the function
+
+All tensors live on the CPU in float32, bfloat16 or float16. `AVAILABLE` is False where the extension
+was not built (no compiler); the model then runs its eager path (exact in fp32 only up to rounding).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+try:
+    from . import _cpu_kernels as _ext
+except ImportError:  # built optionally (setup.py); the eager path remains
+    _ext = None
+
+AVAILABLE = _ext is not None
+DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+# Largest number of new rows (tree nodes) a forward sends through the kernels. The linear streams the
+# weights once per call and computes rows in the core, so it is the fast path for decode-sized
+# batches; longer runs (prompt prefill) go to torch's GEMMs, which no exactness argument needs.
+MAX_ROWS = 64
+
+
+def supports(dtype: torch.dtype, device: torch.device) -> bool:
+    return AVAILABLE and device.type == "cpu" and dtype in DTYPES
+
+
+def _code(t: torch.Tensor) -> int:
+    if t.device.type != "cpu" or t.dtype not in DTYPES:
+        raise TypeError(f"CPU kernels take float32/bfloat16/float16 CPU tensors, got {t.dtype} on {t.device}")
+    return DTYPES[t.dtype]
+
+
+def _rows(t: torch.Tensor, name: str) -> int:
+    """Row stride of a 2-D tensor whose rows are contiguous."""
+    if t.dim() != 2 or (t.shape[1] > 1 and t.stride(1) != 1):
+        raise ValueError(f"{name} must be 2-D with contiguous rows, got shape {tuple(t.shape)} strides {t.stride()}")
+    return t.stride(0)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x (M, K) @ weight (N, K)^T + bias (N,) -> (M, N) in x's dtype."""
+    code = _code(x)
+    M, K = x.shape
+    N = weight.shape[0]
+    if weight.dtype != x.dtype or not weight.is_contiguous() or weight.shape[1] != K:
+        raise ValueError(f"weight must be a contiguous ({N}, {K}) {x.dtype} tensor, got {tuple(weight.shape)} {weight.dtype}")
+    if bias is not None and (bias.dtype != x.dtype or bias.shape != (N,) or not bias.is_contiguous()):
+        raise ValueError(f"bias must be a contiguous ({N},) {x.dtype} tensor")
+    out = torch.empty(M, N, dtype=x.dtype)
+    _ext.linear(code, x.data_ptr(), _rows(x, "x"), M, K, weight.data_ptr(), N, 0 if bias is None else bias.data_ptr(), out.data_ptr(), N)
+    return out
+
+
+def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    """gu (M, 2I) = gate | up -> silu(gate) * up (M, I), each op rounded to gu's dtype."""
+    code = _code(gu)
+    M, two_i = gu.shape
+    if two_i % 2:
+        raise ValueError(f"gate|up width must be even, got {two_i}")
+    out = torch.empty(M, two_i // 2, dtype=gu.dtype)
+    _ext.silu_mul(code, gu.data_ptr(), _rows(gu, "gu"), M, two_i // 2, out.data_ptr())
+    return out
+
+
+class RopeTable:
+    """cos / sin (positions, head_dim/2) in fp32 for every position below `len(self)`, grown on demand.
+
+    One table per model: a position's angles are computed once, so a row's RoPE never depends on
+    which other positions ran with it."""
+
+    def __init__(self, inv_freq: torch.Tensor, scale: float):
+        self.inv_freq = inv_freq.float().cpu()
+        self.scale = scale
+        self.cos = self.sin = torch.empty(0, self.inv_freq.numel())
+
+    def __len__(self) -> int:
+        return self.cos.shape[0]
+
+    def ensure(self, n: int) -> None:
+        if n <= len(self):
+            return
+        n = max(n, 2 * len(self), 256)
+        freqs = torch.arange(n, dtype=torch.float32)[:, None] * self.inv_freq[None, :]
+        self.cos = (freqs.cos() * self.scale).contiguous()
+        self.sin = (freqs.sin() * self.scale).contiguous()
+
+
+def tree_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rope: RopeTable,
+    positions: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    committed: int,
+    parents: torch.Tensor,
+    n_heads: int,
+    n_kv_heads: int,
+) -> torch.Tensor:
+    """One layer's attention for T new rows after `committed` cache entries.
+
+    q (T, nh*hd), k and v (T, nkv*hd): rows contiguous, q and k before RoPE; positions (T,) int64;
+    k_cache / v_cache (nkv, capacity, hd) contiguous: row i's key and value are written at slot
+    committed+i; parents (T,) int64, parents[i] < i (-1 for the root). Row i attends to slots
+    0..committed-1, its ancestors' slots root first, then its own. Returns (T, nh*hd).
+    """
+    code = _code(q)
+    T = q.shape[0]
+    nkv, cap, hd = k_cache.shape
+    if not (k.dtype == v.dtype == k_cache.dtype == v_cache.dtype == q.dtype):
+        raise TypeError("q, k, v and the caches must share one dtype")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or v_cache.shape != k_cache.shape:
+        raise ValueError("k_cache and v_cache must be contiguous (nkv, capacity, head_dim) tensors")
+    if q.shape[1] != n_heads * hd or k.shape != (T, nkv * hd) or v.shape != (T, nkv * hd) or nkv != n_kv_heads:
+        raise ValueError(f"q/k/v shapes {tuple(q.shape)}/{tuple(k.shape)}/{tuple(v.shape)} do not match the cache {tuple(k_cache.shape)}")
+    if positions.shape != (T,) or parents.shape != (T,) or positions.dtype != torch.long or parents.dtype != torch.long:
+        raise ValueError("positions and parents must be (T,) int64 tensors")
+    positions = positions.contiguous()
+    parents = parents.contiguous()
+    rope.ensure(int(positions.max()) + 1)
+    out = torch.empty(T, n_heads * hd, dtype=q.dtype)
+    _ext.tree_attention(
+        code,
+        q.data_ptr(), _rows(q, "q"), k.data_ptr(), _rows(k, "k"), v.data_ptr(), _rows(v, "v"),
+        rope.cos.data_ptr(), rope.sin.data_ptr(), positions.data_ptr(),
+        k_cache.data_ptr(), v_cache.data_ptr(), cap, committed, T, parents.data_ptr(),
+        n_heads, n_kv_heads, hd, 1.0 / math.sqrt(hd), out.data_ptr(), n_heads * hd,
+    )
+    return out

@@ -1,0 +1,188 @@
+"""The batch-invariant CPU kernels: they compute what the eager ops compute (up to rounding), a row's
+result never depends on the rows that run with it (bit for bit), and a tree verify's logits equal
+the one-token steps' logits bit for bit in every dtype, on tiny random targets and the embedded model."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import tiny_target
+from dart_core import kernels
+from dart_core.tree import DraftTree
+from test_model import random_tree
+
+pytestmark = pytest.mark.skipif(not kernels.AVAILABLE, reason="dart_core._cpu_kernels was not built")
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("K,N", [(576, 960), (1536, 576), (100, 37), (33, 5)])
+def test_linear_matches_torch_and_is_row_invariant(dtype, K, N):
+    torch.manual_seed(K + N)
+    w = (torch.randn(N, K) / K**0.5).to(dtype)
+    b = torch.randn(N).to(dtype)
+    x = torch.randn(20, K).to(dtype)
+    ref = F.linear(x.float(), w.float(), b.float())
+    out = kernels.linear(x, w, b)
+    assert out.dtype == dtype and out.shape == (20, N)
+    torch.testing.assert_close(out.float(), ref, atol=TOL[dtype] * 4, rtol=TOL[dtype])
+    rows = torch.cat([kernels.linear(x[i : i + 1], w, b) for i in range(20)])
+    for M in (2, 3, 4, 5, 9, 13, 20):  # every block shape, the same bits
+        assert torch.equal(kernels.linear(x[:M], w, b), rows[:M]), f"rows differ at M={M}"
+    assert torch.equal(kernels.linear(x[3:9], w, b), rows[3:9])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul(dtype):
+    torch.manual_seed(0)
+    gu = (torch.randn(7, 2 * 96) * 4).to(dtype)
+    g, u = gu.float().chunk(2, dim=-1)
+    torch.testing.assert_close(kernels.silu_mul(gu).float(), F.silu(g) * u, atol=TOL[dtype] * 8, rtol=TOL[dtype] * 2)
+    rows = torch.cat([kernels.silu_mul(gu[i : i + 1]) for i in range(7)])
+    assert torch.equal(kernels.silu_mul(gu), rows)
+
+
+def _attention_setup(dtype, P=37, nh=6, nkv=2, hd=32, seed=0):
+    torch.manual_seed(seed)
+    cap = P + 16
+    k_cache = torch.randn(nkv, cap, hd).to(dtype)
+    v_cache = torch.randn(nkv, cap, hd).to(dtype)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, hd, 2).float() / hd))
+    return k_cache, v_cache, kernels.RopeTable(inv_freq, 1.0), inv_freq
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tree_attention_matches_sdpa(dtype):
+    """Against eager RoPE + SDPA with the tree mask, in fp32 arithmetic."""
+    P, nh, nkv, hd = 37, 6, 2, 32
+    k_cache, v_cache, rope, inv_freq = _attention_setup(dtype, P, nh, nkv, hd)
+    tree = random_tree(random.Random(1), 9, 50)
+    T = len(tree)
+    q, k, v = (torch.randn(T, n * hd).to(dtype) for n in (nh, nkv, nkv))
+    pos = tree.depths + P
+    ref_k, ref_v = k_cache.float().clone(), v_cache.float().clone()
+    out = kernels.tree_attention(q, k, v, rope, pos, k_cache, v_cache, P, tree.parents, nh, nkv)
+
+    freqs = pos[:, None].float() * inv_freq[None]
+    cos, sin = torch.cat((freqs, freqs), -1).cos(), torch.cat((freqs, freqs), -1).sin()
+
+    def rope_f(x):  # (h, T, hd)
+        half = hd // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
+
+    qf = rope_f(q.float().view(T, nh, hd).transpose(0, 1))
+    kf = rope_f(k.float().view(T, nkv, hd).transpose(0, 1))
+    ref_k[:, P : P + T], ref_v[:, P : P + T] = kf, v.float().view(T, nkv, hd).transpose(0, 1)
+    torch.testing.assert_close(k_cache[:, P : P + T].float(), ref_k[:, P : P + T], atol=TOL[dtype] * 8, rtol=TOL[dtype])
+    mask = torch.cat((torch.ones(T, P, dtype=torch.bool), tree.mask), 1)
+    ref = F.scaled_dot_product_attention(
+        qf[None], ref_k[None, :, : P + T], ref_v[None, :, : P + T], attn_mask=mask[None, None], enable_gqa=True
+    )[0]
+    torch.testing.assert_close(out.float().view(T, nh, hd), ref.transpose(0, 1), atol=TOL[dtype] * 8, rtol=TOL[dtype] * 4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tree_attention_row_equals_one_token_call(dtype):
+    """A node's output equals the one-token call made once its ancestors sit committed in the cache."""
+    P, nh, nkv, hd = 37, 6, 2, 32
+    k_cache, v_cache, rope, _ = _attention_setup(dtype, P, nh, nkv, hd, seed=3)
+    tree = random_tree(random.Random(5), 12, 50)
+    T = len(tree)
+    q, k, v = (torch.randn(T, n * hd).to(dtype) for n in (nh, nkv, nkv))
+    pos = tree.depths + P
+    out = kernels.tree_attention(q, k, v, rope, pos, k_cache.clone(), v_cache.clone(), P, tree.parents, nh, nkv)
+    one = torch.tensor([-1])
+    for node in range(T):
+        kc, vc = k_cache.clone(), v_cache.clone()
+        path = tree.path_to(node)
+        for d, a in enumerate(path):  # commit the ancestors one step at a time, then the node itself
+            o = kernels.tree_attention(q[a : a + 1], k[a : a + 1], v[a : a + 1], rope, pos[a : a + 1], kc, vc, P + d, one, nh, nkv)
+        assert torch.equal(o[0], out[node]), f"node {node} (depth {len(path) - 1}) differs"
+
+
+def test_bad_kernel_inputs_are_errors():
+    w = torch.randn(8, 16)
+    with pytest.raises(ValueError):
+        kernels.linear(torch.randn(2, 15), w)
+    with pytest.raises(TypeError):
+        kernels.linear(torch.randn(2, 16, dtype=torch.float64), w)
+    with pytest.raises(ValueError):
+        kernels.linear(torch.randn(2, 16), w.to(torch.bfloat16))
+    k_cache, v_cache, rope, _ = _attention_setup(torch.float32)
+    q, k, v = torch.randn(2, 6 * 32), torch.randn(2, 2 * 32), torch.randn(2, 2 * 32)
+    with pytest.raises(ValueError):  # a parent after its child
+        kernels.tree_attention(q, k, v, rope, torch.tensor([37, 38]), k_cache, v_cache, 37, torch.tensor([-1, 1]), 6, 2)
+    with pytest.raises(ValueError):  # past the cache
+        kernels.tree_attention(q, k, v, rope, torch.tensor([52, 53]), k_cache, v_cache, 52, torch.tensor([-1, 0]), 6, 2)
+
+
+def _node_logits_equal_steps(target, prompt, tree) -> list[int]:
+    """Nodes whose verify logits differ (bitwise) from the one-token steps along their paths."""
+    cache = target.new_cache(len(prompt) + 2 * len(tree) + 4)
+    target.prefill(prompt, cache, capture=False)
+    cache.commit(len(prompt))
+    P = cache.length
+    out = target.verify(tree, cache, capture=True)
+    bad = []
+    for node in range(len(tree)):
+        cache.rewind(P)
+        for a in tree.path_to(node):
+            step = target.verify(DraftTree.root_only(int(tree.tokens[a])), cache, capture=True)
+            cache.commit(1)
+        if not (torch.equal(step.logits[0], out.logits[node]) and torch.equal(step.hidden[0], out.hidden[node])):
+            bad.append(node)
+    return bad
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tree_verify_is_bit_identical_to_steps(tiny_ckpt, dtype):
+    """Layer-level exactness on tiny Llama / Qwen2 / Qwen3 (GQA, biases, q/k norm): every node's
+    logits and captured hidden states equal the one-token steps' bit for bit, trees up to 64 rows."""
+    _, path = tiny_ckpt
+    target = tiny_target(path, dtype)
+    assert target.model.kernel_path(1, torch.device("cpu"))
+    rng = random.Random(7)
+    for n in (2, 9, 17, kernels.MAX_ROWS):
+        tree = random_tree(rng, n, 96)
+        prompt = [rng.randrange(4, 96) for _ in range(11)]
+        assert _node_logits_equal_steps(target, prompt, tree) == [], f"{n}-node tree"
+
+
+def test_embedded_bf16_tree_verify_is_bit_identical(embedded_bf16):
+    tree = random_tree(random.Random(2), 9, 49152)
+    prompt = embedded_bf16.encode("Name three rivers in Europe.")
+    assert _node_logits_equal_steps(embedded_bf16, prompt, tree) == []
+
+
+EXACT_PROMPTS = [
+    "List three uses of a paperclip.",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Natalia sold 48 clips in April and half as many in May. How many clips did she sell in all?",
+    "Summarize in two sentences: The city council voted on Tuesday to extend the bus network to the airport.",
+]
+
+
+@pytest.mark.parametrize("method", ["dart", "eagle3"])
+def test_embedded_heads_are_bitwise_lossless_in_bf16(embedded_bf16, method):
+    """The committed heads in bf16: greedy output ids equal plain decoding's on every prompt."""
+    from dart_core import ARDrafter, GenerationParams, complete
+    from dart_core.drafters import DEFAULT_DART_HEAD, DEFAULT_EAGLE3_HEAD, DEFAULT_NGRAM
+    from dart_core.drafters.dart import load_dart_drafter
+    from dart_core.drafters.eagle3 import load_eagle3_drafter
+
+    if method == "dart":
+        drafter = load_dart_drafter(DEFAULT_DART_HEAD, embedded_bf16, DEFAULT_NGRAM)
+    else:
+        drafter = load_eagle3_drafter(DEFAULT_EAGLE3_HEAD, embedded_bf16)
+    for prompt in EXACT_PROMPTS:
+        ids = embedded_bf16.encode(prompt)
+        ar = complete(embedded_bf16, ids, ARDrafter(), GenerationParams(96))
+        s = complete(embedded_bf16, ids, drafter, GenerationParams(96))
+        assert s.output_ids == ar.output_ids, prompt
+        assert sum(s.accepted) > 0  # the heads really drafted
