@@ -12,6 +12,7 @@ and writes the cache itself.
 
     linear(x, weight, bias)      x (M, K) with unit inner stride -> (M, N), as F.linear
     silu_mul(gu)                 gu (M, 2I) gate|up -> (M, I), silu(gate) * up
+    add_rmsnorm(x, delta, w)     x + delta and RMSNorm of it (the residual add fused with the next norm)
     tree_attention(...)          one layer's attention for T new rows, see the function
 
 All tensors live on the CPU in float32, bfloat16 or float16. `AVAILABLE` is False where the extension
@@ -77,6 +78,22 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
     out = torch.empty(M, two_i // 2, dtype=gu.dtype)
     _ext.silu_mul(code, gu.data_ptr(), _rows(gu, "gu"), M, two_i // 2, out.data_ptr())
     return out
+
+
+def add_rmsnorm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """x, delta (M, H) -> (x + delta, weight * rmsnorm(x + delta)); delta None skips the add.
+
+    The eager equivalent is `h = x + delta; weight * F.rms_norm(h.float(), (H,), eps=eps).to(h.dtype)`."""
+    code = _code(x)
+    M, H = x.shape
+    if not x.is_contiguous() or (delta is not None and (delta.shape != x.shape or delta.dtype != x.dtype or not delta.is_contiguous())):
+        raise ValueError("x and delta must be contiguous (M, H) tensors of one dtype")
+    if weight.shape != (H,) or weight.dtype != x.dtype or not weight.is_contiguous():
+        raise ValueError(f"weight must be a contiguous ({H},) {x.dtype} tensor")
+    x_out = torch.empty_like(x)
+    normed = torch.empty_like(x)
+    _ext.add_rmsnorm(code, x.data_ptr(), 0 if delta is None else delta.data_ptr(), weight.data_ptr(), M, H, float(eps), x_out.data_ptr(), normed.data_ptr())
+    return x_out, normed
 
 
 class RopeTable:

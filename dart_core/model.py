@@ -299,11 +299,13 @@ class Transformer(nn.Module):
         q_out, kv_out = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
         x = self.tok_embeddings(tokens)  # (T, H)
         captured = []
+        pending = None  # the previous block's MLP output, added to x by the next fused add + norm
         for i, layer in enumerate(self.layers):
+            att, ffn = layer.attention, layer.feed_forward
+            x, h = kernels.add_rmsnorm(x, pending, layer.attention_norm.weight, layer.attention_norm.eps)
             if capture and i in self.capture:
                 captured.append(x)
-            att, ffn = layer.attention, layer.feed_forward
-            qkv = kernels.linear(layer.attention_norm(x), att.wqkv.weight, att.wqkv.bias)  # (T, q|k|v)
+            qkv = kernels.linear(h, att.wqkv.weight, att.wqkv.bias)  # (T, q|k|v)
             q, k, v = qkv.split([q_out, kv_out, kv_out], dim=-1)
             if a.qk_norm:
                 q = att.q_norm(q.reshape(T, a.n_heads, a.head_dim)).reshape(T, q_out)
@@ -311,12 +313,11 @@ class Transformer(nn.Module):
             o = kernels.tree_attention(
                 q, k, v, self._rope_table, positions, cache.k[i, 0], cache.v[i, 0], P, parents, a.n_heads, a.n_kv_heads
             )
-            x = x + kernels.linear(o, att.wo.weight)
-            gu = kernels.linear(layer.ffn_norm(x), ffn.w13.weight)  # (T, 2I)
-            x = x + kernels.linear(kernels.silu_mul(gu), ffn.w2.weight)
+            x, h = kernels.add_rmsnorm(x, kernels.linear(o, att.wo.weight), layer.ffn_norm.weight, layer.ffn_norm.eps)
+            pending = kernels.linear(kernels.silu_mul(kernels.linear(h, ffn.w13.weight)), ffn.w2.weight)
         if logits_at is not None:
-            x = x[logits_at]
-        normed = self.norm(x)
+            x, pending = x[logits_at].contiguous(), pending[logits_at].contiguous()
+        _, normed = kernels.add_rmsnorm(x, pending, self.norm.weight, self.norm.eps)
         out_logits = kernels.linear(normed, self.output.weight).float() if logits else None
         hidden = torch.cat(captured, dim=-1) if capture else None
         return ForwardOutput(logits=out_logits, hidden=hidden, final=normed if final else None)

@@ -48,6 +48,22 @@ def test_silu_mul(dtype):
     assert torch.equal(kernels.silu_mul(gu), rows)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_rmsnorm(dtype):
+    torch.manual_seed(1)
+    x, delta = torch.randn(6, 80).to(dtype), torch.randn(6, 80).to(dtype)
+    w = (1 + 0.1 * torch.randn(80)).to(dtype)
+    x_out, normed = kernels.add_rmsnorm(x, delta, w, 1e-5)
+    h = x + delta
+    assert torch.equal(x_out, h)  # one rounding of the sum, as torch's add
+    ref = w * F.rms_norm(h.float(), (80,), eps=1e-5).to(dtype)
+    torch.testing.assert_close(normed.float(), ref.float(), atol=TOL[dtype] * 4, rtol=TOL[dtype] * 2)
+    x_only, normed_only = kernels.add_rmsnorm(x, None, w, 1e-5)
+    assert torch.equal(x_only, x)
+    rows = [kernels.add_rmsnorm(x[i : i + 1], delta[i : i + 1], w, 1e-5)[1] for i in range(6)]
+    assert torch.equal(torch.cat(rows), normed)
+
+
 def _attention_setup(dtype, P=37, nh=6, nkv=2, hd=32, seed=0):
     torch.manual_seed(seed)
     cap = P + 16

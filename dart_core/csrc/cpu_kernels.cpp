@@ -246,6 +246,7 @@ void linear_impl(const T* x, int64_t x_stride, int64_t M, int64_t K, const T* w,
 // contract above with "pairs of bf16" in place of "fp32 fma" (so results differ from CPUs without
 // the instruction, never between row counts on one CPU).
 constexpr int64_t PAIR_LANES = 32;
+constexpr int64_t PREFETCH_BLOCKS = 4;  // weight blocks ahead
 
 template <int MBc>
 void linear_bf16_block(const uint16_t* x, int64_t K, const uint16_t* w, float* res /* [MB][NB] */) {
@@ -292,6 +293,11 @@ void linear_bf16_dp(const uint16_t* x, int64_t x_stride, int64_t M, int64_t K, c
             std::memcpy(wpad.data(), wb, nb * K * sizeof(uint16_t));
             wb = wpad.data();
         }
+        if (b + PREFETCH_BLOCKS < blocks) {  // the weight stream comes from DRAM: ask for it early
+            const char* next = reinterpret_cast<const char*>(w + (b + PREFETCH_BLOCKS) * NB * K);
+            const int64_t bytes = std::min(NB, N - (b + PREFETCH_BLOCKS) * NB) * K * static_cast<int64_t>(sizeof(uint16_t));
+            for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
+        }
         float res[MB * NB];
         for (int64_t m0 = 0; m0 < M; m0 += MB) {
             const int64_t mb = std::min(MB, M - m0);
@@ -312,6 +318,29 @@ void linear_bf16_dp(const uint16_t* x, int64_t x_stride, int64_t M, int64_t K, c
     }
 }
 #endif
+
+// ------------------------------------------------------------------------------------- residual add + RMSNorm
+// x_out = x + delta (rounded to T; delta may be null: x_out = x), normed = w * round(x_out * r) with
+// r = 1 / sqrt(mean(x_out^2) + eps), all in fp32, each product rounded to T as the eager path does.
+// x, delta, x_out, normed: (M, H) contiguous; w (H,).
+
+template <class T>
+void add_rmsnorm_impl(const T* x, const T* delta, const T* w, int64_t M, int64_t H, float eps, T* x_out, T* normed) {
+    std::vector<float> row(static_cast<size_t>(H));
+    for (int64_t m = 0; m < M; ++m) {
+        const T* xr = x + m * H;
+        T* xo = x_out + m * H;
+        for (int64_t i = 0; i < H; ++i) {
+            const float v = delta ? to_f32(from_f32<T>(to_f32(xr[i]) + to_f32(delta[m * H + i]))) : to_f32(xr[i]);
+            row[i] = v;
+            xo[i] = from_f32<T>(v);
+        }
+        const float mean = dot(row.data(), row.data(), H) / static_cast<float>(H);
+        const float r = 1.0f / std::sqrt(mean + eps);
+        T* out = normed + m * H;
+        for (int64_t i = 0; i < H; ++i) out[i] = from_f32<T>(to_f32(w[i]) * to_f32(from_f32<T>(row[i] * r)));
+    }
+}
 
 // ------------------------------------------------------------------------------------- gated activation
 // out[m, i] = silu(gu[m, i]) * gu[m, I + i], each product rounded to T as the eager path does
@@ -491,6 +520,23 @@ void linear(int dtype, uintptr_t x, int64_t x_stride, int64_t M, int64_t K, uint
     throw std::invalid_argument("linear: unknown dtype code " + std::to_string(dtype));
 }
 
+void add_rmsnorm(int dtype, uintptr_t x, uintptr_t delta, uintptr_t w, int64_t M, int64_t H, float eps, uintptr_t x_out,
+                 uintptr_t normed) {
+    py::gil_scoped_release release;
+    switch (static_cast<DType>(dtype)) {
+        case DType::F32:
+            return add_rmsnorm_impl(ptr<const float>(x), ptr<const float>(delta), ptr<const float>(w), M, H, eps,
+                                    ptr<float>(x_out), ptr<float>(normed));
+        case DType::BF16:
+            return add_rmsnorm_impl(ptr<const uint16_t>(x), ptr<const uint16_t>(delta), ptr<const uint16_t>(w), M, H, eps,
+                                    ptr<uint16_t>(x_out), ptr<uint16_t>(normed));
+        case DType::F16:
+            return add_rmsnorm_impl(ptr<const _Float16>(x), ptr<const _Float16>(delta), ptr<const _Float16>(w), M, H, eps,
+                                    ptr<_Float16>(x_out), ptr<_Float16>(normed));
+    }
+    throw std::invalid_argument("add_rmsnorm: unknown dtype code " + std::to_string(dtype));
+}
+
 void silu_mul(int dtype, uintptr_t gu, int64_t gu_stride, int64_t M, int64_t I, uintptr_t out) {
     py::gil_scoped_release release;
     switch (static_cast<DType>(dtype)) {
@@ -528,6 +574,7 @@ PYBIND11_MODULE(_cpu_kernels, m) {
     m.doc() = "Batch-invariant CPU kernels for the target's decode / tree-verify forward (see cpu_kernels.cpp)";
     m.def("linear", &linear);
     m.def("silu_mul", &silu_mul);
+    m.def("add_rmsnorm", &add_rmsnorm);
     m.def("tree_attention", &tree_attention);
     m.def("num_threads", &n_threads);
 #ifdef __AVX512BF16__
