@@ -69,6 +69,23 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return out
 
 
+def apply_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """module(x), through `linear` where it applies (CPU, no autograd, 2-D x of <= MAX_ROWS rows
+    with contiguous rows), else through torch. For the draft heads: speed only, no exactness claim."""
+    w = module.weight
+    if (
+        x.dim() == 2
+        and x.shape[0] <= MAX_ROWS
+        and supports(w.dtype, w.device)
+        and x.dtype == w.dtype
+        and (x.shape[1] == 1 or x.stride(1) == 1)
+        and w.is_contiguous()
+        and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))
+    ):
+        return linear(x, w, module.bias)
+    return module(x)
+
+
 def silu_mul(gu: torch.Tensor) -> torch.Tensor:
     """gu (M, 2I) = gate | up -> silu(gate) * up (M, I), each op rounded to gu's dtype."""
     code = _code(gu)

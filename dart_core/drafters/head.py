@@ -31,6 +31,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..loading import hub_snapshot
+from ..kernels import apply_linear
 from ..model import KVCache, RMSNorm, apply_rope
 
 IGNORED_KEYS = ("embed_tokens.weight",)  # the embedding always comes from the target
@@ -130,18 +131,18 @@ class DraftLayer(nn.Module):
         """u (T, 2H) -> (T, H). With a cache, attends to its committed prefix too (pending writes)."""
         c, a = self.c, self.self_attn
         T = u.shape[0]
-        q = apply_rope(a.q_proj(u).view(T, c.num_attention_heads, c.head_dim).transpose(0, 1)[None], cos, sin)
-        k = apply_rope(a.k_proj(u).view(T, c.num_key_value_heads, c.head_dim).transpose(0, 1)[None], cos, sin)
-        v = a.v_proj(u).view(T, c.num_key_value_heads, c.head_dim).transpose(0, 1)[None]
+        q = apply_rope(apply_linear(a.q_proj, u).view(T, c.num_attention_heads, c.head_dim).transpose(0, 1)[None], cos, sin)
+        k = apply_rope(apply_linear(a.k_proj, u).view(T, c.num_key_value_heads, c.head_dim).transpose(0, 1)[None], cos, sin)
+        v = apply_linear(a.v_proj, u).view(T, c.num_key_value_heads, c.head_dim).transpose(0, 1)[None]
         if cache is not None:
             k, v = cache.write(0, k, v)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=c.num_attention_heads != c.num_key_value_heads)
-        return a.o_proj(out[0].transpose(0, 1).reshape(T, -1))
+        return apply_linear(a.o_proj, out[0].transpose(0, 1).reshape(T, -1))
 
     def mlp_block(self, h: torch.Tensor) -> torch.Tensor:
         m = self.mlp
         x = self.post_attention_layernorm(h)
-        return h + m.down_proj(F.silu(m.gate_proj(x)) * m.up_proj(x))
+        return h + apply_linear(m.down_proj, F.silu(apply_linear(m.gate_proj, x)) * apply_linear(m.up_proj, x))
 
 
 class DraftHead(nn.Module):
@@ -166,7 +167,7 @@ class DraftHead(nn.Module):
     def inputs(self, aux: torch.Tensor | None, hidden: torch.Tensor | None, emb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Attention input u (T, 2H) and residual (T, H) for real positions, from target states
         aux (T, 3Ht) through fc, or from the head's own previous outputs hidden (T, H) (EAGLE3 expansion)."""
-        g = self.fc(aux) if aux is not None else hidden
+        g = apply_linear(self.fc, aux) if aux is not None else hidden
         layer = self.midlayer
         return torch.cat((layer.input_layernorm(emb), layer.hidden_norm(g)), dim=-1), g
 
@@ -175,7 +176,7 @@ class DraftHead(nn.Module):
         h = self.norm(h)
         if self.config.double_norm:
             h = self.norm(h)
-        return self.lm_head(h)
+        return apply_linear(self.lm_head, h)
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
