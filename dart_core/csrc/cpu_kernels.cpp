@@ -260,9 +260,17 @@ void linear_impl(const T* x, int64_t x_stride, int64_t M, int64_t K, const T* w,
 // contract above with "pairs of bf16" in place of "fp32 fma" (so results differ from CPUs without
 // the instruction, never between row counts on one CPU).
 constexpr int64_t PAIR_LANES = 32;
+constexpr int64_t BF16_MB = 5;  // input rows per block: 5 x NB accumulators + NB weights + 1 input of 32 registers
+
+// Size of the r-th of the ceil(M / BF16_MB) row blocks, as even as possible (9 rows: 5 + 4, not 5 + 4 + 0;
+// 6 rows: 3 + 3, not 5 + 1), so no block wastes a weight load on one row.
+inline int64_t row_block(int64_t M, int64_t r) {
+    const int64_t n = (M + BF16_MB - 1) / BF16_MB, base = M / n;
+    return base + (r < M % n ? 1 : 0);
+}
 
 template <int MBc>
-void linear_bf16_block(const uint16_t* x, int64_t K, const uint16_t* w, float* res /* [MB][NB] */) {
+void linear_bf16_block(const uint16_t* x, int64_t K, const uint16_t* w, float* res /* [BF16_MB][NB] */) {
     __m512 acc[MBc][NB];
     for (int i = 0; i < MBc; ++i)
         for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
@@ -307,15 +315,16 @@ void linear_bf16_dp(const uint16_t* x, int64_t x_stride, int64_t M, int64_t K, c
             wb = wpad.data();
         }
         prefetch_block(w, b, blocks, N, K);
-        float res[MB * NB];
-        for (int64_t m0 = 0; m0 < M; m0 += MB) {
-            const int64_t mb = std::min(MB, M - m0);
+        float res[BF16_MB * NB];
+        for (int64_t m0 = 0, r = 0; m0 < M; m0 += row_block(M, r++)) {
+            const int64_t mb = row_block(M, r);
             const uint16_t* xb = xc.data() + m0 * K;
             switch (mb) {
                 case 1: linear_bf16_block<1>(xb, K, wb, res); break;
                 case 2: linear_bf16_block<2>(xb, K, wb, res); break;
                 case 3: linear_bf16_block<3>(xb, K, wb, res); break;
-                default: linear_bf16_block<4>(xb, K, wb, res); break;
+                case 4: linear_bf16_block<4>(xb, K, wb, res); break;
+                default: linear_bf16_block<5>(xb, K, wb, res); break;
             }
             for (int64_t i = 0; i < mb; ++i)
                 for (int64_t j = 0; j < nb; ++j) {
