@@ -18,7 +18,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # the demo phones no
 
 import torch  # noqa: E402
 
-from dart_core import GenerationParams, load_target  # noqa: E402
+from dart_core import load_target  # noqa: E402
 from dart_core.drafters import DEFAULT_DART_HEAD as DEFAULT_DART  # noqa: E402
 from dart_core.drafters import DEFAULT_EAGLE3_HEAD as DEFAULT_EAGLE3  # noqa: E402
 from dart_core.drafters.registry import (  # noqa: E402
