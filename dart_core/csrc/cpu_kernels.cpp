@@ -159,6 +159,21 @@ inline float reduce_zmm(__m512 v) {  // the pairwise tree of reduce_lanes
     return _mm_cvtss_f32(s1);
 }
 
+// reduce_zmm of four vectors at once: the same additions on the same operands in the same order, so
+// lane u of the result is bit-identical to reduce_zmm(a[u]).
+inline __m128 reduce4_zmm(const __m512* a) {
+    __m256 t[4];
+    for (int u = 0; u < 4; ++u) t[u] = _mm256_add_ps(_mm512_castps512_ps256(a[u]), _mm512_extractf32x8_ps(a[u], 1));
+    const __m512 u01 = _mm512_insertf32x8(_mm512_castps256_ps512(t[0]), t[1], 1);  // [t0.lo t0.hi t1.lo t1.hi]
+    const __m512 u23 = _mm512_insertf32x8(_mm512_castps256_ps512(t[2]), t[3], 1);
+    const __m512 lo = _mm512_shuffle_f32x4(u01, u23, _MM_SHUFFLE(2, 0, 2, 0));  // [t0.lo t1.lo t2.lo t3.lo]
+    const __m512 hi = _mm512_shuffle_f32x4(u01, u23, _MM_SHUFFLE(3, 1, 3, 1));  // [t0.hi t1.hi t2.hi t3.hi]
+    const __m512 s4 = _mm512_add_ps(lo, hi);
+    const __m512 s2 = _mm512_add_ps(s4, _mm512_permute_ps(s4, _MM_SHUFFLE(1, 0, 3, 2)));  // x0+x2, x1+x3
+    const __m512 s1 = _mm512_add_ps(s2, _mm512_permute_ps(s2, _MM_SHUFFLE(2, 3, 0, 1)));  // (x0+x2)+(x1+x3)
+    return _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x1111, s1));
+}
+
 template <class T, int MBc>
 void linear_block_fixed(const float* xf, int64_t K, const T* w, float* res /* [MB][NB] */) {
     __m512 acc[MBc][NB];
@@ -399,7 +414,17 @@ void key_scores(const float* q, const T* kc, int64_t P, const std::vector<int64_
         const int64_t C = hd / LANES;
         __m512 qv[16];
         for (int64_t c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(q + c * LANES);
-        for (int64_t j = 0; j < L; ++j) {
+        int64_t j = 0;
+        for (; j + 4 <= L; j += 4) {  // four keys, their four lane trees reduced side by side
+            __m512 acc[4];
+            for (int u = 0; u < 4; ++u) {
+                const T* kr = kc + (j + u < P ? j + u : tl[j + u - P]) * hd;
+                acc[u] = _mm512_setzero_ps();
+                for (int64_t c = 0; c < C; ++c) acc[u] = _mm512_fmadd_ps(qv[c], load16(kr + c * LANES), acc[u]);
+            }
+            _mm_storeu_ps(out + j, _mm_mul_ps(reduce4_zmm(acc), _mm_set1_ps(scale)));
+        }
+        for (; j < L; ++j) {
             const T* kr = kc + (j < P ? j : tl[j - P]) * hd;
             __m512 acc = _mm512_setzero_ps();
             for (int64_t c = 0; c < C; ++c) acc = _mm512_fmadd_ps(qv[c], load16(kr + c * LANES), acc);
