@@ -76,6 +76,7 @@ class Run:
     steps: list[Step] = field(default_factory=list)
     summary: Summary | None = None
     engine_s: float = 0.0  # seconds spent inside the generation loop so far
+    stopped: bool = False  # the user stopped it before the loop ended (then summary stays None)
 
     @property
     def label(self) -> str:
@@ -84,6 +85,11 @@ class Run:
     @property
     def done(self) -> bool:
         return self.summary is not None
+
+    @property
+    def live(self) -> bool:
+        """Still generating: neither finished nor stopped."""
+        return not self.done and not self.stopped
 
     @property
     def new_tokens(self) -> int:

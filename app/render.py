@@ -30,7 +30,7 @@ def render_chunks(run: Run) -> str:
         out.append(f'<span class="{shade}" title="{title}">{inner}</span>')
         end = stop
     out.append(html.escape(run.text[end:]))
-    return f'<div class="gen">{"".join(out)}{"" if run.done else CURSOR}</div>'
+    return f'<div class="gen">{"".join(out)}{CURSOR if run.live else ""}</div>'
 
 
 def plain(text: str) -> str:
@@ -43,13 +43,8 @@ def stats_text(run: Run, speedup: float | None) -> str:
     parts = [f"{run.label}", f"{run.new_tokens} tokens", f"{run.tokens_per_s:.1f} tok/s", f"τ {run.tau:.2f}"]
     if speedup is not None:
         parts.append(f"{speedup:.2f}× vs AR")
-    parts.append(f"stopped: {run.summary.stop_reason}" if run.done else GENERATING)
+    parts.append(f"stopped: {run.summary.stop_reason}" if run.done else STOPPED if run.stopped else GENERATING)
     return " · ".join(parts)
-
-
-def mark_stopped(fragment: str) -> str:
-    """Rendered HTML of a run the user stopped: no cursor, and it says so instead of 'generating'."""
-    return fragment.replace(CURSOR, "").replace(GENERATING, STOPPED)
 
 
 def stats_html(runs: list[Run], speedups: list[float | None]) -> str:
@@ -57,14 +52,16 @@ def stats_html(runs: list[Run], speedups: list[float | None]) -> str:
     return f'<div class="stats">{rows}</div>' if runs else ""
 
 
-def compare_html(runs: list[Run], speedups: list[float | None], pending: list[str]) -> str:
+def compare_html(runs: list[Run], speedups: list[float | None], pending: list[str], stopped: bool = False) -> str:
     """One pane per method, side by side, each streaming its own text; methods still waiting for
-    their turn get an empty pane so the layout does not jump."""
+    their turn (or, once the user stopped the turn, never run) get an empty pane so the layout does
+    not jump."""
     panes = [
         f'<div class="pane m-{r.method}"><div class="pane-title">{html.escape(stats_text(r, s))}</div>{render_chunks(r)}</div>'
         for r, s in zip(runs, speedups)
     ]
-    panes += [f'<div class="pane waiting"><div class="pane-title">{html.escape(m)} · waiting for its turn</div></div>' for m in pending]
+    why = "not run: " + STOPPED if stopped else "waiting for its turn"
+    panes += [f'<div class="pane waiting"><div class="pane-title">{html.escape(m)} · {why}</div></div>' for m in pending]
     return f'<div class="panes">{"".join(panes)}</div>'
 
 

@@ -7,8 +7,11 @@ Every generation event shares one concurrency group of size 1, so requests queue
 from __future__ import annotations
 
 import html
+import itertools
+import threading
 import time
-from dataclasses import dataclass
+from contextlib import closing
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
@@ -20,6 +23,7 @@ from .engine import METHOD_LABELS, Engine, RequestError, Run
 CSS_PATH = Path(__file__).with_name("style.css")
 ENGINE_QUEUE = "engine"  # the one concurrency group every generation joins
 TEXT_EVERY_S = 0.08  # stream text at most this often (the engine keeps running between frames)
+QUEUED_STOP = "stopped by you while it waited for the engine: it will not run"
 PLOTS_EVERY_S = 1.0  # redraw the plots at most this often while streaming; always at the end
 EXAMPLES = [
     "Write a short poem about the sea.",
@@ -56,11 +60,70 @@ class Settings:
     notes: tuple[str, ...] = ()  # shown under the header: missing heads, fallbacks, ignored flags
 
 
+class StopSignals:
+    """The Stop button's reach: every turn a browser session has queued or running.
+
+    A turn is armed the moment Send is clicked (before it waits in the engine queue) and gets an id;
+    Stop sets the flag of every armed turn of its session; the turn itself checks its flag before each
+    frame and ends with a frame saying it was stopped (at once if it is running; when its place in the
+    queue comes if it is waiting). The stop is cooperative on purpose: cancelling the Gradio event
+    instead lets frames still in flight arrive after the stop was shown."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._turns: dict[int, _Turn] = {}
+
+    def arm(self, session: str) -> int:
+        with self._lock:
+            # turns of this session already stopped are over or about to be: an unknown id reads as stopped
+            for turn in [t for t, x in self._turns.items() if x.session == session and x.flag.is_set()]:
+                del self._turns[turn]
+            turn = next(self._ids)
+            self._turns[turn] = _Turn(session)
+            return turn
+
+    def start(self, turn: int) -> None:
+        """The turn left the queue and runs."""
+        with self._lock:
+            if turn in self._turns:
+                self._turns[turn].started = True
+
+    def stop(self, session: str) -> tuple[int, int]:
+        """Flag every armed turn of `session`; returns how many of them (were running, were queued)."""
+        with self._lock:
+            turns = [x for x in self._turns.values() if x.session == session]
+        for x in turns:
+            x.flag.set()
+        running = sum(x.started for x in turns)
+        return running, len(turns) - running
+
+    def stopped(self, turn: int) -> bool:
+        with self._lock:
+            x = self._turns.get(turn)
+        return x is None or x.flag.is_set()
+
+    def disarm(self, turn: int) -> None:
+        with self._lock:
+            self._turns.pop(turn, None)
+
+    def __len__(self) -> int:
+        return len(self._turns)
+
+
+@dataclass
+class _Turn:
+    session: str
+    flag: threading.Event = field(default_factory=threading.Event)
+    started: bool = False
+
+
 class DemoApp:
     """Builds the Blocks and holds the components its handlers write to."""
 
     def __init__(self, engine: Engine, settings: Settings):
         self.engine, self.settings = engine, settings
+        self.stops = StopSignals()
         self.tok = engine.target.tokenizer
         self.drafted = [m for m in engine.methods if m != "ar"]
         self.default_method = self.drafted[0] if self.drafted else "ar"
@@ -125,6 +188,7 @@ class DemoApp:
         self.history = gr.State([])  # plain-text messages for the model
         self.display = gr.State([])  # rendered messages for the Chatbot
         self.runs = gr.State([])  # the last request's runs (for scrubbing)
+        self.turn = gr.State(0)  # the id StopSignals gave the turn just sent
 
     def _compare_area(self) -> None:
         with gr.Column(visible=self.settings.compare, elem_id="compare-area") as self.compare_group:
@@ -151,23 +215,21 @@ class DemoApp:
     # ---- events -------------------------------------------------------------------------------
 
     def _wire(self) -> None:
-        inputs = [self.box, self.history, self.display, self.method, self.compare, self.include_ar, self.temperature, self.top_p, self.top_k, self.max_new]
+        inputs = [self.turn, self.box, self.history, self.display, self.method, self.compare, self.include_ar, self.temperature, self.top_p, self.top_k, self.max_new]
         queued = dict(concurrency_limit=1, concurrency_id=ENGINE_QUEUE, api_visibility="private", show_progress="hidden")
+        arm = dict(fn=self.arm, inputs=None, outputs=self.turn, queue=False, api_visibility="private", show_progress="hidden")
         events = [
-            self.send.click(self.respond, inputs, self.outputs, **queued),
-            self.box.submit(self.respond, inputs, self.outputs, **queued),
-            self.retry.click(self.retry_last, inputs, self.outputs, **queued),
+            self.send.click(**arm).then(self.respond, inputs, self.outputs, **queued),
+            self.box.submit(**arm).then(self.respond, inputs, self.outputs, **queued),
+            self.retry.click(**arm).then(self.retry_last, inputs, self.outputs, **queued),
         ]
         # A turn's first frame locks the prompt box and the Send/Retry buttons; they unlock only once the
-        # browser has seen the turn end (finished, failed or cancelled: Gradio fires .then in every case).
+        # browser has seen the turn end (finished, failed or stopped: Gradio fires .then in every case).
         # A click while a turn's event is still pending would be dropped (trigger mode "once"), and a
         # prompt typed before its last frame arrived would be wiped by it.
         for event in events:
             event.then(self.ready, None, self.turn_inputs, api_visibility="private", show_progress="hidden")
-        self.stop.click(None, None, None, cancels=events, api_visibility="private").then(
-            self.mark_stopped, [self.display, self.stats, self.panes], [self.chat, self.display, self.stats, self.panes],
-            api_visibility="private", show_progress="hidden",
-        )
+        self.stop.click(self.request_stop, None, self.stats, queue=False, api_visibility="private", show_progress="hidden")
         self.clear.click(self.reset, None, self.outputs, api_visibility="private")
         self.compare.change(
             lambda c: (gr.update(visible=c and bool(self.drafted)), gr.update(interactive=not c), gr.update(visible=c)),
@@ -194,12 +256,33 @@ class DemoApp:
         """After a turn: the prompt box and the buttons take input again."""
         return {c: gr.update(interactive=True) for c in self.turn_inputs}
 
+    def arm(self, request: gr.Request) -> int:
+        """On Send, before the turn queues: from now on Stop reaches it."""
+        return self.stops.arm(request.session_hash)
+
+    def request_stop(self, request: gr.Request):
+        """Stop this session's turns. A running turn says so in its own last frame (writing the stats
+        here could race its frames); a turn still queued says so here, and ends when its place comes."""
+        running, queued = self.stops.stop(request.session_hash)
+        if queued and not running:
+            return f'<div class="stats"><div class="stat">{html.escape(QUEUED_STOP)}</div></div>'
+        return gr.update()
+
     def locked(self) -> dict:
         """A turn's first frame: the prompt leaves the box, which stays locked until the turn ends (see _wire)."""
         return {**{c: gr.update(interactive=False) for c in self.turn_inputs}, self.box: gr.update(value="", interactive=False)}
 
-    def respond(self, message, history, display, method, compare, include_ar, temperature, top_p, top_k, max_new) -> Iterator[dict]:
-        """Stream one chat turn through one method, or through each method in turn (compare mode)."""
+    def respond(self, turn, message, history, display, method, compare, include_ar, temperature, top_p, top_k, max_new) -> Iterator[dict]:
+        """Stream one chat turn through one method, or through each method in turn (compare mode).
+        A Stop (see StopSignals) ends it after the current step, with a last frame that says so; the
+        partial answer stays in the chat and in the history."""
+        self.stops.start(turn)
+        try:
+            yield from self._respond(turn, message, history, display, method, compare, include_ar, temperature, top_p, top_k, max_new)
+        finally:
+            self.stops.disarm(turn)
+
+    def _respond(self, turn, message, history, display, method, compare, include_ar, temperature, top_p, top_k, max_new) -> Iterator[dict]:
         messages = history + [{"role": "user", "content": message}]
         order = self._order(method, compare, include_ar)
         try:
@@ -211,32 +294,37 @@ class DemoApp:
         runs: list[Run] = []
         first_frame = True
         for m in order:
+            if self.stops.stopped(turn):
+                break
             last_text = last_plots = 0.0
-            for run in self.engine.stream(req.for_method(m)):
-                now = time.perf_counter()
-                if not run.done and now - last_text < TEXT_EVERY_S:
-                    continue
-                live = runs + [run]
-                with_plots = run.done or now - last_plots >= PLOTS_EVERY_S
-                last_text, last_plots = now, (now if with_plots else last_plots)
-                frame = self._frame(live, order, messages, shown, greedy, with_plots, final=False)
-                yield {**frame, **self.locked()} if first_frame else frame
-                first_frame = False
+            run = Run(m)
+            with closing(self.engine.stream(req.for_method(m))) as stream:
+                for run in stream:
+                    if self.stops.stopped(turn) and not run.done:
+                        run.stopped = True
+                        break
+                    now = time.perf_counter()
+                    if not run.done and now - last_text < TEXT_EVERY_S:
+                        continue
+                    live = runs + [run]
+                    with_plots = run.done or now - last_plots >= PLOTS_EVERY_S
+                    last_text, last_plots = now, (now if with_plots else last_plots)
+                    frame = self._frame(live, order, messages, shown, greedy, with_plots, final=False)
+                    yield {**frame, **self.locked()} if first_frame else frame
+                    first_frame = False
             runs.append(run)
-        yield self._frame(runs, order, messages, shown, greedy, with_plots=True, final=True)
+        if not runs:  # stopped while it waited in the queue: nothing ran
+            runs = [Run(order[0], stopped=True)]
+        stopped = runs[-1].stopped or len(runs) < len(order)
+        frame = self._frame(runs, order, messages, shown, greedy, with_plots=True, final=True, stopped=stopped)
+        yield {**frame, **self.locked()} if first_frame else frame
 
-    def retry_last(self, _message, history, display, *rest) -> Iterator[dict]:
+    def retry_last(self, turn, _message, history, display, *rest) -> Iterator[dict]:
         """Re-run the last user turn (e.g. with other settings or another method)."""
         if len(history) < 2:
+            self.stops.disarm(turn)
             raise gr.Error("nothing to retry yet")
-        yield from self.respond(history[-2]["content"], history[:-2], display[:-2], *rest)
-
-    @staticmethod
-    def mark_stopped(display, stats, panes):
-        """After Stop: the partial answer stays (in the history too), marked as stopped."""
-        if display and display[-1]["role"] == "assistant":
-            display = display[:-1] + [{**display[-1], "content": render.mark_stopped(display[-1]["content"])}]
-        return display, display, render.mark_stopped(stats or ""), render.mark_stopped(panes or "")
+        yield from self.respond(turn, history[-2]["content"], history[:-2], display[:-2], *rest)
 
     def reset(self) -> dict:
         blank = self._blank_plots()
@@ -258,7 +346,7 @@ class DemoApp:
             return [method]
         return [m for m in self.engine.methods if m != "ar" or include_ar or not self.drafted]
 
-    def _frame(self, runs: list[Run], order: list[str], messages, shown, greedy: bool, with_plots: bool, final: bool) -> dict:
+    def _frame(self, runs: list[Run], order: list[str], messages, shown, greedy: bool, with_plots: bool, final: bool, stopped: bool = False) -> dict:
         """The outputs after a step: the chat and the panes every frame, the plots when `with_plots`."""
         ar = next((r for r in runs if r.method == "ar" and r.done), None)
         speedups = [self.engine.speedup(r, ar) for r in runs]
@@ -273,7 +361,7 @@ class DemoApp:
         }
         if len(order) > 1:
             pending = [METHOD_LABELS[m] for m in order[len(runs) :]]
-            out[self.panes] = render.compare_html(runs, speedups, pending)
+            out[self.panes] = render.compare_html(runs, speedups, pending, stopped)
             out[self.summary] = render.summary_html([r for r in runs if r.done], [s for r, s in zip(runs, speedups) if r.done], greedy, self.settings.exact)
         out[self.compare_group] = gr.update(visible=len(order) > 1)
         if with_plots:

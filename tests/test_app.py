@@ -35,7 +35,7 @@ HAVE_DART = (DART_HEAD / "config.json").exists()
 HAVE_EAGLE3 = (ROOT / "assets" / "eagle3" / "config.json").exists()
 METHODS = ["dart", "eagle3", "ar"] if HAVE_DART else ["ar"]
 MAX_NEW = 12  # tokens per test request: enough for several multi-token steps, cheap on 2 CPU cores
-SERVER_MAX_NEW = 64
+SERVER_MAX_NEW = 512  # long enough that a Stop or cancel always lands before a long answer ends, even on the fast kernels
 START_TIMEOUT_S = 240
 KEYS = {"text", "new_tokens", "tau", "tokens_per_s", "speedup_vs_ar", "done"}
 
@@ -153,12 +153,12 @@ def test_a_cancelled_request_frees_the_engine(client):
     assert waited < remaining, f"the next request waited {waited:.1f} s, as long as the cancelled one had left ({remaining:.1f} s)"
 
 
-def open_chat(pw, server):
+def open_chat(pw, server, max_new: int = 2 * MAX_NEW):
     """Headless Chromium on the app, with the token limit set for the browser tests; (browser, page)."""
     browser = launch(pw)
     page = browser.new_page(viewport={"width": 1280, "height": 1400})
     open_app(page, server)
-    page.locator("#max-new input[type=number]").fill(str(2 * MAX_NEW))
+    page.locator("#max-new input[type=number]").fill(str(max_new))
     page.locator("#max-new input[type=number]").press("Enter")
     return browser, page
 
@@ -199,11 +199,41 @@ def test_browser_stop_then_next_turn(server):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
-        browser, page = open_chat(pw, server)
+        # the longest answer the server allows: with 24 tokens the kernels could finish it before Stop lands
+        browser, page = open_chat(pw, server, max_new=SERVER_MAX_NEW)
         send(page, "Tell me a long story about a dragon.")
         page.locator("#stop").click()
         page.wait_for_function("document.querySelector('#stats').innerText.includes('stopped by you')", timeout=30_000)
+        stopped_at = int(page.locator("#stats").inner_text().split(" tokens")[0].split()[-1])
+        assert stopped_at < SERVER_MAX_NEW
         send_and_wait(page, "Now write a haiku about the sea.", timeout_s=120)
         assert page.locator("#chat .chunk").count() >= 2
         browser.close()
 
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed (CI's .ci/run installs it)")
+def test_browser_stop_reaches_a_turn_waiting_in_the_queue(server, client):
+    """Stop pressed while the turn still waits behind another client's request: it never runs."""
+    from playwright.sync_api import sync_playwright
+
+    job = client.submit("Tell me a long story about a dragon.", "ar", SERVER_MAX_NEW, 0.0, 1.0, 0, api_name="/generate")
+    try:
+        while len(job.outputs()) < 2:  # the engine is busy with it
+            assert not job.done(), "the long request finished before the browser's turn could queue behind it"
+            time.sleep(0.05)
+        with sync_playwright() as pw:
+            browser, page = open_chat(pw, server)
+            page.locator("#prompt textarea").fill("Name a colour.")
+            page.locator("#send").click()
+            page.wait_for_timeout(300)
+            assert not job.done(), "the long request finished before Stop: the turn was not queued behind it"
+            page.locator("#stop").click()
+            page.wait_for_function("document.querySelector('#stats').innerText.includes('stopped by you')", timeout=30_000)
+            assert not job.done(), "the stop was shown only once the long request ended"
+            job.cancel()
+            # its place came: it ended without running, and says so in its own last frame
+            page.wait_for_function("document.querySelector('#stats').innerText.includes(' 0 tokens')", timeout=60_000)
+            assert "stopped by you" in page.locator("#stats").inner_text()
+            browser.close()
+    finally:
+        job.cancel()

@@ -145,3 +145,32 @@ def test_tree_figure_marks_nodes_from_the_context(tokenizer):
     assert any("from the context n-gram" in h for t in fig.data if t.hovertext for h in t.hovertext)
     no_info = Run("dart", steps=[fake_step(tree, [0], {"sources": [0, 1]})])  # a wrong length is ignored, not trusted
     assert plots.node_sources(no_info.steps[0]) == [0, 0, 0, 0]
+
+
+def test_a_stopped_run_says_so_and_loses_its_cursor():
+    run = Run("dart", text="partial")
+    assert render.CURSOR in render.render_chunks(run) and render.GENERATING in render.stats_text(run, None)
+    run.stopped = True
+    assert render.CURSOR not in render.render_chunks(run)
+    assert render.stats_text(run, None).endswith(render.STOPPED)
+    panes = render.compare_html([run], [None], ["EAGLE3"], stopped=True)
+    assert "not run: " + render.STOPPED in panes and "waiting for" not in panes
+
+
+def test_stop_signals_reach_only_their_session_and_forget_finished_turns():
+    from app.ui import StopSignals
+
+    stops = StopSignals()
+    a1, b1 = stops.arm("a"), stops.arm("b")
+    a2 = stops.arm("a")  # a second turn of session a, queued behind the first
+    assert not any(stops.stopped(t) for t in (a1, a2, b1))
+    stops.start(a1)
+    assert stops.stop("a") == (1, 1)  # one running, one queued
+    assert stops.stopped(a1) and stops.stopped(a2) and not stops.stopped(b1)
+    stops.disarm(a1)
+    a3 = stops.arm("a")  # a new turn starts clean; a2, stopped but not yet run, still reads as stopped
+    assert not stops.stopped(a3) and stops.stopped(a2)
+    assert stops.stop("nobody") == (0, 0)
+    for t in (a2, a3, b1):
+        stops.disarm(t)
+    assert len(stops) == 0 and stops.stopped(a3)  # an unknown (finished) turn reads as stopped
