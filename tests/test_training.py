@@ -187,6 +187,35 @@ def test_time_budget_stops_and_evaluates(word_target, data_files, tmp_path):
     assert (tmp_path / "train" / "head" / "model.safetensors").is_file()
 
 
+def test_sigterm_saves_a_checkpoint_and_the_run_resumes_from_it(word_target, data_files, tmp_path, monkeypatch):
+    import signal
+
+    from dart_core.training import loop
+
+    cache_dir = tmp_path / "cache"
+    build_cache(word_target, CacheConfig(data=data_files, out_dir=str(cache_dir), max_tokens=4_000, val_records=4, draft_vocab_size=32))
+    cfg = TrainConfig(cache_dir=str(cache_dir), out_dir=str(tmp_path / "train"), epochs=100, batch_records=2, anchors_per_record=4, eval_every=1000)
+    calls = []
+    sample = loop.sample_anchors
+
+    def sample_then_signal(*args):  # SIGTERM arrives mid-step 3 (2 records a step)
+        calls.append(1)
+        if len(calls) == 5:
+            signal.raise_signal(signal.SIGTERM)
+        return sample(*args)
+
+    monkeypatch.setattr(loop, "sample_anchors", sample_then_signal)
+    with pytest.raises(SystemExit) as stopped:
+        train_dart(word_target, cfg, draft_length=D)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is gone with the loop
+    ck = torch.load(tmp_path / "train" / "checkpoint.pt", weights_only=False)
+    assert ck["step"] == 3  # the step in progress finished, then the loop stopped
+    monkeypatch.setattr(loop, "sample_anchors", sample)
+    train_dart(word_target, TrainConfig(**{**cfg.__dict__, "epochs": 0.5}), draft_length=D)
+    assert torch.load(tmp_path / "train" / "checkpoint.pt", weights_only=False)["step"] > 3
+
+
 def test_self_distillation(word_target, data_files, tmp_path):
     from dart_core.generate import GenerationParams, complete
 

@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 import logging
 import math
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -38,6 +41,22 @@ class TrainConfig:
     seed: int = 0
     threads: int | None = None
     extra: dict = field(default_factory=dict)
+
+
+@contextmanager
+def stop_on_sigterm():
+    """While training: SIGTERM asks the loop to stop after the step in progress, save a checkpoint and
+    exit, so `kill PID` pauses a run cleanly (a SIGSTOP pause would count towards the time budget).
+    Yields an Event that is set once the signal came. No-op outside the main thread."""
+    requested = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield requested
+        return
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: requested.set())
+    try:
+        yield requested
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def cosine_lr(step: int, total: int, base: float, warmup: int, time_progress: float = 0.0) -> float:
@@ -219,36 +238,41 @@ def train_head(target, cfg: TrainConfig, objective: str, rows: int) -> Path:
     bar = tqdm(total=total_steps, initial=step, desc=f"train {objective}", unit="step")
     head.train()
     loss = None
-    while step < total_steps:
-        if budget_s is not None and elapsed() > budget_s:
-            log.warning("time budget reached at step %d", step)
-            break
-        lr = cosine_lr(step, total_steps, cfg.lr, cfg.warmup_steps, 0.0 if budget_s is None else elapsed() / budget_s)
-        for group in opt.param_groups:
-            group["lr"] = lr
-        order = torch.randperm(len(train), generator=g)[: cfg.batch_records]
-        opt.zero_grad(set_to_none=True)
-        tot_w = 0.0
-        losses = []
-        with autocast():
-            for i in order.tolist():
-                rec = train[i]
-                anchors = sample_anchors(rec.tokens.numel(), cfg.anchors_per_record, g, rec.first_anchor)
-                kl, w, _, _ = record_loss(head, embed, teacher_rows, rec, anchors, cfg.gamma)
-                losses.append(kl)
-                tot_w += float(w)
-        loss = torch.stack(losses).sum() / max(tot_w, 1e-9)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
-        opt.step()
-        step += 1
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.2e}")
-        if step % cfg.eval_every == 0 or step == total_steps:
-            run_eval(loss.item())
-        if time.perf_counter() - last_ckpt > cfg.checkpoint_every_s:
-            save_checkpoint()
-            last_ckpt = time.perf_counter()
+    with stop_on_sigterm() as sigterm:
+        while step < total_steps:
+            if sigterm.is_set():
+                save_checkpoint()
+                log.warning("SIGTERM: checkpoint saved at step %d (%.1f min trained); the same command resumes", step, elapsed() / 60)
+                raise SystemExit(128 + signal.SIGTERM)
+            if budget_s is not None and elapsed() > budget_s:
+                log.warning("time budget reached at step %d", step)
+                break
+            lr = cosine_lr(step, total_steps, cfg.lr, cfg.warmup_steps, 0.0 if budget_s is None else elapsed() / budget_s)
+            for group in opt.param_groups:
+                group["lr"] = lr
+            order = torch.randperm(len(train), generator=g)[: cfg.batch_records]
+            opt.zero_grad(set_to_none=True)
+            tot_w = 0.0
+            losses = []
+            with autocast():
+                for i in order.tolist():
+                    rec = train[i]
+                    anchors = sample_anchors(rec.tokens.numel(), cfg.anchors_per_record, g, rec.first_anchor)
+                    kl, w, _, _ = record_loss(head, embed, teacher_rows, rec, anchors, cfg.gamma)
+                    losses.append(kl)
+                    tot_w += float(w)
+            loss = torch.stack(losses).sum() / max(tot_w, 1e-9)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
+            opt.step()
+            step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.2e}")
+            if step % cfg.eval_every == 0 or step == total_steps:
+                run_eval(loss.item())
+            if time.perf_counter() - last_ckpt > cfg.checkpoint_every_s:
+                save_checkpoint()
+                last_ckpt = time.perf_counter()
     bar.close()
     if not history or history[-1]["step"] != step:  # stopped by the time budget: evaluate the final head
         run_eval(None if loss is None else loss.item())
