@@ -40,6 +40,8 @@ def main(objective: str, description: str, argv: list[str] | None = None) -> int
     else:
         p.add_argument("--ttt-steps", type=int, default=7, help="unrolled steps of the training-time test; the head is trained on steps+1 depths")
     p.add_argument("--epochs", type=float, default=3.0)
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps in all, overriding --epochs (the records of the cache grow as a corpus does: "
+                   "give the DART and EAGLE3 heads the same token budget with the same --steps, --batch-records and --anchors)")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup-steps", type=int, default=50)
     p.add_argument("--batch-records", type=int, default=4)
@@ -85,6 +87,7 @@ def main(objective: str, description: str, argv: list[str] | None = None) -> int
             cache_dir=str(cache_dir),
             out_dir=str(args.work / "train"),
             epochs=args.epochs,
+            steps=args.steps,
             lr=args.lr,
             warmup_steps=args.warmup_steps,
             batch_records=args.batch_records,

@@ -214,6 +214,8 @@ def test_sigterm_saves_a_checkpoint_and_the_run_resumes_from_it(word_target, dat
     monkeypatch.setattr(loop, "sample_anchors", sample)
     train_dart(word_target, TrainConfig(**{**cfg.__dict__, "epochs": 0.5}), draft_length=D)
     assert torch.load(tmp_path / "train" / "checkpoint.pt", weights_only=False)["step"] > 3
+    train_dart(word_target, TrainConfig(**{**cfg.__dict__, "steps": 11}), draft_length=D)  # steps override epochs
+    assert torch.load(tmp_path / "train" / "checkpoint.pt", weights_only=False)["step"] == 11
 
 
 def test_self_distillation(word_target, data_files, tmp_path):

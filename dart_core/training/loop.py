@@ -27,6 +27,7 @@ class TrainConfig:
     cache_dir: str
     out_dir: str
     epochs: float = 3.0
+    steps: int | None = None  # optimizer steps in all, overriding epochs (two heads, one token budget)
     lr: float = 2e-3
     weight_decay: float = 0.0
     warmup_steps: int = 50
@@ -200,7 +201,9 @@ def train_head(target, cfg: TrainConfig, objective: str, rows: int) -> Path:
     head = new_head_from_target(target, draft_ids, draft_length, cfg.seed).to(target.device)
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     steps_per_epoch = math.ceil(len(train) / cfg.batch_records)
-    total_steps = max(1, int(cfg.epochs * steps_per_epoch))
+    total_steps = cfg.steps if cfg.steps is not None else max(1, int(cfg.epochs * steps_per_epoch))
+    if total_steps < 1:
+        raise ValueError(f"steps must be >= 1, got {total_steps}")
     step, history, prior_s = 0, [], 0.0
     if ckpt_path.exists():
         ck = torch.load(ckpt_path, weights_only=False, map_location=target.device)
