@@ -132,7 +132,7 @@ int n_threads() {
 // contiguous; out (M, N) rows `out_stride` apart. Every (m, n) is `dot(x[m], w[n])` of the contract
 // above; blocks of NB weight rows x MB input rows only decide which dots run together.
 
-constexpr int64_t NB = 4;  // weight rows per block
+constexpr int64_t NB = 4;  // weight rows per block (the AVX-512 blocks reduce their 4 dots together: reduce4_zmm)
 constexpr int64_t MB = 4;  // input rows per block
 
 #ifdef __AVX512F__
@@ -200,8 +200,7 @@ void linear_block_fixed(const float* xf, int64_t K, const T* w, float* res /* [M
             for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_mask3_fmadd_ps(xv, wv[j], acc[i][j], live);
         }
     }
-    for (int i = 0; i < MBc; ++i)
-        for (int j = 0; j < NB; ++j) res[i * NB + j] = reduce_zmm(acc[i][j]);
+    for (int i = 0; i < MBc; ++i) _mm_storeu_ps(res + i * NB, reduce4_zmm(acc[i]));  // NB == 4
 }
 
 template <class T>
@@ -310,8 +309,7 @@ void linear_bf16_block(const uint16_t* x, int64_t K, const uint16_t* w, float* r
             for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
         }
     }
-    for (int i = 0; i < MBc; ++i)
-        for (int j = 0; j < NB; ++j) res[i * NB + j] = reduce_zmm(acc[i][j]);
+    for (int i = 0; i < MBc; ++i) _mm_storeu_ps(res + i * NB, reduce4_zmm(acc[i]));  // NB == 4
 }
 
 void linear_bf16_dp(const uint16_t* x, int64_t x_stride, int64_t M, int64_t K, const uint16_t* w, int64_t N,
