@@ -1,0 +1,51 @@
+"""scripts/training_curve.py: the curve tables from a run's history and bench points, and the README block."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture()
+def curve(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("training_curve", ROOT / "scripts" / "training_curve.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod, "CURVE_DIR", tmp_path / "training")
+    monkeypatch.setattr(mod, "POINTS", tmp_path / "training" / "points.jsonl")
+    monkeypatch.setattr(mod, "README", tmp_path / "README.md")
+    (tmp_path / "training").mkdir()
+    return mod
+
+
+def test_tables_show_every_eval_and_bench_point(curve, tmp_path):
+    history = [
+        {"step": 250, "train_loss": 4.5, "val_kl": 4.685, "val_hit1": [0.276, 0.073, 0.05], "elapsed_s": 180.0},
+        {"step": 500, "train_loss": 3.9, "val_kl": 3.9, "val_hit1": [0.35, 0.1, 0.07], "elapsed_s": 360.0},
+    ]
+    (tmp_path / "training" / "dart-v1.history.json").write_text(json.dumps(history))
+    point = {"label": "dart-v1", "method": "dart", "step": 500, "train_hours": 0.1, "tau": 2.5,
+             "tau_by_set": {s: 2.0 + i / 10 for i, s in enumerate(curve.BENCH_SETS)}, "limit": 5, "max_new_tokens": 128, "commit": "abc1234"}
+    (tmp_path / "training" / "points.jsonl").write_text(json.dumps(point) + "\n")
+    text = curve.tables()
+    assert "| 250 | 0.05 | 4.685 | 27.6% | 7.3% | 5.0% |" in text
+    assert "| 500 | 0.10 | 3.900 | 35.0% | 10.0% | 7.0% |" in text
+    assert "| 500 | 0.10 | 2.50 | 2.00 | 2.10 | 2.20 | 2.30 | 2.40 | 2.50 | 5 | 128 | abc1234 |" in text
+
+
+def test_readme_block_is_rewritten_in_place_and_needs_its_markers(curve, tmp_path):
+    (tmp_path / "training" / "dart-v1.history.json").write_text(json.dumps([{"step": 1, "val_kl": 1.0, "val_hit1": [0.5], "elapsed_s": 36.0}]))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"before\n{curve.MARK_START}\nold\n{curve.MARK_END}\nafter\n")
+    assert curve.main(["table", "--readme"]) == 0
+    text = readme.read_text()
+    assert text.startswith("before\n") and text.endswith(f"{curve.MARK_END}\nafter\n") and "old" not in text
+    assert "| 1 | 0.01 | 1.000 | 50.0% |" in text
+    readme.write_text("no markers\n")
+    with pytest.raises(SystemExit):
+        curve.main(["table", "--readme"])
