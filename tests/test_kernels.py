@@ -73,10 +73,16 @@ def _attention_setup(dtype, P=37, nh=6, nkv=2, hd=32, seed=0):
     return k_cache, v_cache, kernels.RopeTable(inv_freq, 1.0), inv_freq
 
 
+# (query heads, KV heads, head dim): 1 to 8 query heads per KV group (the register paths take up to 4
+# at a time), head dims of 1 to 8 lane groups, and one that is not a multiple of 16 (the lane loops)
+HEAD_SHAPES = [(6, 2, 32), (4, 4, 16), (8, 4, 64), (8, 1, 128), (16, 2, 48), (6, 3, 24)]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_tree_attention_matches_sdpa(dtype):
+@pytest.mark.parametrize("nh,nkv,hd", HEAD_SHAPES)
+def test_tree_attention_matches_sdpa(dtype, nh, nkv, hd):
     """Against eager RoPE + SDPA with the tree mask, in fp32 arithmetic."""
-    P, nh, nkv, hd = 37, 6, 2, 32
+    P = 37
     k_cache, v_cache, rope, inv_freq = _attention_setup(dtype, P, nh, nkv, hd)
     tree = random_tree(random.Random(1), 9, 50)
     T = len(tree)
@@ -104,9 +110,10 @@ def test_tree_attention_matches_sdpa(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_tree_attention_row_equals_one_token_call(dtype):
+@pytest.mark.parametrize("nh,nkv,hd", HEAD_SHAPES)
+def test_tree_attention_row_equals_one_token_call(dtype, nh, nkv, hd):
     """A node's output equals the one-token call made once its ancestors sit committed in the cache."""
-    P, nh, nkv, hd = 37, 6, 2, 32
+    P = 37
     k_cache, v_cache, rope, _ = _attention_setup(dtype, P, nh, nkv, hd, seed=3)
     tree = random_tree(random.Random(5), 12, 50)
     T = len(tree)

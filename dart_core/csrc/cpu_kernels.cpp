@@ -443,62 +443,114 @@ template <class T> void silu_mul_impl(const T* gu, int64_t gu_stride, int64_t M,
 //          the order) a one-token step would see once the ancestors are committed.
 //   out: (T, nh*hd) rows out_stride apart.
 
-// Attention's two inner loops, per query head. Generic lane loops, and for head dims that are a
-// multiple of 16 the same arithmetic with the lanes in zmm registers (acc[c] is lane group c).
-template <class T>
-void key_scores(const float* q, const T* kc, int64_t P, const std::vector<int64_t>& tl, int64_t L, int64_t hd,
-                float scale, float* kf, float* out) {
+// Attention's two inner loops, for the R query heads of one KV group (R = heads per group): each key
+// and value row is loaded and converted once for up to four heads, and head r's arithmetic is exactly
+// what it would be alone (scores: one key's lane tree; values: the keys in order per lane). Generic
+// lane loops, and for head dims that are a multiple of 16 the same arithmetic in zmm registers.
+
 #ifdef __AVX512F__
-    if (hd % LANES == 0 && hd <= 256) {
-        const int64_t C = hd / LANES;
-        __m512 qv[16];
-        for (int64_t c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(q + c * LANES);
-        int64_t j = 0;
-        for (; j + 4 <= L; j += 4) {  // four keys, their four lane trees reduced side by side
-            __m512 acc[4];
-            for (int u = 0; u < 4; ++u) {
-                const T* kr = kc + (j + u < P ? j + u : tl[j + u - P]) * hd;
-                acc[u] = _mm512_setzero_ps();
-                for (int64_t c = 0; c < C; ++c) acc[u] = _mm512_fmadd_ps(qv[c], load16(kr + c * LANES), acc[u]);
+template <int R, class T>
+void key_scores_zmm(const float* q, const T* kc, int64_t P, const std::vector<int64_t>& tl, int64_t L, int64_t hd,
+                    float scale, float* out, int64_t out_stride) {
+    const int64_t C = hd / LANES;
+    int64_t j = 0;
+    for (; j + 4 <= L; j += 4) {  // four keys, their four lane trees reduced side by side
+        const T* kr[4];
+        for (int u = 0; u < 4; ++u) kr[u] = kc + (j + u < P ? j + u : tl[j + u - P]) * hd;
+        __m512 acc[R][4];
+        for (int r = 0; r < R; ++r)
+            for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_setzero_ps();
+        for (int64_t c = 0; c < C; ++c) {
+            __m512 kv[4];
+            for (int u = 0; u < 4; ++u) kv[u] = load16(kr[u] + c * LANES);
+            for (int r = 0; r < R; ++r) {
+                const __m512 qv = _mm512_loadu_ps(q + r * hd + c * LANES);
+                for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_fmadd_ps(qv, kv[u], acc[r][u]);
             }
-            _mm_storeu_ps(out + j, _mm_mul_ps(reduce4_zmm(acc[0], acc[1], acc[2], acc[3]), _mm_set1_ps(scale)));
         }
-        for (; j < L; ++j) {
-            const T* kr = kc + (j < P ? j : tl[j - P]) * hd;
+        for (int r = 0; r < R; ++r)
+            _mm_storeu_ps(out + r * out_stride + j, _mm_mul_ps(reduce4_zmm(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), _mm_set1_ps(scale)));
+    }
+    for (; j < L; ++j) {
+        const T* kr = kc + (j < P ? j : tl[j - P]) * hd;
+        for (int r = 0; r < R; ++r) {
             __m512 acc = _mm512_setzero_ps();
-            for (int64_t c = 0; c < C; ++c) acc = _mm512_fmadd_ps(qv[c], load16(kr + c * LANES), acc);
-            out[j] = reduce_zmm(acc) * scale;
+            for (int64_t c = 0; c < C; ++c) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + r * hd + c * LANES), load16(kr + c * LANES), acc);
+            out[r * out_stride + j] = reduce_zmm(acc) * scale;
         }
-        return;
+    }
+}
+
+template <int R, class T>
+void weighted_values_zmm(const float* p, int64_t p_stride, const T* vc, int64_t P, const std::vector<int64_t>& tl, int64_t L,
+                         int64_t hd, float* out) {
+    const int64_t C = hd / LANES;
+    for (int64_t c0 = 0; c0 < C; c0 += 4) {  // four lane groups of the head dim at a time: R x 4 accumulators
+        const int64_t cn = std::min<int64_t>(4, C - c0);
+        __m512 acc[R][4];
+        for (int r = 0; r < R; ++r)
+            for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
+        for (int64_t j = 0; j < L; ++j) {
+            const T* vr = vc + (j < P ? j : tl[j - P]) * hd + c0 * LANES;
+            __m512 pj[R];
+            for (int r = 0; r < R; ++r) pj[r] = _mm512_set1_ps(p[r * p_stride + j]);
+            for (int c = 0; c < 4; ++c) {
+                if (c >= cn) break;
+                const __m512 vv = load16(vr + c * LANES);
+                for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(pj[r], vv, acc[r][c]);
+            }
+        }
+        for (int r = 0; r < R; ++r)
+            for (int64_t c = 0; c < cn; ++c) _mm512_storeu_ps(out + r * hd + (c0 + c) * LANES, acc[r][c]);
+    }
+}
+#endif
+
+template <class T>
+void key_scores(const float* q /* [R][hd] */, int64_t R, const T* kc, int64_t P, const std::vector<int64_t>& tl, int64_t L,
+                int64_t hd, float scale, float* kf, float* out /* [R][out_stride] */, int64_t out_stride) {
+#ifdef __AVX512F__
+    if (hd % LANES == 0) {
+        switch (R) {
+            case 1: return key_scores_zmm<1>(q, kc, P, tl, L, hd, scale, out, out_stride);
+            case 2: return key_scores_zmm<2>(q, kc, P, tl, L, hd, scale, out, out_stride);
+            case 3: return key_scores_zmm<3>(q, kc, P, tl, L, hd, scale, out, out_stride);
+            case 4: return key_scores_zmm<4>(q, kc, P, tl, L, hd, scale, out, out_stride);
+            default:  // more heads per group: four at a time (each head's arithmetic is its own)
+                for (int64_t r = 0; r < R; r += 4)
+                    key_scores(q + r * hd, std::min<int64_t>(4, R - r), kc, P, tl, L, hd, scale, kf, out + r * out_stride, out_stride);
+                return;
+        }
     }
 #endif
     for (int64_t j = 0; j < L; ++j) {
         load_row(kc + (j < P ? j : tl[j - P]) * hd, kf, hd);
-        out[j] = dot(q, kf, hd) * scale;
+        for (int64_t r = 0; r < R; ++r) out[r * out_stride + j] = dot(q + r * hd, kf, hd) * scale;
     }
 }
 
 template <class T>
-void weighted_values(const float* p, const T* vc, int64_t P, const std::vector<int64_t>& tl, int64_t L, int64_t hd,
-                     float* vf, float* out) {
+void weighted_values(const float* p /* [R][p_stride] */, int64_t p_stride, int64_t R, const T* vc, int64_t P,
+                     const std::vector<int64_t>& tl, int64_t L, int64_t hd, float* vf, float* out /* [R][hd] */) {
 #ifdef __AVX512F__
-    if (hd % LANES == 0 && hd <= 256) {
-        const int64_t C = hd / LANES;
-        __m512 acc[16];
-        for (int64_t c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
-        for (int64_t j = 0; j < L; ++j) {
-            const T* vr = vc + (j < P ? j : tl[j - P]) * hd;
-            const __m512 pj = _mm512_set1_ps(p[j]);
-            for (int64_t c = 0; c < C; ++c) acc[c] = _mm512_fmadd_ps(pj, load16(vr + c * LANES), acc[c]);
+    if (hd % LANES == 0) {
+        switch (R) {
+            case 1: return weighted_values_zmm<1>(p, p_stride, vc, P, tl, L, hd, out);
+            case 2: return weighted_values_zmm<2>(p, p_stride, vc, P, tl, L, hd, out);
+            case 3: return weighted_values_zmm<3>(p, p_stride, vc, P, tl, L, hd, out);
+            case 4: return weighted_values_zmm<4>(p, p_stride, vc, P, tl, L, hd, out);
+            default:
+                for (int64_t r = 0; r < R; r += 4)
+                    weighted_values(p + r * p_stride, p_stride, std::min<int64_t>(4, R - r), vc, P, tl, L, hd, vf, out + r * hd);
+                return;
         }
-        for (int64_t c = 0; c < C; ++c) _mm512_storeu_ps(out + c * LANES, acc[c]);
-        return;
     }
 #endif
-    std::fill(out, out + hd, 0.0f);
+    std::fill(out, out + R * hd, 0.0f);
     for (int64_t j = 0; j < L; ++j) {
         load_row(vc + (j < P ? j : tl[j - P]) * hd, vf, hd);
-        for (int64_t d = 0; d < hd; ++d) out[d] = std::fma(p[j], vf[d], out[d]);
+        for (int64_t r = 0; r < R; ++r)
+            for (int64_t d = 0; d < hd; ++d) out[r * hd + d] = std::fma(p[r * p_stride + j], vf[d], out[r * hd + d]);
     }
 }
 
@@ -555,16 +607,14 @@ void tree_attention_impl(const T* q, int64_t q_stride, const T* k, int64_t k_str
             const int64_t L = P + static_cast<int64_t>(tl.size());
             const T* kc = k_cache + g * cap * hd;
             const T* vc = v_cache + g * cap * hd;
-            for (int64_t r = 0; r < rep; ++r)
-                key_scores(qf.data() + r * hd, kc, P, tl, L, hd, scale, kf.data(), scores.data() + r * max_len);
+            key_scores(qf.data(), rep, kc, P, tl, L, hd, scale, kf.data(), scores.data(), max_len);
             for (int64_t r = 0; r < rep; ++r) {
                 float* sr = scores.data() + r * max_len;
                 float mx = sr[0];
                 for (int64_t j = 1; j < L; ++j) mx = std::max(mx, sr[j]);
                 for (int64_t j = 0; j < L; ++j) sr[j] = exp_nonpositive(sr[j] - mx);
             }
-            for (int64_t r = 0; r < rep; ++r)
-                weighted_values(scores.data() + r * max_len, vc, P, tl, L, hd, vf.data(), acc.data() + r * hd);
+            weighted_values(scores.data(), max_len, rep, vc, P, tl, L, hd, vf.data(), acc.data());
             for (int64_t r = 0; r < rep; ++r) {
                 const float denom = sum(scores.data() + r * max_len, L);
                 T* dst = out + i * out_stride + (g * rep + r) * hd;
