@@ -93,7 +93,7 @@ def tables() -> str:
         if mine:
             parts.append("\nBench τ (first turns, greedy; `limit` prompts per set):\n")
             parts.append("| step | train h | τ (all) | " + " | ".join(BENCH_SETS) + " | prompts/set | tokens | commit |")
-            parts.append("|---" * (7 + len(BENCH_SETS)) + "|")
+            parts.append("|---" * (6 + len(BENCH_SETS)) + "|")
             for p in mine:
                 by_set = " | ".join(f"{p['tau_by_set'].get(s, float('nan')):.2f}" for s in BENCH_SETS)
                 parts.append(f"| {p['step']} | {p['train_hours']:.2f} | {p['tau']:.2f} | {by_set} | {p['limit']} | {p['max_new_tokens']} | {p['commit']} |")

@@ -36,6 +36,10 @@ def test_tables_show_every_eval_and_bench_point(curve, tmp_path):
     assert "| 250 | 0.05 | 4.685 | 27.6% | 7.3% | 5.0% |" in text
     assert "| 500 | 0.10 | 3.900 | 35.0% | 10.0% | 7.0% |" in text
     assert "| 500 | 0.10 | 2.50 | 2.00 | 2.10 | 2.20 | 2.30 | 2.40 | 2.50 | 5 | 128 | abc1234 |" in text
+    for table in text.split("\n\n"):  # every table's separator has one cell per header cell
+        lines = [line for line in table.splitlines() if line.startswith("|")]
+        if lines:
+            assert lines[1].count("|---") == lines[0].count("|") - 1, table
 
 
 def test_readme_block_is_rewritten_in_place_and_needs_its_markers(curve, tmp_path):
