@@ -7,12 +7,14 @@ forward*, so no second teacher-forced pass over the corpus is needed:
 
     prompt pool     first user turns of every training file (ShareGPT and the instruction sets),
                     deduplicated, the evaluation prompts (bench sets) removed, shuffled with a seed
-    generation      transformers' `generate` on the target's weights, left-padded batches of prompts
-                    of similar length; a fixed share of prompts is answered by sampling at a
-                    temperature (so the heads also serve sampling), the rest greedily
-    capture         forward hooks keep, for every token the target reads, the input residual stream of
-                    the three captured layers (the heads' input) and the final-normed hidden state (the
-                    teacher's distribution is recomputed from it); pad positions are dropped
+    generation      continuous batching on our own Transformer (`ContinuousBatcher`): `batch_size`
+                    sequences decode together, a finished one is replaced at once by the next prompt;
+                    a fixed share of prompts is answered by sampling at a temperature (so the heads
+                    also serve sampling), the rest greedily. The dtype is the run's choice and may
+                    change between resumes (each shard records the dtype that generated it)
+    capture         the generating forwards keep, for every token the target reads, the input residual
+                    stream of the three captured layers (the heads' input) and the final-normed hidden
+                    state (the teacher's distribution is recomputed from it)
 
 The run directory is a target-state cache in the format `dart_core.training` trains from (meta.json
 plus shards of tokens/offsets/aux/final), with per-record extras: `answer_start` (where the
@@ -177,15 +179,19 @@ class ContinuousBatcher:
         cache = KVCache(a.n_layers, a.n_kv_heads, a.head_dim, T, self.target.dtype, self.target.device)
         out = self.model(
             torch.tensor(job.prompt, device=self.target.device), torch.arange(T, device=self.target.device), cache,
-            capture=self.capture, final=self.capture, logits_at=slice(-1, None) if not self.capture else None,
+            capture=self.capture, final=self.capture, logits=not self.capture,
+            logits_at=None if self.capture else slice(-1, None),
         )
+        # with capture the final states of every position are kept, but only the last one's logits
+        # are needed: the LM head over all T would cost as much as the rest of the prefill
+        last_logits = self.model.output(out.final[-1:]).float()[-1] if self.capture else out.logits[-1]
         self.k[:, slot, :, :T] = cache.k[:, 0]
         self.v[:, slot, :, :T] = cache.v[:, 0]
         self.lengths[slot] = T
         if self.capture:
             job.aux.append(out.hidden.to(torch.bfloat16))
             job.final.append(out.final.to(torch.bfloat16))
-        token = self._pick(job, out.logits[-1])
+        token = self._pick(job, last_logits)
         job.answer.append(token)
         self.next_token[slot] = token
         self.jobs[slot] = job
@@ -205,7 +211,7 @@ class ContinuousBatcher:
         cos, sin = m.rope(pos, x.dtype)
         cos, sin = cos[:, None, None], sin[:, None, None]  # (B, 1, 1, hd)
         visible = torch.arange(end, device=x.device)[None, :] <= pos[:, None]  # (B, end)
-        bias = torch.zeros(B, 1, 1, end, dtype=x.dtype, device=x.device).masked_fill_(~visible[:, None, None], float("-inf"))
+        bias = torch.zeros(B, 1, 1, end, device=x.device).masked_fill_(~visible[:, None, None], float("-inf"))  # fp32
         group, scale = a.n_heads // a.n_kv_heads, a.head_dim**-0.5
         q_out, kv_out = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
         captured = []
@@ -224,10 +230,12 @@ class ContinuousBatcher:
             self.k[i, rows, :, pos] = k[:, :, 0]
             self.v[i, rows, :, pos] = v[:, :, 0]
             # grouped-query attention as two batched matmuls: each key is read once for its query group
-            # (SDPA's enable_gqa path is ~2x slower here on a CPU at 64 rows x ~1k keys)
-            scores = torch.matmul(q.view(B, a.n_kv_heads, group, a.head_dim), self.k[i, :, :, :end].transpose(-1, -2))
-            probs = torch.softmax(scores * scale + bias, dim=-1)  # (B, nkv, group, end)
-            out = torch.matmul(probs, self.v[i, :, :, :end])  # (B, nkv, group, hd)
+            # (SDPA's enable_gqa path is ~2x slower here on a CPU at 64 rows x ~1k keys). The keys are
+            # the left operand, as stored: a transposed cache operand makes a bf16 bmm copy it first
+            # (~1.5x slower in bf16; equal in fp32). Softmax in fp32.
+            scores = torch.matmul(self.k[i, :, :, :end], q.view(B, a.n_kv_heads, group, a.head_dim).transpose(-1, -2))
+            probs = torch.softmax(scores.transpose(-1, -2).float() * scale + bias, dim=-1)  # (B, nkv, group, end)
+            out = torch.matmul(probs.to(x.dtype), self.v[i, :, :, :end])  # (B, nkv, group, hd)
             x = x + att.wo(out.reshape(B, 1, q_out))
             x = x + layer.feed_forward(layer.ffn_norm(x))
         normed = m.norm(x[:, 0])
@@ -329,8 +337,9 @@ def _new_meta(target: Target, config: dict, pool_size: int, **extra) -> dict:
     }
 
 
-def _write_shard(out: Path, meta: dict, split: str, recs: list[Generated]) -> None:
-    """Write recs as the split's next shard (atomically) and count them in meta (not yet saved)."""
+def _write_shard(out: Path, meta: dict, split: str, recs: list[Generated], dtype: str) -> None:
+    """Write recs, whose tokens were generated in `dtype` (e.g. "bfloat16"), as the split's next shard
+    (atomically) and count them in meta (not yet saved)."""
     name = f"{split}-{len(meta['shards'][split]):05d}.safetensors"
     lengths = torch.tensor([0] + [len(g.prompt) + len(g.answer) - 1 for g in recs])
     tensors = {
@@ -348,6 +357,7 @@ def _write_shard(out: Path, meta: dict, split: str, recs: list[Generated]) -> No
     save_file(tensors, str(tmp))
     tmp.replace(out / name)
     meta["shards"][split].append(name)
+    meta["corpus"].setdefault("shard_dtype", {})[name] = dtype
     meta["tokens"][split] += int(lengths.sum())
     meta["records_done"][split] += len(recs)
     meta["corpus"]["done"].extend(g.index for g in recs)
@@ -379,7 +389,7 @@ def generate_corpus(target: Target, cfg: CorpusConfig) -> Path:
 
     def flush(split: str) -> None:
         if buffers[split]:
-            _write_shard(out, meta, split, buffers[split])
+            _write_shard(out, meta, split, buffers[split], str(target.dtype).removeprefix("torch."))
         meta["corpus"]["skipped"].extend(skipped)
         meta["corpus"]["done"].extend(skipped)
         skipped.clear()
@@ -423,13 +433,16 @@ def generate_corpus(target: Target, cfg: CorpusConfig) -> Path:
 
 def corpus_records(run_dir: str | Path, split: str | None = None):
     """Token data of every finished record of a run directory, shard by shard, without its states:
-    dicts of index, ids (prompt + answer, the last token included), answer_start, sampled, split."""
+    dicts of index, ids (prompt + answer, the last token included), answer_start, sampled, split and
+    dtype (the dtype that generated it)."""
     from .training import mmap_safetensors
 
     run_dir = Path(run_dir)
     meta = json.loads((run_dir / CACHE_META).read_text())
     for sp in ("val", "train") if split is None else (split,):
         for name in meta["shards"][sp]:
+            # runs begun before shards recorded their dtype generated everything in the run's dtype
+            dtype = meta["corpus"].get("shard_dtype", {}).get(name, meta["dtype"])
             t = mmap_safetensors(run_dir / name)
             off = t["offsets"].tolist()
             tokens = t["tokens"].tolist()
@@ -437,6 +450,7 @@ def corpus_records(run_dir: str | Path, split: str | None = None):
                 yield {
                     "index": int(t["index"][r]), "ids": tokens[a:b] + [int(t["last"][r])],
                     "answer_start": int(t["answer_start"][r]), "sampled": bool(t["sampled"][r]), "split": sp,
+                    "dtype": dtype,
                 }
 
 
@@ -484,7 +498,7 @@ def export_corpus(run_dir: str | Path, out_dir: str | Path, command: str, min_re
     """Append the records of a run directory that are not exported yet to out_dir as one new part,
     part-NNNNN.npz (compressed: tokens uint16/int32, offsets int64, answer_start int32, index int32 (the
     prompt's place in the pool), sampled bool, val bool), and rewrite corpus.json (format, provenance,
-    settings, counts, parts with their sha256). Parts are never rewritten, so each export adds only
+    settings, counts, parts with their sha256 and the dtype that generated them). Parts are never rewritten, so each export adds only
     the new records to the repository; fewer than min_records new records write no part."""
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     meta = json.loads((run_dir / CACHE_META).read_text())
@@ -513,12 +527,14 @@ def export_corpus(run_dir: str | Path, out_dir: str | Path, command: str, min_re
             "name": name, "records": len(recs), "tokens": int(lengths.sum()),
             "answer_tokens": int(sum(len(r["ids"]) - r["answer_start"] for r in recs)),
             "sha256": hashlib.sha256((out_dir / name).read_bytes()).hexdigest(),
+            "generated_dtype": "+".join(sorted({d for r in recs for d in r["dtype"].split("+")})),
         })
     c = meta["corpus"]
     manifest = {
         "format": CORPUS_FORMAT,
         "target": meta["target"],
-        "generated_dtype": meta.get("dtype"),
+        # parts exported before parts recorded their dtype were generated in the run's first dtype
+        "generated_dtype": "+".join(sorted({d for p in parts for d in p.get("generated_dtype", meta["dtype"]).split("+")})),
         "command": command,
         "settings": c["config"],
         "pool_size": c["pool_size"],
@@ -533,12 +549,13 @@ def export_corpus(run_dir: str | Path, out_dir: str | Path, command: str, min_re
 
 def read_corpus(corpus_dir: str | Path):
     """The records of an exported corpus (see export_corpus), part by part, checking each part's
-    sha256: dicts of index, ids, answer_start, sampled, split."""
+    sha256: dicts of index, ids, answer_start, sampled, split, dtype (the part's generation dtype)."""
     corpus_dir = Path(corpus_dir)
     manifest = json.loads((corpus_dir / CORPUS_META).read_text())
     if manifest.get("format") != CORPUS_FORMAT:
         raise ValueError(f"{corpus_dir}: not a {CORPUS_FORMAT} corpus (format {manifest.get('format')!r})")
     for part in manifest["parts"]:
+        dtype = part.get("generated_dtype", manifest["generated_dtype"])  # e.g. "bfloat16+float32" for a mixed part
         path = corpus_dir / part["name"]
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
         if digest != part["sha256"]:
@@ -549,7 +566,7 @@ def read_corpus(corpus_dir: str | Path):
                 yield {
                     "index": int(z["index"][r]), "ids": z["tokens"][off[r] : off[r + 1]].astype(np.int64).tolist(),
                     "answer_start": int(z["answer_start"][r]), "sampled": bool(z["sampled"][r]),
-                    "split": "val" if z["val"][r] else "train",
+                    "split": "val" if z["val"][r] else "train", "dtype": dtype,
                 }
 
 
@@ -565,11 +582,13 @@ def corpus_to_cache(target: Target, corpus_dir: str | Path, out_dir: str | Path,
     done = set(meta["corpus"]["done"])
     t0 = time.perf_counter()
     buffers: dict[str, list[Generated]] = {"val": [], "train": []}
+    dtypes: dict[str, set[str]] = {"val": set(), "train": set()}  # of the buffered records' generation
 
     def flush(split: str) -> None:
         if not buffers[split]:
             return
-        _write_shard(out, meta, split, buffers[split])
+        _write_shard(out, meta, split, buffers[split], "+".join(sorted(dtypes[split])))
+        dtypes[split] = set()
         _write_json(meta_path, meta)
         buffers[split] = []
 
@@ -583,6 +602,9 @@ def corpus_to_cache(target: Target, corpus_dir: str | Path, out_dir: str | Path,
         cache = target.new_cache(len(fed))
         fwd = target.model(fed, torch.arange(len(fed), device=target.device), cache, capture=True, final=True, logits=False)
         start = rec["answer_start"]
+        if buffers[rec["split"]] and dtypes[rec["split"]] != set(rec["dtype"].split("+")):
+            flush(rec["split"])  # a shard holds one generation dtype (of the parts it comes from)
+        dtypes[rec["split"]].update(rec["dtype"].split("+"))
         buffers[rec["split"]].append(Generated(
             rec["index"], ids[:start], ids[start:], rec["sampled"], fwd.hidden.to(torch.bfloat16).cpu(), fwd.final.to(torch.bfloat16).cpu()
         ))

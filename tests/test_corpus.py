@@ -26,16 +26,22 @@ from dart_core.corpus import (
     run_batcher,
 )
 from dart_core.data import iter_records
+from dart_core.drafters.head import load_head
 from dart_core.target import load_target
 from dart_core.training import TrainConfig, load_split, sample_anchors, train_dart
 from test_training import save_word_tokenizer, sentence
 
 
 @pytest.fixture(scope="module")
-def word_target(tmp_path_factory):
+def word_checkpoint(tmp_path_factory):
     path = build_tiny_checkpoint(tmp_path_factory.mktemp("corpusq3"), "qwen3", seed=3)
     save_word_tokenizer(path)
-    return load_target(path, "cpu", "float32")
+    return path
+
+
+@pytest.fixture(scope="module")
+def word_target(word_checkpoint):
+    return load_target(word_checkpoint, "cpu", "float32")
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +184,24 @@ def test_corpus_resumes_exports_and_rebuilds(word_target, prompt_files, tmp_path
         list(read_corpus(tmp_path / "export"))
 
 
-def test_draft_vocab_coverage_and_answer_only_training(word_target, prompt_files, tmp_path):
+def test_a_run_resumed_in_another_dtype_records_it(word_checkpoint, word_target, prompt_files, tmp_path):
+    run, out = tmp_path / "run", tmp_path / "export"
+    generate_corpus(word_target, corpus_cfg(prompt_files, run, max_prompts=17))
+    export_corpus(run, out, "test")
+    generate_corpus(load_target(word_checkpoint, "cpu", "bfloat16"), corpus_cfg(prompt_files, run))
+    recs = list(corpus_records(run))
+    fp32 = {r["index"] for r in recs if r["dtype"] == "float32"}
+    skipped = set(json.loads((run / "meta.json").read_text())["corpus"]["skipped"])
+    assert fp32 == set(range(17)) - skipped and {r["dtype"] for r in recs} == {"float32", "bfloat16"}  # the first 17 pool prompts ran in fp32
+    manifest = export_corpus(run, out, "test")
+    assert [p["generated_dtype"] for p in manifest["parts"]] == ["float32", "bfloat16"]
+    assert manifest["generated_dtype"] == "bfloat16+float32"
+    assert [r["dtype"] for r in read_corpus(out)] == [r["dtype"] for r in sorted(recs, key=lambda r: (r["dtype"] != "float32", r["index"]))]
+    rebuilt = corpus_to_cache(word_target, out, tmp_path / "rebuilt")  # the generation dtype survives a rebuild in another
+    assert sorted((r["index"], r["dtype"]) for r in corpus_records(rebuilt)) == sorted((r["index"], r["dtype"]) for r in recs)
+
+
+def test_draft_vocab_coverage_and_answer_only_training(word_target, prompt_files, tmp_path, caplog):
     run = generate_corpus(word_target, corpus_cfg(prompt_files, tmp_path / "run"))
     with pytest.raises(ValueError, match="draft vocabulary"):
         train_dart(word_target, TrainConfig(cache_dir=str(run), out_dir=str(tmp_path / "t")), draft_length=3)
@@ -195,6 +218,17 @@ def test_draft_vocab_coverage_and_answer_only_training(word_target, prompt_files
     assert (head_dir / "model.safetensors").exists()
     history = json.loads((tmp_path / "t" / "history.json").read_text())
     assert history and len(history[-1]["val_hit1"]) == 4
+
+    # the corpus grows and its vocabulary is chosen again: a resumed run keeps the head's own
+    first_ids = json.loads((run / "draft_vocab.json").read_text())["draft_ids"]
+    other = choose_draft_vocab(run, 12, word_target.vocab_size)["draft_ids"]
+    assert other != first_ids
+    with caplog.at_level("WARNING", logger="dart_core.training.loop"):
+        head_dir = train_dart(word_target, TrainConfig(cache_dir=str(run), out_dir=str(tmp_path / "t"), epochs=2, batch_records=2,
+                                                      anchors_per_record=4, eval_every=1000, val_records=4), draft_length=3)
+    assert "differs from the checkpoint's" in caplog.text
+    head = load_head(head_dir, dart=True, target=word_target)
+    assert (torch.arange(head.d2t.numel()) + head.d2t).tolist() == first_ids
 
 
 def test_sample_anchors_respects_the_first_anchor():

@@ -185,6 +185,17 @@ def train_head(target, cfg: TrainConfig, objective: str, rows: int) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     meta = cache_meta(cfg.cache_dir)
     draft_ids = torch.tensor(meta["draft_ids"])
+    ckpt_path = out / "checkpoint.pt"
+    ck = torch.load(ckpt_path, weights_only=False, map_location=target.device) if ckpt_path.exists() else None
+    if ck is not None:
+        # the head's vocabulary is the one it started with: a corpus that grew since may have chosen
+        # another (its draft_vocab.json is re-chosen on export), and teacher rows of that vocabulary
+        # would train the head's outputs towards other tokens' distributions
+        head_ids = (ck["head"]["d2t"] + torch.arange(ck["head"]["d2t"].numel(), device=ck["head"]["d2t"].device)).cpu()
+        if not torch.equal(head_ids, draft_ids):
+            log.warning("%s: the cache's draft vocabulary differs from the checkpoint's (%d of %d ids shared): "
+                        "the run goes on with the checkpoint's", cfg.cache_dir, len(set(head_ids.tolist()) & set(draft_ids.tolist())), head_ids.numel())
+            draft_ids = head_ids
     train = load_split(cfg.cache_dir, "train")
     val = load_split(cfg.cache_dir, "val")[: cfg.val_records]
     if not train:
@@ -197,7 +208,6 @@ def train_head(target, cfg: TrainConfig, objective: str, rows: int) -> Path:
     def autocast():  # bf16 matmuls on CPU (avx512-bf16) and GPU; master weights and the loss stay fp32
         return torch.autocast(target.device.type, dtype=torch.bfloat16)
 
-    ckpt_path = out / "checkpoint.pt"
     head = new_head_from_target(target, draft_ids, draft_length, cfg.seed).to(target.device)
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     steps_per_epoch = math.ceil(len(train) / cfg.batch_records)
@@ -205,8 +215,7 @@ def train_head(target, cfg: TrainConfig, objective: str, rows: int) -> Path:
     if total_steps < 1:
         raise ValueError(f"steps must be >= 1, got {total_steps}")
     step, history, prior_s = 0, [], 0.0
-    if ckpt_path.exists():
-        ck = torch.load(ckpt_path, weights_only=False, map_location=target.device)
+    if ck is not None:
         if ck.get("objective", "dart") != objective:
             raise ValueError(f"{ckpt_path} is a {ck.get('objective', 'dart')} checkpoint; this run trains {objective}: use another out_dir")
         head.load_state_dict(ck["head"])
