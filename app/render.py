@@ -52,6 +52,11 @@ def stats_html(runs: list[Run], speedups: list[float | None]) -> str:
     return f'<div class="stats">{rows}</div>' if runs else ""
 
 
+def notice_html(text: str) -> str:
+    """A one-line notice in the stats bar (e.g. a queued turn that was stopped)."""
+    return f'<div class="stats"><div class="stat">{html.escape(text)}</div></div>'
+
+
 def compare_html(runs: list[Run], speedups: list[float | None], pending: list[str], stopped: bool = False) -> str:
     """One pane per method, side by side, each streaming its own text; methods still waiting for
     their turn (or, once the user stopped the turn, never run) get an empty pane so the layout does

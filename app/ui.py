@@ -108,7 +108,8 @@ class StopSignals:
             self._turns.pop(turn, None)
 
     def __len__(self) -> int:
-        return len(self._turns)
+        with self._lock:
+            return len(self._turns)
 
 
 @dataclass
@@ -265,7 +266,7 @@ class DemoApp:
         here could race its frames); a turn still queued says so here, and ends when its place comes."""
         running, queued = self.stops.stop(request.session_hash)
         if queued and not running:
-            return f'<div class="stats"><div class="stat">{html.escape(QUEUED_STOP)}</div></div>'
+            return render.notice_html(QUEUED_STOP)
         return gr.update()
 
     def locked(self) -> dict:

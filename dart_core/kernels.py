@@ -14,6 +14,7 @@ and writes the cache itself.
     silu_mul(gu)                 gu (M, 2I) gate|up -> (M, I), silu(gate) * up
     add_rmsnorm(x, delta, w)     x + delta and RMSNorm of it (the residual add fused with the next norm)
     tree_attention(...)          one layer's attention for T new rows, see the function
+    TreeAttention(...)           the same, its geometry checked once for a forward's layers
 
 All tensors live on the CPU in float32, bfloat16 or float16. `AVAILABLE` is False where the extension
 was not built (no compiler); the model then runs its eager path (exact in fp32 only up to rounding).
@@ -136,6 +137,50 @@ class RopeTable:
         self.sin = (freqs.sin() * self.scale).contiguous()
 
 
+class TreeAttention:
+    """One forward's attention geometry, checked once for all its layers.
+
+    positions (T,) int64 rope positions; parents (T,) int64, parents[i] < i (-1 for the root);
+    `committed` cache entries precede the new rows; caches of `cache_shape` (nkv, capacity, hd) and
+    `dtype`. Calling it runs one layer (see `tree_attention`); a layer's call checks only what can
+    differ between layers (its tensors' dtypes and shapes), so the per-layer cost is the C++ call."""
+
+    def __init__(self, rope: RopeTable, positions: torch.Tensor, parents: torch.Tensor, committed: int,
+                 n_heads: int, n_kv_heads: int, cache_shape: tuple[int, int, int], dtype: torch.dtype):
+        T = positions.shape[0] if positions.dim() == 1 else -1
+        if positions.shape != (T,) or parents.shape != (T,) or positions.dtype != torch.long or parents.dtype != torch.long:
+            raise ValueError("positions and parents must be (T,) int64 tensors")
+        nkv, self.capacity, hd = cache_shape
+        if nkv != n_kv_heads:
+            raise ValueError(f"the cache holds {nkv} KV heads, the model {n_kv_heads}")
+        self.code = _code(torch.empty(0, dtype=dtype))
+        self.dtype, self.cache_shape = dtype, tuple(cache_shape)
+        self.positions, self.parents = positions.contiguous(), parents.contiguous()
+        self.committed, self.T, self.n_heads, self.n_kv_heads, self.hd = committed, T, n_heads, n_kv_heads, hd
+        self.q_shape, self.kv_shape = (T, n_heads * hd), (T, nkv * hd)
+        rope.ensure(int(self.positions.max()) + 1)
+        self.rope = rope
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        dt = self.dtype
+        if not (q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype == dt):
+            raise TypeError(f"q, k, v and the caches must all be {dt}")
+        if q.shape != self.q_shape or k.shape != self.kv_shape or v.shape != self.kv_shape:
+            raise ValueError(f"q/k/v shapes {tuple(q.shape)}/{tuple(k.shape)}/{tuple(v.shape)}: expected {self.q_shape}/{self.kv_shape}/{self.kv_shape}")
+        if k_cache.shape != self.cache_shape or v_cache.shape != self.cache_shape or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+            raise ValueError(f"k_cache and v_cache must be contiguous {self.cache_shape} tensors")
+        nh, hd = self.n_heads, self.hd
+        out = torch.empty(self.T, nh * hd, dtype=dt)
+        _ext.tree_attention(
+            self.code,
+            q.data_ptr(), _rows(q, "q"), k.data_ptr(), _rows(k, "k"), v.data_ptr(), _rows(v, "v"),
+            self.rope.cos.data_ptr(), self.rope.sin.data_ptr(), self.positions.data_ptr(),
+            k_cache.data_ptr(), v_cache.data_ptr(), self.capacity, self.committed, self.T, self.parents.data_ptr(),
+            nh, self.n_kv_heads, hd, 1.0 / math.sqrt(hd), out.data_ptr(), nh * hd,
+        )
+        return out
+
+
 def tree_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -154,28 +199,10 @@ def tree_attention(
     q (T, nh*hd), k and v (T, nkv*hd): rows contiguous, q and k before RoPE; positions (T,) int64;
     k_cache / v_cache (nkv, capacity, hd) contiguous: row i's key and value are written at slot
     committed+i; parents (T,) int64, parents[i] < i (-1 for the root). Row i attends to slots
-    0..committed-1, its ancestors' slots root first, then its own. Returns (T, nh*hd).
+    0..committed-1, its ancestors' slots root first, then its own. Returns (T, nh*hd). A forward over
+    many layers builds one `TreeAttention` instead (the same call, checked once).
     """
-    code = _code(q)
-    T = q.shape[0]
-    nkv, cap, hd = k_cache.shape
-    if not (k.dtype == v.dtype == k_cache.dtype == v_cache.dtype == q.dtype):
-        raise TypeError("q, k, v and the caches must share one dtype")
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or v_cache.shape != k_cache.shape:
-        raise ValueError("k_cache and v_cache must be contiguous (nkv, capacity, head_dim) tensors")
-    if q.shape[1] != n_heads * hd or k.shape != (T, nkv * hd) or v.shape != (T, nkv * hd) or nkv != n_kv_heads:
-        raise ValueError(f"q/k/v shapes {tuple(q.shape)}/{tuple(k.shape)}/{tuple(v.shape)} do not match the cache {tuple(k_cache.shape)}")
-    if positions.shape != (T,) or parents.shape != (T,) or positions.dtype != torch.long or parents.dtype != torch.long:
-        raise ValueError("positions and parents must be (T,) int64 tensors")
-    positions = positions.contiguous()
-    parents = parents.contiguous()
-    rope.ensure(int(positions.max()) + 1)
-    out = torch.empty(T, n_heads * hd, dtype=q.dtype)
-    _ext.tree_attention(
-        code,
-        q.data_ptr(), _rows(q, "q"), k.data_ptr(), _rows(k, "k"), v.data_ptr(), _rows(v, "v"),
-        rope.cos.data_ptr(), rope.sin.data_ptr(), positions.data_ptr(),
-        k_cache.data_ptr(), v_cache.data_ptr(), cap, committed, T, parents.data_ptr(),
-        n_heads, n_kv_heads, hd, 1.0 / math.sqrt(hd), out.data_ptr(), n_heads * hd,
-    )
-    return out
+    if q.dim() != 2:
+        raise ValueError(f"q must be (T, n_heads*head_dim), got {tuple(q.shape)}")
+    plan = TreeAttention(rope, positions, parents, committed, n_heads, n_kv_heads, tuple(k_cache.shape), q.dtype)
+    return plan(q, k, v, k_cache, v_cache)

@@ -105,17 +105,20 @@ class KVCache:
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v (B, nkv, T, hd) as pending entries; return the layer's keys/values up to length+T."""
+        self.check_room(k.shape[2])
         end = self.length + k.shape[2]
-        if end > self.capacity:
-            raise RuntimeError(f"KV cache overflow: {end} > capacity {self.capacity}")
         self.k[layer, :, :, self.length : end] = k
         self.v[layer, :, :, self.length : end] = v
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
 
+    def check_room(self, n: int) -> None:
+        """Raise unless n more entries fit after the committed ones."""
+        if self.length + n > self.capacity:
+            raise RuntimeError(f"KV cache overflow: {self.length}+{n} entries > capacity {self.capacity}")
+
     def commit(self, n: int) -> None:
         """Keep the first n pending entries, in order."""
-        if self.length + n > self.capacity:
-            raise RuntimeError(f"cannot commit {n} entries: {self.length}+{n} > capacity {self.capacity}")
+        self.check_room(n)
         self.length += n
 
     def commit_path(self, nodes: list[int]) -> None:
@@ -294,8 +297,10 @@ class Transformer(nn.Module):
         if self._rope_table is None:
             self._rope_table = kernels.RopeTable(self.inv_freq, self.rope_scale)
         T, P = tokens.shape[0], cache.length
-        if P + T > cache.capacity:
-            raise RuntimeError(f"KV cache overflow: {P + T} > capacity {cache.capacity}")
+        cache.check_room(T)
+        attention = kernels.TreeAttention(
+            self._rope_table, positions, parents, P, a.n_heads, a.n_kv_heads, tuple(cache.k.shape[2:]), cache.k.dtype
+        )
         q_out, kv_out = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
         x = self.tok_embeddings(tokens)  # (T, H)
         captured = []
@@ -310,9 +315,7 @@ class Transformer(nn.Module):
             if a.qk_norm:
                 q = att.q_norm(q.reshape(T, a.n_heads, a.head_dim)).reshape(T, q_out)
                 k = att.k_norm(k.reshape(T, a.n_kv_heads, a.head_dim)).reshape(T, kv_out)
-            o = kernels.tree_attention(
-                q, k, v, self._rope_table, positions, cache.k[i, 0], cache.v[i, 0], P, parents, a.n_heads, a.n_kv_heads
-            )
+            o = attention(q, k, v, cache.k[i, 0], cache.v[i, 0])
             x, h = kernels.add_rmsnorm(x, kernels.linear(o, att.wo.weight), layer.ffn_norm.weight, layer.ffn_norm.eps)
             pending = kernels.linear(kernels.silu_mul(kernels.linear(h, ffn.w13.weight)), ffn.w2.weight)
         if logits_at is not None:
