@@ -360,3 +360,39 @@ def test_build_script_is_deterministic_and_counts_every_record(tmp_path, monkeyp
     assert (model.total, model.num_nodes, model.vocab_size, model.vocab_known) == (expected.total, expected.num_nodes, len(tok), True)
     o, c = tok("oc")["input_ids"]
     assert model.prob([o, c], 0) == expected.prob([o, c], 0) == 1.0  # "...doc" ends its document
+
+
+def test_build_script_adds_the_training_records_of_a_corpus(tmp_path, monkeypatch):
+    import hashlib
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    import numpy as np
+
+    spec = importlib.util.spec_from_file_location("build_ngram", Path(__file__).resolve().parent.parent / "scripts" / "build_ngram.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    tok = CharTokenizer()
+    monkeypatch.setattr(script, "load_tokenizer", lambda name: tok)
+    records = [([5, 6, 7, 0], False), ([5, 6, 9], True), ([8, 8, 8, 0], False)]  # (ids, held out for validation)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    np.savez_compressed(
+        corpus / "part-00000.npz", tokens=np.array([t for ids, _ in records for t in ids], dtype=np.uint16),
+        offsets=np.cumsum([0] + [len(ids) for ids, _ in records]), answer_start=np.array([1, 1, 2], dtype=np.int32),
+        index=np.arange(3, dtype=np.int32), sampled=np.zeros(3, dtype=bool), val=np.array([v for _, v in records]),
+    )
+    part = {"name": "part-00000.npz", "records": 3, "sha256": hashlib.sha256((corpus / "part-00000.npz").read_bytes()).hexdigest()}
+    manifest = {"format": "dart-demo-corpus/1", "target": "default", "generated_dtype": "bfloat16", "parts": [part]}
+    (corpus / "corpus.json").write_text(json.dumps(manifest))
+    assert script.main(["--corpus", str(corpus), "--out", str(tmp_path / "c.ngram")]) == 0
+    expected = PyNGramModel(3, len(tok))
+    for ids, val in records:
+        if not val:
+            expected.add(ids)
+    model = ngram_cpp.load(tmp_path / "c.ngram")
+    assert (model.total, model.num_nodes) == (expected.total, expected.num_nodes)
+    assert model.prob([5, 6], 7) == 1.0  # the validation record's 5 6 -> 9 is not in the trie
+    with pytest.raises(SystemExit):  # a corpus of another target's token ids
+        script.main(["--corpus", str(corpus), "--tokenizer", "some/other-model", "--out", str(tmp_path / "x.ngram")])
