@@ -133,7 +133,24 @@ def hf_runner(target: Target, prompt_lookup: bool) -> Runner:
     return run
 
 
+def split_method(name: str) -> tuple[str, int | None]:
+    """'dart@16' -> ('dart', 16): a drafter method at another tree size (max_nodes); 'dart' -> ('dart', None)."""
+    base, at, size = name.partition("@")
+    if base not in METHODS:
+        raise ValueError(f"unknown method {base!r}: choose from {', '.join(METHODS)}")
+    if not at:
+        return base, None
+    if base not in SIZED_METHODS:
+        raise ValueError(f"{name!r}: only {', '.join(SIZED_METHODS)} take a tree size (@N)")
+    if not size.isdigit() or int(size) < 1:
+        raise ValueError(f"{name!r}: the tree size after @ must be a positive integer (drafted nodes besides the root)")
+    return base, int(size)
+
+
 def build_runner(name: str, target: Target, args: argparse.Namespace) -> Runner:
+    name, size = split_method(name)
+    if size is not None:  # this method's own tree size; the other methods keep the flags'
+        args = argparse.Namespace(**{**vars(args), "max_nodes": size, "eagle3_max_nodes": size})
     if name == "ar":
         return loop_runner(target, ARDrafter())
     if name == "hf":
@@ -149,6 +166,7 @@ def build_runner(name: str, target: Target, args: argparse.Namespace) -> Runner:
 
 
 METHODS = ("ar", "hf", "pld", "dart", "dart-noctx", "eagle3")
+SIZED_METHODS = ("dart", "dart-noctx", "eagle3")  # method@N runs it with N drafted nodes (a tree-size sweep in one run)
 
 
 def read_questions(path: Path, limit: int | None) -> list[dict]:
@@ -255,7 +273,8 @@ def dataset_table(datasets: dict[str, dict[str, dict]]) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m dart_core.bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--methods", default="ar,hf", help=f"comma-separated, from: {', '.join(METHODS)} (default: ar,hf)")
+    p.add_argument("--methods", default="ar,hf", help=f"comma-separated, from: {', '.join(METHODS)} (default: ar,hf); "
+                   f"{', '.join(SIZED_METHODS)} take a tree size as method@N (e.g. dart@8,dart@16: a sweep in one run)")
     p.add_argument("--dataset", type=Path, nargs="+", required=True,
                    help="question.jsonl file(s) (first turn of each row is used); with several, the report has a section per file")
     p.add_argument("--limit", type=int, default=None, help="use the first N questions of each file")
@@ -281,9 +300,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = [m for m in methods if m not in METHODS]
-    if not methods or unknown:
-        raise SystemExit(f"unknown method(s) {unknown}: choose from {', '.join(METHODS)}")
+    if not methods:
+        raise SystemExit(f"no method given: choose from {', '.join(METHODS)}")
+    if len(set(methods)) != len(methods):
+        raise SystemExit(f"a method is named twice in {args.methods!r}")
+    try:
+        for m in methods:
+            split_method(m)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     try:
         check_drafter_flags(args)
     except ValueError as e:

@@ -53,3 +53,20 @@ def test_bench_refuses_unknown_methods(questions):
         bench.main(["--methods", "ar,medusa", "--dataset", str(questions)])
     with pytest.raises(SystemExit, match="context-weight"):
         bench.main(["--methods", "ar,dart", "--dataset", str(questions), "--context-weight", "1.5"])
+
+
+def test_bench_sweeps_tree_sizes_in_one_run(questions, tmp_path):
+    out = tmp_path / "sweep.json"
+    assert bench.main(["--methods", "ar,dart@2,dart@12", "--dataset", str(questions), "--max-new-tokens", "24", "--dtype", "float32",
+                       "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert list(result["methods"]) == ["ar", "dart@2", "dart@12"]
+    small, large = result["methods"]["dart@2"], result["methods"]["dart@12"]
+    assert sum(small["accept_hist"][3:]) == 0  # two drafted nodes: at most two accepted per step
+    assert small["tau"] <= large["tau"]
+    for s in result["samples"]:
+        assert s["output_ids"] == next(x["output_ids"] for x in result["samples"] if x["method"] == "ar" and x["question_id"] == s["question_id"])
+    for bad, why in (("ar@4", "take a tree size"), ("dart@0", "positive integer"), ("dart@x", "positive integer"), ("dart,dart", "twice"),
+                     ("medusa@4", "unknown method")):
+        with pytest.raises(SystemExit, match=why):
+            bench.main(["--methods", bad, "--dataset", str(questions)])
