@@ -144,15 +144,16 @@ constexpr int64_t MB = 4;  // input rows per block
 // blocks within noise, into L1 (T0) much slower.
 constexpr int64_t PREFETCH_BLOCKS = 8;  // weight blocks ahead, into L2
 
-// The block PREFETCH_BLOCKS ahead of block b if it is a whole one, else null (the tail goes unprefetched).
-template <class T> inline const T* weight_prefetch(const T* w, int64_t b, int64_t N, int64_t K) {
-    return (b + PREFETCH_BLOCKS + 1) * NB <= N ? w + (b + PREFETCH_BLOCKS) * NB * K : nullptr;
+// The block PREFETCH_BLOCKS ahead of block b (blocks of nbw weight rows) if it is a whole one, else
+// null (the tail goes unprefetched).
+template <class T> inline const T* weight_prefetch(const T* w, int64_t b, int64_t N, int64_t K, int64_t nbw = NB) {
+    return (b + PREFETCH_BLOCKS + 1) * nbw <= N ? w + (b + PREFETCH_BLOCKS) * nbw * K : nullptr;
 }
 
-// Prefetch, into L2, the lines of the NB weight rows of block `pf` that cover [k, k + bytes / sizeof(T)).
-template <class T> inline void prefetch_chunk(const T* pf, int64_t K, int64_t k) {
+// Prefetch, into L2, the lines of the `rows` weight rows of block `pf` that cover [k, k + bytes / sizeof(T)).
+template <class T> inline void prefetch_chunk(const T* pf, int64_t K, int64_t k, int64_t rows = NB) {
 #if defined(__SSE__)
-    for (int64_t j = 0; j < NB; ++j) _mm_prefetch(reinterpret_cast<const char*>(pf + j * K + k), _MM_HINT_T1);
+    for (int64_t j = 0; j < rows; ++j) _mm_prefetch(reinterpret_cast<const char*>(pf + j * K + k), _MM_HINT_T1);
 #endif
 }
 
@@ -291,6 +292,10 @@ void linear_impl(const T* x, int64_t x_stride, int64_t M, int64_t K, const T* w,
 // the instruction, never between row counts on one CPU).
 constexpr int64_t PAIR_LANES = 32;
 constexpr int64_t BF16_MB = 5;  // input rows per block: 5 x NB accumulators + NB weights + 1 input of 32 registers
+// 6 to 9 rows (a tree verify of 5-8 drafted nodes) run as ONE row block against blocks of 3 weight rows
+// (up to 9 x 3 accumulators + 3 weights of 32 registers; the input is a memory operand), so the weights
+// pass through the core once: as two row blocks (5 + 4) the second pass was ~3 ms of a 9-row forward.
+constexpr int64_t BF16_WIDE_MIN = 6, BF16_WIDE_MAX = 9, BF16_WIDE_NB = 3;
 
 // Size of the r-th of the ceil(M / BF16_MB) row blocks, as even as possible (9 rows: 5 + 4, not 5 + 4 + 0;
 // 6 rows: 3 + 3, not 5 + 1), so no block wastes a weight load on one row.
@@ -309,40 +314,78 @@ inline void store4_bf16(uint16_t* dst, __m128 v) {
     _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), _mm_packus_epi32(h, h));
 }
 
-template <int MBc>
-void linear_bf16_block(const uint16_t* x, int64_t K, const uint16_t* w, float* res /* [BF16_MB][NB] */, const uint16_t* pf) {
-    __m512 acc[MBc][NB];
+// MBc input rows x NBc weight rows (NBc 3 or 4); res [MBc][NB] (lanes >= NBc of a row are zero).
+template <int MBc, int NBc = NB>
+void linear_bf16_block(const uint16_t* x, int64_t K, const uint16_t* w, float* res, const uint16_t* pf) {
+    static_assert(NBc == 3 || NBc == 4, "reduce4_zmm reduces up to four dots");
+    __m512 acc[MBc][NBc];
     for (int i = 0; i < MBc; ++i)
-        for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
+        for (int j = 0; j < NBc; ++j) acc[i][j] = _mm512_setzero_ps();
     const int64_t full = K / PAIR_LANES * PAIR_LANES;
     for (int64_t k = 0; k < full; k += PAIR_LANES) {
-        __m512bh wv[NB];
+        __m512bh wv[NBc];
 #pragma GCC unroll 8
-        for (int j = 0; j < NB; ++j) wv[j] = (__m512bh)_mm512_loadu_si512(w + j * K + k);
-        if (pf) prefetch_chunk(pf, K, k);
-#pragma GCC unroll 8
+        for (int j = 0; j < NBc; ++j) wv[j] = (__m512bh)_mm512_loadu_si512(w + j * K + k);
+        if (pf) prefetch_chunk(pf, K, k, NBc);
+#pragma GCC unroll 9
         for (int i = 0; i < MBc; ++i) {
             const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + i * K + k);
 #pragma GCC unroll 8
-            for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
+            for (int j = 0; j < NBc; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
         }
     }
     if (full < K) {  // zero-filled tail lanes add +0 products: acc starts at +0 and never becomes -0
         const __mmask32 live = static_cast<__mmask32>((1ull << (K - full)) - 1);
-        __m512bh wv[NB];
-        for (int j = 0; j < NB; ++j) wv[j] = (__m512bh)_mm512_maskz_loadu_epi16(live, w + j * K + full);
+        __m512bh wv[NBc];
+        for (int j = 0; j < NBc; ++j) wv[j] = (__m512bh)_mm512_maskz_loadu_epi16(live, w + j * K + full);
         for (int i = 0; i < MBc; ++i) {
             const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(live, x + i * K + full);
-            for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
+            for (int j = 0; j < NBc; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
         }
     }
-    for (int i = 0; i < MBc; ++i) _mm_storeu_ps(res + i * NB, reduce4_zmm(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));  // NB == 4
+    // lane u of reduce4_zmm is reduce_zmm of its u-th vector whatever the others are: a zero fourth
+    // vector leaves the three dots' bits as they are
+    for (int i = 0; i < MBc; ++i)
+        _mm_storeu_ps(res + i * NB, reduce4_zmm(acc[i][0], acc[i][1], acc[i][2], NBc == 4 ? acc[i][NBc - 1] : _mm512_setzero_ps()));
+}
+
+// 6 to 9 rows: one row block against blocks of BF16_WIDE_NB weight rows (see BF16_WIDE_MIN).
+void linear_bf16_wide(const uint16_t* xc, int64_t M, int64_t K, const uint16_t* w, int64_t N, const uint16_t* bias,
+                      uint16_t* out, int64_t out_stride) {
+    constexpr int64_t NBW = BF16_WIDE_NB;
+    const int64_t blocks = (N + NBW - 1) / NBW;
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t n0 = b * NBW, nb = std::min(NBW, N - n0);
+        std::vector<uint16_t> wpad;
+        const uint16_t* wb = w + n0 * K;
+        if (nb < NBW) {  // the last partial block: zero rows, results dropped
+            wpad.assign(static_cast<size_t>(NBW * K), 0);
+            std::memcpy(wpad.data(), wb, nb * K * sizeof(uint16_t));
+            wb = wpad.data();
+        }
+        const uint16_t* pf = weight_prefetch(w, b, N, K, NBW);
+        float res[BF16_WIDE_MAX * NB];
+        switch (M) {
+            case 6: linear_bf16_block<6, NBW>(xc, K, wb, res, pf); break;
+            case 7: linear_bf16_block<7, NBW>(xc, K, wb, res, pf); break;
+            case 8: linear_bf16_block<8, NBW>(xc, K, wb, res, pf); break;
+            default: linear_bf16_block<9, NBW>(xc, K, wb, res, pf); break;
+        }
+        for (int64_t i = 0; i < M; ++i)  // the same fp32 bias add and rounding as the four-wide store
+            for (int64_t j = 0; j < nb; ++j) {
+                float v = res[i * NB + j];
+                if (bias) v = v + to_f32(bias[n0 + j]);
+                out[i * out_stride + n0 + j] = from_f32<uint16_t>(v);
+            }
+    }
 }
 
 void linear_bf16_dp(const uint16_t* x, int64_t x_stride, int64_t M, int64_t K, const uint16_t* w, int64_t N,
                     const uint16_t* bias, uint16_t* out, int64_t out_stride) {
     std::vector<uint16_t> xc(static_cast<size_t>(M * K));
     for (int64_t m = 0; m < M; ++m) std::memcpy(xc.data() + m * K, x + m * x_stride, K * sizeof(uint16_t));
+    if (M >= BF16_WIDE_MIN && M <= BF16_WIDE_MAX) return linear_bf16_wide(xc.data(), M, K, w, N, bias, out, out_stride);
     const int64_t blocks = (N + NB - 1) / NB;
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {
