@@ -10,11 +10,12 @@ DEFAULT_DART_HEAD = ASSETS / "dart"
 DEFAULT_NGRAM = ASSETS / "ngram" / "smollm2-3gram.ngram"
 DEFAULT_EAGLE3_HEAD = ASSETS / "eagle3"
 # Draft tree size (drafted nodes besides the root) per device. On a 2-core CPU with the batch-invariant
-# kernels a one-token step costs ~16 ms and a verify of n nodes ~16 + ~1.3 n ms (bf16, AMD EPYC), so
-# small trees win: the tree-size sweep in docs/benchmarks.md measured DART at 1.16x / 1.14x / 1.12x /
-# 1.05x / 0.84x plain decoding with 4 / 6 / 8 / 12 / 16 nodes (8 has the highest τ of the near-ties).
-# On a GPU a 60-node verify costs about one token (paper).
-DEFAULT_MAX_NODES = {"cpu": 8, "cuda": 60}
+# kernels the bf16 linear runs up to 5 rows in one pass over the weights and 6-9 rows in one wider
+# pass: a verify of 5-6 rows cost 15.3 ms against a 13.8 ms one-token step, 7 rows 16.1, 9 rows 18.7 (AMD EPYC);
+# the one-run tree sweep in docs/benchmarks.md measured DART at 1.33x / 1.38x / 1.36x / 1.27x plain
+# decoding with 4 / 5 / 6 / 8 nodes (embedded head), 1.41x / 1.45x / 1.43x / 1.34x / 1.18x with 4 / 5 /
+# 6 / 8 / 12 (the self-distilled dart-v1 head). On a GPU a 60-node verify costs about one token (paper).
+DEFAULT_MAX_NODES = {"cpu": 5, "cuda": 60}
 FALLBACK_MAX_NODES = 60  # other devices
 
 
