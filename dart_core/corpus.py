@@ -454,12 +454,16 @@ def corpus_records(run_dir: str | Path, split: str | None = None):
                 }
 
 
-def choose_draft_vocab(run_dir: str | Path, size: int, vocab_size: int) -> dict:
+def choose_draft_vocab(run_dir: str | Path, size: int, vocab_size: int, rechoose: bool = False) -> dict:
     """Pick the draft vocabulary of a corpus: the `size` target ids most frequent in its answers, and
     measure how much of the target's argmax it covers. In a greedy answer every token *is* the
     target's argmax at the position before it, so the coverage of greedy answer tokens is the share of
     drafting positions whose greedy token the head can propose at all. Written to draft_vocab.json in
-    the run directory (training reads it from there); returns it."""
+    the run directory (training reads it from there); returns it.
+
+    A vocabulary chosen before (draft_vocab.json of the same size) is kept and only its coverage is
+    measured again on the grown corpus, unless `rechoose`: heads trained on the run use its ids, and
+    heads meant to be compared (DART and EAGLE3) should share them."""
     from collections import Counter
 
     from .training import DRAFT_VOCAB_FILE
@@ -473,24 +477,30 @@ def choose_draft_vocab(run_dir: str | Path, size: int, vocab_size: int) -> dict:
             greedy.update(answer)
     if not counts:
         raise ValueError(f"{run_dir} holds no finished records yet")
-    top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:size]
-    ids = sorted(t for t, _ in top)
-    fill = (t for t in range(vocab_size) if t not in counts)
-    while len(ids) < min(size, vocab_size):
-        ids.append(next(fill))
-    ids.sort()
+    path = Path(run_dir) / DRAFT_VOCAB_FILE
+    before = json.loads(path.read_text()) if path.exists() else None
+    if before is not None and not rechoose and before["size"] == min(size, vocab_size):
+        ids = before["draft_ids"]
+    else:
+        top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:size]
+        ids = sorted(t for t, _ in top)
+        fill = (t for t in range(vocab_size) if t not in counts)
+        while len(ids) < min(size, vocab_size):
+            ids.append(next(fill))
+        ids.sort()
     chosen = set(ids)
     cover_all = sum(c for t, c in counts.items() if t in chosen) / sum(counts.values())
     cover_greedy = sum(c for t, c in greedy.items() if t in chosen) / max(1, sum(greedy.values()))
     info = {
         "draft_ids": ids,
         "size": len(ids),
+        "kept": ids == (before or {}).get("draft_ids"),
         "answer_tokens": sum(counts.values()),
         "distinct_answer_tokens": len(counts),
         "coverage_answer_tokens": cover_all,
         "coverage_greedy_argmax": cover_greedy,
     }
-    _write_json(Path(run_dir) / DRAFT_VOCAB_FILE, info)
+    _write_json(path, info)
     return info
 
 
@@ -642,7 +652,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--export", type=Path, default=None, metavar="DIR",
                    help="after generating, write the compact corpus (token ids, offsets, provenance) of the finished parts to DIR")
     p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
-                   help="after generating, choose the N-token draft vocabulary of the corpus and report its coverage of the target's argmax")
+                   help="after generating, choose the N-token draft vocabulary of the corpus (or keep the one chosen before) "
+                        "and report its coverage of the target's argmax")
+    p.add_argument("--rechoose-draft-vocab", action="store_true",
+                   help="with --draft-vocab: choose anew even if a vocabulary was chosen before (heads trained on it no longer match)")
     p.add_argument("--rebuild-from", type=Path, default=None, metavar="CORPUS",
                    help="instead of generating, rebuild the states of an exported corpus with one teacher-forced pass into --out")
     p.add_argument("--no-generate", action="store_true", help="only --export / --draft-vocab what --out holds")
@@ -666,7 +679,8 @@ def main(argv: list[str] | None = None) -> int:
         m = export_corpus(args.out, args.export, command)
         print(f"{args.export}: {len(m['parts'])} parts, {m['records']} records, {m['answer_tokens']} answer tokens", file=sys.stderr)
     if args.draft_vocab is not None:
-        info = choose_draft_vocab(args.out, args.draft_vocab, json.loads((args.out / CACHE_META).read_text())["vocab_size"])
-        print(f"draft vocabulary {info['size']}: covers {info['coverage_greedy_argmax']:.2%} of greedy answer tokens "
+        info = choose_draft_vocab(args.out, args.draft_vocab, json.loads((args.out / CACHE_META).read_text())["vocab_size"],
+                                  rechoose=args.rechoose_draft_vocab)
+        print(f"draft vocabulary {info['size']} ({'kept' if info['kept'] else 'chosen'}): covers {info['coverage_greedy_argmax']:.2%} of greedy answer tokens "
               f"(the target's argmax), {info['coverage_answer_tokens']:.2%} of all answer tokens", file=sys.stderr)
     return 0

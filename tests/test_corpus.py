@@ -210,6 +210,8 @@ def test_draft_vocab_coverage_and_answer_only_training(word_target, prompt_files
     info = choose_draft_vocab(run, 10, word_target.vocab_size)
     assert info["coverage_greedy_argmax"] == pytest.approx(sum(t in set(info["draft_ids"]) for t in answers) / len(answers))
     assert choose_draft_vocab(run, word_target.vocab_size, word_target.vocab_size)["coverage_greedy_argmax"] == 1.0
+    assert not choose_draft_vocab(run, 10, word_target.vocab_size)["kept"]  # another size than the file's: chosen anew
+    assert choose_draft_vocab(run, 10, word_target.vocab_size, rechoose=True)["draft_ids"] == info["draft_ids"]  # deterministic
     for rec in load_split(run, "train"):
         anchors = sample_anchors(rec.tokens.numel(), 4, torch.Generator().manual_seed(0), rec.first_anchor)
         assert anchors.numel() and int(anchors.min()) >= rec.answer_start - 1  # every root is an answer token
@@ -221,7 +223,9 @@ def test_draft_vocab_coverage_and_answer_only_training(word_target, prompt_files
 
     # the corpus grows and its vocabulary is chosen again: a resumed run keeps the head's own
     first_ids = json.loads((run / "draft_vocab.json").read_text())["draft_ids"]
-    other = choose_draft_vocab(run, 12, word_target.vocab_size)["draft_ids"]
+    again = choose_draft_vocab(run, 10, word_target.vocab_size)  # the same size again: kept, coverage measured anew
+    assert again["kept"] and again["draft_ids"] == first_ids
+    other = choose_draft_vocab(run, 12, word_target.vocab_size)["draft_ids"]  # another size: chosen anew
     assert other != first_ids
     with caplog.at_level("WARNING", logger="dart_core.training.loop"):
         head_dir = train_dart(word_target, TrainConfig(cache_dir=str(run), out_dir=str(tmp_path / "t"), epochs=2, batch_records=2,
