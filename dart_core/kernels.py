@@ -15,6 +15,7 @@ and writes the cache itself.
     add_rmsnorm(x, delta, w)     x + delta and RMSNorm of it (the residual add fused with the next norm)
     tree_attention(...)          one layer's attention for T new rows, see the function
     TreeAttention(...)           the same, its geometry checked once for a forward's layers
+    decode_attention(...)        one query row for each of B sequences with their own caches (batched generation)
 
 All tensors live on the CPU in float32, bfloat16 or float16. `AVAILABLE` is False where the extension
 was not built (no compiler); the model then runs its eager path (exact in fp32 only up to rounding).
@@ -206,3 +207,27 @@ def tree_attention(
         raise ValueError(f"q must be (T, n_heads*head_dim), got {tuple(q.shape)}")
     plan = TreeAttention(rope, positions, parents, committed, n_heads, n_kv_heads, tuple(k_cache.shape), q.dtype)
     return plan(q, k, v, k_cache, v_cache)
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """One layer's attention for one new row of each of B sequences (continuous batching).
+
+    q (B, nh*hd) with contiguous rows, RoPE applied; k_cache / v_cache (B, nkv, capacity, hd)
+    contiguous, the new rows' keys and values already written; lengths (B,) int64, the keys visible to
+    each sequence (its new row's included). Returns (B, nh*hd). Each sequence reads only its own
+    lengths[b] keys (no padding to the longest, no copy of the cache)."""
+    code = _code(q)
+    B, nkv, cap, hd = k_cache.shape
+    if not (q.dtype == k_cache.dtype == v_cache.dtype):
+        raise TypeError("q and the caches must share one dtype")
+    if v_cache.shape != k_cache.shape or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("k_cache and v_cache must be contiguous (B, nkv, capacity, head_dim) tensors")
+    if q.shape != (B, n_heads * hd) or n_heads % nkv:
+        raise ValueError(f"q {tuple(q.shape)} does not match the cache {tuple(k_cache.shape)} with {n_heads} heads")
+    if lengths.shape != (B,) or lengths.dtype != torch.long:
+        raise ValueError("lengths must be a (B,) int64 tensor")
+    lengths = lengths.contiguous().cpu()
+    out = torch.empty(B, n_heads * hd, dtype=q.dtype)
+    _ext.decode_attention(code, q.data_ptr(), _rows(q, "q"), k_cache.data_ptr(), v_cache.data_ptr(), cap, lengths.data_ptr(),
+                          B, n_heads, nkv, hd, 1.0 / math.sqrt(hd), out.data_ptr(), n_heads * hd)
+    return out

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import build_tiny_checkpoint
-from dart_core import GenerationParams, SamplingParams, Summary, generate
+from dart_core import GenerationParams, SamplingParams, Summary, generate, kernels
 from dart_core.corpus import (
     CorpusConfig,
     ContinuousBatcher,
@@ -87,10 +87,12 @@ def plain_greedy(target, ids, max_new):
     return out
 
 
-def test_continuous_batching_equals_plain_decoding_and_captures_the_states(word_target):
+@pytest.mark.parametrize("fused", [False, pytest.param(True, marks=pytest.mark.skipif(not kernels.AVAILABLE, reason="no C++ kernels"))])
+def test_continuous_batching_equals_plain_decoding_and_captures_the_states(word_target, fused):
     g = torch.Generator().manual_seed(5)
     prompts = [word_target.encode(sentence(g, 2 + 3 * k)) for k in range(7)]
-    batcher = ContinuousBatcher(word_target, slots=3, capacity=128, temperature=0.7, capture=True)  # fewer rows than prompts: rows are refilled
+    # fewer rows than prompts: rows are refilled; fused: attention through the batched C++ kernel
+    batcher = ContinuousBatcher(word_target, slots=3, capacity=128, temperature=0.7, capture=True, fused=fused)
     results = {r.index: r for r in run_batcher(batcher, (_Job(k, p, None) for k, p in enumerate(prompts)), max_new=20)}
     assert sorted(results) == list(range(7))
     for k, p in enumerate(prompts):

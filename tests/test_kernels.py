@@ -129,6 +129,28 @@ def test_tree_attention_row_equals_one_token_call(dtype, nh, nkv, hd):
         assert torch.equal(o[0], out[node]), f"node {node} (depth {len(path) - 1}) differs"
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_attention_matches_sdpa_and_is_batch_invariant(dtype):
+    torch.manual_seed(7)
+    B, nh, nkv, hd, cap = 5, 6, 2, 32, 40
+    lengths = torch.tensor([1, 7, 40, 16, 23])
+    kc, vc = torch.randn(B, nkv, cap, hd).to(dtype), torch.randn(B, nkv, cap, hd).to(dtype)
+    q = torch.randn(B, nh * hd).to(dtype)
+    out = kernels.decode_attention(q, kc, vc, lengths, nh)
+    for b in range(B):
+        L = int(lengths[b])
+        ref = F.scaled_dot_product_attention(q[b].view(1, nh, 1, hd).float(), kc[b : b + 1, :, :L].float(), vc[b : b + 1, :, :L].float(), enable_gqa=True)
+        torch.testing.assert_close(out[b].float(), ref.reshape(-1), atol=TOL[dtype] * 4, rtol=TOL[dtype])
+        one = kernels.decode_attention(q[b : b + 1], kc[b : b + 1].contiguous(), vc[b : b + 1].contiguous(), lengths[b : b + 1], nh)
+        assert torch.equal(one[0], out[b])  # a sequence's result does not depend on the others
+    with pytest.raises(ValueError):
+        kernels.decode_attention(q, kc, vc, torch.tensor([1, 7, 41, 16, 23]), nh)  # past the capacity
+    with pytest.raises(ValueError):
+        kernels.decode_attention(q, kc, vc, torch.tensor([0, 7, 40, 16, 23]), nh)  # no key to attend to
+    with pytest.raises(ValueError):
+        kernels.decode_attention(q[:, :-1], kc, vc, lengths, nh)
+
+
 def test_bad_kernel_inputs_are_errors():
     w = torch.randn(8, 16)
     with pytest.raises(ValueError):

@@ -667,6 +667,48 @@ void tree_attention_impl(const T* q, int64_t q_stride, const T* k, int64_t k_str
     }
 }
 
+// ------------------------------------------------------------------------------------- batched decode attention
+// B independent sequences, one new query row each (continuous-batching generation, dart_core.corpus):
+//   q: (B, nh*hd) rows q_stride apart, RoPE already applied; k_cache / v_cache: (B, nkv, cap, hd)
+//   contiguous, the new row's key and value already written; lengths[b]: keys 0..lengths[b]-1 of
+//   sequence b are visible. out: (B, nh*hd) rows out_stride apart. Per (sequence, KV group) the same
+//   arithmetic as tree_attention's (one row, no tree), so no padding to the longest sequence is
+//   computed and no cache is copied.
+template <class T>
+void decode_attention_impl(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, int64_t cap,
+                           const int64_t* lengths, int64_t B, int64_t nh, int64_t nkv, int64_t hd, float scale, T* out,
+                           int64_t out_stride) {
+    const int64_t rep = nh / nkv;
+    int64_t max_len = 1;
+    for (int64_t b = 0; b < B; ++b) max_len = std::max(max_len, lengths[b]);
+    const std::vector<int64_t> no_tail;
+#pragma omp parallel
+    {
+        std::vector<float> qf(static_cast<size_t>(rep * hd)), kf(hd), vf(hd), acc(static_cast<size_t>(rep * hd));
+        std::vector<float> scores(static_cast<size_t>(rep * max_len));
+#pragma omp for schedule(dynamic, 4)
+        for (int64_t it = 0; it < B * nkv; ++it) {
+            const int64_t b = it / nkv, g = it % nkv, L = lengths[b];
+            for (int64_t r = 0; r < rep; ++r) load_row(q + b * q_stride + (g * rep + r) * hd, qf.data() + r * hd, hd);
+            const T* kc = k_cache + (b * nkv + g) * cap * hd;
+            const T* vc = v_cache + (b * nkv + g) * cap * hd;
+            key_scores(qf.data(), rep, kc, L, no_tail, L, hd, scale, kf.data(), scores.data(), max_len);
+            for (int64_t r = 0; r < rep; ++r) {
+                float* sr = scores.data() + r * max_len;
+                float mx = sr[0];
+                for (int64_t j = 1; j < L; ++j) mx = std::max(mx, sr[j]);
+                for (int64_t j = 0; j < L; ++j) sr[j] = exp_nonpositive(sr[j] - mx);
+            }
+            weighted_values(scores.data(), max_len, rep, vc, L, no_tail, L, hd, vf.data(), acc.data());
+            for (int64_t r = 0; r < rep; ++r) {
+                const float denom = sum(scores.data() + r * max_len, L);
+                T* dst = out + b * out_stride + (g * rep + r) * hd;
+                for (int64_t d = 0; d < hd; ++d) dst[d] = from_f32<T>(acc[r * hd + d] / denom);
+            }
+        }
+    }
+}
+
 // ------------------------------------------------------------------------------------- bindings
 // Tensors cross as raw addresses (the Python side checks dtypes, shapes, contiguity and devices):
 // the module needs no torch headers and builds in seconds.
@@ -743,6 +785,26 @@ void tree_attention(int dtype, uintptr_t q, int64_t q_stride, uintptr_t k, int64
     throw std::invalid_argument("tree_attention: unknown dtype code " + std::to_string(dtype));
 }
 
+void decode_attention(int dtype, uintptr_t q, int64_t q_stride, uintptr_t k_cache, uintptr_t v_cache, int64_t cap,
+                      uintptr_t lengths, int64_t B, int64_t nh, int64_t nkv, int64_t hd, float scale, uintptr_t out,
+                      int64_t out_stride) {
+    if (nkv < 1 || nh % nkv) throw std::invalid_argument("decode_attention: nkv must divide nh");
+    const int64_t* len = ptr<const int64_t>(lengths);
+    for (int64_t b = 0; b < B; ++b)
+        if (len[b] < 1 || len[b] > cap) throw std::invalid_argument("decode_attention: lengths must be in [1, capacity]");
+    py::gil_scoped_release release;
+#define DART_DEC(TY)                                                                                                  \
+    return decode_attention_impl(ptr<const TY>(q), q_stride, ptr<const TY>(k_cache), ptr<const TY>(v_cache), cap, len, \
+                                 B, nh, nkv, hd, scale, ptr<TY>(out), out_stride)
+    switch (static_cast<DType>(dtype)) {
+        case DType::F32: DART_DEC(float);
+        case DType::BF16: DART_DEC(uint16_t);
+        case DType::F16: DART_DEC(_Float16);
+    }
+#undef DART_DEC
+    throw std::invalid_argument("decode_attention: unknown dtype code " + std::to_string(dtype));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_cpu_kernels, m) {
@@ -751,6 +813,7 @@ PYBIND11_MODULE(_cpu_kernels, m) {
     m.def("silu_mul", &silu_mul);
     m.def("add_rmsnorm", &add_rmsnorm);
     m.def("tree_attention", &tree_attention);
+    m.def("decode_attention", &decode_attention);
     m.def("num_threads", &n_threads);
 #ifdef __AVX512BF16__
     m.attr("BF16_DOT") = true;
