@@ -314,6 +314,15 @@ inline void store4_bf16(uint16_t* dst, __m128 v) {
     _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), _mm_packus_epi32(h, h));
 }
 
+// The nbw weight rows from row n0 of w (N, K): in place, or for the last partial block (nb < nbw
+// rows left) a zero-padded copy in `pad`, whose extra rows' results the caller drops.
+inline const uint16_t* weight_block(const uint16_t* w, int64_t n0, int64_t nb, int64_t nbw, int64_t K, std::vector<uint16_t>& pad) {
+    if (nb == nbw) return w + n0 * K;
+    pad.assign(static_cast<size_t>(nbw * K), 0);
+    std::memcpy(pad.data(), w + n0 * K, nb * K * sizeof(uint16_t));
+    return pad.data();
+}
+
 // MBc input rows x NBc weight rows (NBc 3 or 4); res [MBc][NB] (lanes >= NBc of a row are zero).
 template <int MBc, int NBc = NB>
 void linear_bf16_block(const uint16_t* x, int64_t K, const uint16_t* w, float* res, const uint16_t* pf) {
@@ -358,12 +367,7 @@ void linear_bf16_wide(const uint16_t* xc, int64_t M, int64_t K, const uint16_t* 
     for (int64_t b = 0; b < blocks; ++b) {
         const int64_t n0 = b * NBW, nb = std::min(NBW, N - n0);
         std::vector<uint16_t> wpad;
-        const uint16_t* wb = w + n0 * K;
-        if (nb < NBW) {  // the last partial block: zero rows, results dropped
-            wpad.assign(static_cast<size_t>(NBW * K), 0);
-            std::memcpy(wpad.data(), wb, nb * K * sizeof(uint16_t));
-            wb = wpad.data();
-        }
+        const uint16_t* wb = weight_block(w, n0, nb, NBW, K, wpad);
         const uint16_t* pf = weight_prefetch(w, b, N, K, NBW);
         float res[BF16_WIDE_MAX * NB];
         switch (M) {
@@ -391,12 +395,7 @@ void linear_bf16_dp(const uint16_t* x, int64_t x_stride, int64_t M, int64_t K, c
     for (int64_t b = 0; b < blocks; ++b) {
         const int64_t n0 = b * NB, nb = std::min(NB, N - n0);
         std::vector<uint16_t> wpad;
-        const uint16_t* wb = w + n0 * K;
-        if (nb < NB) {  // the last partial block: zero rows, results dropped
-            wpad.assign(static_cast<size_t>(NB * K), 0);
-            std::memcpy(wpad.data(), wb, nb * K * sizeof(uint16_t));
-            wb = wpad.data();
-        }
+        const uint16_t* wb = weight_block(w, n0, nb, NB, K, wpad);
         const uint16_t* pf = weight_prefetch(w, b, N, K);  // by the first row block only
         float res[BF16_MB * NB];
         __m128 bias4 = _mm_setzero_ps();
@@ -597,6 +596,27 @@ void weighted_values(const float* p /* [R][p_stride] */, int64_t p_stride, int64
     }
 }
 
+// One KV group's attention for its `rep` query heads (qf [rep][hd], RoPE applied, fp32) over the
+// logical key sequence: slots 0..P-1 of kc/vc, then the slots listed in tl (L = P + tl.size() keys).
+// Scores, softmax and values in the fixed order of the contract; writes head r's output to
+// dst + r * hd. kf, vf [hd], scores [rep][max_len], acc [rep][hd] are the caller's scratch.
+template <class T>
+void attend_group(const float* qf, int64_t rep, const T* kc, const T* vc, int64_t P, const std::vector<int64_t>& tl, int64_t L,
+                  int64_t hd, float scale, float* kf, float* vf, float* scores, int64_t max_len, float* acc, T* dst) {
+    key_scores(qf, rep, kc, P, tl, L, hd, scale, kf, scores, max_len);
+    for (int64_t r = 0; r < rep; ++r) {
+        float* sr = scores + r * max_len;
+        float mx = sr[0];
+        for (int64_t j = 1; j < L; ++j) mx = std::max(mx, sr[j]);
+        for (int64_t j = 0; j < L; ++j) sr[j] = exp_nonpositive(sr[j] - mx);
+    }
+    weighted_values(scores, max_len, rep, vc, P, tl, L, hd, vf, acc);
+    for (int64_t r = 0; r < rep; ++r) {
+        const float denom = sum(scores + r * max_len, L);
+        for (int64_t d = 0; d < hd; ++d) dst[r * hd + d] = from_f32<T>(acc[r * hd + d] / denom);
+    }
+}
+
 template <class T>
 void tree_attention_impl(const T* q, int64_t q_stride, const T* k, int64_t k_stride, const T* v, int64_t v_stride,
                          const float* cos, const float* sin, const int64_t* pos, T* k_cache, T* v_cache, int64_t cap,
@@ -647,22 +667,8 @@ void tree_attention_impl(const T* q, int64_t q_stride, const T* k, int64_t k_str
                 }
             }
             const auto& tl = tail[i];
-            const int64_t L = P + static_cast<int64_t>(tl.size());
-            const T* kc = k_cache + g * cap * hd;
-            const T* vc = v_cache + g * cap * hd;
-            key_scores(qf.data(), rep, kc, P, tl, L, hd, scale, kf.data(), scores.data(), max_len);
-            for (int64_t r = 0; r < rep; ++r) {
-                float* sr = scores.data() + r * max_len;
-                float mx = sr[0];
-                for (int64_t j = 1; j < L; ++j) mx = std::max(mx, sr[j]);
-                for (int64_t j = 0; j < L; ++j) sr[j] = exp_nonpositive(sr[j] - mx);
-            }
-            weighted_values(scores.data(), max_len, rep, vc, P, tl, L, hd, vf.data(), acc.data());
-            for (int64_t r = 0; r < rep; ++r) {
-                const float denom = sum(scores.data() + r * max_len, L);
-                T* dst = out + i * out_stride + (g * rep + r) * hd;
-                for (int64_t d = 0; d < hd; ++d) dst[d] = from_f32<T>(acc[r * hd + d] / denom);
-            }
+            attend_group(qf.data(), rep, k_cache + g * cap * hd, v_cache + g * cap * hd, P, tl, P + static_cast<int64_t>(tl.size()),
+                         hd, scale, kf.data(), vf.data(), scores.data(), max_len, acc.data(), out + i * out_stride + g * rep * hd);
         }
     }
 }
@@ -690,21 +696,8 @@ void decode_attention_impl(const T* q, int64_t q_stride, const T* k_cache, const
         for (int64_t it = 0; it < B * nkv; ++it) {
             const int64_t b = it / nkv, g = it % nkv, L = lengths[b];
             for (int64_t r = 0; r < rep; ++r) load_row(q + b * q_stride + (g * rep + r) * hd, qf.data() + r * hd, hd);
-            const T* kc = k_cache + (b * nkv + g) * cap * hd;
-            const T* vc = v_cache + (b * nkv + g) * cap * hd;
-            key_scores(qf.data(), rep, kc, L, no_tail, L, hd, scale, kf.data(), scores.data(), max_len);
-            for (int64_t r = 0; r < rep; ++r) {
-                float* sr = scores.data() + r * max_len;
-                float mx = sr[0];
-                for (int64_t j = 1; j < L; ++j) mx = std::max(mx, sr[j]);
-                for (int64_t j = 0; j < L; ++j) sr[j] = exp_nonpositive(sr[j] - mx);
-            }
-            weighted_values(scores.data(), max_len, rep, vc, L, no_tail, L, hd, vf.data(), acc.data());
-            for (int64_t r = 0; r < rep; ++r) {
-                const float denom = sum(scores.data() + r * max_len, L);
-                T* dst = out + b * out_stride + (g * rep + r) * hd;
-                for (int64_t d = 0; d < hd; ++d) dst[d] = from_f32<T>(acc[r * hd + d] / denom);
-            }
+            attend_group(qf.data(), rep, k_cache + (b * nkv + g) * cap * hd, v_cache + (b * nkv + g) * cap * hd, L, no_tail, L,
+                         hd, scale, kf.data(), vf.data(), scores.data(), max_len, acc.data(), out + b * out_stride + g * rep * hd);
         }
     }
 }
