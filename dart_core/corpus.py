@@ -43,6 +43,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
+from . import kernels
 from .data import iter_records
 from .target import Target
 
@@ -153,8 +154,6 @@ class ContinuousBatcher:
     def __init__(self, target: Target, slots: int, capacity: int, temperature: float, capture: bool, fused: bool | None = None):
         """fused: attention through the C++ batched decode kernel (None: where it runs, in bf16/fp16:
         there it measured 2x faster a step than torch's padded batched matmuls; in fp32 it did not)."""
-        from . import kernels
-
         if fused is None:
             fused = target.dtype != torch.float32 and kernels.supports(target.dtype, target.device)
         if fused and not kernels.supports(target.dtype, target.device):
@@ -209,7 +208,6 @@ class ContinuousBatcher:
     def step(self) -> None:
         """Feed every row its last token: one forward of (slots, 1) tokens, then pick the next ones.
         Rows without a job run a dummy token whose result is ignored."""
-        from . import kernels
         from .model import apply_rope
 
         a, m = self.args, self.model
@@ -350,6 +348,12 @@ def _new_meta(target: Target, config: dict, pool_size: int, **extra) -> dict:
             **extra,
         },
     }
+
+
+def dtype_label(labels) -> str:
+    """One generation-dtype label for records of the given labels: "bfloat16", or "bfloat16+float32"
+    for a mix (a label may itself be a mix)."""
+    return "+".join(sorted({d for label in labels for d in label.split("+")}))
 
 
 def _write_shard(out: Path, meta: dict, split: str, recs: list[Generated], dtype: str) -> None:
@@ -552,14 +556,14 @@ def export_corpus(run_dir: str | Path, out_dir: str | Path, command: str, min_re
             "name": name, "records": len(recs), "tokens": int(lengths.sum()),
             "answer_tokens": int(sum(len(r["ids"]) - r["answer_start"] for r in recs)),
             "sha256": hashlib.sha256((out_dir / name).read_bytes()).hexdigest(),
-            "generated_dtype": "+".join(sorted({d for r in recs for d in r["dtype"].split("+")})),
+            "generated_dtype": dtype_label(r["dtype"] for r in recs),
         })
     c = meta["corpus"]
     manifest = {
         "format": CORPUS_FORMAT,
         "target": meta["target"],
         # parts exported before parts recorded their dtype were generated in the run's first dtype
-        "generated_dtype": "+".join(sorted({d for p in parts for d in p.get("generated_dtype", meta["dtype"]).split("+")})),
+        "generated_dtype": dtype_label(p.get("generated_dtype", meta["dtype"]) for p in parts),
         "command": command,
         "settings": c["config"],
         "pool_size": c["pool_size"],
@@ -607,13 +611,12 @@ def corpus_to_cache(target: Target, corpus_dir: str | Path, out_dir: str | Path,
     done = set(meta["corpus"]["done"])
     t0 = time.perf_counter()
     buffers: dict[str, list[Generated]] = {"val": [], "train": []}
-    dtypes: dict[str, set[str]] = {"val": set(), "train": set()}  # of the buffered records' generation
+    shard_dtype: dict[str, str] = {}  # the generation dtype of each split's buffered records
 
     def flush(split: str) -> None:
         if not buffers[split]:
             return
-        _write_shard(out, meta, split, buffers[split], "+".join(sorted(dtypes[split])))
-        dtypes[split] = set()
+        _write_shard(out, meta, split, buffers[split], shard_dtype[split])
         _write_json(meta_path, meta)
         buffers[split] = []
 
@@ -627,9 +630,9 @@ def corpus_to_cache(target: Target, corpus_dir: str | Path, out_dir: str | Path,
         cache = target.new_cache(len(fed))
         fwd = target.model(fed, torch.arange(len(fed), device=target.device), cache, capture=True, final=True, logits=False)
         start = rec["answer_start"]
-        if buffers[rec["split"]] and dtypes[rec["split"]] != set(rec["dtype"].split("+")):
+        if buffers[rec["split"]] and shard_dtype[rec["split"]] != rec["dtype"]:
             flush(rec["split"])  # a shard holds one generation dtype (of the parts it comes from)
-        dtypes[rec["split"]].update(rec["dtype"].split("+"))
+        shard_dtype[rec["split"]] = rec["dtype"]
         buffers[rec["split"]].append(Generated(
             rec["index"], ids[:start], ids[start:], rec["sampled"], fwd.hidden.to(torch.bfloat16).cpu(), fwd.final.to(torch.bfloat16).cpu()
         ))

@@ -331,16 +331,23 @@ class CharTokenizer:
         return "".join(f"[{m['role'][0]}]{m['content']}\n" for m in messages)
 
 
-def test_build_script_is_deterministic_and_counts_every_record(tmp_path, monkeypatch):
+def build_script(monkeypatch, tok):
+    """scripts/build_ngram.py as a module, loading `tok` for any tokenizer name."""
     import importlib.util
-    import json
     from pathlib import Path
 
     spec = importlib.util.spec_from_file_location("build_ngram", Path(__file__).resolve().parent.parent / "scripts" / "build_ngram.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    tok = CharTokenizer()
     monkeypatch.setattr(script, "load_tokenizer", lambda name: tok)
+    return script
+
+
+def test_build_script_is_deterministic_and_counts_every_record(tmp_path, monkeypatch):
+    import json
+
+    tok = CharTokenizer()
+    script = build_script(monkeypatch, tok)
     (tmp_path / "a.txt").write_text("hello world\n\nsecond doc\n")
     (tmp_path / "b.jsonl").write_text(json.dumps({"text": "plain"}) + "\n" + json.dumps({"prompt": "Q?", "completion": "A."}) + "\n")
     (tmp_path / "c.json").write_text(json.dumps([{"instruction": "Do", "input": "", "output": "Done"}]))
@@ -364,17 +371,12 @@ def test_build_script_is_deterministic_and_counts_every_record(tmp_path, monkeyp
 
 def test_build_script_adds_the_training_records_of_a_corpus(tmp_path, monkeypatch):
     import hashlib
-    import importlib.util
     import json
-    from pathlib import Path
 
     import numpy as np
 
-    spec = importlib.util.spec_from_file_location("build_ngram", Path(__file__).resolve().parent.parent / "scripts" / "build_ngram.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
     tok = CharTokenizer()
-    monkeypatch.setattr(script, "load_tokenizer", lambda name: tok)
+    script = build_script(monkeypatch, tok)
     records = [([5, 6, 7, 0], False), ([5, 6, 9], True), ([8, 8, 8, 0], False)]  # (ids, held out for validation)
     corpus = tmp_path / "corpus"
     corpus.mkdir()
