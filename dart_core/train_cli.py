@@ -49,6 +49,9 @@ def main(objective: str, description: str, argv: list[str] | None = None) -> int
     p.add_argument("--gamma", type=float, default=0.6, help="loss weight decay over depths (DART paper: 0.6)")
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--train-minutes", type=float, default=None, help="training time budget over all resumes; the cosine schedule ends with it")
+    p.add_argument("--adopt-cache-vocab", action="store_true",
+                   help="on resuming, move the checkpoint's head to the cache's draft vocabulary if it differs (rows of shared ids and "
+                        "their optimizer moments carried over, new ids from the target's LM head rows); without it the checkpoint's stays")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--export", type=Path, default=None, help="copy the final head (config.json + model.safetensors) here")
@@ -96,6 +99,7 @@ def main(objective: str, description: str, argv: list[str] | None = None) -> int
             eval_every=args.eval_every,
             max_minutes=args.train_minutes,
             seed=args.seed,
+            adopt_cache_vocab=args.adopt_cache_vocab,
         ),
         objective,
         rows,

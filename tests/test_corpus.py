@@ -28,7 +28,7 @@ from dart_core.corpus import (
 from dart_core.data import iter_records
 from dart_core.drafters.head import load_head
 from dart_core.target import load_target
-from dart_core.training import TrainConfig, load_split, sample_anchors, train_dart
+from dart_core.training import TrainConfig, adopt_vocabulary, load_split, new_head_from_target, sample_anchors, train_dart
 from test_training import save_word_tokenizer, sentence
 
 
@@ -235,6 +235,31 @@ def test_draft_vocab_coverage_and_answer_only_training(word_target, prompt_files
     assert "differs from the checkpoint's" in caplog.text
     head = load_head(head_dir, dart=True, target=word_target)
     assert (torch.arange(head.d2t.numel()) + head.d2t).tolist() == first_ids
+
+    # asked to adopt the cache's vocabulary: shared ids keep their trained rows and moments, new ones
+    # start from the target's LM head rows, and the run goes on from its step
+    before = torch.load(tmp_path / "t" / "checkpoint.pt", weights_only=False)
+    cfg = TrainConfig(cache_dir=str(run), out_dir=str(tmp_path / "t"), epochs=2, batch_records=2, anchors_per_record=4,
+                      eval_every=1000, val_records=4, adopt_cache_vocab=True)
+    names = [n for n, _ in new_head_from_target(word_target, torch.tensor(first_ids), 3).named_parameters()]
+    moved = adopt_vocabulary(before, torch.tensor(other), word_target, names)
+    lm = names.index("lm_head.weight")
+    for j, t in enumerate(other):
+        if t in first_ids:
+            i = first_ids.index(t)
+            assert torch.equal(moved["head"]["lm_head.weight"][j], before["head"]["lm_head.weight"][i])
+            assert torch.equal(moved["opt"]["state"][lm]["exp_avg_sq"][j], before["opt"]["state"][lm]["exp_avg_sq"][i])
+        else:
+            assert torch.equal(moved["head"]["lm_head.weight"][j], word_target.model.output.weight[t].float())
+            assert not moved["opt"]["state"][lm]["exp_avg"][j].any()
+    assert moved["vocab_changes"] == [{"step": before["step"], "size": 12, "carried_over": len(set(other) & set(first_ids))}]
+    with caplog.at_level("WARNING", logger="dart_core.training.loop"):
+        head_dir = train_dart(word_target, TrainConfig(**{**cfg.__dict__, "epochs": 3}), draft_length=3)
+    assert "adopting the cache's draft vocabulary" in caplog.text
+    head = load_head(head_dir, dart=True, target=word_target)
+    assert (torch.arange(head.d2t.numel()) + head.d2t).tolist() == other
+    after = torch.load(tmp_path / "t" / "checkpoint.pt", weights_only=False)
+    assert after["step"] > before["step"] and after["vocab_changes"] == moved["vocab_changes"]
 
 
 def test_sample_anchors_respects_the_first_anchor():

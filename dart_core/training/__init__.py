@@ -47,6 +47,7 @@ from .cache import (
 from .loop import (
     OBJECTIVES,
     TrainConfig,
+    adopt_vocabulary,
     cosine_lr,
     evaluate,
     new_head_from_target,
@@ -67,7 +68,7 @@ from .objectives import (
 
 __all__ = [
     "CACHE_META", "DRAFT_VOCAB_FILE", "MIN_RECORD_TOKENS", "OBJECTIVES", "SELF_DISTILL_FILE", "SHARD_TOKENS",
-    "CacheConfig", "CachedRecord", "TrainConfig", "answer_start", "build_cache", "cache_meta", "cosine_lr",
+    "CacheConfig", "CachedRecord", "TrainConfig", "adopt_vocabulary", "answer_start", "build_cache", "cache_meta", "cosine_lr",
     "dart_anchor_logits", "dart_attention_mask", "dart_record_loss", "draft_vocabulary", "eagle3_anchor_logits",
     "eagle3_record_loss", "evaluate", "load_split", "mmap_safetensors", "new_head_from_target", "rows_loss",
     "sample_anchors", "target_argmax", "train_dart", "train_eagle3", "train_head", "vocab_mapping",

@@ -41,6 +41,9 @@ class TrainConfig:
     max_minutes: float | None = None
     seed: int = 0
     threads: int | None = None
+    # resuming with a cache whose draft vocabulary is not the checkpoint's: False keeps the
+    # checkpoint's; True moves the head to the cache's (`adopt_vocabulary`)
+    adopt_cache_vocab: bool = False
     extra: dict = field(default_factory=dict)
 
 
@@ -107,6 +110,44 @@ def new_head_from_target(target, draft_ids: torch.Tensor, draft_length: int | No
         head.d2t.copy_(d2t)
         head.t2d.copy_(t2d)
     return head
+
+
+def adopt_vocabulary(ck: dict, new_ids: torch.Tensor, target, param_names: list[str]) -> dict:
+    """A training checkpoint moved to another draft vocabulary `new_ids` (sorted target ids).
+
+    A token's LM head row and its AdamW moments go with the token: rows of ids in both vocabularies
+    are carried over, the new ids' rows start from the target's own LM head rows (as a fresh head's
+    do) with zero moments. Everything else (the layer, fc, norms, the step count, the history) is
+    kept, so the run resumes where it was. d2t/t2d are rebuilt; records the change under "vocab_changes".
+    param_names: the head's parameter names in head.parameters() order (the optimizer state's keys)."""
+    head_state = dict(ck["head"])
+    old_w = head_state["lm_head.weight"]
+    old_ids = (head_state["d2t"].cpu() + torch.arange(head_state["d2t"].numel())).tolist()
+    new_ids = new_ids.cpu().long()
+    old_pos = {t: i for i, t in enumerate(old_ids)}
+    keep_new = [i for i, t in enumerate(new_ids.tolist()) if t in old_pos]
+    keep_old = [old_pos[new_ids[i].item()] for i in keep_new]
+    keep_new_t, keep_old_t = torch.tensor(keep_new, dtype=torch.long), torch.tensor(keep_old, dtype=torch.long)
+
+    def moved(old: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
+        fresh = fresh.to(device=old.device, dtype=old.dtype).clone()
+        fresh[keep_new_t.to(old.device)] = old[keep_old_t.to(old.device)]
+        return fresh
+
+    head_state["lm_head.weight"] = moved(old_w, target.model.output.weight.detach()[new_ids.to(target.device)])
+    d2t, t2d = vocab_mapping(new_ids, head_state["t2d"].numel())
+    head_state["d2t"], head_state["t2d"] = d2t.to(head_state["d2t"].device), t2d.to(head_state["t2d"].device)
+
+    opt_state = {**ck["opt"], "state": dict(ck["opt"]["state"])}
+    idx = param_names.index("lm_head.weight")
+    if idx in opt_state["state"]:
+        st = dict(opt_state["state"][idx])
+        for k in ("exp_avg", "exp_avg_sq"):
+            if k in st:
+                st[k] = moved(st[k], torch.zeros(new_ids.numel(), st[k].shape[1]))
+        opt_state["state"][idx] = st
+    changes = list(ck.get("vocab_changes", [])) + [{"step": ck["step"], "size": new_ids.numel(), "carried_over": len(keep_new)}]
+    return {**ck, "head": head_state, "opt": opt_state, "vocab_changes": changes}
 
 
 def nn_init_normal(p: torch.Tensor, std: float = 0.02) -> None:
@@ -187,15 +228,22 @@ def train_head(target, cfg: TrainConfig, objective: str, rows: int) -> Path:
     draft_ids = torch.tensor(meta["draft_ids"])
     ckpt_path = out / "checkpoint.pt"
     ck = torch.load(ckpt_path, weights_only=False, map_location=target.device) if ckpt_path.exists() else None
+    adopt = False
     if ck is not None:
         # the head's vocabulary is the one it started with: a corpus that grew since may have chosen
         # another (its draft_vocab.json is re-chosen on export), and teacher rows of that vocabulary
         # would train the head's outputs towards other tokens' distributions
         head_ids = (ck["head"]["d2t"] + torch.arange(ck["head"]["d2t"].numel(), device=ck["head"]["d2t"].device)).cpu()
         if not torch.equal(head_ids, draft_ids):
-            log.warning("%s: the cache's draft vocabulary differs from the checkpoint's (%d of %d ids shared): "
-                        "the run goes on with the checkpoint's", cfg.cache_dir, len(set(head_ids.tolist()) & set(draft_ids.tolist())), head_ids.numel())
-            draft_ids = head_ids
+            shared = len(set(head_ids.tolist()) & set(draft_ids.tolist()))
+            if cfg.adopt_cache_vocab:
+                log.warning("%s: adopting the cache's draft vocabulary: %d of its %d ids carried over from the checkpoint's %d, "
+                            "the others start from the target's LM head rows", cfg.cache_dir, shared, draft_ids.numel(), head_ids.numel())
+                adopt = True
+            else:
+                log.warning("%s: the cache's draft vocabulary differs from the checkpoint's (%d of %d ids shared): "
+                            "the run goes on with the checkpoint's", cfg.cache_dir, shared, head_ids.numel())
+                draft_ids = head_ids
     train = load_split(cfg.cache_dir, "train")
     val = load_split(cfg.cache_dir, "val")[: cfg.val_records]
     if not train:
@@ -209,18 +257,20 @@ def train_head(target, cfg: TrainConfig, objective: str, rows: int) -> Path:
         return torch.autocast(target.device.type, dtype=torch.bfloat16)
 
     head = new_head_from_target(target, draft_ids, draft_length, cfg.seed).to(target.device)
+    if adopt:
+        ck = adopt_vocabulary(ck, draft_ids, target, [name for name, _ in head.named_parameters()])
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     steps_per_epoch = math.ceil(len(train) / cfg.batch_records)
     total_steps = cfg.steps if cfg.steps is not None else max(1, int(cfg.epochs * steps_per_epoch))
     if total_steps < 1:
         raise ValueError(f"steps must be >= 1, got {total_steps}")
-    step, history, prior_s = 0, [], 0.0
+    step, history, prior_s, vocab_changes = 0, [], 0.0, []
     if ck is not None:
         if ck.get("objective", "dart") != objective:
             raise ValueError(f"{ckpt_path} is a {ck.get('objective', 'dart')} checkpoint; this run trains {objective}: use another out_dir")
         head.load_state_dict(ck["head"])
         opt.load_state_dict(ck["opt"])
-        step, history = ck["step"], ck["history"]
+        step, history, vocab_changes = ck["step"], ck["history"], ck.get("vocab_changes", [])
         # training time spent before this process (older checkpoints: the last logged time)
         prior_s = ck.get("elapsed_s", history[-1]["elapsed_s"] if history else 0.0)
         log.warning("resumed from %s at step %d (%.1f min trained)", ckpt_path, step, prior_s / 60)
@@ -232,7 +282,8 @@ def train_head(target, cfg: TrainConfig, objective: str, rows: int) -> Path:
 
     def save_checkpoint():
         tmp = ckpt_path.with_suffix(".tmp")
-        state = {"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "history": history, "elapsed_s": elapsed(), "config": asdict(cfg), "objective": objective}
+        state = {"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "history": history, "elapsed_s": elapsed(),
+                 "config": asdict(cfg), "objective": objective, "vocab_changes": vocab_changes}
         torch.save(state, tmp)
         tmp.rename(ckpt_path)
         head.save(out / "head")
