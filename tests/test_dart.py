@@ -101,6 +101,34 @@ def test_training_forward_equals_inference(qwen3):
         torch.testing.assert_close(train_logits[i], infer, atol=1e-4, rtol=0)
 
 
+def test_fewer_rows_are_the_first_rows_of_the_full_forward(qwen3):
+    """A small tree needs only the head's first rows: running fewer mask slots gives those rows as
+    the full forward does (slots attend only to earlier positions), and the same tree."""
+    head = random_head(qwen3, seed=3)
+    tokens = torch.tensor([5, 9, 17, 33, 2, 40, 41, 7])
+    out = qwen3.model(tokens, torch.arange(len(tokens)), qwen3.new_cache(32), capture=True)
+    drafter = DartDrafter(head, qwen3, None, DartParams(ngram_cpp.PruneParams(top_k=6, beam_width=6, max_nodes=3)))
+    D = head.config.draft_length
+
+    def session_after_prefix():
+        session = drafter.new_session(32)
+        session.extend(tokens[:6].tolist(), out.hidden[:6])
+        return session
+
+    full = session_after_prefix().draft_logits(int(tokens[6]))
+    assert full.shape[0] == D + 1
+    for rows in range(1, D + 2):
+        torch.testing.assert_close(session_after_prefix().draft_logits(int(tokens[6]), rows), full[:rows], atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="rows"):
+        session_after_prefix().draft_logits(int(tokens[6]), D + 2)
+    proposal = session_after_prefix().propose(int(tokens[6]), 32)
+    assert len(proposal.info["topk_tokens"]) == 3  # a 3-node tree: three rows drafted
+    vals, idx = full[:, :].float().topk(6, dim=-1)
+    whole = ngram_cpp.prune(head.to_target_ids(idx).numpy(), vals.softmax(-1).numpy(), int(tokens[6]), tokens[:6].tolist(), None,
+                            drafter.params.prune)
+    assert proposal.tree.tokens.tolist() == whole.tokens.tolist() and proposal.tree.parents.tolist() == whole.parents.tolist()
+
+
 @pytest.mark.parametrize("use_ngram", [False, True])
 def test_dart_greedy_equals_ar(tiny_ckpt, use_ngram):
     _, path = tiny_ckpt

@@ -269,3 +269,10 @@ def test_cpp_agrees_with_reference_at_full_size():
         assert_same_tree(a, b)
         assert len(a.tokens) == 61
         check_invariants(a, PruneParams(), 8)
+        # small trees: the C++ search stops at max_nodes levels and a beam of max_nodes, the
+        # reference searches all 8 levels with the full beam of 20; the trees must not differ
+        for nodes in (1, 2, 3, 5, 8, 12):
+            small = PruneParams(max_nodes=nodes)
+            a = ngram_cpp.prune(tokens, probs, root, context, model, small, eos)
+            assert_same_tree(a, prune_reference(tokens, probs, root, context, ref, small, eos))
+            assert len(a.tokens) == nodes + 1

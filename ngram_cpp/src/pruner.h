@@ -10,7 +10,8 @@
 // Each level extends the beam_width best sequences (those ending in EOS are ranked last and dropped
 // from the beam, so they are never extended); the tree is the max_nodes best of all expanded nodes
 // across levels, ranked by (score desc, depth asc, expansion order asc): a tie goes to the ancestor,
-// so the kept set is closed under taking parents.
+// so the kept set is closed under taking parents. The search runs at most max_nodes levels with a
+// beam of at most max_nodes: beyond that it cannot change the tree (pruner.cpp says why).
 //
 // The context n-gram (optional, `context` index given and context_weight > 0): for each parent, the
 // longest suffix (length m >= context_min_match) of indexed tokens + root + path that occurred
