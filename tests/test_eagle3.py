@@ -50,6 +50,28 @@ def test_eagle3_tree_shape(tiny_llama):
     assert len(propose(4)) == 5  # the room in the cache caps the tree: 4 drafted nodes + the root
 
 
+def test_small_trees_search_less_and_keep_the_same_nodes(tiny_llama):
+    """A 5-node tree searches 4 levels with 5 candidates (not 7 with 10) and keeps the 5 best nodes
+    of the full search, which a 60-node tree holds as its best five."""
+    drafter = Eagle3Drafter(random_eagle3_head(tiny_llama, seed=4), tiny_llama, Eagle3Params(depth=7, top_k=10, max_nodes=59))
+    ids = [5, 6, 7, 8]
+    out = tiny_llama.prefill(ids, tiny_llama.new_cache(128), capture=True)
+
+    def propose(max_nodes):
+        session = drafter.new_session(128)
+        session.extend(ids, out.hidden)
+        return session.propose(9, max_nodes).tree
+
+    full = propose(59)
+    sc, depth = full.scores.tolist(), full.depths.tolist()
+    for nodes in (1, 3, 5):
+        small = propose(nodes)
+        expect = sorted(range(1, len(full)), key=lambda i: (-sc[i], depth[i], i))[:nodes]
+        assert sorted(small.tokens[1:].tolist()) == sorted(full.tokens[expect].tolist())
+        torch.testing.assert_close(small.scores[1:].sort().values, full.scores[expect].sort().values, atol=1e-5, rtol=0)
+        assert small.max_depth <= nodes
+
+
 def test_head_types_are_not_mixed(tiny_llama, tmp_path):
     head = random_eagle3_head(tiny_llama)
     head.save(tmp_path / "e3")
