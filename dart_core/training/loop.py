@@ -259,7 +259,9 @@ def train_head(target, cfg: TrainConfig, objective: str, rows: int) -> Path:
     head = new_head_from_target(target, draft_ids, draft_length, cfg.seed).to(target.device)
     if adopt:
         ck = adopt_vocabulary(ck, draft_ids, target, [name for name, _ in head.named_parameters()])
-    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    # fused: one kernel over all tensors (the foreach AdamW took ~8% of a CPU step); same update rule
+    fused = target.device.type in ("cpu", "cuda")
+    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95), fused=fused)
     steps_per_epoch = math.ceil(len(train) / cfg.batch_records)
     total_steps = cfg.steps if cfg.steps is not None else max(1, int(cfg.epochs * steps_per_epoch))
     if total_steps < 1:
@@ -270,6 +272,8 @@ def train_head(target, cfg: TrainConfig, objective: str, rows: int) -> Path:
             raise ValueError(f"{ckpt_path} is a {ck.get('objective', 'dart')} checkpoint; this run trains {objective}: use another out_dir")
         head.load_state_dict(ck["head"])
         opt.load_state_dict(ck["opt"])
+        for group in opt.param_groups:  # a checkpoint's groups carry its implementation flags: use this run's
+            group["fused"], group["foreach"] = fused, None
         step, history, vocab_changes = ck["step"], ck["history"], ck.get("vocab_changes", [])
         # training time spent before this process (older checkpoints: the last logged time)
         prior_s = ck.get("elapsed_s", history[-1]["elapsed_s"] if history else 0.0)
