@@ -82,12 +82,12 @@ def tables() -> str:
     for hist_file in sorted(CURVE_DIR.glob("*.history.json")):
         label = hist_file.name.removesuffix(".history.json")
         history = json.loads(hist_file.read_text())
-        rows = len(history[-1]["val_hit1"]) if history else 0
+        rows = max((len(h["val_hit1"]) for h in history), default=0)  # a resumed run may train fewer rows than before
         parts.append(f"**{label}**: validation (held-out self-distilled records), hit@1 per row (α-j = depth j)\n")
         parts.append("| step | train h | val KL | " + " | ".join(f"α-{j + 1}" for j in range(rows)) + " |")
         parts.append("|---" * (3 + rows) + "|")
         for h in history:
-            hits = " | ".join(f"{100 * a:.1f}%" for a in h["val_hit1"])
+            hits = " | ".join([f"{100 * a:.1f}%" for a in h["val_hit1"]] + ["–"] * (rows - len(h["val_hit1"])))
             parts.append(f"| {h['step']} | {h['elapsed_s'] / 3600:.2f} | {h['val_kl']:.3f} | {hits} |")
         mine = [p for p in points if p["label"] == label]
         if mine:

@@ -176,6 +176,12 @@ def test_cache_train_resume_export(word_target, data_files, tmp_path):
     history = json.loads((tmp_path / "train" / "history.json").read_text())
     assert [h["step"] for h in history] == [4, 8, 12, 16, 18, 20, 24, 27]
 
+    # and with fewer mask slots (the weights do not depend on D): rows 1..D'+1 go on training
+    head_dir = train_dart(word_target, TrainConfig(**{**tcfg.__dict__, "epochs": 4}), draft_length=D - 1)
+    history = json.loads((tmp_path / "train" / "history.json").read_text())
+    assert history[-1]["step"] == 36 and len(history[-1]["val_hit1"]) == D and len(history[0]["val_hit1"]) == D + 1
+    assert load_head(head_dir, dart=True, target=word_target).config.draft_length == D - 1
+
 
 def test_time_budget_stops_and_evaluates(word_target, data_files, tmp_path):
     cache_dir = tmp_path / "cache"

@@ -27,6 +27,7 @@ def test_tables_show_every_eval_and_bench_point(curve, tmp_path):
     history = [
         {"step": 250, "train_loss": 4.5, "val_kl": 4.685, "val_hit1": [0.276, 0.073, 0.05], "elapsed_s": 180.0},
         {"step": 500, "train_loss": 3.9, "val_kl": 3.9, "val_hit1": [0.35, 0.1, 0.07], "elapsed_s": 360.0},
+        {"step": 750, "train_loss": 3.8, "val_kl": 3.7, "val_hit1": [0.36, 0.11], "elapsed_s": 450.0},  # resumed with fewer rows
     ]
     (tmp_path / "training" / "dart-v1.history.json").write_text(json.dumps(history))
     point = {"label": "dart-v1", "method": "dart", "step": 500, "train_hours": 0.1, "tau": 2.5,
@@ -35,6 +36,7 @@ def test_tables_show_every_eval_and_bench_point(curve, tmp_path):
     text = curve.tables()
     assert "| 250 | 0.05 | 4.685 | 27.6% | 7.3% | 5.0% |" in text
     assert "| 500 | 0.10 | 3.900 | 35.0% | 10.0% | 7.0% |" in text
+    assert "| 750 | 0.12 | 3.700 | 36.0% | 11.0% | – |" in text
     assert "| 500 | 0.10 | 2.50 | 2.00 | 2.10 | 2.20 | 2.30 | 2.40 | 2.50 | 5 | 128 | abc1234 |" in text
     for table in text.split("\n\n"):  # every table's separator has one cell per header cell
         lines = [line for line in table.splitlines() if line.startswith("|")]

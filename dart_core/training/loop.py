@@ -275,6 +275,8 @@ def train_head(target, cfg: TrainConfig, objective: str, rows: int) -> Path:
         for group in opt.param_groups:  # a checkpoint's groups carry its implementation flags: use this run's
             group["fused"], group["foreach"] = fused, None
         step, history, vocab_changes = ck["step"], ck["history"], ck.get("vocab_changes", [])
+        if ck.get("rows", rows) != rows:  # the weights do not depend on it: a run may go on with fewer or more rows
+            log.warning("%s trained %d rows per anchor; this run trains %d", ckpt_path, ck["rows"], rows)
         # training time spent before this process (older checkpoints: the last logged time)
         prior_s = ck.get("elapsed_s", history[-1]["elapsed_s"] if history else 0.0)
         log.warning("resumed from %s at step %d (%.1f min trained)", ckpt_path, step, prior_s / 60)
@@ -287,7 +289,7 @@ def train_head(target, cfg: TrainConfig, objective: str, rows: int) -> Path:
     def save_checkpoint():
         tmp = ckpt_path.with_suffix(".tmp")
         state = {"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "history": history, "elapsed_s": elapsed(),
-                 "config": asdict(cfg), "objective": objective, "vocab_changes": vocab_changes}
+                 "config": asdict(cfg), "objective": objective, "rows": rows, "vocab_changes": vocab_changes}
         torch.save(state, tmp)
         tmp.rename(ckpt_path)
         head.save(out / "head")
