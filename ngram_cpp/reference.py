@@ -45,6 +45,10 @@ class PruneParams:
     context_extend: int = 0  # levels past the head's rows drafted from the context alone
     context_extend_min_match: int = 2
     context_max_candidates: int = 4  # context-only candidates per parent
+    # A score floor (trees that adapt their size): past the first min_nodes of the ranking a node is
+    # kept only if its score is >= min_score; -inf keeps max_nodes nodes.
+    min_score: float = float("-inf")
+    min_nodes: int = 0
 
 
 @dataclass
@@ -361,6 +365,8 @@ def prune_reference(tokens, probs, root: int, context, model, params: PruneParam
         raise ValueError("context_weight must be in [0, 1]")
     if params.context_min_match < 1 or params.context_extend < 0 or params.context_extend_min_match < 1 or params.context_max_candidates < 0:
         raise ValueError("context_min_match and context_extend_min_match must be >= 1, context_extend and context_max_candidates >= 0")
+    if math.isnan(params.min_score) or params.min_nodes < 0:
+        raise ValueError("min_score must not be NaN and min_nodes must be >= 0")
     use_context = index is not None and params.context_weight > 0
     levels = d + (params.context_extend if use_context else 0)
     order = model.order if model is not None else 1
@@ -418,6 +424,8 @@ def prune_reference(tokens, probs, root: int, context, model, params: PruneParam
         beam = nxt
 
     ranked = sorted(range(len(pool)), key=lambda n: (-pool[n][3], pool[n][2], n))[: params.max_nodes]
+    floor = next((i for i in range(params.min_nodes, len(ranked)) if pool[ranked[i]][3] < params.min_score), len(ranked))
+    ranked = ranked[:floor]
     kept, chosen = [], set()
     for n in ranked:
         if pool[n][1] >= 0 and pool[n][1] not in chosen:

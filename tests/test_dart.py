@@ -136,11 +136,13 @@ def test_dart_greedy_equals_ar(tiny_ckpt, use_ngram):
     head = random_head(target, seed=5)
     trie = ngram_cpp.build([[(7 * i + j) % TINY_VOCAB for j in range(40)] for i in range(20)], TINY_VOCAB) if use_ngram else None
     drafter = DartDrafter(head, target, trie, DartParams(ngram_cpp.PruneParams(top_k=8, beam_width=4, max_nodes=12)))
+    floored = drafter.with_params(DartParams(ngram_cpp.PruneParams(top_k=8, beam_width=4, max_nodes=12, min_score=-1.0, min_nodes=2)))
     for prompt in ([5, 6, 7], [60], [11, 40, 12, 90, 4, 4, 4, 17]):
         ar = complete(target, prompt, ARDrafter(), GenerationParams(30))
-        s = complete(target, prompt, drafter, GenerationParams(30))
-        assert s.output_ids == ar.output_ids
-        assert len(s.accepted) == s.steps - 1
+        for d in (drafter, floored):
+            s = complete(target, prompt, d, GenerationParams(30))
+            assert s.output_ids == ar.output_ids
+            assert len(s.accepted) == s.steps - 1
 
 
 def test_embedded_dart_head_is_lossless(embedded_target):

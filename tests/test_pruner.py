@@ -3,6 +3,7 @@ validation of bad input, and the tree invariants the verifier relies on."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from pathlib import Path
@@ -57,6 +58,20 @@ def test_golden_ties_keep_the_parent_first():
     assert two.tokens.tolist() == [5, 10, 20] and two.retrieve.tolist() == [[0, 1, 2]]
 
 
+def test_golden_score_floor_sizes_the_tree():
+    # the scores of test_golden_beam_and_global_cut: 10 (-0.511), 10.20 (-0.708), 11 (-0.916), 11.20 (-1.114)
+    tokens, probs = [[10, 11], [20, 21]], [[0.6, 0.4], [0.7, 0.3]]
+    full = PruneParams(beam_width=2, max_nodes=4, use_ngram=False)
+    assert ngram_cpp.prune(tokens, probs, 5, [], None, full).tokens.tolist() == [5, 10, 11, 20, 20]
+    floor = dataclasses.replace(full, min_score=-0.8)
+    assert ngram_cpp.prune(tokens, probs, 5, [], None, floor).tokens.tolist() == [5, 10, 20]
+    assert ngram_cpp.prune(tokens, probs, 5, [], None, dataclasses.replace(floor, min_nodes=3)).tokens.tolist() == [5, 10, 11, 20]
+    assert ngram_cpp.prune(tokens, probs, 5, [], None, dataclasses.replace(floor, min_score=-0.1)).tokens.tolist() == [5]
+    for bad in (dataclasses.replace(full, min_nodes=-1), dataclasses.replace(full, min_score=float("nan"))):
+        with pytest.raises(ValueError, match="min_"):
+            ngram_cpp.prune(tokens, probs, 5, [], None, bad)
+
+
 def test_golden_eos_is_never_extended_but_can_be_a_leaf():
     # row 0: 10 p=.4, EOS(3) p=.6 ; beam width 1 keeps 10 although EOS scores higher
     # pool: EOS (-0.511), 10 (-0.916), 10.20 (-1.114), 10.21 (-1.583); top 3 -> EOS, 10, 10.20
@@ -87,6 +102,8 @@ def random_case(rng: random.Random, seed: int):
         max_nodes=rng.randrange(0, 70),
         use_ngram=rng.random() < 0.8,
         ngram_on_first_level=rng.random() < 0.3,
+        min_score=rng.choice([float("-inf"), -0.5, -2.0, -6.0]),
+        min_nodes=rng.randrange(0, 6),
     )
     root = rng.randrange(V)
     context = [rng.randrange(V) for _ in range(rng.randrange(0, 5))]

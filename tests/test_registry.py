@@ -38,11 +38,20 @@ def test_the_app_and_the_bench_take_the_same_drafter_flags():
     (["--context-weight", "1.2"], "context-weight"), (["--context-extend", "-1"], "context-extend"),
     (["--max-nodes", "-1"], "max-nodes"), (["--eagle3-max-nodes", "-2"], "eagle3-max-nodes"),
     (["--tree-top-k", "0"], "tree-top-k"), (["--draft-depth", "0"], "draft-depth"),
+    (["--tree-min-score", "0.5"], "tree-min-score"), (["--tree-min-score", "-2", "--tree-min-nodes", "-1"], "tree-min-nodes"),
 ])
 def test_out_of_range_flags_are_refused(argv, match):
     with pytest.raises(ValueError, match=match):
         check_drafter_flags(parse(*argv))
     check_drafter_flags(parse())  # the defaults pass
+
+
+def test_score_floor_flags_reach_the_pruner():
+    from dart_core.drafters.registry import tree_params
+
+    assert tree_params(parse(), "cpu", True).min_score == float("-inf")
+    p = tree_params(parse("--tree-min-score", "-1.5", "--tree-min-nodes", "3", "--max-nodes", "12"), "cpu", True)
+    assert (p.min_score, p.min_nodes, p.max_nodes) == (-1.5, 3, 12)
 
 
 def test_tree_size_and_ngram_resolution(tmp_path):

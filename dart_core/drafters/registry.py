@@ -43,6 +43,10 @@ def _dart_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--beam-width", type=int, default=20)
     g.add_argument("--max-nodes", type=int, default=None, help=f"drafted tree nodes besides the root (default per device: {DEFAULT_MAX_NODES})")
     g.add_argument("--draft-depth", type=int, default=None, help="use only the head's first N rows (tree depth <= N; default: all D+1)")
+    g.add_argument("--tree-min-score", type=float, default=None,
+                   help="score floor: past --tree-min-nodes, keep a node only if its tree score (a log-probability-like sum, "
+                        "<= 0) is at least this, so trees shrink where the draft is unsure (default: off, every tree has --max-nodes)")
+    g.add_argument("--tree-min-nodes", type=int, default=0, help="nodes kept whatever their score when --tree-min-score is set (default 0)")
     g.add_argument("--no-context-ngram", action="store_true", help="prune without the context n-gram (the conversation's own repeats)")
     g.add_argument("--context-weight", type=float, default=CONTEXT_WEIGHT, help=f"context n-gram weight at a full-length match, in [0, 1] (default {CONTEXT_WEIGHT})")
     g.add_argument("--context-extend", type=int, default=CONTEXT_EXTEND, help=f"tree levels past the head's rows that follow a context match (default {CONTEXT_EXTEND})")
@@ -69,7 +73,8 @@ def tree_params(args: argparse.Namespace, device_type: str, ngram: bool, context
 
     from .dart import with_context
 
-    plain = ngram_cpp.PruneParams(top_k=args.tree_top_k, beam_width=args.beam_width, max_nodes=max_nodes(args, device_type), use_ngram=ngram)
+    floor = {} if args.tree_min_score is None else {"min_score": args.tree_min_score, "min_nodes": args.tree_min_nodes}
+    plain = ngram_cpp.PruneParams(top_k=args.tree_top_k, beam_width=args.beam_width, max_nodes=max_nodes(args, device_type), use_ngram=ngram, **floor)
     return with_context(plain, context and not args.no_context_ngram, args.context_weight, args.context_extend)
 
 
@@ -134,6 +139,8 @@ def check_drafter_flags(args: argparse.Namespace) -> None:
             raise ValueError(f"{flag} must be >= 0")
     if args.tree_top_k < 1 or args.beam_width < 1 or args.eagle3_top_k < 1 or args.eagle3_depth < 0:
         raise ValueError("--tree-top-k, --beam-width and --eagle3-top-k must be >= 1, --eagle3-depth >= 0")
+    if args.tree_min_nodes < 0 or (args.tree_min_score is not None and not args.tree_min_score <= 0.0):
+        raise ValueError("--tree-min-nodes must be >= 0 and --tree-min-score <= 0 (tree scores are never positive)")
     if args.draft_depth is not None and args.draft_depth < 1:
         raise ValueError("--draft-depth must be >= 1")
 

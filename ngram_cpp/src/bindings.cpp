@@ -150,7 +150,9 @@ PYBIND11_MODULE(_ngram, m) {
         .def_readwrite("context_min_match", &PruneParams::context_min_match)
         .def_readwrite("context_extend", &PruneParams::context_extend)
         .def_readwrite("context_extend_min_match", &PruneParams::context_extend_min_match)
-        .def_readwrite("context_max_candidates", &PruneParams::context_max_candidates);
+        .def_readwrite("context_max_candidates", &PruneParams::context_max_candidates)
+        .def_readwrite("min_score", &PruneParams::min_score)
+        .def_readwrite("min_nodes", &PruneParams::min_nodes);
 
     py::class_<ContextIndex>(m, "ContextIndex")
         .def(py::init<int>(), py::arg("max_order"))

@@ -109,6 +109,7 @@ void check_inputs(const int64_t* tokens, const float* probs, int64_t d, int64_t 
         throw std::invalid_argument("score weights must be finite and eps > 0");
     if (!(p.context_weight >= 0.0 && p.context_weight <= 1.0))
         throw std::invalid_argument("context_weight must be in [0, 1]");
+    if (std::isnan(p.min_score) || p.min_nodes < 0) throw std::invalid_argument("min_score must not be NaN and min_nodes must be >= 0");
     if (p.context_min_match < 1 || p.context_extend < 0 || p.context_extend_min_match < 1 || p.context_max_candidates < 0)
         throw std::invalid_argument("context_min_match and context_extend_min_match must be >= 1, context_extend and context_max_candidates >= 0");
     const int64_t levels = d + (use_context ? p.context_extend : 0);
@@ -280,6 +281,12 @@ PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k
     Better better{&pool};
     size_t want = std::min<size_t>(pool.size(), static_cast<size_t>(p.max_nodes));
     std::partial_sort(order_idx.begin(), order_idx.begin() + want, order_idx.end(), better);
+    for (size_t i = std::min(want, static_cast<size_t>(p.min_nodes)); i < want; ++i) {
+        if (pool[order_idx[i]].score < p.min_score) {  // the score floor: ranks are by score, so the rest is below too
+            want = i;
+            break;
+        }
+    }
     std::vector<int32_t> kept;
     std::vector<int32_t> new_index(pool.size(), -1);
     kept.reserve(want);

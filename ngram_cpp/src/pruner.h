@@ -10,7 +10,8 @@
 // Each level extends the beam_width best sequences (those ending in EOS are ranked last and dropped
 // from the beam, so they are never extended); the tree is the max_nodes best of all expanded nodes
 // across levels, ranked by (score desc, depth asc, expansion order asc): a tie goes to the ancestor,
-// so the kept set is closed under taking parents. The search runs at most max_nodes levels with a
+// so the kept set is closed under taking parents; with a score floor, the cut ends earlier at the
+// first node past min_nodes whose score is below min_score (still a prefix, still closed). The search runs at most max_nodes levels with a
 // beam of at most max_nodes: beyond that it cannot change the tree (pruner.cpp says why).
 //
 // The context n-gram (optional, `context` index given and context_weight > 0): for each parent, the
@@ -28,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "context.h"
@@ -50,6 +52,10 @@ struct PruneParams {
     int context_extend = 0;  // levels past the head's rows drafted from the context alone
     int context_extend_min_match = 2;
     int context_max_candidates = 4;  // context-only candidates per parent
+    // Score floor (a tree that adapts its size): past the first min_nodes of the ranking, a node is
+    // kept only if its score is >= min_score. -inf: every tree has max_nodes nodes (if found).
+    double min_score = -std::numeric_limits<double>::infinity();
+    int min_nodes = 0;
 };
 
 // Node provenance in PrunedTree::sources.
