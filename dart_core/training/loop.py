@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import signal
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -304,7 +305,8 @@ def train_head(target, cfg: TrainConfig, objective: str, rows: int) -> Path:
         log.warning("step %d val_kl %.4f hit@1 %s", step, val_kl, " ".join(f"{a:.3f}" for a in acc))
 
     g = torch.Generator().manual_seed(cfg.seed + step)
-    bar = tqdm(total=total_steps, initial=step, desc=f"train {objective}", unit="step")
+    # into a log file (a background run), a progress line a minute instead of several a second
+    bar = tqdm(total=total_steps, initial=step, desc=f"train {objective}", unit="step", mininterval=0.1 if sys.stderr.isatty() else 60.0)
     head.train()
     loss = None
     with stop_on_sigterm() as sigterm:
@@ -336,7 +338,7 @@ def train_head(target, cfg: TrainConfig, objective: str, rows: int) -> Path:
             opt.step()
             step += 1
             bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.2e}")
+            bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.2e}", refresh=False)
             if step % cfg.eval_every == 0 or step == total_steps:
                 run_eval(loss.item())
             if time.perf_counter() - last_ckpt > cfg.checkpoint_every_s:
