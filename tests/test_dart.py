@@ -101,6 +101,33 @@ def test_training_forward_equals_inference(qwen3):
         torch.testing.assert_close(train_logits[i], infer, atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_forward_matches_the_eager_head(qwen3, dtype):
+    """The drafter's forward on the CPU kernels (KernelHead) against the eager module, over two
+    steps (the second attends to the first's cached keys)."""
+    from dart_core import kernels
+
+    if not kernels.AVAILABLE:
+        pytest.skip("CPU kernels not built")
+    target = tiny_target(qwen3.model_dir, dtype)
+    head = random_head(qwen3, seed=3).to(dtype)
+    tokens = torch.tensor([5, 9, 17, 33, 2, 40, 41, 7, 8, 60])
+    hidden = target.model(tokens, torch.arange(len(tokens)), target.new_cache(32), capture=True).hidden
+    fast, eager = DartDrafter(head, target, None), DartDrafter(head, target, None, use_kernels=False)
+    assert fast.fast is not None and eager.fast is None
+    results = []
+    for d in (fast, eager):
+        session = d.new_session(32)
+        session.extend(tokens[:5].tolist(), hidden[:5])
+        first = session.draft_logits(int(tokens[5]))
+        session.extend(tokens[5:8].tolist(), hidden[5:8])
+        results.append((first, session.draft_logits(int(tokens[8]), 3)))
+    tol = 1e-4 if dtype == torch.float32 else 0.1
+    for a, b in zip(*results):
+        assert a.dtype == dtype
+        torch.testing.assert_close(a.float(), b.float(), atol=tol, rtol=0)
+
+
 def test_fewer_rows_are_the_first_rows_of_the_full_forward(qwen3):
     """A small tree needs only the head's first rows: running fewer mask slots gives those rows as
     the full forward does (slots attend only to earlier positions), and the same tree."""

@@ -20,7 +20,7 @@ import ngram_cpp
 from ..generate import Proposal
 from ..model import KVCache
 from ..tree import DraftTree
-from .head import DraftHead, load_head
+from .head import DraftHead, KernelHead, load_head
 
 CONTEXT_TAIL = 8  # committed tokens passed to the pruner as n-gram context (order - 1 are used)
 
@@ -51,7 +51,7 @@ class DartDrafter:
     name = "dart"
     needs_hidden = True
 
-    def __init__(self, head: DraftHead, target, ngram: ngram_cpp.NGram | None, params: DartParams = DartParams()):
+    def __init__(self, head: DraftHead, target, ngram: ngram_cpp.NGram | None, params: DartParams = DartParams(), use_kernels: bool = True):
         if not head.config.is_dart:
             raise ValueError("DartDrafter needs a DART head (with draft_length and mask_rep)")
         if params.depth is not None and params.depth < 1:
@@ -59,10 +59,14 @@ class DartDrafter:
         self.head, self.target, self.ngram, self.params = head, target, ngram, params
         self.max_nodes = params.prune.max_nodes
         self.eos_id = min(target.eos_ids) if target.eos_ids else -1
+        # the head's forward on the CPU kernels where they run (else the eager module)
+        self.fast = KernelHead(head) if use_kernels and KernelHead.supports(head) else None
 
     def with_params(self, params: DartParams) -> "DartDrafter":
         """The same loaded head and trie with other tree parameters (cheap)."""
-        return DartDrafter(self.head, self.target, self.ngram, params)
+        other = DartDrafter(self.head, self.target, self.ngram, params, use_kernels=False)
+        other.fast = self.fast
+        return other
 
     def new_session(self, capacity: int) -> "_DartSession":
         return _DartSession(self, capacity)
@@ -101,6 +105,15 @@ class _DartSession:
             D = rows - 1
         S = len(self.pending_ids)
         emb_ids = torch.tensor(self.pending_ids[1:] + [root], device=target.device)
+        fast = self.d.fast
+        if fast is not None:
+            u, residual = fast.inputs(torch.cat(self.pending_aux), target.model.tok_embeddings(emb_ids))
+            u = torch.cat((u, layer.mask_rep.expand(D, -1)))
+            residual = torch.cat((residual, layer.mask_rep[: head.config.hidden_size].expand(D, -1)))
+            h = fast.layer(u, residual, self.cache, keep=D + 1)
+            self.cache.commit(S)
+            self.pending_ids, self.pending_aux = [], []
+            return fast.logits(h)
         u, residual = head.inputs(torch.cat(self.pending_aux), None, target.model.tok_embeddings(emb_ids))
         u = torch.cat((u, layer.mask_rep.expand(D, -1)))  # (S+D, 2H): masks bypass both norms
         residual = torch.cat((residual, layer.mask_rep[: head.config.hidden_size].expand(D, -1)))

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from .. import kernels
 from ..loading import hub_snapshot
 from ..kernels import apply_linear
 from ..model import KVCache, RMSNorm, apply_rope
@@ -189,6 +190,70 @@ class DraftHead(nn.Module):
         (path / "config.json").write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
         state = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in self.state_dict().items()}
         save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+
+
+class KernelHead:
+    """A loaded head's inference forward on the CPU kernels (dart_core/kernels.py), for drafting.
+
+    The eager forward runs ~60 small torch ops a step; here q|k|v and gate|up are one weight each
+    (copies made once, the head itself is not modified), RoPE, the cache write and the attention are
+    one kernel call, and norms are fused kernels. Attention is causal over the new rows after the
+    cached prefix (a chain for `kernels.tree_attention`), which is what DART's draft forward and
+    the first forward of EAGLE3's step compute. Same results as the eager forward up to rounding
+    (tests compare them); drafts need no exactness, the verify guarantees the output.
+    Use `KernelHead.supports(head)` first: CPU, float32/bfloat16/float16, kernels built."""
+
+    def __init__(self, head: DraftHead):
+        c, layer = head.config, head.midlayer
+        a, m = layer.self_attn, layer.mlp
+        self.c = c
+        with torch.no_grad():
+            self.fc = head.fc.weight.detach()
+            self.wqkv = torch.cat((a.q_proj.weight, a.k_proj.weight, a.v_proj.weight)).detach().contiguous()
+            self.wo = a.o_proj.weight.detach()
+            self.wgu = torch.cat((m.gate_proj.weight, m.up_proj.weight)).detach().contiguous()
+            self.wdown = m.down_proj.weight.detach()
+            self.lm_head = head.lm_head.weight.detach()
+        self.input_norm, self.hidden_norm = layer.input_layernorm.weight.detach(), layer.hidden_norm.weight.detach()
+        self.post_norm, self.final_norm = layer.post_attention_layernorm.weight.detach(), head.norm.weight.detach()
+        self.eps = c.rms_norm_eps
+        self.q_out, self.kv_out = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+        self.rope = kernels.RopeTable(head.inv_freq, 1.0)
+
+    @staticmethod
+    def supports(head: DraftHead) -> bool:
+        w = head.fc.weight
+        return kernels.supports(w.dtype, w.device)
+
+    def inputs(self, aux: torch.Tensor, emb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """As DraftHead.inputs from target states: aux (T, 3Ht), emb (T, H) -> u (T, 2H), residual (T, H)."""
+        g = kernels.linear(aux.contiguous(), self.fc)
+        _, e = kernels.add_rmsnorm(emb.contiguous(), None, self.input_norm, self.eps)
+        _, n = kernels.add_rmsnorm(g, None, self.hidden_norm, self.eps)
+        return torch.cat((e, n), dim=-1), g
+
+    def layer(self, u: torch.Tensor, residual: torch.Tensor, cache: KVCache, keep: int) -> torch.Tensor:
+        """The decoder layer for T new rows at cache positions cache.length.. (u (T, 2H), residual
+        (T, H)); their keys/values are written as pending entries. Returns the last `keep` rows (keep, H)."""
+        T = u.shape[0]
+        P = cache.length
+        cache.check_room(T)
+        qkv = kernels.linear(u.contiguous(), self.wqkv)
+        q, k, v = qkv.split((self.q_out, self.kv_out, self.kv_out), dim=1)
+        positions = torch.arange(P, P + T)
+        chain = torch.arange(-1, T - 1)  # each new row sees the prefix and the new rows before it
+        attn = kernels.tree_attention(q, k, v, self.rope, positions, cache.k[0, 0], cache.v[0, 0], P, chain,
+                                      self.c.num_attention_heads, self.c.num_key_value_heads)
+        h = residual[T - keep :] + kernels.linear(attn[T - keep :], self.wo)
+        _, x = kernels.add_rmsnorm(h.contiguous(), None, self.post_norm, self.eps)
+        return h + kernels.linear(kernels.silu_mul(kernels.linear(x, self.wgu)), self.wdown)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """As DraftHead.logits: (T, H) -> (T, Vd)."""
+        _, x = kernels.add_rmsnorm(h.contiguous(), None, self.final_norm, self.eps)
+        if self.c.double_norm:
+            _, x = kernels.add_rmsnorm(x, None, self.final_norm, self.eps)
+        return kernels.linear(x, self.lm_head)
 
 
 def expected_shapes(c: HeadConfig) -> dict[str, tuple[int, ...]]:
