@@ -72,6 +72,29 @@ def test_small_trees_search_less_and_keep_the_same_nodes(tiny_llama):
         assert small.max_depth <= nodes
 
 
+def test_kernel_first_forward_matches_the_eager_head(tiny_llama):
+    """The step's first forward on the CPU kernels gives the same trees as the eager module (fp32)."""
+    from dart_core import kernels
+
+    if not kernels.AVAILABLE:
+        pytest.skip("CPU kernels not built")
+    head = random_eagle3_head(tiny_llama, seed=2)
+    params = Eagle3Params(depth=3, top_k=4, max_nodes=12)
+    fast, eager = Eagle3Drafter(head, tiny_llama, params), Eagle3Drafter(head, tiny_llama, params, use_kernels=False)
+    assert fast.fast is not None and eager.fast is None
+    ids = [5, 6, 7, 8, 9, 10]
+    out = tiny_llama.prefill(ids, tiny_llama.new_cache(64), capture=True)
+    trees = []
+    for d in (fast, eager):
+        session = d.new_session(64)
+        session.extend(ids[:4], out.hidden[:4])
+        session.propose(ids[4], 64)
+        session.extend(ids[4:], out.hidden[4:])  # the second step attends to the first's cached keys
+        trees.append(session.propose(11, 64).tree)
+    assert trees[0].tokens.tolist() == trees[1].tokens.tolist() and trees[0].parents.tolist() == trees[1].parents.tolist()
+    torch.testing.assert_close(trees[0].scores, trees[1].scores, atol=1e-4, rtol=0)
+
+
 def test_head_types_are_not_mixed(tiny_llama, tmp_path):
     head = random_eagle3_head(tiny_llama)
     head.save(tmp_path / "e3")

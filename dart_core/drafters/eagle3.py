@@ -25,7 +25,7 @@ import torch
 from ..generate import Proposal
 from ..model import KVCache
 from ..tree import DraftTree
-from .head import DraftHead, load_head
+from .head import DraftHead, KernelHead, load_head
 
 
 @dataclass(frozen=True)
@@ -43,11 +43,14 @@ class Eagle3Drafter:
     name = "eagle3"
     needs_hidden = True
 
-    def __init__(self, head: DraftHead, target, params: Eagle3Params = Eagle3Params()):
+    def __init__(self, head: DraftHead, target, params: Eagle3Params = Eagle3Params(), use_kernels: bool = True):
         if head.config.is_dart:
             raise ValueError("Eagle3Drafter needs an EAGLE3 head (no draft_length / mask_rep)")
         self.head, self.target, self.params = head, target, params
         self.max_nodes = params.max_nodes
+        # the first forward of a step (causal over the committed tokens) on the CPU kernels where they
+        # run; the expansions attend to scattered ancestors and stay on the eager module
+        self.fast = KernelHead(head) if use_kernels and KernelHead.supports(head) else None
 
     def new_session(self, capacity: int) -> "_Eagle3Session":
         return _Eagle3Session(self, capacity)
@@ -82,11 +85,16 @@ class _Eagle3Session:
         # 1. the committed tokens: hidden states of the target, embeddings shifted by one
         S = len(self.pending_ids)
         emb = target.model.tok_embeddings(torch.tensor(self.pending_ids[1:] + [root], device=dev))
-        u, residual = head.inputs(torch.cat(self.pending_aux), None, emb)
-        P = self.cache.length
-        causal = torch.ones(S, S, dtype=torch.bool, device=dev).tril_()
-        mask = torch.cat((torch.ones(S, P, dtype=torch.bool, device=dev), causal), dim=1)
-        h = self._forward(u, residual, torch.arange(P, P + S, device=dev), mask)[-1:]  # the state at the root
+        fast = self.d.fast
+        if fast is not None:
+            u, residual = fast.inputs(torch.cat(self.pending_aux), emb)
+            h = fast.layer(u, residual, self.cache, keep=1)  # the state at the root
+        else:
+            u, residual = head.inputs(torch.cat(self.pending_aux), None, emb)
+            P = self.cache.length
+            causal = torch.ones(S, S, dtype=torch.bool, device=dev).tril_()
+            mask = torch.cat((torch.ones(S, P, dtype=torch.bool, device=dev), causal), dim=1)
+            h = self._forward(u, residual, torch.arange(P, P + S, device=dev), mask)[-1:]  # the state at the root
         self.cache.commit(S)
         self.pending_ids, self.pending_aux = [], []
         committed = self.cache.length
