@@ -34,6 +34,7 @@ import hashlib
 import json
 import logging
 import random
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -46,6 +47,7 @@ from safetensors.torch import save_file
 from . import kernels
 from .data import iter_records
 from .target import Target
+from .training.loop import stop_on_sigterm
 
 log = logging.getLogger(__name__)
 
@@ -282,18 +284,21 @@ class ContinuousBatcher:
         return Generated(job.index, job.prompt, job.answer, job.generator is not None, aux, final)
 
 
-def run_batcher(batcher: ContinuousBatcher, jobs, max_new: int, deadline: float | None = None):
+def run_batcher(batcher: ContinuousBatcher, jobs, max_new: int, deadline: float | None = None, stop=None):
     """Yield a Generated for every job of the iterable `jobs`, as they finish (not in order), keeping
     every row busy while jobs remain. With a deadline (perf_counter time), stops taking new jobs then
-    and drops the unfinished ones."""
+    and drops the unfinished ones; likewise once `stop` (a threading.Event) is set."""
     jobs = iter(jobs)
     exhausted = False
+
+    def over() -> bool:
+        return (deadline is not None and time.perf_counter() > deadline) or (stop is not None and stop.is_set())
 
     def refill():
         nonlocal exhausted
         for s in range(batcher.slots):
             if batcher.jobs[s] is None and not exhausted:
-                if deadline is not None and time.perf_counter() > deadline:
+                if over():
                     exhausted = True
                     return
                 job = next(jobs, None)
@@ -310,7 +315,7 @@ def run_batcher(batcher: ContinuousBatcher, jobs, max_new: int, deadline: float 
             refill()
             if not any(batcher.finished(s, max_new) for s in range(batcher.slots)):
                 break
-        if all(j is None for j in batcher.jobs) or (deadline is not None and time.perf_counter() > deadline):
+        if all(j is None for j in batcher.jobs) or over():
             return
         batcher.step()
 
@@ -431,22 +436,28 @@ def generate_corpus(target: Target, cfg: CorpusConfig) -> Path:
 
     deadline = None if cfg.max_minutes is None else t0 + 60 * cfg.max_minutes
     last_log = time.perf_counter()
-    for g in run_batcher(batcher, jobs(), cfg.max_new_tokens, deadline):
-        split = "val" if g.index < cfg.val_prompts else "train"
-        buffers[split].append(g)
-        new_tokens += len(g.answer)
-        if sum(len(x.prompt) + len(x.answer) for x in buffers[split]) >= SHARD_TOKENS:
+    # SIGTERM: stop taking prompts, keep every finished record (the rows in flight are dropped, as at
+    # the deadline; their prompts stay undone) and exit; the same command resumes
+    with stop_on_sigterm() as sigterm:
+        for g in run_batcher(batcher, jobs(), cfg.max_new_tokens, deadline, sigterm):
+            split = "val" if g.index < cfg.val_prompts else "train"
+            buffers[split].append(g)
+            new_tokens += len(g.answer)
+            if sum(len(x.prompt) + len(x.answer) for x in buffers[split]) >= SHARD_TOKENS:
+                flush(split)
+            if time.perf_counter() - last_log > 60:
+                last_log = time.perf_counter()
+                log.warning(
+                    "prompts done %d/%d  answer tokens %d  (this run: %.1f answer tok/s)",
+                    len(meta["corpus"]["done"]) + sum(map(len, buffers.values())), limit,
+                    meta["corpus"]["answer_tokens"] + sum(len(x.answer) for v in buffers.values() for x in v),
+                    new_tokens / (time.perf_counter() - t0),
+                )
+        for split in buffers:
             flush(split)
-        if time.perf_counter() - last_log > 60:
-            last_log = time.perf_counter()
-            log.warning(
-                "prompts done %d/%d  answer tokens %d  (this run: %.1f answer tok/s)",
-                len(meta["corpus"]["done"]) + sum(map(len, buffers.values())), limit,
-                meta["corpus"]["answer_tokens"] + sum(len(x.answer) for v in buffers.values() for x in v),
-                new_tokens / (time.perf_counter() - t0),
-            )
-    for split in buffers:
-        flush(split)
+        if sigterm.is_set():
+            log.warning("SIGTERM: %d answer tokens kept in %s; the same command resumes", meta["corpus"]["answer_tokens"], out)
+            raise SystemExit(128 + signal.SIGTERM)
     return out
 
 

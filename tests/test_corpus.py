@@ -186,6 +186,33 @@ def test_corpus_resumes_exports_and_rebuilds(word_target, prompt_files, tmp_path
         list(read_corpus(tmp_path / "export"))
 
 
+def test_sigterm_keeps_the_finished_records_and_the_run_resumes(word_target, prompt_files, tmp_path, monkeypatch):
+    import signal
+
+    import dart_core.corpus as corpus
+
+    full = {r["index"]: r["ids"] for r in corpus_records(generate_corpus(word_target, corpus_cfg(prompt_files, tmp_path / "full")))}
+    step, calls = corpus.ContinuousBatcher.step, []
+
+    def step_then_signal(self):
+        calls.append(1)
+        if len(calls) == 40:
+            signal.raise_signal(signal.SIGTERM)
+        return step(self)
+
+    monkeypatch.setattr(corpus.ContinuousBatcher, "step", step_then_signal)
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as stopped:
+        generate_corpus(word_target, corpus_cfg(prompt_files, run))
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    kept = {r["index"]: r["ids"] for r in corpus_records(run)}
+    assert 0 < len(kept) < len(full) and all(full[i] == ids for i, ids in kept.items())  # finished records, flushed
+    monkeypatch.setattr(corpus.ContinuousBatcher, "step", step)
+    generate_corpus(word_target, corpus_cfg(prompt_files, run))
+    assert {r["index"]: r["ids"] for r in corpus_records(run)} == full
+
+
 def test_a_run_resumed_in_another_dtype_records_it(word_checkpoint, word_target, prompt_files, tmp_path):
     run, out = tmp_path / "run", tmp_path / "export"
     generate_corpus(word_target, corpus_cfg(prompt_files, run, max_prompts=17))
