@@ -47,6 +47,7 @@ from safetensors.torch import save_file
 from . import kernels
 from .data import iter_records
 from .target import Target
+from .training.cache import DRAFT_VOCAB_FILE
 from .training.loop import stop_on_sigterm
 
 log = logging.getLogger(__name__)
@@ -496,7 +497,6 @@ def choose_draft_vocab(run_dir: str | Path, size: int, vocab_size: int, rechoose
     heads meant to be compared (DART and EAGLE3) should share them."""
     from collections import Counter
 
-    from .training import DRAFT_VOCAB_FILE
 
     counts: Counter = Counter()
     greedy: Counter = Counter()
@@ -584,6 +584,9 @@ def export_corpus(run_dir: str | Path, out_dir: str | Path, command: str, min_re
         "parts": parts,
     }
     manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
+    vocab = run_dir / DRAFT_VOCAB_FILE  # the heads' vocabulary goes with the corpus (a rebuild reuses it)
+    if vocab.exists():
+        (out_dir / DRAFT_VOCAB_FILE).write_text(vocab.read_text())
     return manifest
 
 
@@ -651,6 +654,9 @@ def corpus_to_cache(target: Target, corpus_dir: str | Path, out_dir: str | Path,
             flush(rec["split"])
     for split in buffers:
         flush(split)
+    vocab = corpus_dir / DRAFT_VOCAB_FILE
+    if vocab.exists() and not (out / DRAFT_VOCAB_FILE).exists():
+        (out / DRAFT_VOCAB_FILE).write_text(vocab.read_text())
     return out
 
 

@@ -237,6 +237,9 @@ def test_draft_vocab_coverage_and_answer_only_training(word_target, prompt_files
     recs = list(corpus_records(run))
     answers = [t for r in recs if not r["sampled"] for t in r["ids"][r["answer_start"] :]]
     info = choose_draft_vocab(run, 10, word_target.vocab_size)
+    export_corpus(run, tmp_path / "export", "test")  # the vocabulary travels with the corpus and into a rebuild
+    rebuilt = corpus_to_cache(word_target, tmp_path / "export", tmp_path / "rebuilt")
+    assert json.loads((rebuilt / "draft_vocab.json").read_text())["draft_ids"] == info["draft_ids"]
     assert info["coverage_greedy_argmax"] == pytest.approx(sum(t in set(info["draft_ids"]) for t in answers) / len(answers))
     assert choose_draft_vocab(run, word_target.vocab_size, word_target.vocab_size)["coverage_greedy_argmax"] == 1.0
     assert not choose_draft_vocab(run, 10, word_target.vocab_size)["kept"]  # another size than the file's: chosen anew
