@@ -1,0 +1,191 @@
+"""Choose DART's tree size (and score floor) for this machine and head from one logged run.
+
+    python scripts/tune_tree.py --dataset ../shared/data/bench/*.jsonl --skip 10 --limit 5 --cap 16 [--dart-model DIR]
+
+1. Generates greedily with DART at `--cap` drafted nodes on held-out prompts (by default prompts 11-15
+   of each file: the bench reports on the first 10) and logs every step's tree scores and accepted path.
+   At temperature 0 the target's next token does not depend on the tree, so what a smaller tree cut
+   from the same ranking (the best N nodes, or those above a score floor) would have accepted is
+   known: the prefix of the accepted path that lies inside it.
+2. Times the target's verify at every tree size 1..cap+1 on this machine (chains after a ~300-token
+   prompt, median of repeats); drafting and the rest of a step cost what the logged run measured.
+3. Prints the expected tokens/s and τ of every fixed size and of score floors
+   (`--tree-min-score S --tree-min-nodes M --max-nodes N`), best first.
+
+An estimate, not a measurement: it ignores that smaller trees draft a little faster (fewer head
+rows) and that a step's tree depends on where the previous step ended. Confirm the choice with the
+bench CLI in one interleaved run, e.g. `--methods ar,dart@5,dart@8`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from dart_core.bench import dataset_names, read_questions  # noqa: E402
+from dart_core.drafters.registry import add_drafter_flags, build_drafter, check_drafter_flags  # noqa: E402
+from dart_core.generate import GenerationParams, StepEvent, Summary, generate  # noqa: E402
+from dart_core.loading import DEFAULT_MODEL  # noqa: E402
+from dart_core.target import load_target  # noqa: E402
+from dart_core.tree import DraftTree  # noqa: E402
+
+FLOORS = [-0.5 * i for i in range(1, 13)]  # score floors tried (scores are <= 0)
+VERIFY_REPEATS = 7
+
+
+@dataclass(frozen=True)
+class LoggedStep:
+    ranked: list[int]  # tree node indices (root excluded) in the pruner's order: score desc, depth asc, index asc
+    scores: list[float]  # per tree node, root first
+    path: list[int]  # accepted node indices, root excluded
+    fixed_s: float  # draft + prune + other seconds of this step
+
+
+def rank_nodes(scores: list[float], parents: list[int]) -> list[int]:
+    depth = [0] * len(scores)
+    for i in range(1, len(scores)):
+        depth[i] = depth[parents[i]] + 1
+    return sorted(range(1, len(scores)), key=lambda i: (-scores[i], depth[i], i))
+
+
+def kept_nodes(step: LoggedStep, max_nodes: int, min_score: float = float("-inf"), min_nodes: int = 0) -> int:
+    """How many of the step's ranked nodes a tree with these settings keeps (a prefix of the ranking)."""
+    n = min(max_nodes, len(step.ranked))
+    for i in range(min(min_nodes, n), n):
+        if step.scores[step.ranked[i]] < min_score:
+            return i
+    return n
+
+
+def accepted(step: LoggedStep, keep: int) -> int:
+    """Drafted tokens the step would accept with only the first `keep` ranked nodes."""
+    kept = set(step.ranked[:keep])
+    n = 0
+    for node in step.path:
+        if node not in kept:
+            break
+        n += 1
+    return n
+
+
+def simulate(steps: list[LoggedStep], verify_s: dict[int, float], **setting) -> tuple[float, float]:
+    """(tokens/s, τ) of the logged steps under a tree setting (kept_nodes' keywords); prefill excluded."""
+    tokens = seconds = 0.0
+    for s in steps:
+        keep = kept_nodes(s, **setting)
+        tokens += accepted(s, keep) + 1
+        seconds += s.fixed_s + verify_s[keep + 1]
+    return tokens / seconds, tokens / len(steps)
+
+
+def log_steps(target, drafter, prompts: list[list[int]], max_new: int) -> list[LoggedStep]:
+    steps = []
+    for ids in prompts:
+        for ev in generate(target, ids, drafter, GenerationParams(max_new)):
+            if isinstance(ev, StepEvent) and ev.tree is not None:
+                scores, parents = ev.tree.scores.tolist(), ev.tree.parents.tolist()
+                t = ev.times
+                steps.append(LoggedStep(rank_nodes(scores, parents), scores, list(ev.path[1:]), t.draft + t.prune + t.other))
+            elif isinstance(ev, Summary):
+                break
+    return steps
+
+
+def time_verify(target, prompt: list[int], sizes: range) -> dict[int, float]:
+    """Median seconds of a verify of a chain of each size, after `prompt` is cached (sizes interleaved)."""
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    cache = target.new_cache(len(prompt) + max(sizes) + 1)
+    target.prefill(prompt, cache, capture=True)
+    cache.commit(len(prompt))
+    for _ in range(VERIFY_REPEATS):
+        for n in sizes:
+            tree = DraftTree.from_parents([prompt[-1]] * n, [-1] + list(range(n - 1)))
+            t0 = time.perf_counter()
+            target.verify(tree, cache, capture=True)
+            times[n].append(time.perf_counter() - t0)
+    med = {n: statistics.median(v) for n, v in times.items()}
+    for n in sorted(med)[1:]:  # a bigger tree never costs less: smooth timing noise upwards
+        med[n] = max(med[n], med[n - 1])
+    return med
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--dataset", type=Path, nargs="+", required=True, help="question.jsonl files (first turns)")
+    p.add_argument("--skip", type=int, default=10, help="prompts skipped at the start of each file (the bench's)")
+    p.add_argument("--limit", type=int, default=5, help="prompts used from each file after --skip")
+    p.add_argument("--cap", type=int, default=16, help="drafted nodes of the logged trees (the largest size considered)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--out", type=Path, default=None, help="write the logged steps' summary and every setting's estimate as JSON")
+    add_drafter_flags(p)
+    args = p.parse_args(argv)
+    try:
+        check_drafter_flags(args)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    if args.cap < 1 or args.limit < 1 or args.skip < 0:
+        raise SystemExit("--cap and --limit must be >= 1, --skip >= 0")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    args.max_nodes, args.tree_min_score = args.cap, None  # log full trees; the settings are simulated
+    target = load_target(args.model, args.device, args.dtype)
+    drafter = build_drafter("dart", target, args, default_target=args.model == DEFAULT_MODEL)
+    prompts = []
+    for name, path in zip(dataset_names(args.dataset), args.dataset):
+        rows = read_questions(path, args.skip + args.limit)[args.skip :]
+        if not rows:
+            raise SystemExit(f"{path} has no prompts after the first {args.skip}")
+        prompts += [target.encode([{"role": "user", "content": q["turns"][0]}]) for q in rows]
+    print(f"logging {len(prompts)} prompts at {args.cap} nodes", file=sys.stderr)
+    steps = log_steps(target, drafter, prompts, args.max_new_tokens)
+    verify_s = time_verify(target, max(prompts, key=len), range(1, args.cap + 2))
+    results = []
+    for n in range(1, args.cap + 1):
+        results.append(({"max_nodes": n}, *simulate(steps, verify_s, max_nodes=n)))
+        for floor in FLOORS:
+            for m in range(1, n):
+                setting = {"max_nodes": n, "min_score": floor, "min_nodes": m}
+                results.append((setting, *simulate(steps, verify_s, **setting)))
+    results.sort(key=lambda r: -r[1])
+    fixed = [r for r in results if len(r[0]) == 1]
+
+    def row(setting, tps, tau):
+        flags = f"--max-nodes {setting['max_nodes']}"
+        if "min_score" in setting:
+            flags += f" --tree-min-score {setting['min_score']} --tree-min-nodes {setting['min_nodes']}"
+        return f"| `{flags}` | {tps:.1f} | {tau:.2f} |"
+
+    print(f"{len(steps)} steps logged; verify ms by tree size (root included): "
+          + ", ".join(f"{n}: {1e3 * s:.1f}" for n, s in verify_s.items()))
+    print("\n| setting | est. tokens/s | τ |\n|---|---|---|")
+    for r in results[:10]:
+        print(row(*r))
+    print("\nfixed sizes:\n\n| setting | est. tokens/s | τ |\n|---|---|---|")
+    for r in sorted(fixed, key=lambda r: r[0]["max_nodes"]):
+        print(row(*r))
+    if args.out:
+        args.out.write_text(json.dumps({
+            "steps": len(steps), "cap": args.cap, "verify_ms": {n: 1e3 * s for n, s in verify_s.items()},
+            "fixed_ms_per_step": 1e3 * statistics.mean(s.fixed_s for s in steps) if steps else None,
+            "settings": [{"setting": s, "tokens_per_s": tps, "tau": tau} for s, tps, tau in results],
+        }, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
