@@ -128,17 +128,21 @@ class DraftLayer(nn.Module):
         if c.is_dart:
             self.mask_rep = nn.Parameter(torch.randn(2 * H))
 
-    def attention(self, u, cos, sin, mask, cache: KVCache | None) -> torch.Tensor:
-        """u (T, 2H) -> (T, H). With a cache, attends to its committed prefix too (pending writes)."""
+    def attention(self, u, cos, sin, mask, cache: KVCache | None, queries: torch.Tensor | None = None) -> torch.Tensor:
+        """u (T, 2H) -> (T, H). With a cache, attends to its committed prefix too (pending writes).
+        queries (Tq,): compute only these rows' outputs (keys and values still come from all T rows;
+        mask then has Tq rows) -> (Tq, H), the same rows as the full call gives, for less work."""
         c, a = self.c, self.self_attn
         T = u.shape[0]
-        q = apply_rope(apply_linear(a.q_proj, u).view(T, c.num_attention_heads, c.head_dim).transpose(0, 1)[None], cos, sin)
+        uq, cq, sq = (u, cos, sin) if queries is None else (u[queries], cos[queries], sin[queries])
+        Tq = uq.shape[0]
+        q = apply_rope(apply_linear(a.q_proj, uq).view(Tq, c.num_attention_heads, c.head_dim).transpose(0, 1)[None], cq, sq)
         k = apply_rope(apply_linear(a.k_proj, u).view(T, c.num_key_value_heads, c.head_dim).transpose(0, 1)[None], cos, sin)
         v = apply_linear(a.v_proj, u).view(T, c.num_key_value_heads, c.head_dim).transpose(0, 1)[None]
         if cache is not None:
             k, v = cache.write(0, k, v)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=c.num_attention_heads != c.num_key_value_heads)
-        return apply_linear(a.o_proj, out[0].transpose(0, 1).reshape(T, -1))
+        return apply_linear(a.o_proj, out[0].transpose(0, 1).reshape(Tq, -1))
 
     def mlp_block(self, h: torch.Tensor) -> torch.Tensor:
         m = self.mlp

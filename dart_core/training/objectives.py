@@ -52,9 +52,11 @@ def dart_anchor_logits(head, embed: torch.Tensor, tokens: torch.Tensor, aux: tor
     residual = torch.cat((residual, layer.mask_rep[: c.hidden_size].expand(m * D, -1)))
     mask, positions = dart_attention_mask(R, anchors.cpu(), D)
     cos, sin = head.rope(positions.to(u.device), u.dtype)
-    h = residual + layer.attention(u, cos, sin, mask[None, None].to(u.device), None)
-    rows = torch.cat((anchors[:, None].cpu(), R + torch.arange(m * D).view(m, D)), dim=1).to(u.device)  # (m, D+1) query indices
-    h = layer.mlp_block(h[rows.reshape(-1)])
+    # only the rows that draft (each anchor's real position and its D slots) are queried; every
+    # position still provides keys and values
+    rows = torch.cat((anchors[:, None].cpu(), R + torch.arange(m * D).view(m, D)), dim=1).reshape(-1)  # (m*(D+1),)
+    h = residual[rows.to(u.device)] + layer.attention(u, cos, sin, mask[rows][None, None].to(u.device), None, queries=rows.to(u.device))
+    h = layer.mlp_block(h)
     return head.logits(h).view(m, D + 1, -1)
 
 
@@ -106,15 +108,19 @@ def dart_record_loss(head, embed, teacher_rows, rec: CachedRecord, anchors, gamm
 # EAGLE3 objective: training-time test
 
 
-def _attend(u: torch.Tensor, positions: torch.Tensor, head, keys: list, values: list, mask: torch.Tensor) -> torch.Tensor:
-    """One attention of the head's layer for queries u (Tq, 2H) at rope `positions` over the keys and
-    values already in `keys`/`values` plus the queries' own (appended to the lists). mask (Tq, Tk) bool."""
+def _attend(u: torch.Tensor, positions: torch.Tensor, head, keys: list, values: list, mask: torch.Tensor,
+            queries: torch.Tensor | None = None) -> torch.Tensor:
+    """One attention of the head's layer for new rows u (T, 2H) at rope `positions` over the keys and
+    values already in `keys`/`values` plus the new rows' own (appended to the lists). Returns the
+    outputs of the rows `queries` (default all), mask (len(queries), Tk) bool."""
     c, a = head.config, head.midlayer.self_attn
-    Tq = u.shape[0]
+    T = u.shape[0]
     cos, sin = head.rope(positions, u.dtype)
-    q = apply_rope(a.q_proj(u).view(Tq, c.num_attention_heads, c.head_dim).transpose(0, 1)[None], cos, sin)
-    keys.append(apply_rope(a.k_proj(u).view(Tq, c.num_key_value_heads, c.head_dim).transpose(0, 1)[None], cos, sin))
-    values.append(a.v_proj(u).view(Tq, c.num_key_value_heads, c.head_dim).transpose(0, 1)[None])
+    uq, cq, sq = (u, cos, sin) if queries is None else (u[queries], cos[queries], sin[queries])
+    Tq = uq.shape[0]
+    q = apply_rope(a.q_proj(uq).view(Tq, c.num_attention_heads, c.head_dim).transpose(0, 1)[None], cq, sq)
+    keys.append(apply_rope(a.k_proj(u).view(T, c.num_key_value_heads, c.head_dim).transpose(0, 1)[None], cos, sin))
+    values.append(a.v_proj(u).view(T, c.num_key_value_heads, c.head_dim).transpose(0, 1)[None])
     out = F.scaled_dot_product_attention(
         q, torch.cat(keys, dim=2), torch.cat(values, dim=2), attn_mask=mask[None, None],
         enable_gqa=c.num_attention_heads != c.num_key_value_heads,
@@ -141,12 +147,11 @@ def eagle3_anchor_logits(head, embed: torch.Tensor, tokens: torch.Tensor, aux: t
     u, residual = head.inputs(aux[:R].to(embed.dtype), None, embed[tokens[1:]])
     keys: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
-    causal = torch.ones(R, R, dtype=torch.bool, device=dev).tril_()
-    h = layer.mlp_block(residual + _attend(u, torch.arange(R, device=dev), head, keys, values, causal))
     anchors = anchors.to(dev)
     prefix = torch.arange(R, device=dev)[None, :] <= anchors[:, None]  # (m, R): step-0 keys an anchor's chain sees
+    # step 0 needs every position's keys and values but only the anchors' outputs (causal rows = prefix)
+    state = layer.mlp_block(residual[anchors] + _attend(u, torch.arange(R, device=dev), head, keys, values, prefix, queries=anchors))
     eye = torch.eye(m, dtype=torch.bool, device=dev)
-    state = h[anchors]
     rows = [head.logits(state)]
     for k in range(1, steps + 1):
         ids = tokens[(anchors + 1 + k).clamp(max=T - 1)]
