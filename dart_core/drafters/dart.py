@@ -51,7 +51,8 @@ class DartDrafter:
     name = "dart"
     needs_hidden = True
 
-    def __init__(self, head: DraftHead, target, ngram: ngram_cpp.NGram | None, params: DartParams = DartParams(), use_kernels: bool = True):
+    def __init__(self, head: DraftHead, target, ngram: ngram_cpp.NGram | None, params: DartParams = DartParams(), use_kernels: bool = True,
+                 kernel_head: KernelHead | None = None):
         if not head.config.is_dart:
             raise ValueError("DartDrafter needs a DART head (with draft_length and mask_rep)")
         if params.depth is not None and params.depth < 1:
@@ -59,14 +60,15 @@ class DartDrafter:
         self.head, self.target, self.ngram, self.params = head, target, ngram, params
         self.max_nodes = params.prune.max_nodes
         self.eos_id = min(target.eos_ids) if target.eos_ids else -1
-        # the head's forward on the CPU kernels where they run (else the eager module)
-        self.fast = KernelHead(head) if use_kernels and KernelHead.supports(head) else None
+        # the head's forward on the CPU kernels where they run (else the eager module); kernel_head:
+        # one built before for this head, shared
+        if kernel_head is None and use_kernels and KernelHead.supports(head):
+            kernel_head = KernelHead(head)
+        self.fast = kernel_head if use_kernels else None
 
     def with_params(self, params: DartParams) -> "DartDrafter":
-        """The same loaded head and trie with other tree parameters (cheap)."""
-        other = DartDrafter(self.head, self.target, self.ngram, params, use_kernels=False)
-        other.fast = self.fast
-        return other
+        """The same loaded head, kernel weights and trie with other tree parameters (cheap)."""
+        return DartDrafter(self.head, self.target, self.ngram, params, use_kernels=self.fast is not None, kernel_head=self.fast)
 
     def new_session(self, capacity: int) -> "_DartSession":
         return _DartSession(self, capacity)
@@ -104,30 +106,26 @@ class _DartSession:
                 raise ValueError(f"rows must be in [1, {D + 1}], got {rows}")
             D = rows - 1
         S = len(self.pending_ids)
-        emb_ids = torch.tensor(self.pending_ids[1:] + [root], device=target.device)
-        fast = self.d.fast
-        if fast is not None:
-            u, residual = fast.inputs(torch.cat(self.pending_aux), target.model.tok_embeddings(emb_ids))
-            u = torch.cat((u, layer.mask_rep.expand(D, -1)))
-            residual = torch.cat((residual, layer.mask_rep[: head.config.hidden_size].expand(D, -1)))
-            h = fast.layer(u, residual, self.cache, keep=D + 1)
-            self.cache.commit(S)
-            self.pending_ids, self.pending_aux = [], []
-            return fast.logits(h)
-        u, residual = head.inputs(torch.cat(self.pending_aux), None, target.model.tok_embeddings(emb_ids))
+        emb = target.model.tok_embeddings(torch.tensor(self.pending_ids[1:] + [root], device=target.device))
+        aux = torch.cat(self.pending_aux)
+        fast = self.d.fast  # the CPU kernels, else the eager module
+        u, residual = fast.inputs(aux, emb) if fast is not None else head.inputs(aux, None, emb)
         u = torch.cat((u, layer.mask_rep.expand(D, -1)))  # (S+D, 2H): masks bypass both norms
         residual = torch.cat((residual, layer.mask_rep[: head.config.hidden_size].expand(D, -1)))
-        P = self.cache.length
-        positions = torch.arange(P, P + S + D, device=target.device)
-        cos, sin = head.rope(positions, u.dtype)
-        causal = torch.ones(S + D, S + D, dtype=torch.bool, device=target.device).tril_()
-        mask = torch.cat((torch.ones(S + D, P, dtype=torch.bool, device=target.device), causal), dim=1)[None, None]
-        h = residual + layer.attention(u, cos, sin, mask, self.cache)
-        h = layer.mlp_block(h[-(D + 1) :])  # the last real position and the D masks
+        if fast is not None:
+            h = fast.layer(u, residual, self.cache, keep=D + 1)
+        else:
+            P = self.cache.length
+            positions = torch.arange(P, P + S + D, device=target.device)
+            cos, sin = head.rope(positions, u.dtype)
+            causal = torch.ones(S + D, S + D, dtype=torch.bool, device=target.device).tril_()
+            mask = torch.cat((torch.ones(S + D, P, dtype=torch.bool, device=target.device), causal), dim=1)[None, None]
+            h = residual + layer.attention(u, cos, sin, mask, self.cache)
+            h = layer.mlp_block(h[-(D + 1) :])  # the last real position and the D masks
         # the real positions' keys/values stay valid (the root is always committed next); masks are scratch
         self.cache.commit(S)
         self.pending_ids, self.pending_aux = [], []
-        return head.logits(h)
+        return fast.logits(h) if fast is not None else head.logits(h)
 
     def propose(self, root: int, max_nodes: int) -> Proposal:
         sync = torch.cuda.synchronize if self.d.target.device.type == "cuda" else (lambda: None)
