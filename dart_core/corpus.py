@@ -497,7 +497,6 @@ def choose_draft_vocab(run_dir: str | Path, size: int, vocab_size: int, rechoose
     heads meant to be compared (DART and EAGLE3) should share them."""
     from collections import Counter
 
-
     counts: Counter = Counter()
     greedy: Counter = Counter()
     for rec in corpus_records(run_dir):

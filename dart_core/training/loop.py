@@ -113,6 +113,12 @@ def new_head_from_target(target, draft_ids: torch.Tensor, draft_length: int | No
     return head
 
 
+def state_draft_ids(head_state: dict) -> torch.Tensor:
+    """The target ids of a head state dict's draft vocabulary (d2t holds offsets), on the CPU."""
+    d2t = head_state["d2t"].cpu()
+    return d2t + torch.arange(d2t.numel())
+
+
 def adopt_vocabulary(ck: dict, new_ids: torch.Tensor, target, param_names: list[str]) -> dict:
     """A training checkpoint moved to another draft vocabulary `new_ids` (sorted target ids).
 
@@ -123,7 +129,7 @@ def adopt_vocabulary(ck: dict, new_ids: torch.Tensor, target, param_names: list[
     param_names: the head's parameter names in head.parameters() order (the optimizer state's keys)."""
     head_state = dict(ck["head"])
     old_w = head_state["lm_head.weight"]
-    old_ids = (head_state["d2t"].cpu() + torch.arange(head_state["d2t"].numel())).tolist()
+    old_ids = state_draft_ids(head_state).tolist()
     new_ids = new_ids.cpu().long()
     old_pos = {t: i for i, t in enumerate(old_ids)}
     keep_new = [i for i, t in enumerate(new_ids.tolist()) if t in old_pos]
@@ -234,7 +240,7 @@ def train_head(target, cfg: TrainConfig, objective: str, rows: int) -> Path:
         # the head's vocabulary is the one it started with: a corpus that grew since may have chosen
         # another (its draft_vocab.json is re-chosen on export), and teacher rows of that vocabulary
         # would train the head's outputs towards other tokens' distributions
-        head_ids = (ck["head"]["d2t"] + torch.arange(ck["head"]["d2t"].numel(), device=ck["head"]["d2t"].device)).cpu()
+        head_ids = state_draft_ids(ck["head"])
         if not torch.equal(head_ids, draft_ids):
             shared = len(set(head_ids.tolist()) & set(draft_ids.tolist()))
             if cfg.adopt_cache_vocab:
