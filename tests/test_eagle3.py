@@ -33,16 +33,22 @@ def test_eagle3_greedy_equals_ar(tiny_ckpt):
         assert s.output_ids == ar.output_ids
 
 
-def test_eagle3_tree_shape(tiny_llama):
-    drafter = Eagle3Drafter(random_eagle3_head(tiny_llama, seed=2), tiny_llama, Eagle3Params(depth=3, top_k=5, max_nodes=19))
+def proposer(drafter, target, capacity: int):
+    """propose(max_nodes) -> the tree a fresh session drafts after prompt 5 6 7 8, root 9."""
     ids = [5, 6, 7, 8]
-    out = tiny_llama.prefill(ids, tiny_llama.new_cache(64), capture=True)
+    out = target.prefill(ids, target.new_cache(capacity), capture=True)
 
     def propose(max_nodes):
-        session = drafter.new_session(64)
+        session = drafter.new_session(capacity)
         session.extend(ids, out.hidden)
         return session.propose(9, max_nodes).tree
 
+    return propose
+
+
+def test_eagle3_tree_shape(tiny_llama):
+    drafter = Eagle3Drafter(random_eagle3_head(tiny_llama, seed=2), tiny_llama, Eagle3Params(depth=3, top_k=5, max_nodes=19))
+    propose = proposer(drafter, tiny_llama, 64)
     tree = propose(64)
     assert len(tree) == 20 and tree.max_depth <= 4
     scores = tree.scores.tolist()
@@ -54,14 +60,7 @@ def test_small_trees_search_less_and_keep_the_same_nodes(tiny_llama):
     """A 5-node tree searches 4 levels with 5 candidates (not 7 with 10) and keeps the 5 best nodes
     of the full search, which a 60-node tree holds as its best five."""
     drafter = Eagle3Drafter(random_eagle3_head(tiny_llama, seed=4), tiny_llama, Eagle3Params(depth=7, top_k=10, max_nodes=59))
-    ids = [5, 6, 7, 8]
-    out = tiny_llama.prefill(ids, tiny_llama.new_cache(128), capture=True)
-
-    def propose(max_nodes):
-        session = drafter.new_session(128)
-        session.extend(ids, out.hidden)
-        return session.propose(9, max_nodes).tree
-
+    propose = proposer(drafter, tiny_llama, 128)
     full = propose(59)
     sc, depth = full.scores.tolist(), full.depths.tolist()
     for nodes in (1, 3, 5):
