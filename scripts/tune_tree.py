@@ -7,8 +7,10 @@
    At temperature 0 the target's next token does not depend on the tree, so what a smaller tree cut
    from the same ranking (the best N nodes, or those above a score floor) would have accepted is
    known: the prefix of the accepted path that lies inside it.
-2. Times the target's verify at every tree size 1..cap+1 on this machine (chains after a ~300-token
-   prompt, median of repeats); drafting and the rest of a step cost what the logged run measured.
+2. Times the target's verify at every tree size 1..cap+1 on this machine (chains after the shortest,
+   the median and the longest prompt, median of repeats) and charges each logged step the time
+   interpolated at its own cache length (attention over a 1,400-token summary prompt costs more than
+   over a 40-token question); drafting and the rest of a step cost what the logged run measured.
 3. Prints the expected tokens/s and τ of every fixed size and of score floors
    (`--tree-min-score S --tree-min-nodes M --max-nodes N`), best first.
 
@@ -33,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from dart_core.bench import dataset_names, read_questions  # noqa: E402
+from dart_core.drafters import default_max_nodes
 from dart_core.drafters.registry import add_drafter_flags, build_drafter, check_drafter_flags  # noqa: E402
 from dart_core.generate import GenerationParams, StepEvent, Summary, generate  # noqa: E402
 from dart_core.loading import DEFAULT_MODEL  # noqa: E402
@@ -49,6 +52,8 @@ class LoggedStep:
     scores: list[float]  # per tree node, root first
     path: list[int]  # accepted node indices, root excluded
     fixed_s: float  # draft + prune + other seconds of this step
+    dataset: str = ""  # the bench set of the step's prompt
+    cached: int = 0  # tokens in the cache before the step (prompt + committed output)
 
 
 def rank_nodes(scores: list[float], parents: list[int]) -> list[int]:
@@ -78,26 +83,50 @@ def accepted(step: LoggedStep, keep: int) -> int:
     return n
 
 
-def simulate(steps: list[LoggedStep], verify_s: dict[int, float], **setting) -> tuple[float, float]:
+class VerifyTimes:
+    """Seconds of a verify by tree size (root included), measured after a few cache lengths and
+    interpolated linearly in between (clamped outside)."""
+
+    def __init__(self, by_length: dict[int, dict[int, float]]):
+        self.lengths = sorted(by_length)
+        self.by_length = by_length
+
+    def __call__(self, rows: int, cached: int) -> float:
+        ls = self.lengths
+        if cached <= ls[0] or len(ls) == 1:
+            return self.by_length[ls[0]][rows]
+        if cached >= ls[-1]:
+            return self.by_length[ls[-1]][rows]
+        hi = next(i for i, n in enumerate(ls) if n >= cached)
+        a, b = ls[hi - 1], ls[hi]
+        w = (cached - a) / (b - a)
+        return (1 - w) * self.by_length[a][rows] + w * self.by_length[b][rows]
+
+
+def simulate(steps: list[LoggedStep], verify: VerifyTimes, **setting) -> tuple[float, float]:
     """(tokens/s, τ) of the logged steps under a tree setting (kept_nodes' keywords); prefill excluded."""
     tokens = seconds = 0.0
     for s in steps:
         keep = kept_nodes(s, **setting)
         tokens += accepted(s, keep) + 1
-        seconds += s.fixed_s + verify_s[keep + 1]
+        seconds += s.fixed_s + verify(keep + 1, s.cached)
     return tokens / seconds, tokens / len(steps)
 
 
-def log_steps(target, drafter, prompts: list[list[int]], max_new: int) -> list[LoggedStep]:
+def log_steps(target, drafter, prompts: list[tuple[str, list[int]]], max_new: int) -> list[LoggedStep]:
     steps = []
-    for ids in prompts:
+    for name, ids in prompts:
+        cached = len(ids)
         for ev in generate(target, ids, drafter, GenerationParams(max_new)):
             if isinstance(ev, StepEvent) and ev.tree is not None:
                 scores, parents = ev.tree.scores.tolist(), ev.tree.parents.tolist()
                 t = ev.times
-                steps.append(LoggedStep(rank_nodes(scores, parents), scores, list(ev.path[1:]), t.draft + t.prune + t.other))
+                steps.append(LoggedStep(rank_nodes(scores, parents), scores, list(ev.path[1:]), t.draft + t.prune + t.other,
+                                        name, cached))
             elif isinstance(ev, Summary):
                 break
+            if isinstance(ev, StepEvent):
+                cached += len(ev.new_tokens) if ev.tree is not None else 0
     return steps
 
 
@@ -142,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--cap and --limit must be >= 1, --skip >= 0")
     if args.threads:
         torch.set_num_threads(args.threads)
+    default_nodes = default_max_nodes(args.device)
     args.max_nodes, args.tree_min_score = args.cap, None  # log full trees; the settings are simulated
     target = load_target(args.model, args.device, args.dtype)
     drafter = build_drafter("dart", target, args, default_target=args.model == DEFAULT_MODEL)
@@ -150,10 +180,12 @@ def main(argv: list[str] | None = None) -> int:
         rows = read_questions(path, args.skip + args.limit)[args.skip :]
         if not rows:
             raise SystemExit(f"{path} has no prompts after the first {args.skip}")
-        prompts += [target.encode([{"role": "user", "content": q["turns"][0]}]) for q in rows]
+        prompts += [(name, target.encode([{"role": "user", "content": q["turns"][0]}])) for q in rows]
     print(f"logging {len(prompts)} prompts at {args.cap} nodes", file=sys.stderr)
     steps = log_steps(target, drafter, prompts, args.max_new_tokens)
-    verify_s = time_verify(target, max(prompts, key=len), range(1, args.cap + 2))
+    by_len = sorted((ids for _, ids in prompts), key=len)
+    timed = {len(ids): ids for ids in (by_len[0], by_len[len(by_len) // 2], by_len[-1])}
+    verify_s = VerifyTimes({n: time_verify(target, ids, range(1, args.cap + 2)) for n, ids in timed.items()})
     results = []
     for n in range(1, args.cap + 1):
         results.append(({"max_nodes": n}, *simulate(steps, verify_s, max_nodes=n)))
@@ -170,19 +202,28 @@ def main(argv: list[str] | None = None) -> int:
             flags += f" --tree-min-score {setting['min_score']} --tree-min-nodes {setting['min_nodes']}"
         return f"| `{flags}` | {tps:.1f} | {tau:.2f} |"
 
-    print(f"{len(steps)} steps logged; verify ms by tree size (root included): "
-          + ", ".join(f"{n}: {1e3 * s:.1f}" for n, s in verify_s.items()))
+    print(f"{len(steps)} steps logged; verify ms by tree size (root included), after")
+    for n in verify_s.lengths:
+        print(f"  {n} cached tokens: " + ", ".join(f"{k}: {1e3 * v:.1f}" for k, v in verify_s.by_length[n].items()))
     print("\n| setting | est. tokens/s | τ |\n|---|---|---|")
     for r in results[:10]:
         print(row(*r))
+    names = list(dict.fromkeys(s.dataset for s in steps))
+    print("\nper set (τ):\n\n| setting | " + " | ".join(names) + " |\n|---|" + "---|" * len(names))
+    for setting, _, _ in results[:3] + [r for r in fixed if r[0]["max_nodes"] == default_nodes]:
+        taus = [simulate([s for s in steps if s.dataset == n], verify_s, **setting)[1] for n in names]
+        print(row(setting, 0, 0).split(" |")[0] + " | " + " | ".join(f"{t:.2f}" for t in taus) + " |")
     print("\nfixed sizes:\n\n| setting | est. tokens/s | τ |\n|---|---|---|")
     for r in sorted(fixed, key=lambda r: r[0]["max_nodes"]):
         print(row(*r))
     if args.out:
         args.out.write_text(json.dumps({
-            "steps": len(steps), "cap": args.cap, "verify_ms": {n: 1e3 * s for n, s in verify_s.items()},
+            "steps": len(steps), "cap": args.cap,
+            "verify_ms": {n: {k: 1e3 * v for k, v in t.items()} for n, t in verify_s.by_length.items()},
             "fixed_ms_per_step": 1e3 * statistics.mean(s.fixed_s for s in steps) if steps else None,
-            "settings": [{"setting": s, "tokens_per_s": tps, "tau": tau} for s, tps, tau in results],
+            "settings": [{"setting": s, "tokens_per_s": tps, "tau": tau,
+                          "tau_per_set": {n: simulate([x for x in steps if x.dataset == n], verify_s, **s)[1] for n in names}}
+                         for s, tps, tau in results],
         }, indent=1) + "\n")
     return 0
 

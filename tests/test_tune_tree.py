@@ -36,9 +36,17 @@ def test_cut_and_acceptance_by_hand(tune):
     assert tune.kept_nodes(step, 4, min_score=-0.8) == 2  # 1 and 3 reach the floor
     assert tune.kept_nodes(step, 4, min_score=-0.8, min_nodes=3) == 3
     assert tune.kept_nodes(step, 4, min_score=-0.1) == 0
-    verify = {n: 0.010 + 0.001 * n for n in range(1, 6)}
+    verify = tune.VerifyTimes({100: {n: 0.010 + 0.001 * n for n in range(1, 6)}})
     tps, tau = tune.simulate([step], verify, max_nodes=2)
     assert tau == 3.0 and tps == pytest.approx(3 / (0.001 + 0.013))
+
+
+def test_verify_time_follows_the_cache_length(tune):
+    verify = tune.VerifyTimes({100: {1: 0.010, 2: 0.012}, 1100: {1: 0.020, 2: 0.030}})
+    assert verify(2, 50) == 0.012 and verify(2, 5000) == 0.030  # clamped outside the timed lengths
+    assert verify(1, 600) == pytest.approx(0.015) and verify(2, 350) == pytest.approx(0.0165)  # linear in between
+    step = tune.LoggedStep([1], [0.0, -0.1], [1], 0.002, "sum", cached=1100)
+    assert tune.simulate([step], verify, max_nodes=1) == (pytest.approx(2 / 0.032), 2.0)
 
 
 @pytest.mark.skipif(not (EMBEDDED_DART_HEAD / "config.json").exists(), reason="the embedded DART head is missing")
@@ -55,7 +63,8 @@ def test_a_smaller_tree_accepts_what_the_logged_cut_predicts(tune, embedded_targ
     seen = 0
     for text in ("List three uses of a paperclip.", "Write the numbers from one to ten.", "What is the capital of France?"):
         ids = embedded_target.encode([{"role": "user", "content": text}])
-        logged = tune.log_steps(embedded_target, big, [ids], 12)[0]
+        logged = tune.log_steps(embedded_target, big, [("q", ids)], 12)[0]
+        assert logged.cached == len(ids) and logged.dataset == "q"
         for n in (1, 3, 6):
             small = big.with_params(DartParams(ngram_cpp.PruneParams(max_nodes=n)))
             first = next(ev for ev in generate(embedded_target, ids, small, GenerationParams(12)) if isinstance(ev, StepEvent) and ev.tree is not None)
@@ -72,7 +81,9 @@ def test_cli_end_to_end(tune, tmp_path, capsys):
     assert tune.main(["--dataset", str(q), "--skip", "1", "--limit", "1", "--cap", "2", "--max-new-tokens", "8",
                       "--dtype", "float32", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert result["cap"] == 2 and result["steps"] >= 1 and set(result["verify_ms"]) == {"1", "2", "3"}
+    assert result["cap"] == 2 and result["steps"] >= 1
+    assert [set(by_size) for by_size in result["verify_ms"].values()] == [{"1", "2", "3"}]  # one prompt: one cache length
+    assert all(set(r["tau_per_set"]) == {"q"} for r in result["settings"])
     assert {tuple(sorted(r["setting"])) for r in result["settings"]} >= {("max_nodes",), ("max_nodes", "min_nodes", "min_score")}
     assert "--max-nodes 2" in capsys.readouterr().out
     with pytest.raises(SystemExit):

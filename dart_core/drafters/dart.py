@@ -131,16 +131,16 @@ class _DartSession:
         sync = torch.cuda.synchronize if self.d.target.device.type == "cuda" else (lambda: None)
         t0 = time.perf_counter()
         p = self.d.params.prune
-        budget = max(0, min(p.max_nodes, max_nodes))
-        # a tree of `budget` nodes is at most that deep: deeper rows could not change it
-        rows = max(1, min(self.d.head.config.draft_length + 1, self.d.params.depth or budget, budget))
+        max_nodes = max(0, min(p.max_nodes, max_nodes))  # the drafter's size, cut to what the loop allows
+        # a tree of `max_nodes` nodes is at most that deep: deeper rows could not change it
+        rows = max(1, min(self.d.head.config.draft_length + 1, self.d.params.depth or max_nodes, max_nodes))
         logits = self.draft_logits(root, rows).float()
         vals, idx = logits.topk(min(p.top_k, logits.shape[-1]), dim=-1)
         probs = vals.softmax(-1)  # renormalised within the top-k, as upstream
         tokens = self.d.head.to_target_ids(idx)
         sync()
         t1 = time.perf_counter()
-        params = replace(p, max_nodes=budget)
+        params = replace(p, max_nodes=max_nodes)
         pruned = ngram_cpp.prune(
             tokens.cpu().numpy(), probs.cpu().numpy(), root, self.committed, self.d.ngram, params, self.d.eos_id, self.index
         )
