@@ -18,12 +18,17 @@ import argparse
 import datetime
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from dart_core.drafters import default_max_nodes  # noqa: E402
 CURVE_DIR = ROOT / "assets" / "training"
 POINTS = CURVE_DIR / "points.jsonl"
 README = ROOT / "assets" / "README.md"
@@ -44,20 +49,35 @@ def git_commit() -> str:
     return out.stdout.strip() or "unknown"
 
 
+def snapshot_head(run: Path, dest: Path) -> tuple[int, float]:
+    """Copy the run's head to `dest` while no checkpoint is written (a training run may be going on):
+    the (step, hours) read before and after the copy agree, so they are the copied head's."""
+    for _ in range(5):
+        before = run_state(run)
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(run / "train" / "head", dest)
+        if run_state(run) == before:
+            return before
+        time.sleep(5)
+    raise SystemExit(f"{run}: the head kept changing while it was copied")
+
+
 def point(args) -> int:
     run = args.run.expanduser()
-    step, hours = run_state(run)
     CURVE_DIR.mkdir(parents=True, exist_ok=True)
-    history = json.loads((run / "train" / "history.json").read_text())
-    (CURVE_DIR / f"{args.label}.history.json").write_text(json.dumps(history, indent=1) + "\n")
     head_flag = "--dart-model" if args.method == "dart" else "--eagle3-model"
     with tempfile.TemporaryDirectory() as tmp:
+        step, hours = snapshot_head(run, Path(tmp) / "head")
+        history = [h for h in json.loads((run / "train" / "history.json").read_text()) if h["step"] <= step]
+        (CURVE_DIR / f"{args.label}.history.json").write_text(json.dumps(history, indent=1) + "\n")
         out = Path(tmp) / "bench.json"
         cmd = [
-            sys.executable, "-m", "dart_core.bench", "--methods", args.method, head_flag, str(run / "train" / "head"),
-            "--dataset", *[str(args.data / f"{s}.jsonl") for s in BENCH_SETS],
+            sys.executable, "-m", "dart_core.bench", "--methods", args.method, head_flag, str(Path(tmp) / "head"),
+            "--dataset", *[str(args.data / f"{s}.jsonl") for s in BENCH_SETS], "--max-nodes", str(args.max_nodes),
             "--limit", str(args.limit), "--max-new-tokens", str(args.max_new_tokens), "--dtype", args.dtype, "--out", str(out),
         ]
+        if args.method == "eagle3":
+            cmd += ["--eagle3-max-nodes", str(args.max_nodes)]
         print("+", shlex.join(cmd), file=sys.stderr)
         subprocess.run(cmd, cwd=ROOT, check=True)
         result = json.loads(out.read_text())
@@ -65,9 +85,10 @@ def point(args) -> int:
         "label": args.label, "method": args.method, "step": step, "train_hours": round(hours, 3),
         "tau": result["methods"][args.method]["tau"],
         "tau_by_set": {d: r[args.method]["tau"] for d, r in result["datasets"].items()},
-        "limit": args.limit, "max_new_tokens": args.max_new_tokens, "dtype": args.dtype,
+        "limit": args.limit, "max_new_tokens": args.max_new_tokens, "max_nodes": args.max_nodes, "dtype": args.dtype,
         "date": datetime.date.today().isoformat(), "commit": git_commit(),
-        "command": f"python scripts/training_curve.py point --run RUN --label {args.label} --method {args.method} --limit {args.limit}",
+        "command": f"python scripts/training_curve.py point --run RUN --label {args.label} --method {args.method} --limit {args.limit}"
+                   f" --max-nodes {args.max_nodes}",
     }
     with POINTS.open("a") as f:
         f.write(json.dumps(rec) + "\n")
@@ -92,11 +113,12 @@ def tables() -> str:
         mine = [p for p in points if p["label"] == label]
         if mine:
             parts.append("\nBench τ (first turns, greedy; `limit` prompts per set):\n")
-            parts.append("| step | train h | τ (all) | " + " | ".join(BENCH_SETS) + " | prompts/set | tokens | commit |")
-            parts.append("|---" * (6 + len(BENCH_SETS)) + "|")
+            parts.append("| step | train h | tree nodes | τ (all) | " + " | ".join(BENCH_SETS) + " | prompts/set | tokens | commit |")
+            parts.append("|---" * (7 + len(BENCH_SETS)) + "|")
             for p in mine:
                 by_set = " | ".join(f"{p['tau_by_set'].get(s, float('nan')):.2f}" for s in BENCH_SETS)
-                parts.append(f"| {p['step']} | {p['train_hours']:.2f} | {p['tau']:.2f} | {by_set} | {p['limit']} | {p['max_new_tokens']} | {p['commit']} |")
+                parts.append(f"| {p['step']} | {p['train_hours']:.2f} | {p.get('max_nodes', '?')} | {p['tau']:.2f} | {by_set} | {p['limit']} "
+                             f"| {p['max_new_tokens']} | {p['commit']} |")
         parts.append("")
     return "\n".join(parts).rstrip() + "\n"
 
@@ -126,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     pt.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "bench", help="directory of the bench .jsonl files")
     pt.add_argument("--limit", type=int, default=10, help="prompts per bench set")
     pt.add_argument("--max-new-tokens", type=int, default=128)
+    pt.add_argument("--max-nodes", type=int, default=default_max_nodes("cpu"),
+                    help="drafted tree nodes (both methods; default: the CPU default, so points compare)")
     pt.add_argument("--dtype", default="bfloat16")
     tb = sub.add_parser("table", help="print the curve tables")
     tb.add_argument("--readme", action="store_true", help=f"rewrite the block between {MARK_START} and {MARK_END} in assets/README.md")

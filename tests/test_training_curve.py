@@ -31,13 +31,13 @@ def test_tables_show_every_eval_and_bench_point(curve, tmp_path):
     ]
     (tmp_path / "training" / "dart-v1.history.json").write_text(json.dumps(history))
     point = {"label": "dart-v1", "method": "dart", "step": 500, "train_hours": 0.1, "tau": 2.5,
-             "tau_by_set": {s: 2.0 + i / 10 for i, s in enumerate(curve.BENCH_SETS)}, "limit": 5, "max_new_tokens": 128, "commit": "abc1234"}
+             "tau_by_set": {s: 2.0 + i / 10 for i, s in enumerate(curve.BENCH_SETS)}, "limit": 5, "max_new_tokens": 128, "max_nodes": 5, "commit": "abc1234"}
     (tmp_path / "training" / "points.jsonl").write_text(json.dumps(point) + "\n")
     text = curve.tables()
     assert "| 250 | 0.05 | 4.685 | 27.6% | 7.3% | 5.0% |" in text
     assert "| 500 | 0.10 | 3.900 | 35.0% | 10.0% | 7.0% |" in text
     assert "| 750 | 0.12 | 3.700 | 36.0% | 11.0% | – |" in text
-    assert "| 500 | 0.10 | 2.50 | 2.00 | 2.10 | 2.20 | 2.30 | 2.40 | 2.50 | 5 | 128 | abc1234 |" in text
+    assert "| 500 | 0.10 | 5 | 2.50 | 2.00 | 2.10 | 2.20 | 2.30 | 2.40 | 2.50 | 5 | 128 | abc1234 |" in text
     for table in text.split("\n\n"):  # every table's separator has one cell per header cell
         lines = [line for line in table.splitlines() if line.startswith("|")]
         if lines:
@@ -55,3 +55,19 @@ def test_readme_block_is_rewritten_in_place_and_needs_its_markers(curve, tmp_pat
     readme.write_text("no markers\n")
     with pytest.raises(SystemExit):
         curve.main(["table", "--readme"])
+
+
+def test_the_head_snapshot_carries_the_step_it_was_copied_at(curve, tmp_path, monkeypatch):
+    import torch
+
+    run = tmp_path / "run"
+    (run / "train" / "head").mkdir(parents=True)
+    (run / "train" / "head" / "config.json").write_text("{}")
+    torch.save({"step": 40, "elapsed_s": 7200.0}, run / "train" / "checkpoint.pt")
+    assert curve.snapshot_head(run, tmp_path / "copy") == (40, 2.0)
+    assert (tmp_path / "copy" / "config.json").read_text() == "{}"
+    states = iter([(40, 2.0), (41, 2.1)] * 5)  # a checkpoint lands during every copy
+    monkeypatch.setattr(curve, "run_state", lambda run: next(states))
+    monkeypatch.setattr(curve.time, "sleep", lambda s: None)
+    with pytest.raises(SystemExit, match="kept changing"):
+        curve.snapshot_head(run, tmp_path / "copy")
