@@ -48,6 +48,8 @@ def main(objective: str, description: str, argv: list[str] | None = None) -> int
     p.add_argument("--anchors", type=int, default=32, help="prefix positions trained per record and step")
     p.add_argument("--gamma", type=float, default=0.6, help="loss weight decay over depths (DART paper: 0.6)")
     p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--keep-heads-every", type=int, default=None, metavar="N",
+                   help="also keep the head of every N-th step (WORK/train/heads/step-N, with its training time), e.g. to bench two runs at equal steps")
     p.add_argument("--train-minutes", type=float, default=None, help="training time budget over all resumes; the cosine schedule ends with it")
     p.add_argument("--adopt-cache-vocab", action="store_true",
                    help="on resuming, move the checkpoint's head to the cache's draft vocabulary if it differs (rows of shared ids and "
@@ -97,6 +99,7 @@ def main(objective: str, description: str, argv: list[str] | None = None) -> int
             anchors_per_record=args.anchors,
             gamma=args.gamma,
             eval_every=args.eval_every,
+            keep_heads_every=args.keep_heads_every,
             max_minutes=args.train_minutes,
             seed=args.seed,
             adopt_cache_vocab=args.adopt_cache_vocab,

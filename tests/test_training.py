@@ -172,9 +172,13 @@ def test_cache_train_resume_export(word_target, data_files, tmp_path):
     assert (torch.arange(48) + head.d2t).tolist() == meta["draft_ids"]
 
     # resume with a longer schedule: continues from the checkpoint instead of starting over
-    train_dart(word_target, TrainConfig(**{**tcfg.__dict__, "epochs": 3}), draft_length=D)
+    train_dart(word_target, TrainConfig(**{**tcfg.__dict__, "epochs": 3, "keep_heads_every": 5}), draft_length=D)
     history = json.loads((tmp_path / "train" / "history.json").read_text())
     assert [h["step"] for h in history] == [4, 8, 12, 16, 18, 20, 24, 27]
+    kept = sorted((tmp_path / "train" / "heads").iterdir())  # every 5th step of the resumed part
+    assert [k.name for k in kept] == ["step-000020", "step-000025"]
+    assert json.loads((kept[0] / "trained.json").read_text())["step"] == 20
+    assert load_head(kept[1], dart=True, target=word_target).config.draft_length == D
 
     # and with fewer mask slots (the weights do not depend on D): rows 1..D'+1 go on training
     head_dir = train_dart(word_target, TrainConfig(**{**tcfg.__dict__, "epochs": 4}), draft_length=D - 1)

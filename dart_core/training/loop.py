@@ -39,6 +39,7 @@ class TrainConfig:
     eval_every: int = 100
     val_records: int = 40  # validation records used for the periodic evaluation
     checkpoint_every_s: float = 300.0
+    keep_heads_every: int | None = None  # also keep a copy of the head every N steps (out_dir/heads/step-N), to compare runs at equal steps
     max_minutes: float | None = None
     seed: int = 0
     threads: int | None = None
@@ -347,6 +348,10 @@ def train_head(target, cfg: TrainConfig, objective: str, rows: int) -> Path:
             bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.2e}", refresh=False)
             if step % cfg.eval_every == 0 or step == total_steps:
                 run_eval(loss.item())
+            if cfg.keep_heads_every and step % cfg.keep_heads_every == 0:
+                kept = out / "heads" / f"step-{step:06d}"
+                head.save(kept)
+                (kept / "trained.json").write_text(json.dumps({"step": step, "elapsed_s": elapsed()}) + "\n")
             if time.perf_counter() - last_ckpt > cfg.checkpoint_every_s:
                 save_checkpoint()
                 last_ckpt = time.perf_counter()
