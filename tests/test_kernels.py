@@ -5,6 +5,7 @@ the one-token steps' logits bit for bit in every dtype, on tiny random targets a
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -231,3 +232,37 @@ def test_embedded_heads_are_bitwise_lossless_in_bf16(embedded_bf16, method):
         s = complete(embedded_bf16, ids, drafter, GenerationParams(96))
         assert s.output_ids == ar.output_ids, prompt
         assert sum(s.accepted) > 0  # the heads really drafted
+
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH_DIR = ROOT.parent / "shared" / "data" / "bench"
+BENCH_SETS = ["mt_bench", "humaneval", "gsm8k", "alpaca", "qa", "sum"]
+# the six bench sets where this checkout sits beside them, else the project's own 20 held-out prompts
+EXACT_FILES = [BENCH_DIR / f"{s}.jsonl" for s in BENCH_SETS] if BENCH_DIR.is_dir() else [ROOT / "assets" / "eval_prompts.jsonl"]
+EXACT_PER_FILE = 10 if BENCH_DIR.is_dir() else 20
+EXACT_NEW_TOKENS = 128
+
+
+@pytest.fixture(scope="module")
+def embedded_drafters(embedded_bf16):
+    """DART and EAGLE3 built as the bench builds them by default (embedded heads, CPU tree size)."""
+    from dart_core.bench import parse_args
+    from dart_core.drafters.registry import build_drafter
+
+    args = parse_args(["--methods", "ar,dart,eagle3", "--dataset", *map(str, EXACT_FILES)])
+    return {m: build_drafter(m, embedded_bf16, args, default_target=True) for m in ("dart", "eagle3")}
+
+
+@pytest.mark.parametrize("path", EXACT_FILES, ids=[p.stem for p in EXACT_FILES])
+def test_embedded_heads_match_ar_on_bench_prompts(embedded_bf16, embedded_drafters, path):
+    """The bench's own check as a test: first turns, 128 new tokens, greedy, bf16, the default heads
+    and tree size; DART's and EAGLE3's output ids equal plain decoding's on every prompt."""
+    from dart_core import ARDrafter, GenerationParams, complete
+    from dart_core.bench import read_questions
+
+    params = GenerationParams(EXACT_NEW_TOKENS)
+    for q in read_questions(path, EXACT_PER_FILE):
+        ids = embedded_bf16.encode([{"role": "user", "content": q["turns"][0]}])
+        ar = complete(embedded_bf16, ids, ARDrafter(), params).output_ids
+        for method, drafter in embedded_drafters.items():
+            assert complete(embedded_bf16, ids, drafter, params).output_ids == ar, (path.stem, q["question_id"], method)
