@@ -54,10 +54,18 @@ def main(objective: str, description: str, argv: list[str] | None = None) -> int
     p.add_argument("--adopt-cache-vocab", action="store_true",
                    help="on resuming, move the checkpoint's head to the cache's draft vocabulary if it differs (rows of shared ids and "
                         "their optimizer moments carried over, new ids from the target's LM head rows); without it the checkpoint's stays")
+    p.add_argument("--init-head", type=Path, default=None, metavar="DIR",
+                   help="a new run (WORK/train has no checkpoint yet) starts from this saved head instead of a fresh one, e.g. the committed "
+                        "assets/dart on a machine that lost the run directory: its weights, and the step and training time in its "
+                        "trained.json; the optimizer starts afresh with a new warm-up. Ignored once WORK/train has a checkpoint")
+    p.add_argument("--init-history", type=Path, default=None, metavar="FILE",
+                   help="with --init-head: the validation history of the run that made the head (e.g. assets/training/dart-v1.history.json)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--export", type=Path, default=None, help="copy the final head (config.json + model.safetensors) here")
     args = p.parse_args(argv)
+    if args.init_history is not None and args.init_head is None:
+        p.error("--init-history goes with --init-head")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -103,6 +111,8 @@ def main(objective: str, description: str, argv: list[str] | None = None) -> int
             max_minutes=args.train_minutes,
             seed=args.seed,
             adopt_cache_vocab=args.adopt_cache_vocab,
+            init_head=None if args.init_head is None else str(args.init_head),
+            init_history=None if args.init_history is None else str(args.init_history),
         ),
         objective,
         rows,

@@ -187,6 +187,54 @@ def test_cache_train_resume_export(word_target, data_files, tmp_path):
     assert load_head(head_dir, dart=True, target=word_target).config.draft_length == D - 1
 
 
+def test_a_new_run_starts_from_a_saved_head(word_target, data_files, tmp_path):
+    """A machine that lost the run directory goes on from the committed head: its weights, step,
+    training time and history; fresh optimizer moments with a new warm-up."""
+    from dart_core.training import loop
+
+    cache_dir = tmp_path / "cache"
+    build_cache(word_target, CacheConfig(data=data_files, out_dir=str(cache_dir), max_tokens=4_000, val_records=4, draft_vocab_size=32))
+    first = TrainConfig(cache_dir=str(cache_dir), out_dir=str(tmp_path / "a"), steps=8, warmup_steps=2, batch_records=2, anchors_per_record=4,
+                        eval_every=4, keep_heads_every=8)
+    train_dart(word_target, first, draft_length=D)
+    saved = tmp_path / "a" / "heads" / "step-000008"
+    trained = json.loads((saved / "trained.json").read_text())
+    history = tmp_path / "a" / "history.json"
+
+    lrs = []
+    cosine = loop.cosine_lr
+    second = TrainConfig(**{**first.__dict__, "out_dir": str(tmp_path / "b"), "steps": 12, "keep_heads_every": None,
+                            "init_head": str(saved), "init_history": str(history)})
+    try:
+        loop.cosine_lr = lambda *a: lrs.append(cosine(*a)) or lrs[-1]
+        train_dart(word_target, second, draft_length=D)
+    finally:
+        loop.cosine_lr = cosine
+    ck = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)
+    assert ck["step"] == 12 and ck["restarts"] == [{"step": 8, "from": str(saved), "optimizer": "fresh"}]
+    assert [h["step"] for h in ck["history"]] == [4, 8, 12]  # the first run's entries, then this one's
+    assert ck["elapsed_s"] > trained["elapsed_s"]
+    assert len(lrs) == 4  # steps 8..11; the warm-up starts again at the restart, towards the schedule's value
+    assert lrs[0] == pytest.approx(cosine(8, 12, first.lr, 2) / 2) and lrs[1] == pytest.approx(cosine(9, 12, first.lr, 2))
+    started = json.loads(history.read_text())
+    assert ck["history"][:2] == started[:2]
+
+    # the same weights as the saved head at the start: a run with no step to make re-evaluates it
+    third = TrainConfig(**{**second.__dict__, "out_dir": str(tmp_path / "c"), "steps": 8})
+    train_dart(word_target, third, draft_length=D)
+    reloaded = load_head(tmp_path / "c" / "head", dart=True, target=word_target)
+    original = load_head(saved, dart=True, target=word_target)
+    for (k, a), b in zip(original.state_dict().items(), reloaded.state_dict().values()):
+        assert torch.equal(a, b), k
+
+    # a head of the other objective, or a malformed trained.json, is refused with a message
+    with pytest.raises(ValueError, match="draft_length|DART|EAGLE3"):
+        train_eagle3(word_target, TrainConfig(**{**second.__dict__, "out_dir": str(tmp_path / "d")}), ttt_steps=2)
+    (saved / "trained.json").write_text('{"step": "eight"}')
+    with pytest.raises(ValueError, match="trained.json"):
+        train_dart(word_target, TrainConfig(**{**second.__dict__, "out_dir": str(tmp_path / "e")}), draft_length=D)
+
+
 def test_time_budget_stops_and_evaluates(word_target, data_files, tmp_path):
     cache_dir = tmp_path / "cache"
     build_cache(word_target, CacheConfig(data=data_files, out_dir=str(cache_dir), max_tokens=2_000, val_records=4, draft_vocab_size=32))

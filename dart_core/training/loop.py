@@ -46,6 +46,11 @@ class TrainConfig:
     # resuming with a cache whose draft vocabulary is not the checkpoint's: False keeps the
     # checkpoint's; True moves the head to the cache's (`adopt_vocabulary`)
     adopt_cache_vocab: bool = False
+    # a new run directory (no checkpoint yet) may start from a head saved before instead of a fresh one:
+    # the head's weights, and its TRAINED_FILE (step, training seconds) and the history in init_history
+    # so that the step count and the time-budgeted schedule go on (`checkpoint_from_head`)
+    init_head: str | None = None
+    init_history: str | None = None
     extra: dict = field(default_factory=dict)
 
 
@@ -65,14 +70,19 @@ def stop_on_sigterm():
         signal.signal(signal.SIGTERM, previous)
 
 
-def cosine_lr(step: int, total: int, base: float, warmup: int, time_progress: float = 0.0) -> float:
+def cosine_lr(step: int, total: int, base: float, warmup: int, time_progress: float = 0.0, rewarm_from: int | None = None) -> float:
     """Linear warm-up, then cosine decay to 0. The decay follows whichever ends first: the step
     count or the time budget (time_progress = elapsed / budget), so that a run cut by its time
-    budget still ends annealed instead of stopping at a high learning rate."""
+    budget still ends annealed instead of stopping at a high learning rate. rewarm_from: the step
+    where the optimizer started afresh mid-schedule (a restart from a saved head): the rate ramps up
+    again over `warmup` steps from there, towards the schedule's value."""
     if step < warmup:
         return base * (step + 1) / warmup
     progress = min(1.0, max((step - warmup) / max(1, total - warmup), time_progress))
-    return base * 0.5 * (1.0 + math.cos(math.pi * progress))
+    lr = base * 0.5 * (1.0 + math.cos(math.pi * progress))
+    if rewarm_from is not None and 0 <= step - rewarm_from < warmup:
+        lr *= (step - rewarm_from + 1) / warmup
+    return lr
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -146,6 +156,9 @@ def adopt_vocabulary(ck: dict, new_ids: torch.Tensor, target, param_names: list[
     d2t, t2d = vocab_mapping(new_ids, head_state["t2d"].numel())
     head_state["d2t"], head_state["t2d"] = d2t.to(head_state["d2t"].device), t2d.to(head_state["t2d"].device)
 
+    changes = list(ck.get("vocab_changes", [])) + [{"step": ck["step"], "size": new_ids.numel(), "carried_over": len(keep_new)}]
+    if ck["opt"] is None:  # a run started from a saved head: no moments to move
+        return {**ck, "head": head_state, "vocab_changes": changes}
     opt_state = {**ck["opt"], "state": dict(ck["opt"]["state"])}
     idx = param_names.index("lm_head.weight")
     if idx in opt_state["state"]:
@@ -154,8 +167,38 @@ def adopt_vocabulary(ck: dict, new_ids: torch.Tensor, target, param_names: list[
             if k in st:
                 st[k] = moved(st[k], torch.zeros(new_ids.numel(), st[k].shape[1]))
         opt_state["state"][idx] = st
-    changes = list(ck.get("vocab_changes", [])) + [{"step": ck["step"], "size": new_ids.numel(), "carried_over": len(keep_new)}]
     return {**ck, "head": head_state, "opt": opt_state, "vocab_changes": changes}
+
+
+TRAINED_FILE = "trained.json"  # beside a kept or committed head: {"step", "elapsed_s"} of the run that made it
+
+
+def checkpoint_from_head(head_dir: str | Path, target, objective: str, history_file: str | Path | None = None) -> dict:
+    """A training checkpoint that continues a run from a head saved before, for a machine that has the
+    head (e.g. the committed assets/dart) but not the run's checkpoint.pt.
+
+    The head's weights come back as they were saved (bf16 in the published format: the fp32 master
+    weights are lost to that rounding); the optimizer starts afresh (moments are not saved with a head,
+    so `train_head` warms the learning rate up again over warmup_steps). The step count and training
+    seconds come from TRAINED_FILE beside the head (0 without it) and the validation history from
+    history_file (its entries up to that step), so the curve and the time-budgeted schedule go on.
+    The restart is recorded under "restarts"."""
+    from ..drafters.head import load_head
+
+    head_dir = Path(head_dir)
+    head = load_head(head_dir, objective == "dart", target, dtype=torch.float32, device=target.device)
+    trained = {"step": 0, "elapsed_s": 0.0}
+    if (head_dir / TRAINED_FILE).is_file():
+        trained = json.loads((head_dir / TRAINED_FILE).read_text())
+        if not isinstance(trained.get("step"), int) or trained["step"] < 0 or not isinstance(trained.get("elapsed_s"), (int, float)):
+            raise ValueError(f"{head_dir / TRAINED_FILE}: expected {{\"step\": int >= 0, \"elapsed_s\": seconds}}, got {trained}")
+    history = []
+    if history_file is not None:
+        history = [h for h in json.loads(Path(history_file).read_text()) if h["step"] <= trained["step"]]
+    state = {k: v for k, v in head.state_dict().items()}
+    restart = {"step": trained["step"], "from": str(head_dir), "optimizer": "fresh"}
+    return {"head": state, "opt": None, "step": trained["step"], "history": history, "elapsed_s": float(trained["elapsed_s"]),
+            "objective": objective, "restarts": [restart]}
 
 
 def nn_init_normal(p: torch.Tensor, std: float = 0.02) -> None:
@@ -236,6 +279,11 @@ def train_head(target, cfg: TrainConfig, objective: str, rows: int) -> Path:
     draft_ids = torch.tensor(meta["draft_ids"])
     ckpt_path = out / "checkpoint.pt"
     ck = torch.load(ckpt_path, weights_only=False, map_location=target.device) if ckpt_path.exists() else None
+    if ck is None and cfg.init_head is not None:
+        ck = checkpoint_from_head(cfg.init_head, target, objective, cfg.init_history)
+        log.warning("new run from the head %s at step %d (%.1f min trained before), optimizer afresh", cfg.init_head, ck["step"], ck["elapsed_s"] / 60)
+    elif ck is not None and cfg.init_head is not None:
+        log.warning("%s exists: resuming it, --init-head ignored", ckpt_path)
     adopt = False
     if ck is not None:
         # the head's vocabulary is the one it started with: a corpus that grew since may have chosen
@@ -274,21 +322,24 @@ def train_head(target, cfg: TrainConfig, objective: str, rows: int) -> Path:
     total_steps = cfg.steps if cfg.steps is not None else max(1, int(cfg.epochs * steps_per_epoch))
     if total_steps < 1:
         raise ValueError(f"steps must be >= 1, got {total_steps}")
-    step, history, prior_s, vocab_changes = 0, [], 0.0, []
+    step, history, prior_s, vocab_changes, restarts = 0, [], 0.0, [], []
     if ck is not None:
         if ck.get("objective", "dart") != objective:
             raise ValueError(f"{ckpt_path} is a {ck.get('objective', 'dart')} checkpoint; this run trains {objective}: use another out_dir")
         head.load_state_dict(ck["head"])
-        opt.load_state_dict(ck["opt"])
+        if ck["opt"] is not None:  # None: a run started from a saved head (checkpoint_from_head)
+            opt.load_state_dict(ck["opt"])
         for group in opt.param_groups:  # a checkpoint's groups carry its implementation flags: use this run's
             group["fused"], group["foreach"] = fused, None
-        step, history, vocab_changes = ck["step"], ck["history"], ck.get("vocab_changes", [])
+        step, history, vocab_changes, restarts = ck["step"], ck["history"], ck.get("vocab_changes", []), ck.get("restarts", [])
         if ck.get("rows", rows) != rows:  # the weights do not depend on it: a run may go on with fewer or more rows
             log.warning("%s trained %d rows per anchor; this run trains %d", ckpt_path, ck["rows"], rows)
         # training time spent before this process (older checkpoints: the last logged time)
         prior_s = ck.get("elapsed_s", history[-1]["elapsed_s"] if history else 0.0)
         log.warning("resumed from %s at step %d (%.1f min trained)", ckpt_path, step, prior_s / 60)
     budget_s = None if cfg.max_minutes is None else 60.0 * cfg.max_minutes  # over all resumes
+    # fresh AdamW moments after a restart from a saved head: warm the learning rate up again from there
+    rewarm_from = restarts[-1]["step"] if restarts and restarts[-1]["optimizer"] == "fresh" and restarts[-1]["step"] > 0 else None
     t_start = last_ckpt = time.perf_counter()
 
     def elapsed() -> float:
@@ -297,7 +348,8 @@ def train_head(target, cfg: TrainConfig, objective: str, rows: int) -> Path:
     def save_checkpoint():
         tmp = ckpt_path.with_suffix(".tmp")
         state = {"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "history": history, "elapsed_s": elapsed(),
-                 "config": asdict(cfg), "objective": objective, "rows": rows, "vocab_changes": vocab_changes}
+                 "config": asdict(cfg), "objective": objective, "rows": rows, "vocab_changes": vocab_changes,
+                 "restarts": restarts}
         torch.save(state, tmp)
         tmp.rename(ckpt_path)
         head.save(out / "head")
@@ -325,7 +377,7 @@ def train_head(target, cfg: TrainConfig, objective: str, rows: int) -> Path:
             if budget_s is not None and elapsed() > budget_s:
                 log.warning("time budget reached at step %d", step)
                 break
-            lr = cosine_lr(step, total_steps, cfg.lr, cfg.warmup_steps, 0.0 if budget_s is None else elapsed() / budget_s)
+            lr = cosine_lr(step, total_steps, cfg.lr, cfg.warmup_steps, 0.0 if budget_s is None else elapsed() / budget_s, rewarm_from)
             for group in opt.param_groups:
                 group["lr"] = lr
             order = torch.randperm(len(train), generator=g)[: cfg.batch_records]
