@@ -155,3 +155,18 @@ def test_sampling_end_to_end_is_lossless(small_vocab_target, params):
         key = tuple(s.output_ids)
         counts[key] = counts.get(key, 0) + 1
     assert chi_square_p(counts, expected, n) > P_VALUE
+
+
+def test_a_child_that_held_all_the_mass_but_lost_the_draw_is_the_draw(monkeypatch):
+    """p(x) = 1 - 2^-24 with every other token at 0 in float32: a uniform draw in [p(x), 1) rejects x,
+    and the renormalised rest would be 0/0. The guard makes x the draw (it is the only token with
+    mass), never a NaN distribution or a token of probability 0."""
+    from dart_core import sampling
+
+    tree = DraftTree.from_parents([7, 3], [-1, 0])
+    p = torch.zeros(V)
+    p[3] = 1.0 - 2.0**-24
+    monkeypatch.setattr(sampling, "target_probs", lambda logits, params: p.clone())
+    monkeypatch.setattr(sampling.torch, "rand", lambda *a, **k: torch.tensor(1.0 - 2.0**-25, dtype=torch.float64))
+    acc = accept_sampling(tree, torch.zeros(2, V), SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+    assert acc.path == [0, 1] and 0 <= acc.bonus < V
