@@ -32,7 +32,7 @@ from dart_core.drafters.registry import (  # noqa: E402
 )
 from dart_core.loading import DEFAULT_MODEL, EMBEDDED_NAME  # noqa: E402
 
-from .engine import MIN_REFERENCE_TOKENS, Engine  # noqa: E402
+from .engine import MIN_REFERENCE_TOKENS, ComputeThread, Engine, available_cores, engine_threads  # noqa: E402
 from .ui import CSS_PATH, Settings, build_demo  # noqa: E402
 
 log = logging.getLogger("app")
@@ -48,7 +48,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--base-model-name-or-path", default=DEFAULT_MODEL, help="target: 'default' (embedded SmolLM2-135M-Instruct), a local dir or a hub id")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16", help="on a CPU with the C++ kernels every dtype gives greedy texts identical to AR's, bit for bit")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads of the engine (default on the CPU: all cores but one, which serves the web page: see app/engine.py)")
     p.add_argument("--template-name", default=None, help="accepted for upstream compatibility; the tokenizer's own chat template is used")
     p.add_argument("--max-new-tokens", type=int, default=256, help="the most a request may ask for")
     p.add_argument("--max-length", type=int, default=2048, help="prompt + output limit in tokens (the conversation must fit)")
@@ -76,6 +77,7 @@ class Loaded:
     notes: list[str]
     pruner: str | None
     progress: Progress
+    threads: int | None  # torch CPU threads of the engine (None: left to torch, on a GPU)
 
 
 class Progress:
@@ -135,12 +137,14 @@ def load_eagle3(args, target, default_target: bool, notes: list[str], progress: 
         return None
 
 
-def load_models(args) -> Loaded:
-    """Target, then the heads; each step logged. Nothing is loaded at import time."""
+def load_models(args, compute: ComputeThread) -> Loaded:
+    """Target, then the heads; each step logged. Nothing is loaded at import time. Runs on `compute`,
+    the thread every later step runs on (app/engine.py, ComputeThread)."""
     progress = Progress()
-    if args.threads:
-        torch.set_num_threads(args.threads)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    threads = args.threads or (engine_threads(available_cores()) if device.type == "cpu" else None)
+    if threads:
+        torch.set_num_threads(threads)
     progress(f"loading the target {args.base_model_name_or_path} ({device}, {args.dtype})")
     target = load_target(args.base_model_name_or_path, device, args.dtype)
     notes: list[str] = []
@@ -161,7 +165,7 @@ def load_models(args) -> Loaded:
         import ngram_cpp
 
         pruner = "C++" if getattr(ngram_cpp, "HAVE_CPP", False) else "pure Python"
-    return Loaded(Engine(target, drafters, args.max_new_tokens, args.max_length), notes, pruner, progress)
+    return Loaded(Engine(target, drafters, args.max_new_tokens, args.max_length, compute), notes, pruner, progress, threads)
 
 
 def warm_up(engine: Engine) -> None:
@@ -190,7 +194,8 @@ def exact_texts(args: argparse.Namespace, target) -> bool:
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     args = parse_args(argv)
-    loaded = load_models(args)
+    compute = ComputeThread()
+    loaded = compute.run(load_models, args, compute)
     engine = loaded.engine
     if not args.no_warmup:
         loaded.progress(f"warming up {', '.join(engine.methods)}")
@@ -202,6 +207,7 @@ def main(argv=None) -> int:
         pruner=loaded.pruner,
         exact=exact_texts(args, engine.target),
         notes=tuple(loaded.notes),
+        threads=loaded.threads,
     )
     demo = build_demo(engine, settings)
     demo.queue(default_concurrency_limit=1, max_size=QUEUE_SIZE)

@@ -2,10 +2,11 @@
 
 Chat, compare mode and the /generate API all go through `Engine.stream`, which drives
 `dart_core.generate` and turns its events into a `Run` (the text so far, one `Step` per target
-forward, timings). The target is CPU-bound and shared, so each step computes under a lock, released
-between steps (a cancelled request whose generator is never closed holds nothing); Gradio's queue
-serialises whole requests (concurrency limit 1). Every run gets fresh KV caches from `generate`, so no
-request ever sees another's state.
+forward, timings). The target is CPU-bound and shared, so every step computes on the one
+`ComputeThread`, one step at a time, whichever Gradio thread asks for it (a cancelled request whose
+generator is never closed holds nothing between steps); Gradio's queue serialises whole requests
+(concurrency limit 1). Every run gets fresh KV caches from `generate`, so no request ever sees
+another's state.
 
 Speeds count engine time only: the seconds spent inside the generation loop (prefill included),
 not the time the UI spends drawing between steps, nor time spent waiting in the queue.
@@ -14,10 +15,11 @@ not the time the UI spends drawing between steps, nor time spent waiting in the 
 from __future__ import annotations
 
 import math
-import threading
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 from dart_core import ARDrafter, Drafter, DraftTree, GenerationParams, SamplingParams, StepEvent, Summary, generate
 from dart_core.target import Target
@@ -27,6 +29,43 @@ METHOD_LABELS = {"dart": "DART", "eagle3": "EAGLE3", "ar": "AR"}
 MAX_PROMPT_CHARS = 20_000  # rejects pasted novels before tokenising them
 MIN_REFERENCE_TOKENS = 16  # an AR run shorter than this is mostly prefill: a poor speed reference
 INCOMPLETE_CHAR = "\ufffd"  # what the tokenizer decodes a partial UTF-8 sequence to
+
+
+T = TypeVar("T")
+
+
+class ComputeThread:
+    """The one thread on which the app runs torch: loading the models, the warm-up and every step.
+
+    OpenMP keeps a team of threads per calling thread, and torch's CPU ops ran much slower when they
+    were called from another thread than the one that loaded the model: plain decoding of 128 tokens
+    (bf16, 2-core AMD EPYC, no server) made 73 tok/s on the loading thread and 43-48 tok/s when the
+    steps ran on other threads, as they did when Gradio's worker threads advanced a handler's
+    generator; loading and stepping on one other thread made 72-76. Through the /generate API the app
+    measured AR 44 and DART 130 tok/s on a prompt where the engine alone makes 73 and 202."""
+
+    def __init__(self):
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+
+    def run(self, fn: Callable[..., T], *args, **kwargs) -> T:
+        """fn(*args, **kwargs) on the compute thread; blocks until it returns (or re-raises)."""
+        return self._pool.submit(fn, *args, **kwargs).result()
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def engine_threads(cores: int) -> int:
+    """torch threads for the engine on a CPU with `cores` cores: all but one, which the web server needs
+    (and a browser, on a local demo). The kernels split every op over their OpenMP threads, and an op
+    waits for the slowest: with both cores of a 2-core machine given to the engine, one core was taken
+    by the server and browser at every frame and the engine stalled at the barriers (headless Chromium
+    on the same machine, compare run of a 128-token poem, bf16: AR 27-39 tok/s, DART 30-103 tok/s
+    from run to run); with one engine thread the same page measured AR 39-52, DART 111-132 tok/s over
+    three runs (the engine alone, one thread: 57 and 160)."""
+    return max(1, cores - 1)
 
 
 class RequestError(ValueError):
@@ -144,13 +183,15 @@ def _as_float(name: str, value) -> float:
 class Engine:
     """The loaded models and the lock that lets one generation run at a time."""
 
-    def __init__(self, target: Target, drafters: dict[str, Drafter], max_new_tokens: int, max_length: int | None = None):
+    def __init__(self, target: Target, drafters: dict[str, Drafter], max_new_tokens: int, max_length: int | None = None,
+                 compute: ComputeThread | None = None):
+        """compute: the thread that loaded `target` (app/__main__.py loads on it); None: a new one."""
         self.target = target
         loaded = {**drafters, "ar": ARDrafter()}
         self.drafters = {m: loaded[m] for m in METHOD_ORDER if m in loaded}
         self.max_new_tokens = max_new_tokens
         self.max_length = max_length
-        self.lock = threading.Lock()
+        self.compute = compute or ComputeThread()
         self.ar_reference: float | None = None  # tokens/s of the latest long-enough AR run
 
     @property
@@ -225,17 +266,22 @@ class Engine:
         return run.tokens_per_s / ref if ref else None
 
     def _timed(self, events: Iterator, run: Run) -> Iterator:
-        """The loop's events, each produced under the lock, with the time spent producing them (not
-        waiting for the lock) added to run.engine_s."""
+        """The loop's events, each produced on the compute thread, with the time spent producing them
+        (not waiting for the thread) added to run.engine_s."""
+
+        def step() -> tuple[StepEvent | Summary | None, float]:
+            t0 = time.perf_counter()
+            try:
+                event = next(events)
+            except StopIteration:
+                event = None
+            return event, time.perf_counter() - t0
+
         while True:
-            with self.lock:
-                t0 = time.perf_counter()
-                try:
-                    event = next(events)
-                except StopIteration:
-                    return
-                finally:
-                    run.engine_s += time.perf_counter() - t0
+            event, seconds = self.compute.run(step)
+            run.engine_s += seconds
+            if event is None:
+                return
             yield event
 
 

@@ -58,6 +58,7 @@ class Settings:
     pruner: str | None  # "C++" or "pure Python" (None: no DART head loaded)
     exact: bool  # greedy texts must match AR's bit for bit (the CPU kernel path, or float32)
     notes: tuple[str, ...] = ()  # shown under the header: missing heads, fallbacks, ignored flags
+    threads: int | None = None  # the engine's torch CPU threads (None: not set, e.g. on a GPU)
 
 
 class StopSignals:
@@ -151,7 +152,8 @@ class DemoApp:
         target = e.target
         badges = [
             f"target <code>{html.escape(s.target_label)}</code>",
-            f"{html.escape(str(target.device))} · {html.escape(str(target.dtype).removeprefix('torch.'))}",
+            f"{html.escape(str(target.device))} · {html.escape(str(target.dtype).removeprefix('torch.'))}"
+            + (f" · {s.threads} engine thread{'s' if s.threads != 1 else ''}" if s.threads else ""),
             "methods " + ", ".join(METHOD_LABELS[m] for m in e.methods),
         ]
         if s.pruner:
@@ -394,13 +396,19 @@ class DemoApp:
 
         def generate(message: str, method: str = default_method, max_new_tokens: int = default_new, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0) -> Iterator[dict]:
             """Generate a reply to one user message with method dart, eagle3 or ar. Streams dicts
-            {text, new_tokens, tau, tokens_per_s, speedup_vs_ar, done}; `predict` returns the last one.
+            {text, new_tokens, tau, tokens_per_s, speedup_vs_ar, done}, at most one every TEXT_EVERY_S
+            and always the last; `predict` returns the last one.
             speedup_vs_ar is null until plain decoding has been measured. Bad input raises with the reason."""
             try:
                 req = engine.request([{"role": "user", "content": message}], method, max_new_tokens, temperature, top_p, top_k)
             except RequestError as e:
                 raise gr.Error(str(e)) from None
+            last = 0.0
             for run in engine.stream(req):
+                now = time.perf_counter()
+                if not run.done and now - last < TEXT_EVERY_S:
+                    continue  # at most one dict per TEXT_EVERY_S, and always the last
+                last = now
                 yield {
                     "text": run.text,
                     "new_tokens": run.new_tokens,

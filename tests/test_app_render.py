@@ -174,3 +174,35 @@ def test_stop_signals_reach_only_their_session_and_forget_finished_turns():
     for t in (a2, a3, b1):
         stops.disarm(t)
     assert len(stops) == 0 and stops.stopped(a3)  # an unknown (finished) turn reads as stopped
+
+
+def test_every_step_runs_on_the_compute_thread(embedded_target, monkeypatch):
+    """Whichever thread consumes a stream (Gradio advances a handler from a pool of worker threads),
+    each step of the loop runs on the engine's one compute thread."""
+    import threading
+
+    from app import engine as engine_module
+    from app.engine import ComputeThread, Engine
+
+    seen = []
+    loop = engine_module.generate
+
+    def recording(*args, **kwargs):
+        for event in loop(*args, **kwargs):
+            seen.append(threading.current_thread().name)
+            yield event
+
+    monkeypatch.setattr(engine_module, "generate", recording)
+    compute = ComputeThread()
+    engine = Engine(embedded_target, {}, max_new_tokens=6, compute=compute)
+    req = engine.request([{"role": "user", "content": "Say hello."}], "ar", 6, 0.0, 1.0, 0)
+    stream = engine.stream(req)
+    first_done = next(stream).done  # a step from this thread (the Run is updated in place), the rest from another
+    rest = []
+    worker = threading.Thread(target=lambda: rest.extend(stream), name="gradio-worker")
+    worker.start()
+    worker.join(timeout=120)
+    assert rest and rest[-1].done and not first_done
+    names = set(seen)
+    assert len(seen) >= 3 and len(names) == 1 and names.pop().startswith("engine")
+    assert compute.run(threading.current_thread) is not threading.current_thread()
