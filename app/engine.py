@@ -181,7 +181,7 @@ def _as_float(name: str, value) -> float:
 
 
 class Engine:
-    """The loaded models and the lock that lets one generation run at a time."""
+    """The loaded models and the compute thread that runs one generation step at a time."""
 
     def __init__(self, target: Target, drafters: dict[str, Drafter], max_new_tokens: int, max_length: int | None = None,
                  compute: ComputeThread | None = None):

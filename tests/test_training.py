@@ -187,7 +187,7 @@ def test_cache_train_resume_export(word_target, data_files, tmp_path):
     assert load_head(head_dir, dart=True, target=word_target).config.draft_length == D - 1
 
 
-def test_a_new_run_starts_from_a_saved_head(word_target, data_files, tmp_path):
+def test_a_new_run_starts_from_a_saved_head(word_target, data_files, tmp_path, monkeypatch):
     """A machine that lost the run directory goes on from the committed head: its weights, step,
     training time and history; fresh optimizer moments with a new warm-up."""
     from dart_core.training import loop
@@ -205,11 +205,9 @@ def test_a_new_run_starts_from_a_saved_head(word_target, data_files, tmp_path):
     cosine = loop.cosine_lr
     second = TrainConfig(**{**first.__dict__, "out_dir": str(tmp_path / "b"), "steps": 12, "keep_heads_every": None,
                             "init_head": str(saved), "init_history": str(history)})
-    try:
-        loop.cosine_lr = lambda *a: lrs.append(cosine(*a)) or lrs[-1]
-        train_dart(word_target, second, draft_length=D)
-    finally:
-        loop.cosine_lr = cosine
+    monkeypatch.setattr(loop, "cosine_lr", lambda *a: lrs.append(cosine(*a)) or lrs[-1])
+    train_dart(word_target, second, draft_length=D)
+    monkeypatch.undo()
     ck = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)
     assert ck["step"] == 12 and ck["restarts"] == [{"step": 8, "from": str(saved), "optimizer": "fresh"}]
     assert [h["step"] for h in ck["history"]] == [4, 8, 12]  # the first run's entries, then this one's
@@ -219,7 +217,7 @@ def test_a_new_run_starts_from_a_saved_head(word_target, data_files, tmp_path):
     started = json.loads(history.read_text())
     assert ck["history"][:2] == started[:2]
 
-    # the same weights as the saved head at the start: a run with no step to make re-evaluates it
+    # the same weights as the saved head at the start: a run with no step to make saves it unchanged
     third = TrainConfig(**{**second.__dict__, "out_dir": str(tmp_path / "c"), "steps": 8})
     train_dart(word_target, third, draft_length=D)
     reloaded = load_head(tmp_path / "c" / "head", dart=True, target=word_target)

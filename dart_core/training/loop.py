@@ -195,9 +195,8 @@ def checkpoint_from_head(head_dir: str | Path, target, objective: str, history_f
     history = []
     if history_file is not None:
         history = [h for h in json.loads(Path(history_file).read_text()) if h["step"] <= trained["step"]]
-    state = {k: v for k, v in head.state_dict().items()}
     restart = {"step": trained["step"], "from": str(head_dir), "optimizer": "fresh"}
-    return {"head": state, "opt": None, "step": trained["step"], "history": history, "elapsed_s": float(trained["elapsed_s"]),
+    return {"head": head.state_dict(), "opt": None, "step": trained["step"], "history": history, "elapsed_s": float(trained["elapsed_s"]),
             "objective": objective, "restarts": [restart]}
 
 
@@ -279,9 +278,9 @@ def train_head(target, cfg: TrainConfig, objective: str, rows: int) -> Path:
     draft_ids = torch.tensor(meta["draft_ids"])
     ckpt_path = out / "checkpoint.pt"
     ck = torch.load(ckpt_path, weights_only=False, map_location=target.device) if ckpt_path.exists() else None
+    resumed_from = ckpt_path  # where a resumed run's state comes from, for the log
     if ck is None and cfg.init_head is not None:
-        ck = checkpoint_from_head(cfg.init_head, target, objective, cfg.init_history)
-        log.warning("new run from the head %s at step %d (%.1f min trained before), optimizer afresh", cfg.init_head, ck["step"], ck["elapsed_s"] / 60)
+        ck, resumed_from = checkpoint_from_head(cfg.init_head, target, objective, cfg.init_history), f"the head {cfg.init_head} (optimizer afresh)"
     elif ck is not None and cfg.init_head is not None:
         log.warning("%s exists: resuming it, --init-head ignored", ckpt_path)
     adopt = False
@@ -336,7 +335,7 @@ def train_head(target, cfg: TrainConfig, objective: str, rows: int) -> Path:
             log.warning("%s trained %d rows per anchor; this run trains %d", ckpt_path, ck["rows"], rows)
         # training time spent before this process (older checkpoints: the last logged time)
         prior_s = ck.get("elapsed_s", history[-1]["elapsed_s"] if history else 0.0)
-        log.warning("resumed from %s at step %d (%.1f min trained)", ckpt_path, step, prior_s / 60)
+        log.warning("resumed from %s at step %d (%.1f min trained)", resumed_from, step, prior_s / 60)
     budget_s = None if cfg.max_minutes is None else 60.0 * cfg.max_minutes  # over all resumes
     # fresh AdamW moments after a restart from a saved head: warm the learning rate up again from there
     rewarm_from = restarts[-1]["step"] if restarts and restarts[-1]["optimizer"] == "fresh" and restarts[-1]["step"] > 0 else None
@@ -403,7 +402,7 @@ def train_head(target, cfg: TrainConfig, objective: str, rows: int) -> Path:
             if cfg.keep_heads_every and step % cfg.keep_heads_every == 0:
                 kept = out / "heads" / f"step-{step:06d}"
                 head.save(kept)
-                (kept / "trained.json").write_text(json.dumps({"step": step, "elapsed_s": elapsed()}) + "\n")
+                (kept / TRAINED_FILE).write_text(json.dumps({"step": step, "elapsed_s": elapsed()}) + "\n")
             if time.perf_counter() - last_ckpt > cfg.checkpoint_every_s:
                 save_checkpoint()
                 last_ckpt = time.perf_counter()
