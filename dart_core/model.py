@@ -180,7 +180,11 @@ class Attention(nn.Module):
         k = apply_rope(k.transpose(1, 2), cos, sin)  # (B, nkv, T, hd)
         v = v.view(B, T, a.n_kv_heads, a.head_dim).transpose(1, 2)
         k_all, v_all = cache.write(layer, k, v)  # (B, nkv, P+T, hd)
-        out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=a.n_heads != a.n_kv_heads)
+        # mask None: one new token, or a causal forward into an empty cache (Transformer._attention_mask),
+        # where SDPA's own causal masking is exact and skips the masked half of the work
+        out = F.scaled_dot_product_attention(
+            q, k_all, v_all, attn_mask=mask, is_causal=mask is None and T > 1, enable_gqa=a.n_heads != a.n_kv_heads
+        )
         return self.wo(out.transpose(1, 2).reshape(B, T, q_out))
 
 
@@ -327,10 +331,13 @@ class Transformer(nn.Module):
 
     @staticmethod
     def _attention_mask(tree_mask: torch.Tensor | None, P: int, T: int, device) -> torch.Tensor | None:
-        """Boolean (1, 1, T, P+T) mask: every new token sees the whole prefix, and new tokens see each other per tree_mask."""
+        """Boolean (1, 1, T, P+T) mask: every new token sees the whole prefix, and new tokens see each other per tree_mask.
+        None where no mask is needed: one new token (it attends to everything before it), or a causal
+        forward into an empty cache (P == 0: the attention runs SDPA's is_causal, which is top-left
+        aligned and so exact only without a prefix)."""
         if tree_mask is None:
-            if T == 1:
-                return None  # one token attends to everything before it
+            if T == 1 or P == 0:
+                return None
             tree_mask = torch.ones(T, T, dtype=torch.bool, device=device).tril_()
         prefix = torch.ones(T, P, dtype=torch.bool, device=device)
         return torch.cat((prefix, tree_mask.to(device)), dim=1)[None, None]

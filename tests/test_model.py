@@ -47,6 +47,29 @@ def test_matches_transformers(tiny_ckpt):
     torch.testing.assert_close(out.hidden, expected_hidden, atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("prefix", [0, 7])
+def test_long_prefill_matches_transformers(tiny_ckpt, prefix):
+    """A prompt longer than the kernels take (the eager path) equals HF's logits, both into an empty
+    cache (SDPA's own causal masking) and after a committed prefix (an explicit mask)."""
+    import transformers
+
+    from dart_core import kernels
+
+    _, path = tiny_ckpt
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    target = tiny_target(path)
+    n = kernels.MAX_ROWS + 40
+    ids = [(7 * i + 3) % 90 + 4 for i in range(prefix + n)]
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]
+    cache = target.new_cache(len(ids) + 8)
+    if prefix:
+        target.prefill(ids[:prefix], cache, capture=False)
+        cache.commit(prefix)
+    out = target.model(torch.tensor(ids[prefix:]), torch.arange(prefix, len(ids)), cache)
+    torch.testing.assert_close(out.logits, ref[prefix:], atol=ATOL, rtol=0)
+
+
 def test_incremental_equals_full(tiny_ckpt):
     """Prefill then one token at a time gives the same logits as one causal pass."""
     _, path = tiny_ckpt
