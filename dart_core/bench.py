@@ -147,22 +147,28 @@ def split_method(name: str) -> tuple[str, int | None]:
     return base, int(size)
 
 
-def build_runner(name: str, target: Target, args: argparse.Namespace) -> Runner:
+def method_drafter(name: str, target: Target, args: argparse.Namespace) -> Drafter:
+    """The drafter of one of the loop's methods ('ar', 'dart', 'dart-noctx', 'eagle3', each maybe @N)."""
     name, size = split_method(name)
     if size is not None:  # this method's own tree size; the other methods keep the flags'
         args = argparse.Namespace(**{**vars(args), "max_nodes": size, "eagle3_max_nodes": size})
-    if name == "ar":
-        return loop_runner(target, ARDrafter())
-    if name == "hf":
-        return hf_runner(target, prompt_lookup=False)
-    if name == "pld":
-        return hf_runner(target, prompt_lookup=True)
     default_target = args.model == DEFAULT_MODEL
+    if name == "ar":
+        return ARDrafter()
     if name in DRAFTERS:
-        return loop_runner(target, build_drafter(name, target, args, default_target))
+        return build_drafter(name, target, args, default_target)
     if name == "dart-noctx":
-        return loop_runner(target, build_drafter("dart", target, args, default_target, context=False))
-    raise ValueError(f"unknown method {name!r}: choose from {', '.join(METHODS)}")
+        return build_drafter("dart", target, args, default_target, context=False)
+    raise ValueError(f"{name!r} is not a method of the generation loop")
+
+
+def build_runner(name: str, target: Target, args: argparse.Namespace) -> Runner:
+    base, _ = split_method(name)
+    if base == "hf":
+        return hf_runner(target, prompt_lookup=False)
+    if base == "pld":
+        return hf_runner(target, prompt_lookup=True)
+    return loop_runner(target, method_drafter(name, target, args))
 
 
 METHODS = ("ar", "hf", "pld", "dart", "dart-noctx", "eagle3")

@@ -1,0 +1,132 @@
+"""Exact greedy replay: the steps a drafter would take on a prompt, without running the target again.
+
+At temperature 0 speculative decoding outputs what plain greedy decoding outputs (it is lossless),
+and on the batch-invariant CPU kernels the hidden states the target returns for a committed token
+are the ones its one-token step computed, bit for bit, whatever tree it was verified in. So one
+recorded greedy decode (the prompt's and every output token's captured hidden states) replays any
+drafter exactly: the drafter does all its real work (head forward, pruning) at each root, the
+recorded continuation says which path of its tree the target accepts, and the drafter is told what
+was committed, as the generation loop would tell it. The accepted counts equal those of
+`generate` with the same drafter (tests/test_replay.py checks it on the embedded heads).
+
+Used to tune tree parameters (scripts/tune_scoring.py): τ of a setting in seconds of drafting
+instead of a bench run. It says nothing about time: a larger tree costs more to verify.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .generate import Drafter, GenerationParams, Proposal, _loop
+from .sampling import SamplingParams
+from .target import Prompt, Target
+from .tree import DraftTree
+
+
+@dataclass(frozen=True)
+class GreedyRecord:
+    """One plain greedy decode with the target's captured hidden states, as the drafters receive them."""
+
+    prompt_ids: list[int]
+    output_ids: list[int]  # plain greedy decoding's output, as `generate` stops it
+    hidden: torch.Tensor  # (len(prompt_ids) + len(output_ids) - 2, 3H): the prompt's, then each output token's but the last two (never committed before the loop stops)
+    limit: int  # the context limit the decode ran with
+    max_new_tokens: int
+
+
+class _RecordingSession:
+    def __init__(self):
+        self.ids: list[int] = []
+        self.hidden: list[torch.Tensor] = []
+
+    def extend(self, ids: list[int], hidden: torch.Tensor | None) -> None:
+        self.ids += ids
+        self.hidden.append(hidden)
+
+    def propose(self, root: int, max_nodes: int) -> Proposal:
+        return Proposal(DraftTree.root_only(root))
+
+
+class _Recorder:
+    """Plain decoding (root-only trees) that asks for the hidden states and keeps what is committed."""
+
+    name = "record"
+    needs_hidden = True
+    max_nodes = 0
+
+    def __init__(self):
+        self.session: _RecordingSession | None = None
+
+    def new_session(self, capacity: int) -> _RecordingSession:
+        self.session = _RecordingSession()
+        return self.session
+
+
+def record_greedy(target: Target, prompt: Prompt, max_new_tokens: int, max_length: int | None = None) -> GreedyRecord:
+    """Decode `prompt` greedily with the generation loop itself and keep what a drafter would be given."""
+    ids = target.encode(prompt)
+    limit = min(max_length or target.context_limit, target.context_limit)
+    if len(ids) >= limit:
+        raise ValueError(f"the prompt has {len(ids)} tokens, the context limit is {limit}: no room to generate")
+    recorder = _Recorder()
+    params = GenerationParams(max_new_tokens, max_length, SamplingParams(temperature=0.0))
+    capacity = min(limit, len(ids) + max_new_tokens + 1)
+    summary = None
+    for summary in _loop(target, ids, recorder, params, limit, capacity):
+        pass
+    s = recorder.session
+    assert s is not None and s.ids == ids + summary.output_ids[: max(0, len(summary.output_ids) - 2)]
+    return GreedyRecord(ids, summary.output_ids, torch.cat(s.hidden), limit, max_new_tokens)
+
+
+@dataclass(frozen=True)
+class Replay:
+    accepted: list[int]  # drafted tokens accepted at each step after prefill (as Summary.accepted, but the
+    # last step's count ends with the record: the loop may accept drafts past max_new_tokens and drop them)
+    tree_sizes: list[int]  # drafted nodes proposed at each step
+    new_tokens: int
+
+    @property
+    def steps(self) -> int:
+        """Target forwards, the prefill included (as Summary.steps)."""
+        return len(self.accepted) + 1
+
+    @property
+    def tau(self) -> float:
+        return self.new_tokens / self.steps
+
+
+def replay(drafter: Drafter, rec: GreedyRecord) -> Replay:
+    """The steps `drafter` takes on the record's prompt at temperature 0: what `generate` would
+    accept, step for step, with the drafter's real trees (the same tree cut by cache room too)."""
+    out, P = rec.output_ids, len(rec.prompt_ids)
+    capacity = min(rec.limit, P + rec.max_new_tokens + drafter.max_nodes + 1)
+    session = drafter.new_session(capacity)
+    session.extend(rec.prompt_ids, rec.hidden[:P] if drafter.needs_hidden else None)
+    accepted, sizes = [], []
+    pos = 0  # out[pos] is the root; out[:pos] is committed
+    while pos < len(out) - 1:
+        max_nodes = capacity - (P + pos) - 1
+        tree = session.propose(out[pos], max_nodes).tree.truncate(max_nodes + 1)
+        tokens = tree.tokens.tolist()
+        node, path = 0, [0]
+        while pos + len(path) < len(out):
+            want = out[pos + len(path)]
+            nxt = next((c for c in tree.children[node] if tokens[c] == want), None)
+            if nxt is None:
+                break
+            node = nxt
+            path.append(node)
+        accepted.append(len(path) - 1)
+        sizes.append(len(tree) - 1)
+        end = pos + len(path)  # out[pos:end] committed, out[end] (if any) the target's next token
+        if end >= len(out) - 1:
+            break  # the loop stops here (the output is complete), before telling the drafter
+        if drafter.needs_hidden:
+            session.extend(out[pos:end], rec.hidden[P + pos : P + end])
+        else:
+            session.extend(out[pos:end], None)
+        pos = end
+    return Replay(accepted, sizes, len(out))
