@@ -39,6 +39,8 @@ def test_the_app_and_the_bench_take_the_same_drafter_flags():
     (["--max-nodes", "-1"], "max-nodes"), (["--eagle3-max-nodes", "-2"], "eagle3-max-nodes"),
     (["--tree-top-k", "0"], "tree-top-k"), (["--draft-depth", "0"], "draft-depth"),
     (["--tree-min-score", "0.5"], "tree-min-score"), (["--tree-min-score", "-2", "--tree-min-nodes", "-1"], "tree-min-nodes"),
+    (["--context-candidates", "-1"], "context-candidates"), (["--logit-decay", "nan"], "logit-decay"),
+    (["--level-exponent", "inf"], "level-exponent"),
 ])
 def test_out_of_range_flags_are_refused(argv, match):
     with pytest.raises(ValueError, match=match):
@@ -52,6 +54,24 @@ def test_score_floor_flags_reach_the_pruner():
     assert tree_params(parse(), "cpu", True).min_score == float("-inf")
     p = tree_params(parse("--tree-min-score", "-1.5", "--tree-min-nodes", "3", "--max-nodes", "12"), "cpu", True)
     assert (p.min_score, p.min_nodes, p.max_nodes) == (-1.5, 3, 12)
+
+
+def test_score_weights_per_target_and_flags():
+    """The embedded target gets the weights tuned for its head, another target upstream's; a flag given
+    overrides either, and the weights reach the pruner."""
+    from dart_core.drafters.dart import EMBEDDED_WEIGHTS, UPSTREAM_WEIGHTS
+    from dart_core.drafters.registry import score_weights, tree_params
+
+    assert score_weights(parse(), True) == EMBEDDED_WEIGHTS and score_weights(parse(), False) == UPSTREAM_WEIGHTS
+    assert EMBEDDED_WEIGHTS != UPSTREAM_WEIGHTS
+    w = score_weights(parse("--tree-top-k", "7", "--ngram-first-level", "off", "--context-weight", "0.3", "--logit-decay", "0.5"), True)
+    assert (w.top_k, w.ngram_on_first_level, w.context_weight, w.logit_decay) == (7, False, 0.3, 0.5)
+    assert w.level_exponent == EMBEDDED_WEIGHTS.level_exponent
+    p = tree_params(parse("--ngram-first-level", "on", "--context-candidates", "3"), "cpu", True, default_target=False)
+    assert (p.top_k, p.level_exponent, p.ngram_on_first_level, p.context_max_candidates) == (UPSTREAM_WEIGHTS.top_k, UPSTREAM_WEIGHTS.level_exponent, True, 3)
+    assert p.context_weight == UPSTREAM_WEIGHTS.context_weight
+    off = tree_params(parse("--no-context-ngram"), "cpu", True, default_target=True)
+    assert (off.context_weight, off.context_extend, off.top_k) == (0.0, 0, EMBEDDED_WEIGHTS.top_k)
 
 
 def test_tree_size_and_ngram_resolution(tmp_path):

@@ -24,17 +24,46 @@ from .head import DraftHead, KernelHead, load_head
 
 CONTEXT_TAIL = 8  # committed tokens passed to the pruner as n-gram context (order - 1 are used)
 
-# The context n-gram (the conversation's own repeats; ngram_cpp/src/pruner.h has the score): the
-# defaults of the bench and the app, chosen by the bench sweep in docs/benchmarks.md.
+# The context n-gram (the conversation's own repeats; ngram_cpp/src/pruner.h has the score).
 CONTEXT_ORDER = 4  # longest suffix matched against the conversation
-CONTEXT_WEIGHT = 0.8  # lambda at a full-length match (a 4-token match: 0.8 of the weight goes to the context)
 CONTEXT_EXTEND = 4  # levels past the head's rows that follow a context match alone
 CONTEXT_EXTEND_MIN_MATCH = 2
 
 
-def with_context(prune: ngram_cpp.PruneParams, on: bool = True, weight: float = CONTEXT_WEIGHT, extend: int = CONTEXT_EXTEND) -> ngram_cpp.PruneParams:
-    """Tree parameters with the context n-gram on (the project's defaults, or the given weight and
-    extension) or off."""
+@dataclass(frozen=True)
+class ScoreWeights:
+    """The weights of the pruner's tree score (ngram_cpp/src/pruner.h) that suit one head and tree size."""
+
+    top_k: int  # candidates per head row
+    level_exponent: float  # level l's terms weigh (l+1)^level_exponent
+    logit_decay: float  # the head's log-probability at level l weighs decay^l
+    ngram_weight: float  # the 3-gram trie's log-probability, against the head's
+    ngram_on_first_level: bool  # whether the trie also scores depth 1
+    context_weight: float  # lambda at a full-length context match (0.8: a 4-token match gives the context 0.8 of the weight)
+    context_max_candidates: int  # context-only candidates per parent
+
+
+# The public pruner's values (ngram_cpp.PruneParams) with the context n-gram of docs/benchmarks.md:
+# the default for targets other than the embedded one (their heads were made with these).
+UPSTREAM_WEIGHTS = ScoreWeights(top_k=25, level_exponent=-0.7, logit_decay=0.9, ngram_weight=0.5,
+                                ngram_on_first_level=False, context_weight=0.8, context_max_candidates=4)
+# The embedded head on the CPU default tree, chosen by exact greedy replay (scripts/tune_scoring.py,
+# coordinate ascent over 9 fields at 5 nodes on prompts 11-20 of the six bench sets: τ 2.306 ->
+# 2.351); on the bench's own first 10 prompts τ 2.241 -> 2.287 at 5 nodes, 2.424 -> 2.473 at 8.
+EMBEDDED_WEIGHTS = ScoreWeights(top_k=10, level_exponent=0.0, logit_decay=1.0, ngram_weight=0.5,
+                                ngram_on_first_level=True, context_weight=0.65, context_max_candidates=8)
+
+
+def weighted(prune: ngram_cpp.PruneParams, w: ScoreWeights, context: bool = True, extend: int = CONTEXT_EXTEND) -> ngram_cpp.PruneParams:
+    """Tree parameters with the score weights `w`, the context n-gram on (extending `extend` levels
+    past the head's rows) or off."""
+    prune = replace(prune, top_k=w.top_k, level_exponent=w.level_exponent, logit_decay=w.logit_decay, ngram_weight=w.ngram_weight,
+                    ngram_on_first_level=w.ngram_on_first_level, context_max_candidates=w.context_max_candidates)
+    return with_context(prune, context, w.context_weight, extend)
+
+
+def with_context(prune: ngram_cpp.PruneParams, on: bool, weight: float, extend: int = CONTEXT_EXTEND) -> ngram_cpp.PruneParams:
+    """Tree parameters with the context n-gram on (the given weight and extension) or off."""
     if not on:
         return replace(prune, context_weight=0.0, context_extend=0)
     return replace(prune, context_weight=weight, context_extend=extend, context_extend_min_match=CONTEXT_EXTEND_MIN_MATCH)

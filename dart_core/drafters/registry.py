@@ -13,12 +13,13 @@ optional embedded heads).
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from . import DEFAULT_DART_HEAD, DEFAULT_EAGLE3_HEAD, DEFAULT_MAX_NODES, DEFAULT_NGRAM, default_max_nodes
-from .dart import CONTEXT_EXTEND, CONTEXT_ORDER, CONTEXT_WEIGHT
+from .dart import CONTEXT_EXTEND, CONTEXT_ORDER, EMBEDDED_WEIGHTS, UPSTREAM_WEIGHTS, ScoreWeights
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,16 @@ def _dart_flags(g: argparse._ArgumentGroup) -> None:
                         "(default: the embedded trie for the default target)")
     g.add_argument("--use-small-ngram", action="store_true", help="with an n-gram directory, load small.trie instead of full.trie")
     g.add_argument("--no-ngram", action="store_true", help="prune draft trees without the n-gram model")
-    g.add_argument("--tree-top-k", type=int, default=25, help="candidates per depth")
+    g.add_argument("--tree-top-k", type=int, default=None,
+                   help=f"candidates per depth (default: {EMBEDDED_WEIGHTS.top_k} for the embedded target, else {UPSTREAM_WEIGHTS.top_k})")
+    g.add_argument("--level-exponent", type=float, default=None,
+                   help=f"tree score: level l weighs (l+1)^this (default {EMBEDDED_WEIGHTS.level_exponent} embedded, else {UPSTREAM_WEIGHTS.level_exponent})")
+    g.add_argument("--logit-decay", type=float, default=None,
+                   help=f"tree score: the head's log-probability at level l weighs this^l (default {EMBEDDED_WEIGHTS.logit_decay} embedded, else {UPSTREAM_WEIGHTS.logit_decay})")
+    g.add_argument("--ngram-weight", type=float, default=None,
+                   help=f"tree score: weight of the trie's log-probability (default {EMBEDDED_WEIGHTS.ngram_weight})")
+    g.add_argument("--ngram-first-level", choices=["on", "off"], default=None,
+                   help="tree score: whether the trie also scores depth 1 (default on for the embedded target, else off)")
     g.add_argument("--beam-width", type=int, default=20)
     g.add_argument("--max-nodes", type=int, default=None, help=f"drafted tree nodes besides the root (default per device: {DEFAULT_MAX_NODES})")
     g.add_argument("--draft-depth", type=int, default=None, help="use only the head's first N rows (tree depth <= N; default: all D+1)")
@@ -48,7 +58,10 @@ def _dart_flags(g: argparse._ArgumentGroup) -> None:
                         "<= 0) is at least this, so trees shrink where the draft is unsure (default: off, every tree has --max-nodes)")
     g.add_argument("--tree-min-nodes", type=int, default=0, help="nodes kept whatever their score when --tree-min-score is set (default 0)")
     g.add_argument("--no-context-ngram", action="store_true", help="prune without the context n-gram (the conversation's own repeats)")
-    g.add_argument("--context-weight", type=float, default=CONTEXT_WEIGHT, help=f"context n-gram weight at a full-length match, in [0, 1] (default {CONTEXT_WEIGHT})")
+    g.add_argument("--context-weight", type=float, default=None,
+                   help=f"context n-gram weight at a full-length match, in [0, 1] (default {EMBEDDED_WEIGHTS.context_weight} for the embedded target, else {UPSTREAM_WEIGHTS.context_weight})")
+    g.add_argument("--context-candidates", type=int, default=None,
+                   help=f"context-only candidates per tree node (default {EMBEDDED_WEIGHTS.context_max_candidates} embedded, else {UPSTREAM_WEIGHTS.context_max_candidates})")
     g.add_argument("--context-extend", type=int, default=CONTEXT_EXTEND, help=f"tree levels past the head's rows that follow a context match (default {CONTEXT_EXTEND})")
     g.add_argument("--context-order", type=int, default=CONTEXT_ORDER, help=f"longest context match in tokens (default {CONTEXT_ORDER})")
 
@@ -67,15 +80,32 @@ def max_nodes(args: argparse.Namespace, device_type: str) -> int:
     return args.max_nodes if args.max_nodes is not None else default_max_nodes(device_type)
 
 
-def tree_params(args: argparse.Namespace, device_type: str, ngram: bool, context: bool = True):
+# flag -> ScoreWeights field; a flag left unset takes the preset's value
+WEIGHT_FLAGS = {"tree_top_k": "top_k", "level_exponent": "level_exponent", "logit_decay": "logit_decay", "ngram_weight": "ngram_weight",
+                "ngram_first_level": "ngram_on_first_level", "context_weight": "context_weight", "context_candidates": "context_max_candidates"}
+
+
+def score_weights(args: argparse.Namespace, default_target: bool) -> ScoreWeights:
+    """The tree score's weights: the flags given, else the preset of the target (the embedded one's,
+    tuned for its head; upstream's for any other)."""
+    from dataclasses import replace
+
+    preset = EMBEDDED_WEIGHTS if default_target else UPSTREAM_WEIGHTS
+    given = {field: getattr(args, flag) for flag, field in WEIGHT_FLAGS.items() if getattr(args, flag) is not None}
+    if "ngram_on_first_level" in given:
+        given["ngram_on_first_level"] = given["ngram_on_first_level"] == "on"
+    return replace(preset, **given)
+
+
+def tree_params(args: argparse.Namespace, device_type: str, ngram: bool, context: bool = True, default_target: bool = False):
     """DART's pruning parameters from the flags."""
     import ngram_cpp
 
-    from .dart import with_context
+    from .dart import weighted
 
     floor = {} if args.tree_min_score is None else {"min_score": args.tree_min_score, "min_nodes": args.tree_min_nodes}
-    plain = ngram_cpp.PruneParams(top_k=args.tree_top_k, beam_width=args.beam_width, max_nodes=max_nodes(args, device_type), use_ngram=ngram, **floor)
-    return with_context(plain, context and not args.no_context_ngram, args.context_weight, args.context_extend)
+    plain = ngram_cpp.PruneParams(beam_width=args.beam_width, max_nodes=max_nodes(args, device_type), use_ngram=ngram, **floor)
+    return weighted(plain, score_weights(args, default_target), context and not args.no_context_ngram, args.context_extend)
 
 
 def resolve_ngram(args: argparse.Namespace, default_target: bool) -> Path | None:
@@ -102,7 +132,7 @@ def _build_dart(target, args: argparse.Namespace, default_target: bool, context:
     from .dart import DartParams, load_dart_drafter
 
     ngram = resolve_ngram(args, default_target)
-    params = DartParams(tree_params(args, target.device.type, ngram is not None, context), args.draft_depth, args.context_order)
+    params = DartParams(tree_params(args, target.device.type, ngram is not None, context, default_target), args.draft_depth, args.context_order)
     return load_dart_drafter(args.dart_model or DEFAULT_DART_HEAD, target, ngram, params)
 
 
@@ -130,14 +160,19 @@ def add_drafter_flags(parser: argparse.ArgumentParser) -> dict[str, argparse._Ar
 
 def check_drafter_flags(args: argparse.Namespace) -> None:
     """Raise ValueError naming the first flag out of range."""
-    if not 0.0 <= args.context_weight <= 1.0:
+    if args.context_weight is not None and not 0.0 <= args.context_weight <= 1.0:
         raise ValueError("--context-weight must be in [0, 1]")
+    if args.context_candidates is not None and args.context_candidates < 0:
+        raise ValueError("--context-candidates must be >= 0")
+    for flag in ("level_exponent", "logit_decay", "ngram_weight"):
+        if getattr(args, flag) is not None and not math.isfinite(getattr(args, flag)):
+            raise ValueError(f"--{flag.replace('_', '-')} must be a finite number")
     if args.context_extend < 0 or args.context_order < 1:
         raise ValueError("--context-extend must be >= 0 and --context-order >= 1")
     for flag, value in (("--max-nodes", args.max_nodes), ("--eagle3-max-nodes", args.eagle3_max_nodes)):
         if value is not None and value < 0:
             raise ValueError(f"{flag} must be >= 0")
-    if args.tree_top_k < 1 or args.beam_width < 1 or args.eagle3_top_k < 1 or args.eagle3_depth < 0:
+    if (args.tree_top_k is not None and args.tree_top_k < 1) or args.beam_width < 1 or args.eagle3_top_k < 1 or args.eagle3_depth < 0:
         raise ValueError("--tree-top-k, --beam-width and --eagle3-top-k must be >= 1, --eagle3-depth >= 0")
     if args.tree_min_nodes < 0 or (args.tree_min_score is not None and not args.tree_min_score <= 0.0):
         raise ValueError("--tree-min-nodes must be >= 0 and --tree-min-score <= 0 (tree scores are never positive)")
