@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dart_core.drafters import default_max_nodes  # noqa: E402
+from dart_core.drafters.dart import UPSTREAM_WEIGHTS  # noqa: E402
 CURVE_DIR = ROOT / "assets" / "training"
 POINTS = CURVE_DIR / "points.jsonl"
 README = ROOT / "assets" / "README.md"
@@ -62,6 +63,13 @@ def snapshot_head(run: Path, dest: Path) -> tuple[int, float]:
     raise SystemExit(f"{run}: the head kept changing while it was copied")
 
 
+def weight_flags(w) -> list[str]:
+    """Bench flags that give DART's tree score the weights `w` (a ScoreWeights)."""
+    return ["--tree-top-k", str(w.top_k), "--level-exponent", str(w.level_exponent), "--logit-decay", str(w.logit_decay),
+            "--ngram-weight", str(w.ngram_weight), "--ngram-first-level", "on" if w.ngram_on_first_level else "off",
+            "--context-weight", str(w.context_weight), "--context-candidates", str(w.context_max_candidates)]
+
+
 def point(args) -> int:
     run = args.run.expanduser()
     CURVE_DIR.mkdir(parents=True, exist_ok=True)
@@ -78,6 +86,8 @@ def point(args) -> int:
         ]
         if args.method == "eagle3":
             cmd += ["--eagle3-max-nodes", str(args.max_nodes)]
+        elif args.weights == "upstream":
+            cmd += weight_flags(UPSTREAM_WEIGHTS)
         print("+", shlex.join(cmd), file=sys.stderr)
         subprocess.run(cmd, cwd=ROOT, check=True)
         result = json.loads(out.read_text())
@@ -86,9 +96,10 @@ def point(args) -> int:
         "tau": result["methods"][args.method]["tau"],
         "tau_by_set": {d: r[args.method]["tau"] for d, r in result["datasets"].items()},
         "limit": args.limit, "max_new_tokens": args.max_new_tokens, "max_nodes": args.max_nodes, "dtype": args.dtype,
+        **({"weights": args.weights} if args.method == "dart" else {}),
         "date": datetime.date.today().isoformat(), "commit": git_commit(),
         "command": f"python scripts/training_curve.py point --run RUN --label {args.label} --method {args.method} --limit {args.limit}"
-                   f" --max-nodes {args.max_nodes}",
+                   f" --max-nodes {args.max_nodes}" + (f" --weights {args.weights}" if args.method == "dart" else ""),
     }
     with POINTS.open("a") as f:
         f.write(json.dumps(rec) + "\n")
@@ -113,11 +124,13 @@ def tables() -> str:
         mine = [p for p in points if p["label"] == label]
         if mine:
             parts.append("\nBench τ (first turns, greedy; `limit` prompts per set):\n")
-            parts.append("| step | train h | tree nodes | τ (all) | " + " | ".join(BENCH_SETS) + " | prompts/set | tokens | commit |")
-            parts.append("|---" * (7 + len(BENCH_SETS)) + "|")
+            parts.append("| step | train h | tree nodes | score weights | τ (all) | " + " | ".join(BENCH_SETS) + " | prompts/set | tokens | commit |")
+            parts.append("|---" * (8 + len(BENCH_SETS)) + "|")
             for p in mine:
                 by_set = " | ".join(f"{p['tau_by_set'].get(s, float('nan')):.2f}" for s in BENCH_SETS)
-                parts.append(f"| {p['step']} | {p['train_hours']:.2f} | {p.get('max_nodes', '?')} | {p['tau']:.2f} | {by_set} | {p['limit']} "
+                # points before the weights had presets (2026-11-24) were all taken with upstream's
+                weights = p.get("weights", "upstream") if p["method"] == "dart" else "–"
+                parts.append(f"| {p['step']} | {p['train_hours']:.2f} | {p.get('max_nodes', '?')} | {weights} | {p['tau']:.2f} | {by_set} | {p['limit']} "
                              f"| {p['max_new_tokens']} | {p['commit']} |")
         parts.append("")
     return "\n".join(parts).rstrip() + "\n"
@@ -151,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     pt.add_argument("--max-nodes", type=int, default=default_max_nodes("cpu"),
                     help="drafted tree nodes (both methods; default: the CPU default, so points compare)")
     pt.add_argument("--dtype", default="bfloat16")
+    pt.add_argument("--weights", choices=["embedded", "upstream"], default="embedded",
+                    help="DART's tree score weights: the embedded target's preset (the bench's default) or upstream's "
+                         "(the points before 2026-11-24 used these)")
     tb = sub.add_parser("table", help="print the curve tables")
     tb.add_argument("--readme", action="store_true", help=f"rewrite the block between {MARK_START} and {MARK_END} in assets/README.md")
     args = p.parse_args(argv)

@@ -32,12 +32,14 @@ def test_tables_show_every_eval_and_bench_point(curve, tmp_path):
     (tmp_path / "training" / "dart-v1.history.json").write_text(json.dumps(history))
     point = {"label": "dart-v1", "method": "dart", "step": 500, "train_hours": 0.1, "tau": 2.5,
              "tau_by_set": {s: 2.0 + i / 10 for i, s in enumerate(curve.BENCH_SETS)}, "limit": 5, "max_new_tokens": 128, "max_nodes": 5, "commit": "abc1234"}
-    (tmp_path / "training" / "points.jsonl").write_text(json.dumps(point) + "\n")
+    tuned = {**point, "step": 750, "weights": "embedded"}  # the old point has no "weights": upstream's
+    (tmp_path / "training" / "points.jsonl").write_text(json.dumps(point) + "\n" + json.dumps(tuned) + "\n")
     text = curve.tables()
     assert "| 250 | 0.05 | 4.685 | 27.6% | 7.3% | 5.0% |" in text
     assert "| 500 | 0.10 | 3.900 | 35.0% | 10.0% | 7.0% |" in text
     assert "| 750 | 0.12 | 3.700 | 36.0% | 11.0% | – |" in text
-    assert "| 500 | 0.10 | 5 | 2.50 | 2.00 | 2.10 | 2.20 | 2.30 | 2.40 | 2.50 | 5 | 128 | abc1234 |" in text
+    assert "| 500 | 0.10 | 5 | upstream | 2.50 | 2.00 | 2.10 | 2.20 | 2.30 | 2.40 | 2.50 | 5 | 128 | abc1234 |" in text
+    assert "| 750 | 0.10 | 5 | embedded | 2.50 |" in text
     for table in text.split("\n\n"):  # every table's separator has one cell per header cell
         lines = [line for line in table.splitlines() if line.startswith("|")]
         if lines:
