@@ -9,7 +9,8 @@
    the loop's own τ, step for step (tests/test_replay.py), in seconds of drafting per setting.
 3. Searches one parameter at a time (coordinate ascent from the flags' values, `--rounds` passes)
    over the grid below, at the fixed tree size `--max-nodes`, and prints every setting tried with
-   its τ, overall and per set, best first.
+   its τ, overall and per set, best first; `--sizes 5,8,16,60` then replays the flags' and the
+   best weights at those tree sizes.
 
 τ at a fixed tree size is the whole story only up to drafting and pruning time (a larger beam or
 top-k prunes slower; the table shows the mean prune ms): confirm a choice with the bench CLI in one
@@ -85,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--params", nargs="*", default=list(GRID), choices=list(GRID), metavar="FIELD",
                    help=f"PruneParams fields to search (default all: {', '.join(GRID)})")
-    p.add_argument("--rounds", type=int, default=2, help="passes of coordinate ascent over --params")
+    p.add_argument("--rounds", type=int, default=2, help="passes of coordinate ascent over --params (0: no search)")
+    p.add_argument("--sizes", type=str, default="", help="after the search, τ of the flags' and the best weights at these tree sizes (e.g. 5,8,16,60)")
     p.add_argument("--records", type=Path, default=None, help="cache of the greedy records (written if absent, read if present)")
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
@@ -98,8 +100,12 @@ def main(argv: list[str] | None = None) -> int:
         check_drafter_flags(args)
     except ValueError as e:
         raise SystemExit(str(e)) from None
-    if args.limit < 1 or args.skip < 0 or args.rounds < 1:
-        raise SystemExit("--limit and --rounds must be >= 1, --skip >= 0")
+    try:
+        sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"--sizes takes tree sizes separated by commas, got {args.sizes!r}") from None
+    if args.limit < 1 or args.skip < 0 or args.rounds < 0 or any(n < 1 for n in sizes):
+        raise SystemExit("--limit and --sizes must be >= 1, --rounds and --skip >= 0")
     if args.threads:
         torch.set_num_threads(args.threads)
     target = load_target(args.model, args.device, args.dtype)
@@ -153,9 +159,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {changed(r['setting'])} | {r['tau']:.3f} | " + " | ".join(f"{r['per_set'][n]:.2f}" for n in names)
               + f" | {r['ms_per_step']:.2f} |")
     print(f"\nbest: {changed(rows[0]['setting'])} (τ {rows[0]['tau']:.3f} against {tried[json.dumps({f: getattr(start, f) for f in GRID})]['tau']:.3f})")
+    by_size = []
+    if sizes:
+        print("\nτ by tree size (drafted nodes):\n\n| weights | nodes | τ | " + " | ".join(names) + " |\n|---|---|---|" + "---|" * len(names))
+        for label, prune in (("the flags'", start), ("best", best)) if best != start else (("the flags'", start),):
+            for n in sizes:
+                r = evaluate(drafter, records, dataclasses.replace(prune, max_nodes=n))
+                by_size.append({"weights": label, "max_nodes": n, **r})
+                print(f"| {label} | {n} | {r['tau']:.3f} | " + " | ".join(f"{r['per_set'][k]:.2f}" for k in names) + " |")
     if args.out:
         args.out.write_text(json.dumps({"records": len(records), "max_nodes": drafter.max_nodes,
-                                        "start": {f: getattr(start, f) for f in GRID}, "settings": rows}, indent=1) + "\n")
+                                        "start": {f: getattr(start, f) for f in GRID}, "settings": rows, "by_size": by_size}, indent=1) + "\n")
     return 0
 
 

@@ -42,3 +42,33 @@ def test_record_is_plain_decoding(embedded_bf16, records):
     for prompt, rec in zip(PROMPTS, records):
         assert complete(embedded_bf16, prompt, ARDrafter(), GenerationParams(NEW_TOKENS)).output_ids == rec.output_ids
         assert rec.hidden.shape[0] == len(rec.prompt_ids) + len(rec.output_ids) - 2
+
+
+def test_tune_scoring_searches_by_replay(tmp_path, embedded_bf16):
+    """scripts/tune_scoring.py: records once (then reads its cache), every setting's τ is a replay,
+    the search keeps the best, and --sizes replays both weights at each size."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("tune_scoring", root / "scripts" / "tune_scoring.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    argv = ["--dataset", str(root / "assets" / "eval_prompts.jsonl"), "--skip", "0", "--limit", "2", "--max-new-tokens", "24",
+            "--params", "ngram_weight", "level_exponent", "--rounds", "1", "--sizes", "3,8", "--records", str(tmp_path / "rec.pt"),
+            "--out", str(tmp_path / "out.json")]
+    assert mod.main(argv) == 0
+    out = json.loads((tmp_path / "out.json").read_text())
+    taus = [s["tau"] for s in out["settings"]]
+    assert taus == sorted(taus, reverse=True) and len(taus) >= 5
+    start = next(s for s in out["settings"] if s["setting"] == out["start"])
+    rec = mod.load_records(tmp_path / "rec.pt")
+    drafter = method_drafter("dart", embedded_bf16, parse_args(["--methods", "dart", "--dataset", "unused.jsonl"]))
+    steps = sum(replay(drafter, r).steps for _, r in rec)
+    assert start["tau"] == pytest.approx(sum(len(r.output_ids) for _, r in rec) / steps)
+    sizes = {(s["weights"], s["max_nodes"]) for s in out["by_size"]}
+    assert {("the flags'", 3), ("the flags'", 8)} <= sizes
+    assert mod.main(argv[:-2] + ["--rounds", "0"]) == 0  # the cached records are read back
+    with pytest.raises(SystemExit, match="--sizes"):
+        mod.main(argv[:-2] + ["--sizes", "5,x"])
