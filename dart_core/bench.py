@@ -199,6 +199,18 @@ def dataset_names(paths: list[Path]) -> list[str]:
     return [p.stem if stems.count(p.stem) == 1 else f"{p.parent.name}/{p.stem}" for p in paths]
 
 
+def held_out_questions(paths: list[Path], skip: int, limit: int) -> list[tuple[str, dict]]:
+    """(dataset name, question) for questions skip+1 .. skip+limit of each file (the bench reports
+    on the first ones; the tuning scripts hold them out). Raises ValueError if a file has none there."""
+    out = []
+    for name, path in zip(dataset_names(paths), paths):
+        rows = read_questions(path, skip + limit)[skip:]
+        if not rows:
+            raise ValueError(f"{path} has no prompts after the first {skip}")
+        out += [(name, q) for q in rows]
+    return out
+
+
 def environment(args: argparse.Namespace, target: Target) -> dict:
     cpu = platform.processor()
     try:

@@ -164,12 +164,22 @@ def generate(
     """
     drafter = drafter or ARDrafter()
     ids = target.encode(prompt)
-    limit = min(params.max_length or target.context_limit, target.context_limit)
+    limit = context_limit(target, params.max_length)
     if len(ids) >= limit:
         raise ValueError(f"the prompt has {len(ids)} tokens, the context limit is {limit}: no room to generate")
-    # The cache holds prompt + output minus the pending root; a verify writes the tree after that.
-    capacity = min(limit, len(ids) + params.max_new_tokens + drafter.max_nodes + 1)
+    capacity = cache_capacity(limit, len(ids), params.max_new_tokens, drafter.max_nodes)
     return _loop(target, ids, drafter, params, limit, capacity)
+
+
+def context_limit(target: Target, max_length: int | None) -> int:
+    """The most tokens prompt + output may hold: max_length, capped by the model's context."""
+    return min(max_length or target.context_limit, target.context_limit)
+
+
+def cache_capacity(limit: int, prompt_len: int, max_new_tokens: int, max_nodes: int) -> int:
+    """KV cache size for one generation. The cache holds prompt + output minus the pending root; a
+    verify writes a tree of up to max_nodes drafted nodes and its root after that."""
+    return min(limit, prompt_len + max_new_tokens + max_nodes + 1)
 
 
 def _loop(target, ids, drafter, params, limit, capacity) -> Iterator[StepEvent | Summary]:

@@ -19,10 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .generate import Drafter, GenerationParams, Proposal, _loop
+from .generate import Drafter, GenerationParams, _ARSession, cache_capacity, context_limit, generate
 from .sampling import SamplingParams
 from .target import Prompt, Target
-from .tree import DraftTree
 
 
 @dataclass(frozen=True)
@@ -36,7 +35,9 @@ class GreedyRecord:
     max_new_tokens: int
 
 
-class _RecordingSession:
+class _RecordingSession(_ARSession):
+    """Plain decoding's session (root-only trees) that keeps what the loop commits."""
+
     def __init__(self):
         self.ids: list[int] = []
         self.hidden: list[torch.Tensor] = []
@@ -44,9 +45,6 @@ class _RecordingSession:
     def extend(self, ids: list[int], hidden: torch.Tensor | None) -> None:
         self.ids += ids
         self.hidden.append(hidden)
-
-    def propose(self, root: int, max_nodes: int) -> Proposal:
-        return Proposal(DraftTree.root_only(root))
 
 
 class _Recorder:
@@ -67,18 +65,13 @@ class _Recorder:
 def record_greedy(target: Target, prompt: Prompt, max_new_tokens: int, max_length: int | None = None) -> GreedyRecord:
     """Decode `prompt` greedily with the generation loop itself and keep what a drafter would be given."""
     ids = target.encode(prompt)
-    limit = min(max_length or target.context_limit, target.context_limit)
-    if len(ids) >= limit:
-        raise ValueError(f"the prompt has {len(ids)} tokens, the context limit is {limit}: no room to generate")
     recorder = _Recorder()
-    params = GenerationParams(max_new_tokens, max_length, SamplingParams(temperature=0.0))
-    capacity = min(limit, len(ids) + max_new_tokens + 1)
     summary = None
-    for summary in _loop(target, ids, recorder, params, limit, capacity):
+    for summary in generate(target, ids, recorder, GenerationParams(max_new_tokens, max_length, SamplingParams(temperature=0.0))):
         pass
     s = recorder.session
     assert s is not None and s.ids == ids + summary.output_ids[: max(0, len(summary.output_ids) - 2)]
-    return GreedyRecord(ids, summary.output_ids, torch.cat(s.hidden), limit, max_new_tokens)
+    return GreedyRecord(ids, summary.output_ids, torch.cat(s.hidden), context_limit(target, max_length), max_new_tokens)
 
 
 @dataclass(frozen=True)
@@ -102,7 +95,7 @@ def replay(drafter: Drafter, rec: GreedyRecord) -> Replay:
     """The steps `drafter` takes on the record's prompt at temperature 0: what `generate` would
     accept, step for step, with the drafter's real trees (the same tree cut by cache room too)."""
     out, P = rec.output_ids, len(rec.prompt_ids)
-    capacity = min(rec.limit, P + rec.max_new_tokens + drafter.max_nodes + 1)
+    capacity = cache_capacity(rec.limit, P, rec.max_new_tokens, drafter.max_nodes)
     session = drafter.new_session(capacity)
     session.extend(rec.prompt_ids, rec.hidden[:P] if drafter.needs_hidden else None)
     accepted, sizes = [], []

@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from dart_core.drafters import default_max_nodes  # noqa: E402
 from dart_core.drafters.dart import UPSTREAM_WEIGHTS  # noqa: E402
+from dart_core.drafters.registry import weight_flag_args  # noqa: E402
 CURVE_DIR = ROOT / "assets" / "training"
 POINTS = CURVE_DIR / "points.jsonl"
 README = ROOT / "assets" / "README.md"
@@ -63,13 +64,6 @@ def snapshot_head(run: Path, dest: Path) -> tuple[int, float]:
     raise SystemExit(f"{run}: the head kept changing while it was copied")
 
 
-def weight_flags(w) -> list[str]:
-    """Bench flags that give DART's tree score the weights `w` (a ScoreWeights)."""
-    return ["--tree-top-k", str(w.top_k), "--level-exponent", str(w.level_exponent), "--logit-decay", str(w.logit_decay),
-            "--ngram-weight", str(w.ngram_weight), "--ngram-first-level", "on" if w.ngram_on_first_level else "off",
-            "--context-weight", str(w.context_weight), "--context-candidates", str(w.context_max_candidates)]
-
-
 def point(args) -> int:
     run = args.run.expanduser()
     CURVE_DIR.mkdir(parents=True, exist_ok=True)
@@ -87,7 +81,7 @@ def point(args) -> int:
         if args.method == "eagle3":
             cmd += ["--eagle3-max-nodes", str(args.max_nodes)]
         elif args.weights == "upstream":
-            cmd += weight_flags(UPSTREAM_WEIGHTS)
+            cmd += weight_flag_args(UPSTREAM_WEIGHTS)
         print("+", shlex.join(cmd), file=sys.stderr)
         subprocess.run(cmd, cwd=ROOT, check=True)
         result = json.loads(out.read_text())

@@ -31,8 +31,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from dart_core.bench import dataset_names, read_questions  # noqa: E402
-from dart_core.drafters.dart import DartDrafter, DartParams  # noqa: E402
+from dart_core.bench import held_out_questions  # noqa: E402
+from dart_core.drafters.dart import DartDrafter  # noqa: E402
 from dart_core.drafters.registry import add_drafter_flags, build_drafter, check_drafter_flags  # noqa: E402
 from dart_core.loading import DEFAULT_MODEL  # noqa: E402
 from dart_core.replay import GreedyRecord, record_greedy, replay  # noqa: E402
@@ -114,14 +114,14 @@ def main(argv: list[str] | None = None) -> int:
         records = load_records(args.records)
         print(f"{len(records)} records from {args.records}", file=sys.stderr)
     else:
+        try:
+            questions = held_out_questions(args.dataset, args.skip, args.limit)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
         records = []
-        for name, path in zip(dataset_names(args.dataset), args.dataset):
-            rows = read_questions(path, args.skip + args.limit)[args.skip :]
-            if not rows:
-                raise SystemExit(f"{path} has no prompts after the first {args.skip}")
-            for q in rows:
-                records.append((name, record_greedy(target, [{"role": "user", "content": q["turns"][0]}], args.max_new_tokens)))
-                print(f"recorded {len(records)}: {name} {q['question_id']}", file=sys.stderr)
+        for name, q in questions:
+            records.append((name, record_greedy(target, [{"role": "user", "content": q["turns"][0]}], args.max_new_tokens)))
+            print(f"recorded {len(records)}: {name} {q['question_id']}", file=sys.stderr)
         if args.records is not None:
             args.records.parent.mkdir(parents=True, exist_ok=True)
             torch.save(records, args.records)
@@ -137,13 +137,14 @@ def main(argv: list[str] | None = None) -> int:
 
     start = drafter.params.prune
     best, best_tau = start, run(start)
+    start_tau = best_tau
     for _ in range(args.rounds):
         improved = False
         for field in args.params:
+            if field == "context_weight" and best.context_weight == 0:
+                continue  # the context n-gram is off (--no-context-ngram): nothing to weigh
             for value in GRID[field]:
                 cand = dataclasses.replace(best, **{field: value})
-                if field == "context_weight" and best.context_weight == 0:
-                    continue  # the context n-gram is off (--no-context-ngram): nothing to weigh
                 tau = run(cand)
                 if tau > best_tau + 1e-9:
                     best, best_tau, improved = cand, tau, True
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows[:15]:
         print(f"| {changed(r['setting'])} | {r['tau']:.3f} | " + " | ".join(f"{r['per_set'][n]:.2f}" for n in names)
               + f" | {r['ms_per_step']:.2f} |")
-    print(f"\nbest: {changed(rows[0]['setting'])} (τ {rows[0]['tau']:.3f} against {tried[json.dumps({f: getattr(start, f) for f in GRID})]['tau']:.3f})")
+    print(f"\nbest: {changed(rows[0]['setting'])} (τ {rows[0]['tau']:.3f} against {start_tau:.3f})")
     by_size = []
     if sizes:
         print("\nτ by tree size (drafted nodes):\n\n| weights | nodes | τ | " + " | ".join(names) + " |\n|---|---|---|" + "---|" * len(names))

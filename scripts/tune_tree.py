@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from dart_core.bench import dataset_names, read_questions  # noqa: E402
+from dart_core.bench import held_out_questions  # noqa: E402
 from dart_core.drafters import default_max_nodes
 from dart_core.drafters.registry import add_drafter_flags, build_drafter, check_drafter_flags  # noqa: E402
 from dart_core.generate import GenerationParams, StepEvent, Summary, generate  # noqa: E402
@@ -175,12 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     args.max_nodes, args.tree_min_score = args.cap, None  # log full trees; the settings are simulated
     target = load_target(args.model, args.device, args.dtype)
     drafter = build_drafter("dart", target, args, default_target=args.model == DEFAULT_MODEL)
-    prompts = []
-    for name, path in zip(dataset_names(args.dataset), args.dataset):
-        rows = read_questions(path, args.skip + args.limit)[args.skip :]
-        if not rows:
-            raise SystemExit(f"{path} has no prompts after the first {args.skip}")
-        prompts += [(name, target.encode([{"role": "user", "content": q["turns"][0]}])) for q in rows]
+    try:
+        questions = held_out_questions(args.dataset, args.skip, args.limit)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    prompts = [(name, target.encode([{"role": "user", "content": q["turns"][0]}])) for name, q in questions]
     print(f"logging {len(prompts)} prompts at {args.cap} nodes", file=sys.stderr)
     steps = log_steps(target, drafter, prompts, args.max_new_tokens)
     by_len = sorted((ids for _, ids in prompts), key=len)

@@ -70,6 +70,10 @@ def test_score_weights_per_target_and_flags():
     p = tree_params(parse("--ngram-first-level", "on", "--context-candidates", "3"), "cpu", True, default_target=False)
     assert (p.top_k, p.level_exponent, p.ngram_on_first_level, p.context_max_candidates) == (UPSTREAM_WEIGHTS.top_k, UPSTREAM_WEIGHTS.level_exponent, True, 3)
     assert p.context_weight == UPSTREAM_WEIGHTS.context_weight
+    from dart_core.drafters.registry import weight_flag_args
+
+    for w in (EMBEDDED_WEIGHTS, UPSTREAM_WEIGHTS):  # the flags that name a preset give it back on the other target
+        assert score_weights(parse(*weight_flag_args(w)), w is UPSTREAM_WEIGHTS) == w
     off = tree_params(parse("--no-context-ngram"), "cpu", True, default_target=True)
     assert (off.context_weight, off.context_extend, off.top_k) == (0.0, 0, EMBEDDED_WEIGHTS.top_k)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -88,13 +88,20 @@ WEIGHT_FLAGS = {"tree_top_k": "top_k", "level_exponent": "level_exponent", "logi
 def score_weights(args: argparse.Namespace, default_target: bool) -> ScoreWeights:
     """The tree score's weights: the flags given, else the preset of the target (the embedded one's,
     tuned for its head; upstream's for any other)."""
-    from dataclasses import replace
-
     preset = EMBEDDED_WEIGHTS if default_target else UPSTREAM_WEIGHTS
     given = {field: getattr(args, flag) for flag, field in WEIGHT_FLAGS.items() if getattr(args, flag) is not None}
     if "ngram_on_first_level" in given:
         given["ngram_on_first_level"] = given["ngram_on_first_level"] == "on"
     return replace(preset, **given)
+
+
+def weight_flag_args(w: ScoreWeights) -> list[str]:
+    """Command-line flags that give the tree score exactly the weights `w` (score_weights' inverse)."""
+    argv = []
+    for flag, field in WEIGHT_FLAGS.items():
+        value = getattr(w, field)
+        argv += [f"--{flag.replace('_', '-')}", ("on" if value else "off") if isinstance(value, bool) else str(value)]
+    return argv
 
 
 def tree_params(args: argparse.Namespace, device_type: str, ngram: bool, context: bool = True, default_target: bool = False):
