@@ -1,9 +1,38 @@
 """Builds the two C++ extensions (the rest of the project is pure Python, see pyproject.toml):
-ngram_cpp._ngram (n-gram trie, context index, tree pruner) and dart_core._cpu_kernels (the target's
-batch-invariant decode / verify kernels)."""
+ngram_cpp._ngram (n-gram trie, context index, tree pruner) and dart_core._cpu_kernels_* (the target's
+batch-invariant decode / verify kernels, one build per instruction set)."""
+
+import platform
 
 from pybind11.setup_helpers import Pybind11Extension
 from setuptools import setup
+
+# dart_core._cpu_kernels_<path>: one source compiled once per instruction set, so that one build (a
+# wheel, a Space image) runs on any x86-64 CPU: dart_core/kernels.py imports the best build the CPU
+# runs when it loads (DART_CPU_KERNELS forces one). Never -march=native: that ties a build to the
+# machine that compiled it. Elsewhere (ARM) only the generic build.
+X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
+AVX2 = ["-mavx2", "-mfma", "-mf16c"]
+AVX512 = AVX2 + ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]
+KERNEL_PATHS = {"generic": [], "avx2": AVX2, "avx512": AVX512, "avx512bf16": AVX512 + ["-mavx512bf16"]} if X86 else {"generic": []}
+
+
+def cpu_kernel_builds():
+    for path, isa in KERNEL_PATHS.items():
+        yield Pybind11Extension(
+            f"dart_core._cpu_kernels_{path}",
+            sources=["dart_core/csrc/cpu_kernels.cpp"],
+            cxx_std=17,
+            define_macros=[("DART_KERNELS_MODULE", f"_cpu_kernels_{path}"), ("DART_KERNELS_PATH", f'"{path}"')],
+            # -ffp-contract=off: no fused or reordered float operations beyond the explicit fma calls, so
+            # every output element follows the one fixed sequence the kernels spell out.
+            # -fopenmp links libgomp.so.1, which resolves to the copy torch has loaded (one thread pool).
+            extra_compile_args=["-O3", "-ffp-contract=off", "-fopenmp", *isa],
+            extra_link_args=["-fopenmp"],
+            # Without it the target runs its eager torch path (not batch-invariant; see dart_core/kernels.py).
+            optional=True,
+        )
+
 
 setup(
     ext_modules=[
@@ -19,18 +48,6 @@ setup(
             # `make setup` checks that the extension was built.
             optional=True,
         ),
-        Pybind11Extension(
-            "dart_core._cpu_kernels",
-            sources=["dart_core/csrc/cpu_kernels.cpp"],
-            cxx_std=17,
-            # -march=native: the extension is always compiled on the machine that runs it (pip install -e).
-            # -ffp-contract=off: no fused or reordered float operations beyond the explicit fmaf calls, so
-            # every output element follows the one fixed sequence the kernels spell out.
-            # -fopenmp links libgomp.so.1, which resolves to the copy torch has loaded (one thread pool).
-            extra_compile_args=["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"],
-            extra_link_args=["-fopenmp"],
-            # Without it the target runs its eager torch path (not batch-invariant; see dart_core/kernels.py).
-            optional=True,
-        ),
+        *cpu_kernel_builds(),
     ]
 )

@@ -17,31 +17,172 @@ and writes the cache itself.
     TreeAttention(...)           the same, its geometry checked once for a forward's layers
     decode_attention(...)        one query row for each of B sequences with their own caches (batched generation)
 
-All tensors live on the CPU in float32, bfloat16 or float16. `AVAILABLE` is False where the extension
-was not built (no compiler); the model then runs its eager path (exact in fp32 only up to rounding).
+Weights are float32/bfloat16/float16 tensors or `BlockWeight`s: GGUF blocks (Q8_0, Q4_0, Q4_1) read
+as stored and dequantized in registers to the exact fp32 values of the GGUF's own dequantization, so
+a model on its GGUF blocks computes bit for bit what the same model computes on its fp32 copy.
+Activations are CPU tensors in float32, bfloat16 or float16.
+
+The extension is built once per instruction set (setup.py); this module imports the best build the
+CPU runs (`PATH`: avx512bf16 > avx512 > avx2 > generic). `DART_CPU_KERNELS=<path>` forces one (to test
+a path on a CPU that has a better one). The generic, avx2 and avx512 builds give the same bits; the
+avx512bf16 build differs from them for bf16 weights only (bf16 pair products in hardware). `AVAILABLE`
+is False where no build exists (no compiler); the model then runs its eager path (exact in fp32 only
+up to rounding). `python -m dart_core.kernels` prints what this machine has.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import math
+import os
+from dataclasses import dataclass
 
 import torch
 
-try:
-    from . import _cpu_kernels as _ext
-except ImportError:  # built optionally (setup.py); the eager path remains
-    _ext = None
+# Best first: each build needs the CPU features listed.
+PATHS = {
+    "avx512bf16": ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512bf16", "avx2", "fma"),
+    "avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma"),
+    "avx2": ("avx2", "fma"),
+    "generic": (),
+}
+ENV = "DART_CPU_KERNELS"
 
+
+def _import(path: str):
+    try:
+        return importlib.import_module(f"dart_core._cpu_kernels_{path}")
+    except ImportError:
+        return None
+
+
+def _features() -> dict[str, bool]:
+    generic = _import("generic")
+    return dict(generic.cpu_features()) if generic is not None else {}
+
+
+def built_paths() -> list[str]:
+    """The builds present in this installation, best first."""
+    return [p for p in PATHS if importlib.util.find_spec(f"dart_core._cpu_kernels_{p}") is not None]
+
+
+def runnable_paths() -> list[str]:
+    """The builds present that this CPU can run, best first."""
+    feats = _features()
+    return [p for p in built_paths() if all(feats.get(f, False) for f in PATHS[p])]
+
+
+def _choose():
+    forced = os.environ.get(ENV, "").strip().lower()
+    if forced and forced != "auto":
+        if forced not in PATHS:
+            raise ImportError(f"{ENV}={forced!r}: choose one of {', '.join(PATHS)} or auto")
+        if forced not in runnable_paths():
+            why = "was not built" if forced not in built_paths() else "needs CPU features this CPU lacks: " + ", ".join(
+                f for f in PATHS[forced] if not _features().get(f, False))
+            raise ImportError(f"{ENV}={forced}: the {forced} kernels {why}")
+        return _import(forced)
+    for p in runnable_paths():
+        return _import(p)
+    return None
+
+
+_ext = _choose()
 AVAILABLE = _ext is not None
+PATH: str | None = _ext.PATH if _ext is not None else None
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+# Weight formats the linear reads (codes of cpu_kernels.cpp WFormat): the float dtypes, GGUF blocks.
+WEIGHT_FORMATS = {"float32": 0, "bfloat16": 1, "float16": 2, "Q4_0": 3, "Q4_1": 4, "Q8_0": 5}
 # Largest number of new rows (tree nodes) a forward sends through the kernels. The linear streams the
 # weights once per call and computes rows in the core, so it is the fast path for decode-sized
 # batches; longer runs (prompt prefill) go to torch's GEMMs, which no exactness argument needs.
 MAX_ROWS = 64
+BLOCK_FORMATS = ("Q8_0", "Q4_0", "Q4_1")
 
 
-def supports(dtype: torch.dtype, device: torch.device) -> bool:
-    return AVAILABLE and device.type == "cpu" and dtype in DTYPES
+@dataclass(frozen=True)
+class BlockWeight:
+    """A weight of `rows` x `cols` elements stored as GGUF blocks: `data` (rows, row_bytes) uint8, one
+    row per output feature, in `fmt` (Q8_0, Q4_0, Q4_1). Read by `linear` as it is; `dequantize`
+    gives the exact fp32 values."""
+
+    fmt: str
+    rows: int
+    cols: int
+    data: torch.Tensor
+
+    def __post_init__(self):
+        if self.fmt not in BLOCK_FORMATS:
+            raise ValueError(f"block format {self.fmt!r}: supported are Q8_0, Q4_0, Q4_1")
+        if self.cols % 32:
+            raise ValueError(f"a {self.fmt} row holds whole blocks of 32 elements, got {self.cols}")
+        per_block = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}[self.fmt]
+        want = (self.rows, self.cols // 32 * per_block)
+        if self.data.dtype != torch.uint8 or tuple(self.data.shape) != want or not self.data.is_contiguous():
+            raise ValueError(f"{self.fmt} weight of {self.rows}x{self.cols}: data must be contiguous uint8 {want}, "
+                             f"got {self.data.dtype} {tuple(self.data.shape)}")
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.rows, self.cols)
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+    @property
+    def dtype(self) -> str:
+        return self.fmt
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    @staticmethod
+    def cat(parts: list["BlockWeight"]) -> "BlockWeight":
+        """Rows of several weights of one format and width stacked (q|k|v, gate|up), as torch.cat on dim 0."""
+        if len({(p.fmt, p.cols) for p in parts}) != 1:
+            raise ValueError("only weights of one block format and width stack")
+        return BlockWeight(parts[0].fmt, sum(p.rows for p in parts), parts[0].cols, torch.cat([p.data for p in parts]))
+
+    def select_rows(self, index: torch.Tensor) -> "BlockWeight":
+        return BlockWeight(self.fmt, int(index.numel()), self.cols, self.data.index_select(0, index.cpu()).contiguous())
+
+    def dequantize(self, rows: torch.Tensor | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """(n, cols) fp32 values of `rows` (int64 indices; None: all), exactly; then cast to dtype."""
+        _need_ext()
+        idx = None if rows is None else rows.reshape(-1).to("cpu", torch.long).contiguous()
+        n = self.rows if idx is None else idx.numel()
+        out = torch.empty(n, self.cols, dtype=torch.float32)
+        _ext.dequantize(WEIGHT_FORMATS[self.fmt], self.data.data_ptr(), self.data.shape[1], self.cols, self.rows,
+                        0 if idx is None else idx.data_ptr(), n, out.data_ptr(), self.cols)
+        return out if dtype == torch.float32 else out.to(dtype)
+
+
+def use_path(path: str | None) -> str | None:
+    """Switch this process to another build (None: the automatic choice); returns the previous one.
+    For tests that run every path the CPU offers in one process; a forward in flight keeps its build."""
+    global _ext, PATH, AVAILABLE
+    previous = PATH
+    if path is None:
+        mod = next((_import(p) for p in runnable_paths()), None)
+    elif path not in runnable_paths():
+        raise ValueError(f"the {path} kernels are not runnable here (runnable: {', '.join(runnable_paths()) or 'none'})")
+    else:
+        mod = _import(path)
+    _ext, PATH, AVAILABLE = mod, (mod.PATH if mod is not None else None), mod is not None
+    return previous
+
+
+def _need_ext():
+    if _ext is None:
+        raise RuntimeError("the dart_core CPU kernels are not built (pip install -e . builds them; see setup.py)")
+
+
+def supports(dtype: torch.dtype | str, device: torch.device) -> bool:
+    """Whether the kernels run weights of this dtype (or block format, e.g. "Q4_1") on this device."""
+    return AVAILABLE and device.type == "cpu" and (dtype in DTYPES or dtype in BLOCK_FORMATS)
 
 
 def _code(t: torch.Tensor) -> int:
@@ -57,17 +198,25 @@ def _rows(t: torch.Tensor, name: str) -> int:
     return t.stride(0)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x (M, K) @ weight (N, K)^T + bias (N,) -> (M, N) in x's dtype."""
+def linear(x: torch.Tensor, weight: torch.Tensor | BlockWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x (M, K) @ weight (N, K)^T + bias (N,) -> (M, N) in x's dtype. A float weight has x's dtype; a
+    BlockWeight takes x of any float dtype (each row converted to fp32 first, as for float weights)."""
     code = _code(x)
     M, K = x.shape
-    N = weight.shape[0]
-    if weight.dtype != x.dtype or not weight.is_contiguous() or weight.shape[1] != K:
-        raise ValueError(f"weight must be a contiguous ({N}, {K}) {x.dtype} tensor, got {tuple(weight.shape)} {weight.dtype}")
+    if isinstance(weight, BlockWeight):
+        N, fmt, w, row_bytes = weight.rows, WEIGHT_FORMATS[weight.fmt], weight.data, weight.data.shape[1]
+        if weight.cols != K:
+            raise ValueError(f"{weight.fmt} weight of width {weight.cols} against x of width {K}")
+    else:
+        N = weight.shape[0]
+        if weight.dtype != x.dtype or not weight.is_contiguous() or weight.shape[1] != K:
+            raise ValueError(f"weight must be a contiguous ({N}, {K}) {x.dtype} tensor, got {tuple(weight.shape)} {weight.dtype}")
+        fmt, w, row_bytes = code, weight, K * weight.element_size()
     if bias is not None and (bias.dtype != x.dtype or bias.shape != (N,) or not bias.is_contiguous()):
         raise ValueError(f"bias must be a contiguous ({N},) {x.dtype} tensor")
     out = torch.empty(M, N, dtype=x.dtype)
-    _ext.linear(code, x.data_ptr(), _rows(x, "x"), M, K, weight.data_ptr(), N, 0 if bias is None else bias.data_ptr(), out.data_ptr(), N)
+    _ext.linear(code, x.data_ptr(), _rows(x, "x"), M, K, fmt, w.data_ptr(), row_bytes, N,
+                0 if bias is None else bias.data_ptr(), out.data_ptr(), N)
     return out
 
 
@@ -231,3 +380,19 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     _ext.decode_attention(code, q.data_ptr(), _rows(q, "q"), k_cache.data_ptr(), v_cache.data_ptr(), cap, lengths.data_ptr(),
                           B, n_heads, nkv, hd, 1.0 / math.sqrt(hd), out.data_ptr(), n_heads * hd)
     return out
+
+
+def describe() -> str:
+    """One line naming the kernel build in use, for logs, the bench's environment and the app's header."""
+    if not AVAILABLE:
+        return "no CPU kernels (eager torch path)"
+    forced = os.environ.get(ENV, "").strip().lower()
+    return f"{PATH} kernels" + (f" (forced by {ENV})" if forced and forced != "auto" else "")
+
+
+if __name__ == "__main__":
+    feats = _features()
+    print("CPU features:", ", ".join(f for f, on in sorted(feats.items()) if on) or "unknown (no generic build)")
+    print("builds present:", ", ".join(built_paths()) or "none")
+    print("builds this CPU runs:", ", ".join(runnable_paths()) or "none")
+    print("in use:", describe(), f"({_ext.num_threads()} threads)" if AVAILABLE else "")

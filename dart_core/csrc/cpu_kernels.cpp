@@ -8,18 +8,31 @@
 // greedy texts part. Here every output element is computed by one fixed sequence of float operations
 // that depends only on that row's inputs (and, for attention, on the node's own key sequence in its
 // logical order: the committed prefix, then its ancestors by depth, then itself), so the results are
-// bit-identical whatever the batch. The same kernels are also faster than the eager path at batch
-// 1-16 on a 2-core CPU: the linear streams each weight row once for all rows (memory-bound), and the
-// attention call also applies RoPE and writes the cache, replacing ~20 small torch ops per layer.
+// bit-identical whatever the batch. The same kernels are also the fast path at decode sizes: the
+// linear reads each weight block once for all rows, and the attention call also applies RoPE and
+// writes the cache, replacing ~20 small torch ops per layer.
 //
 // Arithmetic contract (what "fixed" means): all accumulation in fp32; a dot product of length K runs
 // in 16 lanes (lane l sums elements l, l+16, ... with fmaf, in order) and the lanes are then added in
 // a fixed pairwise tree; the softmax sum runs the same way over the logical key index. Compiled with
-// -ffp-contract=off so the compiler cannot fuse or reorder anything else.
+// -ffp-contract=off so the compiler cannot fuse or reorder anything else. One exception, by choice:
+// bf16 x bf16 on CPUs with AVX512-BF16 multiplies bf16 pairs in hardware (linear_bf16_dp below).
 //
-// Element types: fp32, bf16 (uint16 storage, round-to-nearest-even like torch) and fp16 (_Float16).
-// Threads: OpenMP. The extension links libgomp.so.1, which resolves to the copy torch has already
-// loaded, so these loops share torch's thread pool (two pools on two cores would oversubscribe).
+// Weight formats: fp32, bf16, fp16, and the GGUF block formats Q8_0, Q4_0 and Q4_1 read as they are
+// stored (no unpacked copy). A block weight is dequantized in registers to exactly the fp32 value the
+// GGUF's own dequantization gives (d*q, or fma(d, q, m) for Q4_1: d*q is exact in fp32, so both round
+// once), then enters the same 16-lane contract: a GGUF model's forward is bit-identical to the same
+// forward over its dequantized fp32 copy.
+//
+// One source, several builds (setup.py): the module is compiled once per instruction set (generic,
+// avx2, avx512, avx512bf16) and dart_core/kernels.py imports the best one the CPU runs. The 16 lanes
+// are one zmm register on AVX-512 and two ymm registers (lanes 0-7, 8-15) on AVX2, reduced by the same
+// pairwise tree, so the generic, AVX2 and AVX-512 builds give the same bits; only the bf16 pair
+// products of the avx512bf16 build differ (for bf16 weights only).
+//
+// Element types of activations: fp32, bf16 (uint16 storage, round-to-nearest-even like torch) and
+// fp16 (_Float16). Threads: OpenMP. The extension links libgomp.so.1, which resolves to the copy torch
+// has already loaded, so these loops share torch's thread pool (two pools on two cores would oversubscribe).
 
 #include <pybind11/pybind11.h>
 
@@ -29,13 +42,29 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-#if defined(__AVX512F__) || defined(__SSE__)
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#define DART_X86 1
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+#define DART_V16_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define DART_V16_AVX2 1
+#endif
+#if defined(DART_V16_AVX512) || defined(DART_V16_AVX2)
+#define DART_V16 1
+#endif
+
+#ifndef DART_KERNELS_MODULE  // set per build by setup.py
+#define DART_KERNELS_MODULE _cpu_kernels_generic
+#define DART_KERNELS_PATH "generic"
 #endif
 
 namespace py = pybind11;
@@ -45,6 +74,8 @@ namespace {
 constexpr int LANES = 16;
 
 enum class DType : int { F32 = 0, BF16 = 1, F16 = 2 };
+// Weight formats (dart_core/kernels.py WEIGHT_FORMATS): the three float dtypes, then GGUF blocks.
+enum class WFormat : int { F32 = 0, BF16 = 1, F16 = 2, Q4_0 = 3, Q4_1 = 4, Q8_0 = 5 };
 
 // ------------------------------------------------------------------------------------- conversions
 
@@ -56,6 +87,12 @@ inline float to_f32(uint16_t x) {  // bf16
     return f;
 }
 inline float to_f32(_Float16 x) { return static_cast<float>(x); }
+
+inline float f16_at(const uint8_t* p) {  // an fp16 stored at p (GGUF block scales), exactly
+    _Float16 h;
+    std::memcpy(&h, p, 2);
+    return static_cast<float>(h);
+}
 
 template <class T> inline T from_f32(float x);
 template <> inline float from_f32<float>(float x) { return x; }
@@ -127,64 +164,82 @@ int n_threads() {
 #endif
 }
 
-// ------------------------------------------------------------------------------------- linear
-// out[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]).  x (M, K) rows `x_stride` apart; w (N, K)
-// contiguous; out (M, N) rows `out_stride` apart. Every (m, n) is `dot(x[m], w[n])` of the contract
-// above; blocks of NB weight rows x MB input rows only decide which dots run together.
+// ------------------------------------------------------------------------------------- 16-lane vectors
+// V16 holds the 16 lanes of the contract: one zmm on AVX-512, two ymm (lanes 0-7 | 8-15) on AVX2.
+// v_reduce is reduce_lanes' tree (l + l+8, then + l+4, + l+2, + l+1); v_reduce4 reduces four vectors
+// with the same additions on the same operands, so lane u equals v_reduce of the u-th vector.
 
-constexpr int64_t NB = 4;  // weight rows per block (the AVX-512 blocks reduce their 4 dots together: reduce4_zmm)
-constexpr int64_t MB = 4;  // input rows per block
-
-// The weights stream from DRAM once per forward, and a 9-row verify needs as much compute per weight
-// byte as there is memory time per byte: both overlap only if the loads of the block b + PREFETCH_BLOCKS
-// are in flight while block b computes. The register blocks prefetch the next lines one k-chunk at a
-// time, interleaved with their arithmetic (weight_prefetch); a burst of a whole block's prefetches at
-// its start stalled the arithmetic instead. Measured on a 2-core AMD EPYC (avx512-bf16), embedded
-// bf16 forward: 9 rows 20.8 -> 17.2 ms, 1 row 14.0 -> 13.0 ms against the burst; distance 4 to 12
-// blocks within noise, into L1 (T0) much slower.
-constexpr int64_t PREFETCH_BLOCKS = 8;  // weight blocks ahead, into L2
-
-// The block PREFETCH_BLOCKS ahead of block b (blocks of nbw weight rows) if it is a whole one, else
-// null (the tail goes unprefetched).
-template <class T> inline const T* weight_prefetch(const T* w, int64_t b, int64_t N, int64_t K, int64_t nbw = NB) {
-    return (b + PREFETCH_BLOCKS + 1) * nbw <= N ? w + (b + PREFETCH_BLOCKS) * nbw * K : nullptr;
-}
-
-// Prefetch, into L2, the lines of the `rows` weight rows of block `pf` that cover [k, k + bytes / sizeof(T)).
-template <class T> inline void prefetch_chunk(const T* pf, int64_t K, int64_t k, int64_t rows = NB) {
-#if defined(__SSE__)
-    for (int64_t j = 0; j < rows; ++j) _mm_prefetch(reinterpret_cast<const char*>(pf + j * K + k), _MM_HINT_T1);
-#endif
-}
-
-#ifdef __AVX512F__
-// 16 lanes in one zmm register: the same arithmetic as the generic lane loops, written so that a
-// block's 16 accumulators stay in registers.
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const uint16_t* p) {
+#if defined(DART_V16_AVX512)
+struct V16 {
+    __m512 v;
+};
+inline V16 v_zero() { return {_mm512_setzero_ps()}; }
+inline V16 v_set1(float a) { return {_mm512_set1_ps(a)}; }
+inline V16 v_load(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline V16 v_load(const uint16_t* p) {  // bf16
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))};
 }
-inline __m512 load16(const _Float16* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
-
-template <class T> inline __m512 load_tail(const T* p, int64_t rem) {  // lanes >= rem are zero (never used)
-    T buf[LANES] = {};
-    std::memcpy(buf, p, rem * sizeof(T));
-    return load16(buf);
+inline V16 v_load(const _Float16* p) { return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))}; }
+inline V16 v_fma(V16 a, V16 b, V16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+inline V16 v_mul(V16 a, V16 b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline void v_store(float* p, V16 a) { _mm512_storeu_ps(p, a.v); }
+inline __m256 v_fold(V16 a) { return _mm256_add_ps(_mm512_castps512_ps256(a.v), _mm512_extractf32x8_ps(a.v, 1)); }
+// 16 bytes as 16 int32 lanes: unsigned, signed
+inline V16 v_u8(const uint8_t* p, int shift, int mask) {
+    __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    q = _mm512_and_si512(_mm512_srli_epi32(q, shift), _mm512_set1_epi32(mask));
+    return {_mm512_cvtepi32_ps(q)};
 }
-
-inline float reduce_zmm(__m512 v) {  // the pairwise tree of reduce_lanes
-    __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-    return _mm_cvtss_f32(s1);
+inline V16 v_i8(const uint8_t* p) { return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))}; }
+inline V16 v_sub(V16 a, V16 b) { return {_mm512_sub_ps(a.v, b.v)}; }
+#elif defined(DART_V16_AVX2)
+struct V16 {
+    __m256 lo, hi;
+};
+inline V16 v_zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline V16 v_set1(float a) { return {_mm256_set1_ps(a), _mm256_set1_ps(a)}; }
+inline V16 v_load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline __m256 bf16x8(const uint16_t* p) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
+inline V16 v_load(const uint16_t* p) { return {bf16x8(p), bf16x8(p + 8)}; }
+inline V16 v_load(const _Float16* p) {
+    return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
+}
+inline V16 v_fma(V16 a, V16 b, V16 c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
+inline V16 v_mul(V16 a, V16 b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+inline void v_store(float* p, V16 a) {
+    _mm256_storeu_ps(p, a.lo);
+    _mm256_storeu_ps(p + 8, a.hi);
+}
+inline __m256 v_fold(V16 a) { return _mm256_add_ps(a.lo, a.hi); }
+inline V16 v_u8(const uint8_t* p, int shift, int mask) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m256i m = _mm256_set1_epi32(mask);
+    const __m256i q0 = _mm256_and_si256(_mm256_srli_epi32(_mm256_cvtepu8_epi32(b), shift), m);
+    const __m256i q1 = _mm256_and_si256(_mm256_srli_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)), shift), m);
+    return {_mm256_cvtepi32_ps(q0), _mm256_cvtepi32_ps(q1)};
+}
+inline V16 v_i8(const uint8_t* p) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))};
+}
+inline V16 v_sub(V16 a, V16 b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+#endif
 
-// reduce_zmm of four vectors at once: the same additions on the same operands in the same order, so
-// lane u of the result is bit-identical to reduce_zmm(a[u]).
-// Takes its vectors by value so that a caller's accumulators can stay in registers.
-inline __m128 reduce4_zmm(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+#ifdef DART_V16
+inline float v_reduce(V16 a) {
+    const __m256 s8 = v_fold(a);
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+#if defined(DART_V16_AVX512)
+inline __m128 v_reduce4(V16 v0, V16 v1, V16 v2, V16 v3) {  // the same tree, four vectors in one pass of shuffles
+    const __m512 a0 = v0.v, a1 = v1.v, a2 = v2.v, a3 = v3.v;
     const __m256 t[4] = {
         _mm256_add_ps(_mm512_castps512_ps256(a0), _mm512_extractf32x8_ps(a0, 1)),
         _mm256_add_ps(_mm512_castps512_ps256(a1), _mm512_extractf32x8_ps(a1, 1)),
@@ -200,89 +255,297 @@ inline __m128 reduce4_zmm(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
     const __m512 s1 = _mm512_add_ps(s2, _mm512_permute_ps(s2, _MM_SHUFFLE(2, 3, 0, 1)));  // (x0+x2)+(x1+x3)
     return _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x1111, s1));
 }
-
-template <class T, int MBc>
-void linear_block_fixed(const float* xf, int64_t K, const T* w, float* res /* [MB][NB] */, const T* pf) {
-    __m512 acc[MBc][NB];
-    for (int i = 0; i < MBc; ++i)
-        for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
-    const int64_t full = K / LANES * LANES, rem = K - full;
-    for (int64_t k = 0; k < full; k += LANES) {
-        __m512 wv[NB];
-#pragma GCC unroll 8
-        for (int j = 0; j < NB; ++j) wv[j] = load16(w + j * K + k);
-        if (pf) prefetch_chunk(pf, K, k);
-#pragma GCC unroll 8
-        for (int i = 0; i < MBc; ++i) {
-            const __m512 xv = _mm512_loadu_ps(xf + i * K + k);
-#pragma GCC unroll 8
-            for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
-        }
-    }
-    if (rem) {
-        const __mmask16 live = static_cast<__mmask16>((1u << rem) - 1);
-        __m512 wv[NB];
-        for (int j = 0; j < NB; ++j) wv[j] = load_tail(w + j * K + full, rem);
-        for (int i = 0; i < MBc; ++i) {
-            const __m512 xv = load_tail(xf + i * K + full, rem);
-            for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_mask3_fmadd_ps(xv, wv[j], acc[i][j], live);
-        }
-    }
-    for (int i = 0; i < MBc; ++i) _mm_storeu_ps(res + i * NB, reduce4_zmm(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));  // NB == 4
-}
-
-template <class T>
-void linear_block(const float* xf, int64_t K, int64_t mb, const T* w, int64_t nb, float* res /* [MB][NB] */, const T* pf) {
-    if (nb == NB) {  // register-resident accumulators need compile-time block sizes
-        switch (mb) {
-            case 1: return linear_block_fixed<T, 1>(xf, K, w, res, pf);
-            case 2: return linear_block_fixed<T, 2>(xf, K, w, res, pf);
-            case 3: return linear_block_fixed<T, 3>(xf, K, w, res, pf);
-            case 4: return linear_block_fixed<T, 4>(xf, K, w, res, pf);
-        }
-    }
-    std::vector<float> wf(static_cast<size_t>(K));  // the last < NB weight rows: the generic lane loops
-    for (int64_t j = 0; j < nb; ++j) {
-        load_row(w + j * K, wf.data(), K);
-        for (int64_t i = 0; i < mb; ++i) res[i * NB + j] = dot(xf + i * K, wf.data(), K);
-    }
-}
+inline __m128 reduce4_zmm(__m512 a0, __m512 a1, __m512 a2, __m512 a3) { return v_reduce4({a0}, {a1}, {a2}, {a3}); }
 #else
-template <class T>
-void linear_block(const float* xf, int64_t K, int64_t mb, const T* w, int64_t nb, float* res /* [MB][NB] */, const T* pf) {
-    if (pf)
-        for (int64_t k = 0; k < K; k += 64 / static_cast<int64_t>(sizeof(T))) prefetch_chunk(pf, K, k);
-    std::vector<float> wf(static_cast<size_t>(K));
-    for (int64_t j = 0; j < nb; ++j) {
-        load_row(w + j * K, wf.data(), K);
-        for (int64_t i = 0; i < mb; ++i) res[i * NB + j] = dot(xf + i * K, wf.data(), K);
+inline __m128 v_reduce4(V16 a0, V16 a1, V16 a2, V16 a3) {
+    __m128 r[4];
+    const V16* a[4] = {&a0, &a1, &a2, &a3};
+    for (int u = 0; u < 4; ++u) {
+        const __m256 s8 = v_fold(*a[u]);
+        r[u] = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));  // x0..x3 of vector u
+    }
+    _MM_TRANSPOSE4_PS(r[0], r[1], r[2], r[3]);  // r[i] lane u = x_i of vector u
+    return _mm_add_ps(_mm_add_ps(r[0], r[2]), _mm_add_ps(r[1], r[3]));  // (x0 + x2) + (x1 + x3)
+}
+#endif
+template <class T> inline V16 v_load_tail(const T* p, int64_t rem) {  // lanes >= rem are zero
+    T buf[LANES] = {};
+    std::memcpy(buf, p, rem * sizeof(T));
+    return v_load(buf);
+}
+#endif
+
+// ------------------------------------------------------------------------------------- weight formats
+// How one weight row of K elements is stored: BLOCK elements in BYTES bytes. The GGUF blocks hold 32
+// elements: Q8_0 {fp16 d; int8 q[32]}, w = d*q; Q4_0 {fp16 d; uint8 qs[16]}, w = d*(q-8); Q4_1
+// {fp16 d, m; uint8 qs[16]}, w = fma(d, q, m); in Q4_x element i is the low nibble of qs[i] and element
+// i+16 the high one. Each value is the one the GGUF's own dequantization gives in fp32 (gguf-py,
+// ggml): d*q and d*(q-8) are exact, and d*q + m rounds once, as fma does.
+
+struct FmtF32 {
+    using T = float;
+    static constexpr int64_t BLOCK = 1, BYTES = 4;
+    static constexpr bool QUANT = false;
+};
+struct FmtBF16 {
+    using T = uint16_t;
+    static constexpr int64_t BLOCK = 1, BYTES = 2;
+    static constexpr bool QUANT = false;
+};
+struct FmtF16 {
+    using T = _Float16;
+    static constexpr int64_t BLOCK = 1, BYTES = 2;
+    static constexpr bool QUANT = false;
+};
+struct FmtQ8_0 {
+    using T = uint8_t;
+    static constexpr int64_t BLOCK = 32, BYTES = 34;
+    static constexpr bool QUANT = true;
+};
+struct FmtQ4_0 {
+    using T = uint8_t;
+    static constexpr int64_t BLOCK = 32, BYTES = 18;
+    static constexpr bool QUANT = true;
+};
+struct FmtQ4_1 {
+    using T = uint8_t;
+    static constexpr int64_t BLOCK = 32, BYTES = 20;
+    static constexpr bool QUANT = true;
+};
+
+// Elements [0, K) of one row as fp32 (the generic build, and `dequantize`).
+template <class F> void dequant_row(const uint8_t* row, int64_t K, float* out) {
+    if constexpr (!F::QUANT) {
+        load_row(reinterpret_cast<const typename F::T*>(row), out, K);
+    } else {
+        for (int64_t b = 0; b < K / 32; ++b) {
+            const uint8_t* blk = row + b * F::BYTES;
+            float* o = out + b * 32;
+            const float d = f16_at(blk);
+            if constexpr (std::is_same_v<F, FmtQ8_0>) {
+                for (int i = 0; i < 32; ++i) o[i] = d * static_cast<float>(static_cast<int8_t>(blk[2 + i]));
+            } else if constexpr (std::is_same_v<F, FmtQ4_0>) {
+                for (int i = 0; i < 16; ++i) {
+                    o[i] = d * static_cast<float>((blk[2 + i] & 15) - 8);
+                    o[i + 16] = d * static_cast<float>((blk[2 + i] >> 4) - 8);
+                }
+            } else {
+                const float m = f16_at(blk + 2);
+                for (int i = 0; i < 16; ++i) {
+                    o[i] = std::fma(d, static_cast<float>(blk[4 + i] & 15), m);
+                    o[i + 16] = std::fma(d, static_cast<float>(blk[4 + i] >> 4), m);
+                }
+            }
+        }
+    }
+}
+
+#ifdef DART_V16
+// Elements [k, k+16) of one row (k a multiple of 16) as fp32 lanes: the same values as dequant_row.
+template <class F> inline V16 w_load16(const uint8_t* row, int64_t k) {
+    if constexpr (!F::QUANT) {
+        return v_load(reinterpret_cast<const typename F::T*>(row) + k);
+    } else {
+        const uint8_t* blk = row + (k / 32) * F::BYTES;
+        const int half = static_cast<int>((k / 16) & 1);
+        if constexpr (std::is_same_v<F, FmtQ8_0>) {
+            return v_mul(v_i8(blk + 2 + 16 * half), v_set1(f16_at(blk)));
+        } else if constexpr (std::is_same_v<F, FmtQ4_0>) {
+            return v_mul(v_sub(v_u8(blk + 2, 4 * half, 15), v_set1(8.0f)), v_set1(f16_at(blk)));
+        } else {
+            return v_fma(v_u8(blk + 4, 4 * half, 15), v_set1(f16_at(blk)), v_set1(f16_at(blk + 2)));
+        }
     }
 }
 #endif
 
-template <class T>
-void linear_impl(const T* x, int64_t x_stride, int64_t M, int64_t K, const T* w, int64_t N, const T* bias, T* out,
-                 int64_t out_stride) {
-    std::vector<float> xf(static_cast<size_t>(M * K));
-    for (int64_t m = 0; m < M; ++m) load_row(x + m * x_stride, xf.data() + m * K, K);
-    const int64_t blocks = (N + NB - 1) / NB;
-#pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < blocks; ++b) {
-        const int64_t n0 = b * NB, nb = std::min(NB, N - n0);
-        const T* pf = weight_prefetch(w, b, N, K);
-        float res[MB * NB];
-        for (int64_t m0 = 0; m0 < M; m0 += MB) {
-            const int64_t mb = std::min(MB, M - m0);
-            linear_block(xf.data() + m0 * K, K, mb, w + n0 * K, nb, res, m0 == 0 ? pf : nullptr);
-            for (int64_t i = 0; i < mb; ++i)
-                for (int64_t j = 0; j < nb; ++j) {
-                    float v = res[i * NB + j];
-                    if (bias) v = v + to_f32(bias[n0 + j]);
-                    out[(m0 + i) * out_stride + n0 + j] = from_f32<T>(v);
-                }
+// ------------------------------------------------------------------------------------- linear
+// out[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]). x (M, K) rows `x_stride` apart; w: N rows of `rb`
+// bytes in format F; out (M, N) rows `out_stride` apart. Every (m, n) is `dot(x[m], w[n])` of the
+// contract, w[n] read exactly; blocks of NBV weight rows x MBV input rows only decide which dots run
+// together, so a row's outputs never depend on M.
+
+constexpr int64_t NB = 4;  // result stride of a register block (and the bf16-pair kernel's weight rows)
+#if defined(DART_V16_AVX512)
+constexpr int64_t NBV = 4, MBV = 4;  // 16 accumulators + 4 weights + 1 input of 32 zmm registers
+#elif defined(DART_V16_AVX2)
+constexpr int64_t NBV = 2, MBV = 2;  // 8 + 4 + 2 of 16 ymm registers (a V16 is two)
+#else
+constexpr int64_t NBV = 4, MBV = 4;
+#endif
+
+// The weights stream from memory once per forward, and a verify needs as much compute per weight
+// byte as there is memory time per byte: both overlap only if the loads of block b + PREFETCH_BLOCKS
+// are in flight while block b computes. The register blocks prefetch one line of each row at a time,
+// interleaved with their arithmetic; a burst of a whole block's prefetches at its start stalled the
+// arithmetic instead (9-row bf16 forward 20.8 -> 17.2 ms on a 2-core AMD EPYC; distance 4 to 12
+// blocks within noise, into L1 much slower).
+constexpr int64_t PREFETCH_BLOCKS = 8;  // weight blocks ahead, into L2
+
+inline void prefetch_l2(const void* p) {
+#ifdef DART_X86
+    _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);
+#else
+    __builtin_prefetch(p, 0, 2);
+#endif
+}
+
+// Typed helpers of the bf16-pair kernel: the block PREFETCH_BLOCKS ahead of block b (nbw rows of K)
+// if it is a whole one, and the lines of its rows that cover [k, k + 64 bytes).
+template <class T> inline const T* weight_prefetch(const T* w, int64_t b, int64_t N, int64_t K, int64_t nbw = NB) {
+    return (b + PREFETCH_BLOCKS + 1) * nbw <= N ? w + (b + PREFETCH_BLOCKS) * nbw * K : nullptr;
+}
+template <class T> inline void prefetch_chunk(const T* pf, int64_t K, int64_t k, int64_t rows = NB) {
+    for (int64_t j = 0; j < rows; ++j) prefetch_l2(pf + j * K + k);
+}
+
+// Size of the r-th of the ceil(M / mb) row blocks, as even as possible (6 rows in blocks of 4: 3 + 3).
+inline int64_t row_block(int64_t M, int64_t r, int64_t mb) {
+    const int64_t n = (M + mb - 1) / mb, base = M / n;
+    return base + (r < M % n ? 1 : 0);
+}
+
+// Elements per prefetched line of a format, a multiple of 16 (one prefetch per row every so many).
+template <class F> constexpr int64_t prefetch_every() {
+    return std::max<int64_t>(LANES, (64 * F::BLOCK / F::BYTES) / LANES * LANES);
+}
+
+#ifdef DART_V16
+// MBc input rows x NBc weight rows in registers; res [MBc][NB].
+template <class F, int MBc, int NBc>
+void linear_block(const float* xf, int64_t K, const uint8_t* w, int64_t rb, float* res, const uint8_t* pf) {
+    constexpr int64_t PF = prefetch_every<F>();
+    V16 acc[MBc][NBc];
+    for (int i = 0; i < MBc; ++i)
+        for (int j = 0; j < NBc; ++j) acc[i][j] = v_zero();
+    const int64_t full = K / LANES * LANES;
+    for (int64_t k = 0; k < full; k += LANES) {
+        V16 wv[NBc];
+#pragma GCC unroll 4
+        for (int j = 0; j < NBc; ++j) wv[j] = w_load16<F>(w + j * rb, k);
+        if (pf && k % PF == 0)
+            for (int j = 0; j < NBc; ++j) prefetch_l2(pf + j * rb + k * F::BYTES / F::BLOCK);
+#pragma GCC unroll 4
+        for (int i = 0; i < MBc; ++i) {
+            const V16 xv = v_load(xf + i * K + k);
+#pragma GCC unroll 4
+            for (int j = 0; j < NBc; ++j) acc[i][j] = v_fma(xv, wv[j], acc[i][j]);
+        }
+    }
+    if constexpr (!F::QUANT) {
+        // K % 16 != 0: zero-filled tail lanes add +0 products, and an accumulator that starts at +0
+        // never becomes -0, so the dead lanes keep their bits (the generic loop leaves them untouched)
+        if (full < K) {
+            const int64_t rem = K - full;
+            V16 wv[NBc];
+            for (int j = 0; j < NBc; ++j) wv[j] = v_load_tail(reinterpret_cast<const typename F::T*>(w + j * rb) + full, rem);
+            for (int i = 0; i < MBc; ++i) {
+                const V16 xv = v_load_tail(xf + i * K + full, rem);
+                for (int j = 0; j < NBc; ++j) acc[i][j] = v_fma(xv, wv[j], acc[i][j]);
+            }
+        }
+    }
+    for (int i = 0; i < MBc; ++i) {
+        if constexpr (NBc == 4) {
+            _mm_storeu_ps(res + i * NB, v_reduce4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+        } else {
+            for (int j = 0; j < NBc; ++j) res[i * NB + j] = v_reduce(acc[i][j]);
         }
     }
 }
+
+template <class F>
+void run_block(const float* xf, int64_t K, int64_t mb, const uint8_t* w, int64_t rb, float* res, const uint8_t* pf) {
+    if constexpr (MBV >= 4) {
+        switch (mb) {
+            case 1: return linear_block<F, 1, NBV>(xf, K, w, rb, res, pf);
+            case 2: return linear_block<F, 2, NBV>(xf, K, w, rb, res, pf);
+            case 3: return linear_block<F, 3, NBV>(xf, K, w, rb, res, pf);
+            case 4: return linear_block<F, 4, NBV>(xf, K, w, rb, res, pf);
+        }
+    } else {
+        switch (mb) {
+            case 1: return linear_block<F, 1, NBV>(xf, K, w, rb, res, pf);
+            case 2: return linear_block<F, 2, NBV>(xf, K, w, rb, res, pf);
+        }
+    }
+    throw std::logic_error("linear: bad row block");
+}
+
+// The NBV rows of a weight block as fp32, for verifies of more rows than one register block: each
+// block is dequantized once (into L1) instead of once per row block, with the same values.
+template <class F> void dequant_panel(const uint8_t* w, int64_t rb, int64_t K, float* out, const uint8_t* pf) {
+    constexpr int64_t PF = prefetch_every<F>();
+    for (int64_t k = 0; k < K; k += LANES) {
+        if (pf && k % PF == 0)
+            for (int64_t j = 0; j < NBV; ++j) prefetch_l2(pf + j * rb + k * F::BYTES / F::BLOCK);
+        for (int64_t j = 0; j < NBV; ++j) v_store(out + j * K + k, w_load16<F>(w + j * rb, k));
+    }
+}
+
+template <class TX, class F>
+void linear_impl(const TX* x, int64_t x_stride, int64_t M, int64_t K, const uint8_t* w, int64_t rb, int64_t N, const TX* bias,
+                 TX* out, int64_t out_stride) {
+    std::vector<float> xf(static_cast<size_t>(M * K));
+    for (int64_t m = 0; m < M; ++m) load_row(x + m * x_stride, xf.data() + m * K, K);
+    const int64_t blocks = (N + NBV - 1) / NBV;
+    const bool panel = F::QUANT && M > MBV;
+#pragma omp parallel
+    {
+        std::vector<float> pbuf(panel ? static_cast<size_t>(NBV * K) : 0);
+        std::vector<uint8_t> wpad;
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < blocks; ++b) {
+            const int64_t n0 = b * NBV, nb = std::min(NBV, N - n0);
+            const uint8_t* wb = w + n0 * rb;
+            if (nb < NBV) {  // the last rows, zero-padded (zero bytes read as 0.0 in every format); their results are dropped
+                wpad.assign(static_cast<size_t>(NBV * rb), 0);
+                std::memcpy(wpad.data(), wb, nb * rb);
+                wb = wpad.data();
+            }
+            const uint8_t* pf = (b + PREFETCH_BLOCKS + 1) * NBV <= N ? w + (b + PREFETCH_BLOCKS) * NBV * rb : nullptr;
+            if (panel) dequant_panel<F>(wb, rb, K, pbuf.data(), pf);
+            float res[MBV * NB];
+            for (int64_t m0 = 0, r = 0; m0 < M; m0 += row_block(M, r++, MBV)) {
+                const int64_t mb = row_block(M, r, MBV);
+                if (panel)
+                    run_block<FmtF32>(xf.data() + m0 * K, K, mb, reinterpret_cast<const uint8_t*>(pbuf.data()), K * 4, res, nullptr);
+                else
+                    run_block<F>(xf.data() + m0 * K, K, mb, wb, rb, res, m0 == 0 ? pf : nullptr);
+                for (int64_t i = 0; i < mb; ++i)
+                    for (int64_t j = 0; j < nb; ++j) {
+                        float v = res[i * NB + j];
+                        if (bias) v = v + to_f32(bias[n0 + j]);
+                        out[(m0 + i) * out_stride + n0 + j] = from_f32<TX>(v);
+                    }
+            }
+        }
+    }
+}
+#else
+// Generic build: each weight row dequantized once into fp32, then the contract's lane loops.
+template <class TX, class F>
+void linear_impl(const TX* x, int64_t x_stride, int64_t M, int64_t K, const uint8_t* w, int64_t rb, int64_t N, const TX* bias,
+                 TX* out, int64_t out_stride) {
+    std::vector<float> xf(static_cast<size_t>(M * K));
+    for (int64_t m = 0; m < M; ++m) load_row(x + m * x_stride, xf.data() + m * K, K);
+#pragma omp parallel
+    {
+        std::vector<float> wf(static_cast<size_t>(K));
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; ++n) {
+            if (n + PREFETCH_BLOCKS * NB < N)
+                for (int64_t o = 0; o < rb; o += 64) prefetch_l2(w + (n + PREFETCH_BLOCKS * NB) * rb + o);
+            dequant_row<F>(w + n * rb, K, wf.data());
+            for (int64_t m = 0; m < M; ++m) {
+                float v = dot(xf.data() + m * K, wf.data(), K);
+                if (bias) v = v + to_f32(bias[n]);
+                out[m * out_stride + n] = from_f32<TX>(v);
+            }
+        }
+    }
+}
+#endif
 
 #ifdef __AVX512BF16__
 // bf16 on CPUs with AVX512-BF16: vdpbf16ps multiplies bf16 pairs and adds them into fp32 lanes with
@@ -488,62 +751,74 @@ template <class T> void silu_mul_impl(const T* gu, int64_t gu_stride, int64_t M,
 // Attention's two inner loops, for the R query heads of one KV group (R = heads per group): each key
 // and value row is loaded and converted once for up to four heads, and head r's arithmetic is exactly
 // what it would be alone (scores: one key's lane tree; values: the keys in order per lane). Generic
-// lane loops, and for head dims that are a multiple of 16 the same arithmetic in zmm registers.
+// lane loops, and for head dims that are a multiple of 16 the same arithmetic in V16 registers.
 
-#ifdef __AVX512F__
+#ifdef DART_V16
+// Keys per block of key_scores_v and 16-lane groups per pass of weighted_values_v: as many as the
+// registers hold (AVX2 has 16 ymm and a V16 takes two).
+#if defined(DART_V16_AVX512)
+constexpr int ATT_KEYS = 4, ATT_GROUPS = 4;
+#else
+constexpr int ATT_KEYS = 1, ATT_GROUPS = 1;
+#endif
+
 template <int R, class T>
-void key_scores_zmm(const float* q, const T* kc, int64_t P, const std::vector<int64_t>& tl, int64_t L, int64_t hd,
-                    float scale, float* out, int64_t out_stride) {
+void key_scores_v(const float* q, const T* kc, int64_t P, const std::vector<int64_t>& tl, int64_t L, int64_t hd,
+                  float scale, float* out, int64_t out_stride) {
     const int64_t C = hd / LANES;
     int64_t j = 0;
-    for (; j + 4 <= L; j += 4) {  // four keys, their four lane trees reduced side by side
-        const T* kr[4];
-        for (int u = 0; u < 4; ++u) kr[u] = kc + (j + u < P ? j + u : tl[j + u - P]) * hd;
-        __m512 acc[R][4];
-        for (int r = 0; r < R; ++r)
-            for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_setzero_ps();
-        for (int64_t c = 0; c < C; ++c) {
-            __m512 kv[4];
-            for (int u = 0; u < 4; ++u) kv[u] = load16(kr[u] + c * LANES);
-            for (int r = 0; r < R; ++r) {
-                const __m512 qv = _mm512_loadu_ps(q + r * hd + c * LANES);
-                for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_fmadd_ps(qv, kv[u], acc[r][u]);
+    if constexpr (ATT_KEYS == 4) {
+        for (; j + 4 <= L; j += 4) {  // four keys, their four lane trees reduced side by side
+            const T* kr[4];
+            for (int u = 0; u < 4; ++u) kr[u] = kc + (j + u < P ? j + u : tl[j + u - P]) * hd;
+            V16 acc[R][4];
+            for (int r = 0; r < R; ++r)
+                for (int u = 0; u < 4; ++u) acc[r][u] = v_zero();
+            for (int64_t c = 0; c < C; ++c) {
+                V16 kv[4];
+                for (int u = 0; u < 4; ++u) kv[u] = v_load(kr[u] + c * LANES);
+                for (int r = 0; r < R; ++r) {
+                    const V16 qv = v_load(q + r * hd + c * LANES);
+                    for (int u = 0; u < 4; ++u) acc[r][u] = v_fma(qv, kv[u], acc[r][u]);
+                }
             }
+            for (int r = 0; r < R; ++r)
+                _mm_storeu_ps(out + r * out_stride + j, _mm_mul_ps(v_reduce4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), _mm_set1_ps(scale)));
         }
-        for (int r = 0; r < R; ++r)
-            _mm_storeu_ps(out + r * out_stride + j, _mm_mul_ps(reduce4_zmm(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), _mm_set1_ps(scale)));
     }
     for (; j < L; ++j) {
         const T* kr = kc + (j < P ? j : tl[j - P]) * hd;
-        for (int r = 0; r < R; ++r) {
-            __m512 acc = _mm512_setzero_ps();
-            for (int64_t c = 0; c < C; ++c) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + r * hd + c * LANES), load16(kr + c * LANES), acc);
-            out[r * out_stride + j] = reduce_zmm(acc) * scale;
+        V16 acc[R];
+        for (int r = 0; r < R; ++r) acc[r] = v_zero();
+        for (int64_t c = 0; c < C; ++c) {
+            const V16 kv = v_load(kr + c * LANES);
+            for (int r = 0; r < R; ++r) acc[r] = v_fma(v_load(q + r * hd + c * LANES), kv, acc[r]);
         }
+        for (int r = 0; r < R; ++r) out[r * out_stride + j] = v_reduce(acc[r]) * scale;
     }
 }
 
 template <int R, class T>
-void weighted_values_zmm(const float* p, int64_t p_stride, const T* vc, int64_t P, const std::vector<int64_t>& tl, int64_t L,
-                         int64_t hd, float* out) {
+void weighted_values_v(const float* p, int64_t p_stride, const T* vc, int64_t P, const std::vector<int64_t>& tl, int64_t L,
+                       int64_t hd, float* out) {
     const int64_t C = hd / LANES;
-    for (int64_t c0 = 0; c0 < C; c0 += 4) {  // four lane groups of the head dim at a time: R x 4 accumulators
-        const int64_t cn = std::min<int64_t>(4, C - c0);
-        __m512 acc[R][4];
+    for (int64_t c0 = 0; c0 < C; c0 += ATT_GROUPS) {  // ATT_GROUPS lane groups of the head dim at a time
+        const int64_t cn = std::min<int64_t>(ATT_GROUPS, C - c0);
+        V16 acc[R][ATT_GROUPS];
         for (int r = 0; r < R; ++r)
-            for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
+            for (int c = 0; c < ATT_GROUPS; ++c) acc[r][c] = v_zero();
         for (int64_t j = 0; j < L; ++j) {
             const T* vr = vc + (j < P ? j : tl[j - P]) * hd + c0 * LANES;
-            __m512 pj[R];
-            for (int r = 0; r < R; ++r) pj[r] = _mm512_set1_ps(p[r * p_stride + j]);
-            for (int c = 0; c < 4; ++c) {
+            V16 pj[R];
+            for (int r = 0; r < R; ++r) pj[r] = v_set1(p[r * p_stride + j]);
+            for (int c = 0; c < ATT_GROUPS; ++c) {
                 if (c >= cn) break;
-                const __m512 vv = load16(vr + c * LANES);
-                for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(pj[r], vv, acc[r][c]);
+                const V16 vv = v_load(vr + c * LANES);
+                for (int r = 0; r < R; ++r) acc[r][c] = v_fma(pj[r], vv, acc[r][c]);
             }
         }
         for (int r = 0; r < R; ++r)
-            for (int64_t c = 0; c < cn; ++c) _mm512_storeu_ps(out + r * hd + (c0 + c) * LANES, acc[r][c]);
+            for (int64_t c = 0; c < cn; ++c) v_store(out + r * hd + (c0 + c) * LANES, acc[r][c]);
     }
 }
 #endif
@@ -551,13 +826,13 @@ void weighted_values_zmm(const float* p, int64_t p_stride, const T* vc, int64_t 
 template <class T>
 void key_scores(const float* q /* [R][hd] */, int64_t R, const T* kc, int64_t P, const std::vector<int64_t>& tl, int64_t L,
                 int64_t hd, float scale, float* kf, float* out /* [R][out_stride] */, int64_t out_stride) {
-#ifdef __AVX512F__
+#ifdef DART_V16
     if (hd % LANES == 0) {
         switch (R) {
-            case 1: return key_scores_zmm<1>(q, kc, P, tl, L, hd, scale, out, out_stride);
-            case 2: return key_scores_zmm<2>(q, kc, P, tl, L, hd, scale, out, out_stride);
-            case 3: return key_scores_zmm<3>(q, kc, P, tl, L, hd, scale, out, out_stride);
-            case 4: return key_scores_zmm<4>(q, kc, P, tl, L, hd, scale, out, out_stride);
+            case 1: return key_scores_v<1>(q, kc, P, tl, L, hd, scale, out, out_stride);
+            case 2: return key_scores_v<2>(q, kc, P, tl, L, hd, scale, out, out_stride);
+            case 3: return key_scores_v<3>(q, kc, P, tl, L, hd, scale, out, out_stride);
+            case 4: return key_scores_v<4>(q, kc, P, tl, L, hd, scale, out, out_stride);
             default:  // more heads per group: four at a time (each head's arithmetic is its own)
                 for (int64_t r = 0; r < R; r += 4)
                     key_scores(q + r * hd, std::min<int64_t>(4, R - r), kc, P, tl, L, hd, scale, kf, out + r * out_stride, out_stride);
@@ -574,13 +849,13 @@ void key_scores(const float* q /* [R][hd] */, int64_t R, const T* kc, int64_t P,
 template <class T>
 void weighted_values(const float* p /* [R][p_stride] */, int64_t p_stride, int64_t R, const T* vc, int64_t P,
                      const std::vector<int64_t>& tl, int64_t L, int64_t hd, float* vf, float* out /* [R][hd] */) {
-#ifdef __AVX512F__
+#ifdef DART_V16
     if (hd % LANES == 0) {
         switch (R) {
-            case 1: return weighted_values_zmm<1>(p, p_stride, vc, P, tl, L, hd, out);
-            case 2: return weighted_values_zmm<2>(p, p_stride, vc, P, tl, L, hd, out);
-            case 3: return weighted_values_zmm<3>(p, p_stride, vc, P, tl, L, hd, out);
-            case 4: return weighted_values_zmm<4>(p, p_stride, vc, P, tl, L, hd, out);
+            case 1: return weighted_values_v<1>(p, p_stride, vc, P, tl, L, hd, out);
+            case 2: return weighted_values_v<2>(p, p_stride, vc, P, tl, L, hd, out);
+            case 3: return weighted_values_v<3>(p, p_stride, vc, P, tl, L, hd, out);
+            case 4: return weighted_values_v<4>(p, p_stride, vc, P, tl, L, hd, out);
             default:
                 for (int64_t r = 0; r < R; r += 4)
                     weighted_values(p + r * p_stride, p_stride, std::min<int64_t>(4, R - r), vc, P, tl, L, hd, vf, out + r * hd);
@@ -708,26 +983,84 @@ void decode_attention_impl(const T* q, int64_t q_stride, const T* k_cache, const
 
 template <class T> T* ptr(uintptr_t a) { return reinterpret_cast<T*>(a); }
 
-void linear(int dtype, uintptr_t x, int64_t x_stride, int64_t M, int64_t K, uintptr_t w, int64_t N, uintptr_t bias,
-            uintptr_t out, int64_t out_stride) {
-    py::gil_scoped_release release;
-    switch (static_cast<DType>(dtype)) {
-        case DType::F32:
-            return linear_impl(ptr<const float>(x), x_stride, M, K, ptr<const float>(w), N, ptr<const float>(bias),
-                               ptr<float>(out), out_stride);
-        case DType::BF16:
+// linear over every (activation dtype, weight format) pair; bf16 x bf16 on AVX512-BF16 takes the
+// bf16-pair kernel.
+template <class TX>
+void linear_fmt(int wfmt, const TX* x, int64_t x_stride, int64_t M, int64_t K, const uint8_t* w, int64_t rb, int64_t N,
+                const TX* bias, TX* out, int64_t out_stride) {
+    switch (static_cast<WFormat>(wfmt)) {
+        case WFormat::F32: return linear_impl<TX, FmtF32>(x, x_stride, M, K, w, rb, N, bias, out, out_stride);
+        case WFormat::BF16:
 #ifdef __AVX512BF16__
-            return linear_bf16_dp(ptr<const uint16_t>(x), x_stride, M, K, ptr<const uint16_t>(w), N,
-                                  ptr<const uint16_t>(bias), ptr<uint16_t>(out), out_stride);
-#else
-            return linear_impl(ptr<const uint16_t>(x), x_stride, M, K, ptr<const uint16_t>(w), N,
-                               ptr<const uint16_t>(bias), ptr<uint16_t>(out), out_stride);
+            if constexpr (std::is_same_v<TX, uint16_t>)
+                return linear_bf16_dp(x, x_stride, M, K, reinterpret_cast<const uint16_t*>(w), N, bias, out, out_stride);
 #endif
+            return linear_impl<TX, FmtBF16>(x, x_stride, M, K, w, rb, N, bias, out, out_stride);
+        case WFormat::F16: return linear_impl<TX, FmtF16>(x, x_stride, M, K, w, rb, N, bias, out, out_stride);
+        case WFormat::Q4_0: return linear_impl<TX, FmtQ4_0>(x, x_stride, M, K, w, rb, N, bias, out, out_stride);
+        case WFormat::Q4_1: return linear_impl<TX, FmtQ4_1>(x, x_stride, M, K, w, rb, N, bias, out, out_stride);
+        case WFormat::Q8_0: return linear_impl<TX, FmtQ8_0>(x, x_stride, M, K, w, rb, N, bias, out, out_stride);
+    }
+    throw std::invalid_argument("linear: unknown weight format code " + std::to_string(wfmt));
+}
+
+template <class F> int64_t format_row_bytes(int64_t K) {
+    if (K % F::BLOCK) throw std::invalid_argument("the row length " + std::to_string(K) + " is not a multiple of the format's block of " + std::to_string(F::BLOCK));
+    return K / F::BLOCK * F::BYTES;
+}
+
+int64_t row_bytes(int wfmt, int64_t K) {
+    switch (static_cast<WFormat>(wfmt)) {
+        case WFormat::F32: return format_row_bytes<FmtF32>(K);
+        case WFormat::BF16: return format_row_bytes<FmtBF16>(K);
+        case WFormat::F16: return format_row_bytes<FmtF16>(K);
+        case WFormat::Q4_0: return format_row_bytes<FmtQ4_0>(K);
+        case WFormat::Q4_1: return format_row_bytes<FmtQ4_1>(K);
+        case WFormat::Q8_0: return format_row_bytes<FmtQ8_0>(K);
+    }
+    throw std::invalid_argument("unknown weight format code " + std::to_string(wfmt));
+}
+
+void linear(int dtype, uintptr_t x, int64_t x_stride, int64_t M, int64_t K, int wfmt, uintptr_t w, int64_t rb, int64_t N,
+            uintptr_t bias, uintptr_t out, int64_t out_stride) {
+    if (rb != row_bytes(wfmt, K)) throw std::invalid_argument("linear: weight rows of " + std::to_string(rb) + " bytes do not hold K elements");
+    py::gil_scoped_release release;
+    const uint8_t* wp = ptr<const uint8_t>(w);
+    switch (static_cast<DType>(dtype)) {
+        case DType::F32: return linear_fmt(wfmt, ptr<const float>(x), x_stride, M, K, wp, rb, N, ptr<const float>(bias), ptr<float>(out), out_stride);
+        case DType::BF16:
+            return linear_fmt(wfmt, ptr<const uint16_t>(x), x_stride, M, K, wp, rb, N, ptr<const uint16_t>(bias), ptr<uint16_t>(out), out_stride);
         case DType::F16:
-            return linear_impl(ptr<const _Float16>(x), x_stride, M, K, ptr<const _Float16>(w), N,
-                               ptr<const _Float16>(bias), ptr<_Float16>(out), out_stride);
+            return linear_fmt(wfmt, ptr<const _Float16>(x), x_stride, M, K, wp, rb, N, ptr<const _Float16>(bias), ptr<_Float16>(out), out_stride);
     }
     throw std::invalid_argument("linear: unknown dtype code " + std::to_string(dtype));
+}
+
+// rows (n,) int64 row indices of w (0: rows 0..n-1) -> out (n, K) fp32 rows out_stride apart.
+template <class F> void dequantize_impl(const uint8_t* w, int64_t rb, int64_t K, const int64_t* rows, int64_t n, float* out, int64_t out_stride) {
+#pragma omp parallel for schedule(static) if (n * K > 65536)
+    for (int64_t i = 0; i < n; ++i) dequant_row<F>(w + (rows ? rows[i] : i) * rb, K, out + i * out_stride);
+}
+
+void dequantize(int wfmt, uintptr_t w, int64_t rb, int64_t K, int64_t n_rows, uintptr_t rows, int64_t n, uintptr_t out, int64_t out_stride) {
+    if (rb != row_bytes(wfmt, K)) throw std::invalid_argument("dequantize: weight rows of " + std::to_string(rb) + " bytes do not hold K elements");
+    const int64_t* r = ptr<const int64_t>(rows);
+    if (r)
+        for (int64_t i = 0; i < n; ++i)
+            if (r[i] < 0 || r[i] >= n_rows) throw std::invalid_argument("dequantize: row index " + std::to_string(r[i]) + " out of range");
+    if (!r && n > n_rows) throw std::invalid_argument("dequantize: more rows than the weight has");
+    py::gil_scoped_release release;
+    const uint8_t* wp = ptr<const uint8_t>(w);
+    float* o = ptr<float>(out);
+    switch (static_cast<WFormat>(wfmt)) {
+        case WFormat::F32: return dequantize_impl<FmtF32>(wp, rb, K, r, n, o, out_stride);
+        case WFormat::BF16: return dequantize_impl<FmtBF16>(wp, rb, K, r, n, o, out_stride);
+        case WFormat::F16: return dequantize_impl<FmtF16>(wp, rb, K, r, n, o, out_stride);
+        case WFormat::Q4_0: return dequantize_impl<FmtQ4_0>(wp, rb, K, r, n, o, out_stride);
+        case WFormat::Q4_1: return dequantize_impl<FmtQ4_1>(wp, rb, K, r, n, o, out_stride);
+        case WFormat::Q8_0: return dequantize_impl<FmtQ8_0>(wp, rb, K, r, n, o, out_stride);
+    }
+    throw std::invalid_argument("dequantize: unknown weight format code " + std::to_string(wfmt));
 }
 
 void add_rmsnorm(int dtype, uintptr_t x, uintptr_t delta, uintptr_t w, int64_t M, int64_t H, float eps, uintptr_t x_out,
@@ -798,24 +1131,40 @@ void decode_attention(int dtype, uintptr_t q, int64_t q_stride, uintptr_t k_cach
     throw std::invalid_argument("decode_attention: unknown dtype code " + std::to_string(dtype));
 }
 
+
+// What the CPU running this process offers (the loader picks a build with it; x86 only).
+py::dict cpu_features() {
+    py::dict d;
+#ifdef DART_X86
+    __builtin_cpu_init();
+    d["avx2"] = static_cast<bool>(__builtin_cpu_supports("avx2"));
+    d["fma"] = static_cast<bool>(__builtin_cpu_supports("fma"));
+    d["avx512f"] = static_cast<bool>(__builtin_cpu_supports("avx512f"));
+    d["avx512bw"] = static_cast<bool>(__builtin_cpu_supports("avx512bw"));
+    d["avx512vl"] = static_cast<bool>(__builtin_cpu_supports("avx512vl"));
+    d["avx512dq"] = static_cast<bool>(__builtin_cpu_supports("avx512dq"));
+    d["avx512bf16"] = static_cast<bool>(__builtin_cpu_supports("avx512bf16"));
+#endif
+    return d;
+}
+
 }  // namespace
 
-PYBIND11_MODULE(_cpu_kernels, m) {
+PYBIND11_MODULE(DART_KERNELS_MODULE, m) {
     m.doc() = "Batch-invariant CPU kernels for the target's decode / tree-verify forward (see cpu_kernels.cpp)";
     m.def("linear", &linear);
+    m.def("dequantize", &dequantize);
+    m.def("row_bytes", &row_bytes);
     m.def("silu_mul", &silu_mul);
     m.def("add_rmsnorm", &add_rmsnorm);
     m.def("tree_attention", &tree_attention);
     m.def("decode_attention", &decode_attention);
     m.def("num_threads", &n_threads);
+    m.def("cpu_features", &cpu_features);
+    m.attr("PATH") = DART_KERNELS_PATH;
 #ifdef __AVX512BF16__
     m.attr("BF16_DOT") = true;
 #else
     m.attr("BF16_DOT") = false;
-#endif
-#ifdef __AVX512F__
-    m.attr("AVX512") = true;
-#else
-    m.attr("AVX512") = false;
 #endif
 }
