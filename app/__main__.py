@@ -28,7 +28,7 @@ from dart_core.drafters.registry import (  # noqa: E402
     embedded_head_exists,
     head_is_named,
     max_nodes,
-    resolve_ngram,
+    ngram_choice,
 )
 from dart_core.loading import DEFAULT_MODEL, EMBEDDED_NAME  # noqa: E402
 
@@ -100,19 +100,19 @@ def load_dart(args, target, default_target: bool, notes: list[str], progress: Pr
         notes.append(f"No trained DART head at {DEFAULT_DART}: only plain decoding (AR) is available.")
         return None
     try:
-        ngram = resolve_ngram(args, default_target)
+        ngram = ngram_choice(args, default_target, target)  # made once: a hub look-up, maybe a download
     except FileNotFoundError as e:
         raise SystemExit(str(e)) from None
-    progress(f"loading the DART head {args.dart_model or DEFAULT_DART} and n-gram {ngram}")
+    progress(f"loading the DART head {args.dart_model or DEFAULT_DART} and n-gram {ngram.path}")
     try:
-        drafter = build_drafter("dart", target, args, default_target)
+        drafter = build_drafter("dart", target, args, default_target, ngram=ngram)
     except (OSError, ValueError) as e:
         if explicit:
             raise SystemExit(f"cannot load the DART head {args.dart_model}: {e}") from None
         notes.append(f"The embedded DART head did not load ({e}): only plain decoding (AR) is available.")
         return None
-    if ngram is None:
-        notes.append("DART prunes its trees without an n-gram model.")
+    if ngram.note:
+        notes.append(ngram.note)
     if not ngram_cpp.HAVE_CPP:
         notes.append("The C++ tree pruner is not built here: the pure-Python pruner runs (same trees, slower drafting).")
     return drafter
@@ -191,9 +191,9 @@ def exact_texts(args: argparse.Namespace, target) -> bool:
     return target.exact_verify(nodes + 1) or target.dtype == torch.float32
 
 
-def main(argv=None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
-    args = parse_args(argv)
+def build_app(args: argparse.Namespace):
+    """Load the models, warm up (unless --no-warmup) and build the page: (demo, loaded, settings),
+    everything but serving it."""
     compute = ComputeThread()
     loaded = compute.run(load_models, args, compute)
     engine = loaded.engine
@@ -209,7 +209,13 @@ def main(argv=None) -> int:
         notes=tuple(loaded.notes),
         threads=loaded.threads,
     )
-    demo = build_demo(engine, settings)
+    return build_demo(engine, settings), loaded, settings
+
+
+def main(argv=None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
+    args = parse_args(argv)
+    demo, _, _ = build_app(args)
     demo.queue(default_concurrency_limit=1, max_size=QUEUE_SIZE)
     demo.launch(
         server_name="0.0.0.0" if args.listen else "127.0.0.1",

@@ -142,3 +142,40 @@ def load_tokenizer(name: str | os.PathLike | None = DEFAULT_MODEL):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(resolve_model_dir(name)))
+
+
+def ngram_hub_dir(repo_id: str, filename: str) -> Path:
+    """The local snapshot of an n-gram hub repo (e.g. upstream's fvliang/dart-qwen3-ngram, which
+    publishes full.trie and small.trie) holding `filename`, or one of our compact *.ngram files.
+
+    Looked up as heads are: the local Hugging Face cache first (nothing leaves the machine when it
+    has the file), then the hub, downloading only `filename` (or *.ngram), never the other trie.
+    Raises FileNotFoundError naming the id and the file when neither has it (e.g. offline)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError
+
+    patterns = [filename, "*.ngram"]
+
+    def holds(folder: Path) -> bool:
+        return (folder / filename).is_file() or any(folder.glob("*.ngram"))
+
+    try:
+        folder = Path(snapshot_download(repo_id, allow_patterns=patterns, local_files_only=True))
+        if holds(folder):
+            return folder
+    except (OSError, ValueError):  # not in the cache (LocalEntryNotFoundError is an OSError)
+        pass
+    try:
+        folder = Path(snapshot_download(repo_id, allow_patterns=patterns))
+        why = None if holds(folder) else f"the repo has no {filename} or *.ngram"
+    except (OSError, ValueError, HfHubHTTPError) as e:  # offline / unreachable / no such repo
+        why = f"{type(e).__name__}: {' '.join(str(e).split())}"
+    if why is None:
+        return folder
+    from huggingface_hub import constants
+
+    raise FileNotFoundError(
+        f"n-gram model {repo_id!r}: {filename} is neither in the local Hugging Face cache ({constants.HF_HUB_CACHE}) nor "
+        f"obtainable from the hub ({why}). Where the hub is reachable run `hf download {repo_id} {filename}`, "
+        "or pass a local file or directory"
+    )

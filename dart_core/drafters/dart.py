@@ -69,6 +69,17 @@ def with_context(prune: ngram_cpp.PruneParams, on: bool, weight: float, extend: 
     return replace(prune, context_weight=weight, context_extend=extend, context_extend_min_match=CONTEXT_EXTEND_MIN_MATCH)
 
 
+def pruner_eos(target) -> int:
+    """The EOS id the pruner never extends a branch past: upstream's, the tokenizer's eos_token_id
+    (facts doc §4.1; for Qwen3 <|im_end|> 151645, where the lowest of the target's stop ids would be
+    <|endoftext|> 151643); without one, the lowest stop id; -1 without any. Only the pruner uses one
+    id: the generation loop stops at every id of target.eos_ids."""
+    tok = getattr(target.tokenizer, "eos_token_id", None)
+    if tok is not None:
+        return int(tok)
+    return min(target.eos_ids) if target.eos_ids else -1
+
+
 @dataclass(frozen=True)
 class DartParams:
     prune: ngram_cpp.PruneParams = field(default_factory=ngram_cpp.PruneParams)
@@ -88,7 +99,7 @@ class DartDrafter:
             raise ValueError(f"draft depth must be >= 1, got {params.depth}")
         self.head, self.target, self.ngram, self.params = head, target, ngram, params
         self.max_nodes = params.prune.max_nodes
-        self.eos_id = min(target.eos_ids) if target.eos_ids else -1
+        self.eos_id = pruner_eos(target)
         # the head's forward on the CPU kernels where they run (else the eager module); kernel_head:
         # one built before for this head, shared
         if kernel_head is None and use_kernels and KernelHead.supports(head):

@@ -13,13 +13,21 @@ optional embedded heads).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
+from ..loading import ngram_hub_dir
 from . import DEFAULT_DART_HEAD, DEFAULT_EAGLE3_HEAD, DEFAULT_MAX_NODES, DEFAULT_NGRAM, default_max_nodes
 from .dart import CONTEXT_EXTEND, CONTEXT_ORDER, EMBEDDED_WEIGHTS, UPSTREAM_WEIGHTS, ScoreWeights
+
+
+# Upstream's app defaults --ngram-model-name-or-path to this hub repo (full.trie, small.trie with
+# --use-small-ngram; facts doc §5.3, §7.1); its tries are built with Qwen3's tokenizer.
+UPSTREAM_NGRAM = "fvliang/dart-qwen3-ngram"
+UPSTREAM_NGRAM_TARGETS = ("qwen3", "qwen3_moe")  # targets (config model_type) whose token ids those tries hold
 
 
 @dataclass(frozen=True)
@@ -36,9 +44,10 @@ def _dart_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--dart-model", "--dart-model-name-or-path", dest="dart_model", default=None,
                    help=f"DART head dir or hub id (default: the embedded head, assets/{DEFAULT_DART_HEAD.name})")
     g.add_argument("--ngram-model", "--ngram-model-name-or-path", dest="ngram_model", default=None,
-                   help="n-gram file (.ngram or upstream .trie), or a directory with full.trie/small.trie or one *.ngram "
-                        "(default: the embedded trie for the default target)")
-    g.add_argument("--use-small-ngram", action="store_true", help="with an n-gram directory, load small.trie instead of full.trie")
+                   help="n-gram file (.ngram or upstream .trie), a directory with full.trie/small.trie or one *.ngram, or a hub id "
+                        f"such as upstream's {UPSTREAM_NGRAM} (the local HF cache first, then the hub). Default: the embedded trie "
+                        f"for the default target; {UPSTREAM_NGRAM}, as upstream's app, for a Qwen3 target with a named head; else none")
+    g.add_argument("--use-small-ngram", action="store_true", help="with an n-gram directory or hub id, load small.trie instead of full.trie")
     g.add_argument("--no-ngram", action="store_true", help="prune draft trees without the n-gram model")
     g.add_argument("--tree-top-k", type=int, default=None,
                    help=f"candidates per depth (default: {EMBEDDED_WEIGHTS.top_k} for the embedded target, else {UPSTREAM_WEIGHTS.top_k})")
@@ -115,30 +124,86 @@ def tree_params(args: argparse.Namespace, device_type: str, ngram: bool, context
     return weighted(plain, score_weights(args, default_target), context and not args.no_context_ngram, args.context_extend)
 
 
-def resolve_ngram(args: argparse.Namespace, default_target: bool) -> Path | None:
-    """The n-gram file DART prunes with: None with --no-ngram; the embedded trie for the default
-    target; a named file; or, in a named directory, full.trie (small.trie with --use-small-ngram) or
-    its one *.ngram. A named path that holds none of these raises FileNotFoundError."""
-    if args.no_ngram:
-        return None
-    if args.ngram_model is None:
-        return DEFAULT_NGRAM if default_target and DEFAULT_NGRAM.exists() else None
-    path = Path(args.ngram_model)
+@dataclass(frozen=True)
+class NgramChoice:
+    """The n-gram file DART prunes with (None: none) and, for the app's header, a note saying which
+    one or why there is none."""
+
+    path: Path | None
+    note: str | None = None
+
+
+def _is_hub_id(name: str) -> bool:
+    return name.count("/") == 1 and not name.startswith((".", "/", "~"))
+
+
+def _ngram_in(path: Path, trie: str) -> Path:
+    """In a directory, `trie` (full.trie or small.trie) or its one *.ngram."""
+    found = next((c for c in [path / trie, *sorted(path.glob("*.ngram"))] if c.is_file()), None)
+    if found is None:
+        raise FileNotFoundError(f"no {trie} or *.ngram in {path}")
+    return found
+
+
+def _named_ngram(name: str, trie: str) -> Path:
+    """--ngram-model: a file, a directory, else a hub id (the local HF cache first, then the hub), as
+    upstream's app resolves it (a local path first, then the hub)."""
+    path = Path(name).expanduser()
     if path.is_dir():
-        name = "small.trie" if args.use_small_ngram else "full.trie"
-        found = next((c for c in [path / name, *sorted(path.glob("*.ngram"))] if c.is_file()), None)
-        if found is None:
-            raise FileNotFoundError(f"no {name} or *.ngram in {path}")
-        return found
-    if not path.is_file():
-        raise FileNotFoundError(f"no n-gram file at {path}")
-    return path
+        return _ngram_in(path, trie)
+    if path.is_file():
+        return path
+    if _is_hub_id(name):
+        return _ngram_in(ngram_hub_dir(name, trie), trie)
+    raise FileNotFoundError(f"no n-gram file at {path}")
 
 
-def _build_dart(target, args: argparse.Namespace, default_target: bool, context: bool = True):
+def _model_type(target) -> str | None:
+    """The target checkpoint's config.json model_type (None when unreadable)."""
+    try:
+        return json.loads((Path(target.model_dir) / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError):
+        return None
+
+
+def ngram_choice(args: argparse.Namespace, default_target: bool, target=None) -> NgramChoice:
+    """The n-gram file DART prunes with, and why.
+
+    --no-ngram: none. A named file, directory or hub id (full.trie, small.trie with --use-small-ngram,
+    or one *.ngram) must resolve, else FileNotFoundError. Unnamed: the embedded trie for the default
+    target; for a Qwen3 `target` with a named head, upstream's default (UPSTREAM_NGRAM), fetched as
+    upstream's app fetches it (the HF cache, else the hub; when neither has it: none, with a note); for any other
+    target none (upstream's tries hold Qwen3 token ids)."""
+    if args.no_ngram:
+        return NgramChoice(None, "DART prunes its trees without an n-gram model (--no-ngram).")
+    trie = "small.trie" if args.use_small_ngram else "full.trie"
+    if args.ngram_model is not None:
+        return NgramChoice(_named_ngram(args.ngram_model, trie))
+    if default_target:
+        return NgramChoice(DEFAULT_NGRAM) if DEFAULT_NGRAM.exists() else NgramChoice(None, "DART prunes its trees without an n-gram model.")
+    unnamed = "DART prunes its trees without an n-gram model: none was named (--ngram-model-name-or-path)"
+    if target is None or args.dart_model is None:
+        return NgramChoice(None, unnamed + ".")
+    if _model_type(target) not in UPSTREAM_NGRAM_TARGETS:
+        return NgramChoice(None, f"{unnamed}, and upstream's default, {UPSTREAM_NGRAM}, holds Qwen3 token ids, not this target's.")
+    try:
+        path = _ngram_in(ngram_hub_dir(UPSTREAM_NGRAM, trie), trie)
+    except FileNotFoundError as e:
+        return NgramChoice(None, f"{unnamed}, and upstream's default could not be found: {e}.")
+    return NgramChoice(path, f"DART prunes with upstream's default n-gram {UPSTREAM_NGRAM} ({trie}), as upstream's app does "
+                             "(--ngram-model-name-or-path names another, --no-ngram turns it off).")
+
+
+def resolve_ngram(args: argparse.Namespace, default_target: bool, target=None) -> Path | None:
+    """The n-gram file DART prunes with (ngram_choice without the note)."""
+    return ngram_choice(args, default_target, target).path
+
+
+def _build_dart(target, args: argparse.Namespace, default_target: bool, context: bool = True, ngram: NgramChoice | None = None):
+    """ngram: the choice made already (the app makes it once, for its note); None: make it here."""
     from .dart import DartParams, load_dart_drafter
 
-    ngram = resolve_ngram(args, default_target)
+    ngram = (ngram or ngram_choice(args, default_target, target)).path
     params = DartParams(tree_params(args, target.device.type, ngram is not None, context, default_target), args.draft_depth, args.context_order)
     return load_dart_drafter(args.dart_model or DEFAULT_DART_HEAD, target, ngram, params)
 
