@@ -4,6 +4,7 @@ the one-token steps' logits bit for bit in every dtype, on tiny random targets a
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -16,7 +17,20 @@ from dart_core import kernels
 from dart_core.tree import DraftTree
 from test_model import random_tree
 
-pytestmark = pytest.mark.skipif(not kernels.AVAILABLE, reason="dart_core._cpu_kernels was not built")
+pytestmark = pytest.mark.skipif(not kernels.AVAILABLE, reason="dart_core's CPU kernels were not built")
+
+# Every build this CPU runs (avx512bf16 / avx512 / avx2 / generic): the layer-level tests run on each,
+# as DART_CPU_KERNELS=<path> would force it.
+PATHS = kernels.runnable_paths()
+# Builds with the fp32 contract (16 fma lanes, one pairwise tree): their results are the same bits.
+FP32_CONTRACT = [p for p in PATHS if p != "avx512bf16"]
+
+
+@pytest.fixture(params=PATHS)
+def kpath(request):
+    previous = kernels.use_path(request.param)
+    yield request.param
+    kernels.use_path(previous)
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
@@ -24,7 +38,7 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("K,N", [(576, 960), (1536, 576), (100, 37), (33, 5)])
-def test_linear_matches_torch_and_is_row_invariant(dtype, K, N):
+def test_linear_matches_torch_and_is_row_invariant(dtype, K, N, kpath):
     torch.manual_seed(K + N)
     w = (torch.randn(N, K) / K**0.5).to(dtype)
     b = torch.randn(N).to(dtype)
@@ -40,7 +54,7 @@ def test_linear_matches_torch_and_is_row_invariant(dtype, K, N):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_silu_mul(dtype):
+def test_silu_mul(dtype, kpath):
     torch.manual_seed(0)
     gu = (torch.randn(7, 2 * 96) * 4).to(dtype)
     g, u = gu.float().chunk(2, dim=-1)
@@ -50,7 +64,7 @@ def test_silu_mul(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_add_rmsnorm(dtype):
+def test_add_rmsnorm(dtype, kpath):
     torch.manual_seed(1)
     x, delta = torch.randn(6, 80).to(dtype), torch.randn(6, 80).to(dtype)
     w = (1 + 0.1 * torch.randn(80)).to(dtype)
@@ -81,7 +95,7 @@ HEAD_SHAPES = [(6, 2, 32), (4, 4, 16), (8, 4, 64), (8, 1, 128), (16, 2, 48), (6,
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("nh,nkv,hd", HEAD_SHAPES)
-def test_tree_attention_matches_sdpa(dtype, nh, nkv, hd):
+def test_tree_attention_matches_sdpa(dtype, nh, nkv, hd, kpath):
     """Against eager RoPE + SDPA with the tree mask, in fp32 arithmetic."""
     P = 37
     k_cache, v_cache, rope, inv_freq = _attention_setup(dtype, P, nh, nkv, hd)
@@ -112,7 +126,7 @@ def test_tree_attention_matches_sdpa(dtype, nh, nkv, hd):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("nh,nkv,hd", HEAD_SHAPES)
-def test_tree_attention_row_equals_one_token_call(dtype, nh, nkv, hd):
+def test_tree_attention_row_equals_one_token_call(dtype, nh, nkv, hd, kpath):
     """A node's output equals the one-token call made once its ancestors sit committed in the cache."""
     P = 37
     k_cache, v_cache, rope, _ = _attention_setup(dtype, P, nh, nkv, hd, seed=3)
@@ -131,7 +145,7 @@ def test_tree_attention_row_equals_one_token_call(dtype, nh, nkv, hd):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_decode_attention_matches_sdpa_and_is_batch_invariant(dtype):
+def test_decode_attention_matches_sdpa_and_is_batch_invariant(dtype, kpath):
     torch.manual_seed(7)
     B, nh, nkv, hd, cap = 5, 6, 2, 32, 40
     lengths = torch.tensor([1, 7, 40, 16, 23])
@@ -152,6 +166,92 @@ def test_decode_attention_matches_sdpa_and_is_batch_invariant(dtype):
         kernels.decode_attention(q[:, :-1], kc, vc, lengths, nh)
 
 
+def _random_blocks(fmt: str, N: int, K: int, seed: int) -> kernels.BlockWeight:
+    """Random GGUF blocks with sane fp16 scales (d in [1e-3, 1.1e-2], Q4_1 minimum in [-0.05, 0.05])."""
+    g = torch.Generator().manual_seed(seed)
+    per = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}[fmt]
+    nb = K // 32
+    data = torch.randint(0, 256, (N, nb, per), dtype=torch.uint8, generator=g)
+    data[:, :, 0:2] = (torch.rand(N, nb, generator=g) * 0.01 + 0.001).half().view(torch.uint8).view(N, nb, 2)
+    if fmt == "Q4_1":
+        data[:, :, 2:4] = ((torch.rand(N, nb, generator=g) - 0.5) * 0.1).half().view(torch.uint8).view(N, nb, 2)
+    return kernels.BlockWeight(fmt, N, K, data.reshape(N, nb * per).contiguous())
+
+
+@pytest.mark.parametrize("fmt", kernels.BLOCK_FORMATS)
+def test_blocks_dequantize_as_gguf_does(fmt):
+    """Our dequantization equals gguf-py's own (the reference every GGUF reader follows), bit for bit."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, quants
+
+    w = _random_blocks(fmt, 7, 96, seed=3)
+    ref = quants.dequantize(w.data.numpy(), GGMLQuantizationType[fmt]).reshape(7, 96)
+    assert torch.equal(w.dequantize(), torch.from_numpy(np.ascontiguousarray(ref, dtype=np.float32)))
+    rows = torch.tensor([5, 0, 5])
+    assert torch.equal(w.dequantize(rows), w.dequantize()[rows])
+
+
+@pytest.mark.parametrize("fmt", kernels.BLOCK_FORMATS)
+@pytest.mark.parametrize("K,N", [(576, 963), (1536, 64), (32, 5)])
+def test_block_linear_is_the_fp32_linear_of_its_values(fmt, K, N, kpath):
+    """A block weight multiplies exactly as its dequantized fp32 copy does (same bits, any row count)."""
+    w = _random_blocks(fmt, N, K, seed=K + N)
+    x = torch.randn(20, K, generator=torch.Generator().manual_seed(1))
+    out = kernels.linear(x, w)
+    assert torch.equal(out, kernels.linear(x, w.dequantize()))
+    torch.testing.assert_close(out, x @ w.dequantize().T, atol=1e-4, rtol=1e-4)
+    rows = torch.cat([kernels.linear(x[i : i + 1], w) for i in range(20)])
+    for M in range(2, 21):
+        assert torch.equal(kernels.linear(x[:M], w), rows[:M]), f"rows differ at M={M}"
+    assert kernels.linear(x.bfloat16(), w).dtype == torch.bfloat16
+
+
+@pytest.mark.skipif(len(FP32_CONTRACT) < 2, reason="one fp32-contract build on this CPU: nothing to compare")
+@pytest.mark.parametrize("weights", ["float32", "bfloat16", "float16", *kernels.BLOCK_FORMATS])
+def test_builds_give_the_same_bits(weights):
+    """generic, avx2 and avx512 follow one arithmetic contract: the same linear and attention bits."""
+    g = torch.Generator().manual_seed(11)
+    K, N = 576, 130
+    if weights in kernels.BLOCK_FORMATS:
+        w, x = _random_blocks(weights, N, K, seed=5), torch.randn(9, K, generator=g)
+    else:
+        dt = getattr(torch, weights)
+        w, x = (torch.randn(N, K, generator=g) / 24).to(dt), torch.randn(9, K, generator=g).to(dt)
+    dt = x.dtype
+    k_cache, v_cache, rope, _ = _attention_setup(dt, 37, 9, 3, 64)
+    tree = random_tree(random.Random(4), 7, 50)
+    q, k, v = (torch.randn(len(tree), n * 64, generator=g).to(dt) for n in (9, 3, 3))
+    results = {}
+    previous = kernels.PATH
+    try:
+        for p in FP32_CONTRACT:
+            kernels.use_path(p)
+            att = kernels.tree_attention(q, k, v, rope, tree.depths + 37, k_cache.clone(), v_cache.clone(), 37, tree.parents, 9, 3)
+            results[p] = (kernels.linear(x, w), att)
+    finally:
+        kernels.use_path(previous)
+    first = FP32_CONTRACT[0]
+    for p in FP32_CONTRACT[1:]:
+        assert torch.equal(results[p][0], results[first][0]), f"linear: {p} != {first}"
+        assert torch.equal(results[p][1], results[first][1]), f"attention: {p} != {first}"
+
+
+def test_forced_path_is_reported_and_checked(monkeypatch):
+    """DART_CPU_KERNELS picks the build in a fresh process; an unknown or unrunnable one is an error."""
+    import subprocess
+    import sys
+
+    code = "from dart_core import kernels; print(kernels.PATH, kernels.describe())"
+    for p in PATHS:
+        out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "DART_CPU_KERNELS": p}, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split()[0] == p and "forced" in out.stdout
+    bad = subprocess.run([sys.executable, "-c", code], env={**os.environ, "DART_CPU_KERNELS": "sse9"}, capture_output=True, text=True)
+    assert bad.returncode != 0 and "DART_CPU_KERNELS='sse9'" in bad.stderr
+    with pytest.raises(ValueError):
+        kernels.use_path("sse9")
+
+
 def test_bad_kernel_inputs_are_errors():
     w = torch.randn(8, 16)
     with pytest.raises(ValueError):
@@ -160,6 +260,12 @@ def test_bad_kernel_inputs_are_errors():
         kernels.linear(torch.randn(2, 16, dtype=torch.float64), w)
     with pytest.raises(ValueError):
         kernels.linear(torch.randn(2, 16), w.to(torch.bfloat16))
+    with pytest.raises(ValueError):  # a block weight of another width
+        kernels.linear(torch.randn(2, 64), _random_blocks("Q4_1", 3, 32, seed=0))
+    with pytest.raises(ValueError):  # bytes that do not make whole rows of blocks
+        kernels.BlockWeight("Q4_1", 3, 32, torch.zeros(3, 19, dtype=torch.uint8))
+    with pytest.raises(ValueError):
+        kernels.BlockWeight("Q5_K", 3, 32, torch.zeros(3, 20, dtype=torch.uint8))
     k_cache, v_cache, rope, _ = _attention_setup(torch.float32)
     q, k, v = torch.randn(2, 6 * 32), torch.randn(2, 2 * 32), torch.randn(2, 2 * 32)
     with pytest.raises(ValueError):  # a parent after its child
@@ -187,7 +293,7 @@ def _node_logits_equal_steps(target, prompt, tree) -> list[int]:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_tree_verify_is_bit_identical_to_steps(tiny_ckpt, dtype):
+def test_tree_verify_is_bit_identical_to_steps(tiny_ckpt, dtype, kpath):
     """Layer-level exactness on tiny Llama / Qwen2 / Qwen3 (GQA, biases, q/k norm): every node's
     logits and captured hidden states equal the one-token steps' bit for bit, trees up to 64 rows."""
     _, path = tiny_ckpt
