@@ -434,3 +434,130 @@ def load_transformer(model_dir: Path, dtype: torch.dtype, device: torch.device |
         model.output.weight = model.tok_embeddings.weight  # one tensor, as in the checkpoint
     model.inv_freq = inv_freq.float()
     return model.to(device).eval()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Reading a GGUF file's blocks as they are (the embedded default's own weights)
+
+
+class BlockLinear(nn.Module):
+    """A bias-free linear whose weight is a kernels.BlockWeight (GGUF blocks). The kernel path reads
+    the blocks directly; the eager path (prompt prefill) multiplies by their exact fp32 values."""
+
+    def __init__(self, weight: kernels.BlockWeight):
+        super().__init__()
+        self.weight = weight
+        self.bias = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1]
+        if rows <= kernels.MAX_ROWS and x.device.type == "cpu":  # e.g. the LM head on the last prompt position
+            return kernels.linear(x.reshape(rows, x.shape[-1]).contiguous(), self.weight).view(*x.shape[:-1], self.weight.rows)
+        return F.linear(x, self.weight.dequantize(dtype=x.dtype))
+
+
+class BlockEmbedding(nn.Module):
+    """Token embeddings stored as GGUF blocks: a lookup dequantizes the rows it needs (fp32)."""
+
+    def __init__(self, weight: kernels.BlockWeight):
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.weight.dequantize(ids).view(*ids.shape, self.weight.cols)
+
+
+# The GGUF layout of a llama-family checkpoint (llama.cpp's names) -> ours.
+_GGUF_LAYER = {
+    "attn_norm": "attention_norm", "ffn_norm": "ffn_norm", "attn_output": "attention.wo", "ffn_down": "feed_forward.w2",
+}
+
+
+def _gguf_rows(t, name: str) -> kernels.BlockWeight | torch.Tensor:
+    """One GGUF tensor as a BlockWeight (block formats) or an fp32 tensor (F32/F16/BF16), rows = outputs."""
+    import numpy as np
+
+    fmt = t.tensor_type.name
+    cols = int(t.shape[0])  # GGUF shapes list the innermost (contiguous) dimension first
+    rows = int(np.prod(t.shape[1:])) if len(t.shape) > 1 else 1
+    data = torch.from_numpy(np.array(t.data, copy=True))
+    if fmt in kernels.BLOCK_FORMATS:
+        return kernels.BlockWeight(fmt, rows, cols, data.reshape(rows, -1).contiguous())
+    if fmt in ("F32", "F16", "BF16"):
+        if fmt == "BF16":
+            data = data.view(torch.int16).view(torch.bfloat16)
+        return data.float().reshape(*reversed([int(s) for s in t.shape]))
+    raise ValueError(f"{name}: GGUF type {fmt} is not supported (block formats: {', '.join(kernels.BLOCK_FORMATS)}; F32/F16/BF16)")
+
+
+def _unpermute_rope_rows(n_heads: int, head_dim: int) -> torch.Tensor:
+    """Row order that undoes llama.cpp's converter permutation of q/k (pairs interleaved per head for
+    its rotary layout) back to the HF rotate-half order: HF row (h, j, i) is GGUF row h*hd + 2i + j."""
+    return torch.arange(n_heads * head_dim).view(n_heads, head_dim // 2, 2).transpose(1, 2).reshape(-1)
+
+
+def load_gguf_transformer(gguf_path: Path, model_dir: Path) -> Transformer:
+    """A Transformer whose linears and embedding read the GGUF's blocks as they are (no unpacked copy)
+    and whose norms are its F32 tensors; config and RoPE from the HF directory `model_dir` that was
+    converted from the same file. Activations and the KV cache are fp32, so every forward on the
+    kernels is bit-identical to the same forward on the file's dequantized fp32 copy."""
+    import gguf
+    from transformers import AutoConfig
+
+    if not kernels.AVAILABLE:
+        raise RuntimeError("GGUF weights run on the CPU kernels, which are not built here (pip install -e . builds them)")
+    cfg = json.loads((model_dir / "config.json").read_text())
+    args = ModelArgs.from_hf_config(cfg)
+    if args.arch != "llama" or args.qkv_bias or args.qk_norm:
+        raise ValueError(f"GGUF weights are read for llama-architecture targets, not {args.arch}")
+    inv_freq, rope_scale = rope_parameters(AutoConfig.from_pretrained(str(model_dir)))
+    reader = gguf.GGUFReader(str(gguf_path))
+    tensors = {t.name: t for t in reader.tensors}
+    used: set[str] = set()
+
+    def get(name: str):
+        if name not in tensors:
+            raise ValueError(f"{gguf_path.name} has no tensor {name}")
+        used.add(name)
+        return _gguf_rows(tensors[name], name)
+
+    def block(name: str, perm: torch.Tensor | None = None) -> kernels.BlockWeight:
+        w = get(name)
+        if not isinstance(w, kernels.BlockWeight):
+            raise ValueError(f"{name}: expected a block format, got {tensors[name].tensor_type.name}")
+        return w if perm is None else w.select_rows(perm)
+
+    with torch.device("meta"):
+        model = Transformer(args, torch.empty(args.head_dim // 2), rope_scale)
+    H, hd = args.hidden_size, args.head_dim
+    embed = block("token_embd.weight")
+    if embed.shape != (args.vocab_size, H):
+        raise ValueError(f"token_embd.weight is {embed.shape}, the config implies {(args.vocab_size, H)}")
+    model.tok_embeddings = BlockEmbedding(embed)
+    model.output = BlockLinear(block("output.weight") if "output.weight" in tensors else embed)
+    model.norm.weight = nn.Parameter(get("output_norm.weight"), requires_grad=False)
+    q_perm, k_perm = _unpermute_rope_rows(args.n_heads, hd), _unpermute_rope_rows(args.n_kv_heads, hd)
+    for i, layer in enumerate(model.layers):
+        p = f"blk.{i}."
+        wqkv = kernels.BlockWeight.cat([block(p + "attn_q.weight", q_perm), block(p + "attn_k.weight", k_perm), block(p + "attn_v.weight")])
+        layer.attention.wqkv = BlockLinear(wqkv)
+        layer.attention.wo = BlockLinear(block(p + "attn_output.weight"))
+        layer.feed_forward.w13 = BlockLinear(kernels.BlockWeight.cat([block(p + "ffn_gate.weight"), block(p + "ffn_up.weight")]))
+        layer.feed_forward.w2 = BlockLinear(block(p + "ffn_down.weight"))
+        layer.attention_norm.weight = nn.Parameter(get(p + "attn_norm.weight"), requires_grad=False)
+        layer.ffn_norm.weight = nn.Parameter(get(p + "ffn_norm.weight"), requires_grad=False)
+        expect = {"wqkv": ((args.n_heads + 2 * args.n_kv_heads) * hd, H), "wo": (H, args.n_heads * hd),
+                  "w13": (2 * args.intermediate_size, H), "w2": (H, args.intermediate_size)}
+        got = {"wqkv": wqkv.shape, "wo": layer.attention.wo.weight.shape, "w13": layer.feed_forward.w13.weight.shape,
+               "w2": layer.feed_forward.w2.weight.shape}
+        for k, v in expect.items():
+            if tuple(got[k]) != v:
+                raise ValueError(f"layer {i} {k}: GGUF gives {tuple(got[k])}, the config implies {v}")
+    unexpected = sorted(set(tensors) - used - {"rope_freqs.weight"})
+    if unexpected:
+        raise ValueError(f"{gguf_path.name} has tensors this loader does not place, e.g. {unexpected[:5]}")
+    leftover = [n for n, p in model.named_parameters() if p.is_meta]
+    if leftover:
+        raise ValueError(f"no GGUF tensor for {leftover[:5]}")
+    model.inv_freq = inv_freq.float()
+    return model.eval()

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from .loading import DEFAULT_MODEL, parse_dtype, resolve_model_dir
-from .model import ForwardOutput, KVCache, Transformer, load_transformer
+from .loading import DEFAULT_MODEL, GGUF, embedded_gguf_path, parse_dtype, resolve_model_dir
+from .model import BlockLinear, ForwardOutput, KVCache, Transformer, load_gguf_transformer, load_transformer
 from .tree import DraftTree
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,8 @@ class Target:
     tokenizer: object  # a transformers tokenizer
     eos_ids: frozenset[int]
     device: torch.device
-    dtype: torch.dtype
+    dtype: torch.dtype  # of activations and the KV cache
+    weights: str = ""  # what the weights are read as: the dtype's name, or "gguf (Q4_1, Q8_0)"
 
     @property
     def context_limit(self) -> int:
@@ -135,16 +136,31 @@ def load_target(
 ) -> Target:
     """Load a target: "default" (embedded SmolLM2-135M-Instruct), a local directory or a hub id.
 
+    dtype: float32 | bfloat16 | float16, or "gguf" for the embedded default read in its own GGUF
+    blocks (Q4_1 layers, Q8_0 embedding) on the CPU kernels, exactly its fp32 values.
+
     kernels=False keeps every forward on the eager torch path (see Transformer)."""
     from transformers import AutoTokenizer
 
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' requested but CUDA is not available")
-    dtype = parse_dtype(dtype)
-    model_dir = resolve_model_dir(model)
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    transformer = load_transformer(model_dir, dtype, device)
-    transformer.use_kernels = kernels
     name = str(model or DEFAULT_MODEL)
-    return Target(name, model_dir, transformer, tokenizer, _eos_ids(model_dir, tokenizer), device, dtype)
+    if dtype == GGUF:
+        # The embedded default's own GGUF blocks on the CPU kernels; activations and the cache in fp32.
+        if name != DEFAULT_MODEL:
+            raise ValueError(f"--dtype {GGUF} reads the GGUF the embedded default ships; for {name!r} use float32, bfloat16 or float16")
+        if device.type != "cpu" or not kernels:
+            raise ValueError(f"--dtype {GGUF} runs on the CPU kernels (device cpu, kernels on)")
+        model_dir = resolve_model_dir(model)
+        transformer = load_gguf_transformer(embedded_gguf_path(), model_dir)
+        formats = sorted({m.weight.fmt for m in transformer.modules() if isinstance(m, BlockLinear)})
+        dtype, weights = torch.float32, f"{GGUF} ({', '.join(formats)})"
+    else:
+        dtype = parse_dtype(dtype)
+        model_dir = resolve_model_dir(model)
+        transformer = load_transformer(model_dir, dtype, device)
+        weights = str(dtype).removeprefix("torch.")
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    transformer.use_kernels = kernels
+    return Target(name, model_dir, transformer, tokenizer, _eos_ids(model_dir, tokenizer), device, dtype, weights)

@@ -341,20 +341,28 @@ template <class F> void dequant_row(const uint8_t* row, int64_t K, float* out) {
 }
 
 #ifdef DART_V16
-// Elements [k, k+16) of one row (k a multiple of 16) as fp32 lanes: the same values as dequant_row.
+// Elements [k, k+16) of one row of a float format (k a multiple of 16) as fp32 lanes.
 template <class F> inline V16 w_load16(const uint8_t* row, int64_t k) {
-    if constexpr (!F::QUANT) {
-        return v_load(reinterpret_cast<const typename F::T*>(row) + k);
+    static_assert(!F::QUANT, "block formats read whole blocks: w_load32");
+    return v_load(reinterpret_cast<const typename F::T*>(row) + k);
+}
+
+// The 32 elements of block k/32 of one row of a block format as fp32 lanes (lo: elements 0-15, hi:
+// 16-31): the same values as dequant_row. The block's bytes and scales are read once for both halves.
+template <class F> inline void w_load32(const uint8_t* row, int64_t k, V16& lo, V16& hi) {
+    const uint8_t* blk = row + (k / 32) * F::BYTES;
+    const V16 d = v_set1(f16_at(blk));
+    if constexpr (std::is_same_v<F, FmtQ8_0>) {
+        lo = v_mul(v_i8(blk + 2), d);
+        hi = v_mul(v_i8(blk + 18), d);
+    } else if constexpr (std::is_same_v<F, FmtQ4_0>) {
+        const V16 eight = v_set1(8.0f);
+        lo = v_mul(v_sub(v_u8(blk + 2, 0, 15), eight), d);
+        hi = v_mul(v_sub(v_u8(blk + 2, 4, 15), eight), d);
     } else {
-        const uint8_t* blk = row + (k / 32) * F::BYTES;
-        const int half = static_cast<int>((k / 16) & 1);
-        if constexpr (std::is_same_v<F, FmtQ8_0>) {
-            return v_mul(v_i8(blk + 2 + 16 * half), v_set1(f16_at(blk)));
-        } else if constexpr (std::is_same_v<F, FmtQ4_0>) {
-            return v_mul(v_sub(v_u8(blk + 2, 4 * half, 15), v_set1(8.0f)), v_set1(f16_at(blk)));
-        } else {
-            return v_fma(v_u8(blk + 4, 4 * half, 15), v_set1(f16_at(blk)), v_set1(f16_at(blk + 2)));
-        }
+        const V16 m = v_set1(f16_at(blk + 2));
+        lo = v_fma(v_u8(blk + 4, 0, 15), d, m);
+        hi = v_fma(v_u8(blk + 4, 4, 15), d, m);
     }
 }
 #endif
@@ -405,9 +413,11 @@ inline int64_t row_block(int64_t M, int64_t r, int64_t mb) {
     return base + (r < M % n ? 1 : 0);
 }
 
-// Elements per prefetched line of a format, a multiple of 16 (one prefetch per row every so many).
+// Elements per prefetched line of a format, a multiple of the loop's step (16 elements, or a 32-element
+// block): one prefetch per row every so many.
 template <class F> constexpr int64_t prefetch_every() {
-    return std::max<int64_t>(LANES, (64 * F::BLOCK / F::BYTES) / LANES * LANES);
+    constexpr int64_t step = F::QUANT ? 32 : LANES;
+    return std::max<int64_t>(step, (64 * F::BLOCK / F::BYTES) / step * step);
 }
 
 #ifdef DART_V16
@@ -419,17 +429,33 @@ void linear_block(const float* xf, int64_t K, const uint8_t* w, int64_t rb, floa
     for (int i = 0; i < MBc; ++i)
         for (int j = 0; j < NBc; ++j) acc[i][j] = v_zero();
     const int64_t full = K / LANES * LANES;
-    for (int64_t k = 0; k < full; k += LANES) {
-        V16 wv[NBc];
+    if constexpr (F::QUANT) {  // a block at a time: elements k..k+15 then k+16..k+31, the contract's order
+        for (int64_t k = 0; k < K; k += 32) {
+            V16 lo[NBc], hi[NBc];
 #pragma GCC unroll 4
-        for (int j = 0; j < NBc; ++j) wv[j] = w_load16<F>(w + j * rb, k);
-        if (pf && k % PF == 0)
-            for (int j = 0; j < NBc; ++j) prefetch_l2(pf + j * rb + k * F::BYTES / F::BLOCK);
+            for (int j = 0; j < NBc; ++j) w_load32<F>(w + j * rb, k, lo[j], hi[j]);
+            if (pf && k % PF == 0)
+                for (int j = 0; j < NBc; ++j) prefetch_l2(pf + j * rb + k * F::BYTES / F::BLOCK);
 #pragma GCC unroll 4
-        for (int i = 0; i < MBc; ++i) {
-            const V16 xv = v_load(xf + i * K + k);
+            for (int i = 0; i < MBc; ++i) {
+                const V16 x0 = v_load(xf + i * K + k), x1 = v_load(xf + i * K + k + 16);
 #pragma GCC unroll 4
-            for (int j = 0; j < NBc; ++j) acc[i][j] = v_fma(xv, wv[j], acc[i][j]);
+                for (int j = 0; j < NBc; ++j) acc[i][j] = v_fma(x1, hi[j], v_fma(x0, lo[j], acc[i][j]));
+            }
+        }
+    } else {
+        for (int64_t k = 0; k < full; k += LANES) {
+            V16 wv[NBc];
+#pragma GCC unroll 4
+            for (int j = 0; j < NBc; ++j) wv[j] = w_load16<F>(w + j * rb, k);
+            if (pf && k % PF == 0)
+                for (int j = 0; j < NBc; ++j) prefetch_l2(pf + j * rb + k * F::BYTES / F::BLOCK);
+#pragma GCC unroll 4
+            for (int i = 0; i < MBc; ++i) {
+                const V16 xv = v_load(xf + i * K + k);
+#pragma GCC unroll 4
+                for (int j = 0; j < NBc; ++j) acc[i][j] = v_fma(xv, wv[j], acc[i][j]);
+            }
         }
     }
     if constexpr (!F::QUANT) {
@@ -476,10 +502,15 @@ void run_block(const float* xf, int64_t K, int64_t mb, const uint8_t* w, int64_t
 // block is dequantized once (into L1) instead of once per row block, with the same values.
 template <class F> void dequant_panel(const uint8_t* w, int64_t rb, int64_t K, float* out, const uint8_t* pf) {
     constexpr int64_t PF = prefetch_every<F>();
-    for (int64_t k = 0; k < K; k += LANES) {
+    for (int64_t k = 0; k < K; k += 32) {
         if (pf && k % PF == 0)
             for (int64_t j = 0; j < NBV; ++j) prefetch_l2(pf + j * rb + k * F::BYTES / F::BLOCK);
-        for (int64_t j = 0; j < NBV; ++j) v_store(out + j * K + k, w_load16<F>(w + j * rb, k));
+        for (int64_t j = 0; j < NBV; ++j) {
+            V16 lo, hi;
+            w_load32<F>(w + j * rb, k, lo, hi);
+            v_store(out + j * K + k, lo);
+            v_store(out + j * K + k + 16, hi);
+        }
     }
 }
 

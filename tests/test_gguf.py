@@ -1,0 +1,115 @@
+"""The embedded default read in its own GGUF blocks (`--dtype gguf`): every weight is exactly the value
+of the file's fp32 copy, a forward is bit for bit the fp32 copy's forward on the kernels, a verified tree
+equals one-token steps on every kernel build the CPU runs, and bad files are clear errors."""
+
+from __future__ import annotations
+
+import random
+import shutil
+
+import pytest
+import torch
+
+from dart_core import kernels
+from dart_core.loading import GGUF, embedded_gguf_path, ensure_embedded_model
+from dart_core.model import BlockEmbedding, BlockLinear, load_gguf_transformer
+from test_kernels import FP32_CONTRACT, _node_logits_equal_steps
+from test_model import random_tree
+
+pytestmark = pytest.mark.skipif(not kernels.AVAILABLE, reason="GGUF weights run on the CPU kernels, which were not built")
+
+# The fp32-contract builds a full-model test can afford (the generic build is the scalar reference:
+# the layer-level tests cover it).
+FAST_PATHS = [p for p in kernels.runnable_paths() if p != "generic"]
+
+
+@pytest.fixture(scope="module")
+def gguf_target():
+    from dart_core import load_target
+
+    return load_target("default", "cpu", GGUF)
+
+
+@pytest.fixture(scope="module")
+def fp32_target():
+    from dart_core import load_target
+
+    return load_target("default", "cpu", "float32")
+
+
+def test_blocks_are_the_fp32_copy(gguf_target, fp32_target):
+    """Every linear, the embedding and the norms: the GGUF blocks (q/k rows un-permuted from llama.cpp's
+    rotary layout) dequantize to the fp32 copy transformers made of the same file, bit for bit."""
+    g, f = gguf_target.model, fp32_target.model
+    n_block = 0
+    for name, mod in g.named_modules():
+        if isinstance(mod, (BlockLinear, BlockEmbedding)):
+            assert torch.equal(mod.weight.dequantize(), f.get_submodule(name).weight), name
+            n_block += 1
+    assert n_block == 4 * g.args.n_layers + 2  # wqkv, wo, w13, w2 per layer; embedding; output (tied)
+    for name, p in g.named_parameters():
+        assert torch.equal(p, f.get_parameter(name)), name
+    assert gguf_target.weights == "gguf (Q4_1, Q8_0)" and gguf_target.dtype == torch.float32
+    block_bytes = sum(m.weight.nbytes for m in g.modules() if isinstance(m, BlockLinear) and m is not g.output)
+    assert block_bytes + g.tok_embeddings.weight.nbytes < 0.4 * sum(t.numel() for t in f.state_dict().values()) * 4
+
+
+@pytest.mark.parametrize("path", FAST_PATHS)
+def test_gguf_forward_is_the_fp32_forward(gguf_target, fp32_target, path):
+    """Steps and a tree verify on the blocks give the fp32 copy's logits and hidden states bit for bit."""
+    previous = kernels.use_path(path)
+    try:
+        prompt = gguf_target.encode("Name three rivers in Europe.")
+        tree = random_tree(random.Random(9), 9, gguf_target.vocab_size)
+        outs = []
+        for t in (gguf_target, fp32_target):
+            cache = t.new_cache(len(prompt) + 16)
+            t.prefill(prompt, cache, capture=False)
+            cache.commit(len(prompt))
+            outs.append(t.verify(tree, cache, capture=True))
+        assert torch.equal(outs[0].logits, outs[1].logits) and torch.equal(outs[0].hidden, outs[1].hidden)
+        assert _node_logits_equal_steps(gguf_target, prompt, tree) == []
+    finally:
+        kernels.use_path(previous)
+
+
+def test_gguf_generation_is_lossless(gguf_target):
+    """DART and EAGLE3 on the GGUF target: greedy ids equal plain decoding's, and plain decoding's equal
+    the fp32 copy's (the same arithmetic)."""
+    from dart_core import ARDrafter, GenerationParams, complete
+    from dart_core.drafters import DEFAULT_DART_HEAD, DEFAULT_EAGLE3_HEAD, DEFAULT_NGRAM
+    from dart_core.drafters.dart import load_dart_drafter
+    from dart_core.drafters.eagle3 import load_eagle3_drafter
+
+    drafters = [load_dart_drafter(DEFAULT_DART_HEAD, gguf_target, DEFAULT_NGRAM), load_eagle3_drafter(DEFAULT_EAGLE3_HEAD, gguf_target)]
+    for prompt in ("List three uses of a paperclip.", "Write a Python function that returns the n-th Fibonacci number."):
+        ids = gguf_target.encode(prompt)
+        ar = complete(gguf_target, ids, ARDrafter(), GenerationParams(64))
+        for d in drafters:
+            s = complete(gguf_target, ids, d, GenerationParams(64))
+            assert s.output_ids == ar.output_ids, (prompt, type(d).__name__)
+            assert sum(s.accepted) > 0
+
+
+def test_bad_gguf_files_are_clear_errors(tmp_path):
+    from dart_core import load_target
+
+    src = embedded_gguf_path()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(src.read_bytes()[: 4 << 20])  # the header and metadata, not all the tensor data
+    with pytest.raises(Exception) as e:
+        load_gguf_transformer(cut, ensure_embedded_model())
+    assert e.type is not AttributeError, e.value  # a reader error about the file, not a crash of ours
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"GGUF" + bytes(64))
+    with pytest.raises(Exception):
+        load_gguf_transformer(junk, ensure_embedded_model())
+    # a config that does not match the file's tensors
+    other = tmp_path / "other"
+    shutil.copytree(ensure_embedded_model(), other)
+    cfg = (other / "config.json").read_text().replace('"intermediate_size": 1536', '"intermediate_size": 1024')
+    (other / "config.json").write_text(cfg)
+    with pytest.raises(ValueError, match="config implies"):
+        load_gguf_transformer(src, other)
+    with pytest.raises(ValueError, match="embedded default"):
+        load_target(str(other), "cpu", GGUF)
