@@ -30,6 +30,9 @@ _COMPLETE_MARKER = ".conversion-complete"
 _HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# The embedded default read in its own GGUF blocks: not a torch dtype, a way of reading the weights.
+GGUF = "gguf"
+DTYPE_CHOICES = (*DTYPES, GGUF)
 
 
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:
