@@ -30,7 +30,7 @@ from dart_core.drafters.registry import (  # noqa: E402
     max_nodes,
     ngram_choice,
 )
-from dart_core.loading import DEFAULT_MODEL, EMBEDDED_NAME  # noqa: E402
+from dart_core.loading import DEFAULT_MODEL, DTYPE_CHOICES, EMBEDDED_NAME  # noqa: E402
 
 from .engine import MIN_REFERENCE_TOKENS, ComputeThread, Engine, available_cores, engine_threads  # noqa: E402
 from .ui import CSS_PATH, Settings, build_demo  # noqa: E402
@@ -47,7 +47,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m app", description="DART speculative decoding demo (Gradio).")
     p.add_argument("--base-model-name-or-path", default=DEFAULT_MODEL, help="target: 'default' (embedded SmolLM2-135M-Instruct), a local dir or a hub id")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16", help="on a CPU with the C++ kernels every dtype gives greedy texts identical to AR's, bit for bit")
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="bfloat16",
+                   help="float32/bfloat16/float16, or gguf: the embedded default read in its own GGUF blocks (Q4_1/Q8_0, fp32 arithmetic); "
+                        "on a CPU with the C++ kernels every choice gives greedy texts identical to AR's, bit for bit")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads of the engine (default on the CPU: all cores but one, which serves the web page: see app/engine.py)")
     p.add_argument("--template-name", default=None, help="accepted for upstream compatibility; the tokenizer's own chat template is used")

@@ -17,6 +17,8 @@ from typing import Iterator
 
 import gradio as gr
 
+from dart_core import kernels
+
 from . import plots, render
 from .engine import METHOD_LABELS, Engine, RequestError, Run
 
@@ -152,7 +154,8 @@ class DemoApp:
         target = e.target
         badges = [
             f"target <code>{html.escape(s.target_label)}</code>",
-            f"{html.escape(str(target.device))} · {html.escape(str(target.dtype).removeprefix('torch.'))}"
+            f"{html.escape(str(target.device))} · weights {html.escape(target.weights or str(target.dtype).removeprefix('torch.'))}"
+            + (f" · {html.escape(kernels.describe())}" if target.device.type == "cpu" else "")
             + (f" · {s.threads} engine thread{'s' if s.threads != 1 else ''}" if s.threads else ""),
             "methods " + ", ".join(METHOD_LABELS[m] for m in e.methods),
         ]

@@ -376,10 +376,15 @@ template <class F> inline void w_load32(const uint8_t* row, int64_t k, V16& lo, 
 constexpr int64_t NB = 4;  // result stride of a register block (and the bf16-pair kernel's weight rows)
 #if defined(DART_V16_AVX512)
 constexpr int64_t NBV = 4, MBV = 4;  // 16 accumulators + 4 weights + 1 input of 32 zmm registers
+// Block formats, 5-8 rows (a verify of 4-7 drafted nodes): ONE row block against 2 weight rows (16
+// accumulators + 2 x 2 block halves + 2 inputs), so each block is dequantized once for all rows.
+constexpr int64_t WIDE_NB = 2, WIDE_MB = 8;
 #elif defined(DART_V16_AVX2)
 constexpr int64_t NBV = 2, MBV = 2;  // 8 + 4 + 2 of 16 ymm registers (a V16 is two)
+constexpr int64_t WIDE_NB = NBV, WIDE_MB = MBV;  // no wider shape fits
 #else
 constexpr int64_t NBV = 4, MBV = 4;
+constexpr int64_t WIDE_NB = NBV, WIDE_MB = MBV;
 #endif
 
 // The weights stream from memory once per forward, and a verify needs as much compute per weight
@@ -436,7 +441,7 @@ void linear_block(const float* xf, int64_t K, const uint8_t* w, int64_t rb, floa
             for (int j = 0; j < NBc; ++j) w_load32<F>(w + j * rb, k, lo[j], hi[j]);
             if (pf && k % PF == 0)
                 for (int j = 0; j < NBc; ++j) prefetch_l2(pf + j * rb + k * F::BYTES / F::BLOCK);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int i = 0; i < MBc; ++i) {
                 const V16 x0 = v_load(xf + i * K + k), x1 = v_load(xf + i * K + k + 16);
 #pragma GCC unroll 4
@@ -450,7 +455,7 @@ void linear_block(const float* xf, int64_t K, const uint8_t* w, int64_t rb, floa
             for (int j = 0; j < NBc; ++j) wv[j] = w_load16<F>(w + j * rb, k);
             if (pf && k % PF == 0)
                 for (int j = 0; j < NBc; ++j) prefetch_l2(pf + j * rb + k * F::BYTES / F::BLOCK);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int i = 0; i < MBc; ++i) {
                 const V16 xv = v_load(xf + i * K + k);
 #pragma GCC unroll 4
@@ -481,7 +486,17 @@ void linear_block(const float* xf, int64_t K, const uint8_t* w, int64_t rb, floa
 }
 
 template <class F>
-void run_block(const float* xf, int64_t K, int64_t mb, const uint8_t* w, int64_t rb, float* res, const uint8_t* pf) {
+void run_block(const float* xf, int64_t K, int64_t mb, const uint8_t* w, int64_t rb, float* res, const uint8_t* pf, bool wide) {
+    if constexpr (WIDE_MB == 8) {
+        if (wide) {
+            switch (mb) {
+                case 5: return linear_block<F, 5, WIDE_NB>(xf, K, w, rb, res, pf);
+                case 6: return linear_block<F, 6, WIDE_NB>(xf, K, w, rb, res, pf);
+                case 7: return linear_block<F, 7, WIDE_NB>(xf, K, w, rb, res, pf);
+                case 8: return linear_block<F, 8, WIDE_NB>(xf, K, w, rb, res, pf);
+            }
+        }
+    }
     if constexpr (MBV >= 4) {
         switch (mb) {
             case 1: return linear_block<F, 1, NBV>(xf, K, w, rb, res, pf);
@@ -519,30 +534,32 @@ void linear_impl(const TX* x, int64_t x_stride, int64_t M, int64_t K, const uint
                  TX* out, int64_t out_stride) {
     std::vector<float> xf(static_cast<size_t>(M * K));
     for (int64_t m = 0; m < M; ++m) load_row(x + m * x_stride, xf.data() + m * K, K);
-    const int64_t blocks = (N + NBV - 1) / NBV;
-    const bool panel = F::QUANT && M > MBV;
+    const bool wide = F::QUANT && M > MBV && M <= WIDE_MB;
+    const int64_t nbv = wide ? WIDE_NB : NBV, mbv = wide ? WIDE_MB : MBV;
+    const int64_t blocks = (N + nbv - 1) / nbv;
+    const bool panel = F::QUANT && M > mbv;  // dequantize each block once into L1 for all row blocks
 #pragma omp parallel
     {
         std::vector<float> pbuf(panel ? static_cast<size_t>(NBV * K) : 0);
         std::vector<uint8_t> wpad;
 #pragma omp for schedule(static)
         for (int64_t b = 0; b < blocks; ++b) {
-            const int64_t n0 = b * NBV, nb = std::min(NBV, N - n0);
+            const int64_t n0 = b * nbv, nb = std::min(nbv, N - n0);
             const uint8_t* wb = w + n0 * rb;
-            if (nb < NBV) {  // the last rows, zero-padded (zero bytes read as 0.0 in every format); their results are dropped
-                wpad.assign(static_cast<size_t>(NBV * rb), 0);
+            if (nb < nbv) {  // the last rows, zero-padded (zero bytes read as 0.0 in every format); their results are dropped
+                wpad.assign(static_cast<size_t>(nbv * rb), 0);
                 std::memcpy(wpad.data(), wb, nb * rb);
                 wb = wpad.data();
             }
-            const uint8_t* pf = (b + PREFETCH_BLOCKS + 1) * NBV <= N ? w + (b + PREFETCH_BLOCKS) * NBV * rb : nullptr;
+            const uint8_t* pf = (b + PREFETCH_BLOCKS + 1) * nbv <= N ? w + (b + PREFETCH_BLOCKS) * nbv * rb : nullptr;
             if (panel) dequant_panel<F>(wb, rb, K, pbuf.data(), pf);
-            float res[MBV * NB];
-            for (int64_t m0 = 0, r = 0; m0 < M; m0 += row_block(M, r++, MBV)) {
-                const int64_t mb = row_block(M, r, MBV);
+            float res[WIDE_MB * NB];
+            for (int64_t m0 = 0, r = 0; m0 < M; m0 += row_block(M, r++, mbv)) {
+                const int64_t mb = row_block(M, r, mbv);
                 if (panel)
-                    run_block<FmtF32>(xf.data() + m0 * K, K, mb, reinterpret_cast<const uint8_t*>(pbuf.data()), K * 4, res, nullptr);
+                    run_block<FmtF32>(xf.data() + m0 * K, K, mb, reinterpret_cast<const uint8_t*>(pbuf.data()), K * 4, res, nullptr, false);
                 else
-                    run_block<F>(xf.data() + m0 * K, K, mb, wb, rb, res, m0 == 0 ? pf : nullptr);
+                    run_block<F>(xf.data() + m0 * K, K, mb, wb, rb, res, m0 == 0 ? pf : nullptr, wide);
                 for (int64_t i = 0; i < mb; ++i)
                     for (int64_t j = 0; j < nb; ++j) {
                         float v = res[i * NB + j];
