@@ -50,13 +50,32 @@ def test_blocks_are_the_fp32_copy(gguf_target, fp32_target):
     for name, p in g.named_parameters():
         assert torch.equal(p, f.get_parameter(name)), name
     assert gguf_target.weights == "gguf (Q4_1, Q8_0)" and gguf_target.dtype == torch.float32
+    # prompt prefill multiplies in bf16 exactly where the CPU has bf16 arithmetic
+    assert g.output.gemm_dtype == (torch.bfloat16 if kernels.PATH == "avx512bf16" else torch.float32)
     block_bytes = sum(m.weight.nbytes for m in g.modules() if isinstance(m, BlockLinear) and m is not g.output)
     assert block_bytes + g.tok_embeddings.weight.nbytes < 0.4 * sum(t.numel() for t in f.state_dict().values()) * 4
 
 
+@pytest.fixture
+def fp32_prefill(gguf_target):
+    """The GGUF target with its prompt prefill in fp32 too (the default is bf16 GEMMs where the CPU
+    has bf16 arithmetic), so that whole forwards compare with the fp32 copy's."""
+    from dart_core.model import BlockLinear
+
+    mods = [m for m in gguf_target.model.modules() if isinstance(m, BlockLinear)]
+    saved = [m.gemm_dtype for m in mods]
+    for m in mods:
+        m.gemm_dtype = torch.float32
+    yield gguf_target
+    for m, d in zip(mods, saved):
+        m.gemm_dtype = d
+
+
 @pytest.mark.parametrize("path", FAST_PATHS)
-def test_gguf_forward_is_the_fp32_forward(gguf_target, fp32_target, path):
-    """Steps and a tree verify on the blocks give the fp32 copy's logits and hidden states bit for bit."""
+def test_gguf_forward_is_the_fp32_forward(fp32_prefill, fp32_target, path):
+    """Prefill, steps and a tree verify on the blocks give the fp32 copy's logits and hidden states
+    bit for bit (prefill with fp32 GEMMs; the verify on each fast kernel build)."""
+    gguf_target = fp32_prefill
     previous = kernels.use_path(path)
     try:
         prompt = gguf_target.encode("Name three rivers in Europe.")
