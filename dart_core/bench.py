@@ -5,8 +5,10 @@
 
 Methods run on the same target weights. `ar` (and every drafter) go through our one generation
 loop; `hf` is transformers' own `generate` and `pld` its prompt-lookup decoding, i.e. what a user
-would run instead. Interleaving methods per prompt cancels slow machine drift; a warm-up run of each
-method precedes the timed ones. Progress goes to stderr, the markdown table to stdout.
+would run instead. `llamacpp*` run llama.cpp's binaries on the GGUF the target came from (the peers:
+see dart_core/peers.py and docs/peers.md; skipped with a message where they are not built).
+Interleaving methods per prompt cancels slow machine drift; a warm-up run of each method precedes
+the timed ones. Progress goes to stderr, the markdown table to stdout.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Callable
 
 import torch
 
+from . import peers
 from .generate import ARDrafter, Drafter, GenerationParams, StageTimes, Summary, complete
 from .drafters.registry import DRAFTERS, add_drafter_flags, build_drafter, check_drafter_flags
 from .loading import DEFAULT_MODEL
@@ -43,6 +46,10 @@ class Run:
     steps: int | None = None  # target forwards; None where the method does not report them
     times: StageTimes | None = None
     accepted: list[int] = field(default_factory=list)  # drafted tokens accepted per step
+    prefill_s: float | None = None  # the part of wall_s spent on the prompt (it yields the first token)
+    new_tokens: int | None = None  # where the engine's own count differs from len(output_ids) (the peers)
+    drafted: int | None = None  # totals, where an engine reports only totals (the peers)
+    accepted_drafts: int | None = None
 
 
 @dataclass
@@ -52,26 +59,55 @@ class Totals:
     steps: int = 0
     times: StageTimes = field(default_factory=StageTimes)
     has_steps: bool = True
+    has_times: bool = True
     accept_hist: list[int] = field(default_factory=list)  # accept_hist[a] = steps that accepted a drafts
+    runs: int = 0
+    prefill_s: float = 0.0
+    has_prefill: bool = True
+    drafted: int = 0
+    accepted_drafts: int = 0
+    has_drafts: bool = True
 
     def add(self, run: Run) -> None:
-        self.new_tokens += len(run.output_ids)
+        self.runs += 1
+        self.new_tokens += len(run.output_ids) if run.new_tokens is None else run.new_tokens
         self.wall_s += run.wall_s
+        if run.prefill_s is None:
+            self.has_prefill = False
+        else:
+            self.prefill_s += run.prefill_s
+        if run.drafted is None:
+            self.has_drafts = False
+        else:
+            self.drafted += run.drafted
+            self.accepted_drafts += run.accepted_drafts
         if run.steps is None:
             self.has_steps = False
         else:
             self.steps += run.steps
-            self.times += run.times
+            if run.times is None:
+                self.has_times = False
+            else:
+                self.times += run.times
             for a in run.accepted:
                 self.accept_hist.extend([0] * (a + 1 - len(self.accept_hist)))
                 self.accept_hist[a] += 1
 
     def report(self, ar_tps: float | None) -> dict:
         tps = self.new_tokens / self.wall_s if self.wall_s else 0.0
+        decode_s = self.wall_s - self.prefill_s
+        # decode-only: the tokens after each prompt's first (which the prefill yields) over the time after it
+        decode_tps = (self.new_tokens - self.runs) / decode_s if self.has_prefill and self.runs and decode_s > 0 else None
         verify_steps = sum(self.accept_hist)  # steps after prefill, where the stage times were taken
-        per_step = (lambda s: 1000.0 * s / verify_steps) if self.has_steps and verify_steps else (lambda s: None)
+        timed = self.has_steps and self.has_times and verify_steps
+        per_step = (lambda s: 1000.0 * s / verify_steps) if timed else (lambda s: None)
+        per_step_hist = self.has_steps and bool(self.accept_hist or self.has_times)
         return {
             "tokens_per_s": tps,
+            "decode_tokens_per_s": decode_tps,
+            "prefill_s": self.prefill_s if self.has_prefill else None,
+            "drafted": self.drafted if self.has_drafts else None,
+            "accepted_drafts": self.accepted_drafts if self.has_drafts else None,
             "tau": self.new_tokens / self.steps if self.has_steps and self.steps else None,
             "speedup_vs_ar": tps / ar_tps if ar_tps else None,
             "new_tokens": self.new_tokens,
@@ -81,8 +117,8 @@ class Totals:
             "prune_ms": per_step(self.times.prune),
             "verify_ms": per_step(self.times.verify),
             "other_ms": per_step(self.times.other),
-            "accept_hist": self.accept_hist if self.has_steps else None,
-            "acceptance_by_depth": self.acceptance_by_depth() if self.has_steps else None,
+            "accept_hist": self.accept_hist if per_step_hist else None,
+            "acceptance_by_depth": self.acceptance_by_depth() if per_step_hist else None,
         }
 
     def acceptance_by_depth(self) -> list[float]:
@@ -97,7 +133,7 @@ Runner = Callable[[list[int], GenerationParams], Run]
 def loop_runner(target: Target, drafter: Drafter) -> Runner:
     def run(ids: list[int], params: GenerationParams) -> Run:
         s: Summary = complete(target, ids, drafter, params)
-        return Run(s.output_ids, s.wall_s, s.steps, s.times, s.accepted)
+        return Run(s.output_ids, s.wall_s, s.steps, s.times, s.accepted, prefill_s=s.prefill_s)
 
     return run
 
@@ -133,8 +169,37 @@ def hf_runner(target: Target, prompt_lookup: bool) -> Runner:
     return run
 
 
+def peer_runner(name: str, target: Target, gguf: Path, bin_dir: Path, threads: int) -> Runner:
+    """A llama.cpp method (dart_core/peers.py) on the same prompt ids, measured by llama.cpp's own timers."""
+    peer = peers.LlamaCppPeer(name, bin_dir, gguf, threads, target.tokenizer, target.eos_ids)
+
+    def run(ids: list[int], params: GenerationParams) -> Run:
+        r = peer.generate(ids, params.max_new_tokens, params.sampling)
+        return Run(r.output_ids, r.wall_s, r.target_forwards, None, [], prefill_s=r.timings.prefill_s, new_tokens=r.new_tokens,
+                   drafted=r.timings.drafted, accepted_drafts=r.accepted)
+
+    return run
+
+
+def peer_gguf(args: argparse.Namespace) -> Path | None:
+    """--gguf, else the GGUF the embedded target was converted from; None for another target."""
+    if args.gguf:
+        return args.gguf
+    if args.model == DEFAULT_MODEL:
+        from .loading import embedded_gguf_path
+
+        try:
+            return embedded_gguf_path()
+        except (FileNotFoundError, ImportError):
+            return None
+    return None
+
+
 def split_method(name: str) -> tuple[str, int | None]:
-    """'dart@16' -> ('dart', 16): a drafter method at another tree size (max_nodes); 'dart' -> ('dart', None)."""
+    """'dart@16' -> ('dart', 16): a drafter method at another tree size (max_nodes); 'dart' -> ('dart', None).
+    llama.cpp methods take a draft length the same way ('llamacpp-lookup@4')."""
+    if name.partition("@")[0] in peers.PEER_METHODS:
+        return peers.split_peer_method(name)
     base, at, size = name.partition("@")
     if base not in METHODS:
         raise ValueError(f"unknown method {base!r}: choose from {', '.join(METHODS)}")
@@ -168,10 +233,12 @@ def build_runner(name: str, target: Target, args: argparse.Namespace) -> Runner:
         return hf_runner(target, prompt_lookup=False)
     if base == "pld":
         return hf_runner(target, prompt_lookup=True)
+    if base in peers.PEER_METHODS:
+        return peer_runner(name, target, peer_gguf(args), peers.resolve_bin_dir(args.llamacpp_bin), torch.get_num_threads())
     return loop_runner(target, method_drafter(name, target, args))
 
 
-METHODS = ("ar", "hf", "pld", "dart", "dart-noctx", "eagle3")
+METHODS = ("ar", "hf", "pld", "dart", "dart-noctx", "eagle3") + peers.PEER_METHODS
 SIZED_METHODS = ("dart", "dart-noctx", "eagle3")  # method@N runs it with N drafted nodes (a tree-size sweep in one run)
 
 
@@ -245,6 +312,7 @@ def environment(args: argparse.Namespace, target: Target) -> dict:
         "top_k": args.top_k,
         "git_commit": commit,
         "target_path": "eager" if args.eager or not target.model.kernel_path(1, target.device) else "kernels",
+        "cpu_kind": peers.cpu_kind(),
     }
 
 
@@ -263,13 +331,19 @@ def markdown_table(methods: dict[str, dict]) -> str:
     def fmt(v, spec):
         return "–" if v is None else format(v, spec)
 
+    def drafts(m):
+        if m.get("drafted") is None:
+            return "–"
+        return f"{m['accepted_drafts']}/{m['drafted']}"
+
     lines = [
-        "| method | tokens/s | speed-up vs ar | τ | new tokens | draft ms/step | prune ms/step | verify ms/step | same ids as ar |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| method | tokens/s | decode tokens/s | speed-up vs ar | τ | accepted/drafted | new tokens | draft ms/step | prune ms/step | verify ms/step | same ids as ar |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, m in methods.items():
         lines.append(
-            f"| {name} | {m['tokens_per_s']:.2f} | {fmt(m['speedup_vs_ar'], '.2f')} | {fmt(m['tau'], '.2f')} | "
+            f"| {name} | {m['tokens_per_s']:.2f} | {fmt(m.get('decode_tokens_per_s'), '.2f')} | {fmt(m['speedup_vs_ar'], '.2f')} | "
+            f"{fmt(m['tau'], '.2f')} | {drafts(m)} | "
             f"{m['new_tokens']} | {fmt(m['draft_ms'], '.2f')} | {fmt(m['prune_ms'], '.2f')} | {fmt(m['verify_ms'], '.2f')} | "
             f"{m.get('same_as_ar', '–')} |"
         )
@@ -311,6 +385,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default=DEFAULT_MODEL, help="target: 'default' (embedded SmolLM2-135M-Instruct), a local dir or a hub id")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--out", type=Path, default=None, help="write results JSON here")
+    g = p.add_argument_group("llama.cpp peers (the llamacpp* methods; see docs/peers.md)")
+    g.add_argument("--llamacpp-bin", default=None,
+                   help=f"directory of llama.cpp's binaries (default: ${peers.BIN_ENV}, else what `make peers` builds: "
+                        "~/.cache/dart-demo/llamacpp/<cpu kind>/bin)")
+    g.add_argument("--gguf", type=Path, default=None,
+                   help="the GGUF llama.cpp runs (default: the one the embedded target came from; needed for another target)")
     add_drafter_flags(p)
     return p.parse_args(argv)
 
@@ -338,6 +418,17 @@ def main(argv: list[str] | None = None) -> int:
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
 
+    skipped = {}
+    for m in methods:  # a peer that cannot run here is skipped with the reason; the other methods still run
+        if split_method(m)[0] in peers.PEER_METHODS:
+            reason = peers.unavailable(m, peers.resolve_bin_dir(args.llamacpp_bin), peer_gguf(args))
+            if reason:
+                skipped[m] = reason
+                log(f"skipping {reason}")
+    methods = [m for m in methods if m not in skipped]
+    if not methods:
+        raise SystemExit("no method left to run: " + "; ".join(skipped.values()))
+
     log(f"loading target {args.model!r} ({args.dtype}, {args.device})")
     target = load_target(args.model, args.device, args.dtype, kernels=not args.eager)
     runners = {m: build_runner(m, target, args) for m in methods}
@@ -357,8 +448,9 @@ def main(argv: list[str] | None = None) -> int:
             totals[name].add(r)
             by_set[dataset][name].add(r)
             samples.append({"dataset": dataset, "question_id": q.get("question_id", i), "method": name, "output_ids": r.output_ids})
-            tau = f" τ {len(r.output_ids) / r.steps:.2f}" if r.steps else ""
-            log(f"[{i + 1}/{len(questions)}] {dataset} {name:>10}: {len(r.output_ids):4d} tokens {len(r.output_ids) / r.wall_s:7.2f} tok/s{tau}")
+            n = len(r.output_ids) if r.new_tokens is None else r.new_tokens
+            tau = f" τ {n / r.steps:.2f}" if r.steps else ""
+            log(f"[{i + 1}/{len(questions)}] {dataset} {name:>10}: {n:4d} tokens {n / r.wall_s:7.2f} tok/s{tau}")
 
     def reports(tot: dict) -> dict:
         ar_tps = tot["ar"].report(None)["tokens_per_s"] if "ar" in tot else None
@@ -371,9 +463,15 @@ def main(argv: list[str] | None = None) -> int:
         for m in methods:
             report[m]["same_as_ar"] = same[m]
     result = {"env": environment(args, target), "methods": report, "datasets": datasets, "samples": samples}
+    if any(split_method(m)[0] in peers.PEER_METHODS for m in methods):
+        result["env"]["llamacpp"] = peers.describe(peers.resolve_bin_dir(args.llamacpp_bin), peer_gguf(args))
+    if skipped:
+        result["skipped"] = skipped
     if len(names) > 1:
         print(dataset_table(datasets) + "\n\nAll prompts:\n")
     print(markdown_table(report))
+    for reason in skipped.values():
+        print(f"\nskipped {reason}")
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))
         log(f"wrote {args.out}")
