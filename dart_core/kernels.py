@@ -390,9 +390,57 @@ def describe() -> str:
     return f"{PATH} kernels" + (f" (forced by {ENV})" if forced and forced != "auto" else "")
 
 
-if __name__ == "__main__":
+def time_forwards(dtype: str, rows: list[int], repeats: int = 15, prefix: int = 200) -> dict[int, float]:
+    """Median wall ms of one forward of the embedded target for each row count in `rows` (a chain of
+    new tokens after `prefix` committed ones): the cost of a one-token step (1 row) against a verify."""
+    import statistics
+    import time
+
+    from .target import load_target
+
+    target = load_target("default", "cpu", dtype)
+    cache = target.new_cache(prefix + max(rows) + 8)
+    target.prefill(list(range(100, 100 + prefix)), cache, capture=False)
+    cache.commit(prefix)
+    out = {}
+    for m in rows:
+        toks, pos = torch.arange(m) + 500, torch.arange(m) + cache.length
+        for _ in range(3):
+            target.model(toks, pos, cache)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            target.model(toks, pos, cache)
+            times.append(time.perf_counter() - t0)
+        out[m] = statistics.median(times) * 1e3
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from .loading import DTYPE_CHOICES
+
+    p = argparse.ArgumentParser(description="The CPU kernel builds this machine has, and optionally the embedded target's forward cost by rows.")
+    p.add_argument("--time", nargs="*", choices=DTYPE_CHOICES, metavar="DTYPE",
+                   help="time forwards of the embedded target in these weight dtypes (e.g. gguf bfloat16) on the build in use")
+    p.add_argument("--rows", default="1,2,4,6,9,16", help="row counts to time (default 1,2,4,6,9,16)")
+    p.add_argument("--threads", type=int, default=None)
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     feats = _features()
     print("CPU features:", ", ".join(f for f, on in sorted(feats.items()) if on) or "unknown (no generic build)")
     print("builds present:", ", ".join(built_paths()) or "none")
     print("builds this CPU runs:", ", ".join(runnable_paths()) or "none")
-    print("in use:", describe(), f"({_ext.num_threads()} threads)" if AVAILABLE else "")
+    print("in use:", describe(), f"({torch.get_num_threads()} threads)")
+    rows = [int(r) for r in args.rows.split(",")]
+    for dtype in args.time or []:
+        ms = time_forwards(dtype, rows)
+        cells = "  ".join(f"{m} rows {v:.2f} ms ({v / ms[rows[0]]:.2f}x)" for m, v in ms.items())
+        print(f"{dtype:9s} {cells}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
