@@ -118,7 +118,7 @@ class _DartSession:
     def __init__(self, drafter: DartDrafter, capacity: int):
         self.d = drafter
         c = drafter.head.config
-        self.cache = KVCache(1, c.num_key_value_heads, c.head_dim, capacity + c.draft_length + 1, drafter.target.dtype, drafter.target.device)
+        self.cache = KVCache(1, c.num_key_value_heads, c.head_dim, capacity + c.draft_length + 1, drafter.head.fc.weight.dtype, drafter.target.device)
         self.pending_ids: list[int] = []
         self.pending_aux: list[torch.Tensor] = []
         self.committed: list[int] = []
@@ -129,7 +129,7 @@ class _DartSession:
         if hidden is None or hidden.shape[0] != len(ids):
             raise ValueError("DART needs the target's captured hidden states for every committed token")
         self.pending_ids += ids
-        self.pending_aux.append(hidden)
+        self.pending_aux.append(hidden.to(self.d.head.fc.weight.dtype))
         self.committed = (self.committed + ids)[-CONTEXT_TAIL:]
         if self.index is not None:
             self.index.extend(ids)
@@ -146,7 +146,7 @@ class _DartSession:
                 raise ValueError(f"rows must be in [1, {D + 1}], got {rows}")
             D = rows - 1
         S = len(self.pending_ids)
-        emb = target.model.tok_embeddings(torch.tensor(self.pending_ids[1:] + [root], device=target.device))
+        emb = target.model.tok_embeddings(torch.tensor(self.pending_ids[1:] + [root], device=target.device)).to(head.fc.weight.dtype)
         aux = torch.cat(self.pending_aux)
         fast = self.d.fast  # the CPU kernels, else the eager module
         u, residual = fast.inputs(aux, emb) if fast is not None else head.inputs(aux, None, emb)

@@ -61,7 +61,7 @@ class _Eagle3Session:
         self.d = drafter
         c, p = drafter.head.config, drafter.params
         scratch = p.top_k * p.depth
-        self.cache = KVCache(1, c.num_key_value_heads, c.head_dim, capacity + scratch + 1, drafter.target.dtype, drafter.target.device)
+        self.cache = KVCache(1, c.num_key_value_heads, c.head_dim, capacity + scratch + 1, drafter.head.fc.weight.dtype, drafter.target.device)
         self.pending_ids: list[int] = []
         self.pending_aux: list[torch.Tensor] = []
 
@@ -69,7 +69,7 @@ class _Eagle3Session:
         if hidden is None or hidden.shape[0] != len(ids):
             raise ValueError("EAGLE3 needs the target's captured hidden states for every committed token")
         self.pending_ids += ids
-        self.pending_aux.append(hidden)
+        self.pending_aux.append(hidden.to(self.d.head.fc.weight.dtype))
 
     def _forward(self, u, residual, positions, mask) -> torch.Tensor:
         head = self.d.head
@@ -84,7 +84,7 @@ class _Eagle3Session:
         t0 = time.perf_counter()
         # 1. the committed tokens: hidden states of the target, embeddings shifted by one
         S = len(self.pending_ids)
-        emb = target.model.tok_embeddings(torch.tensor(self.pending_ids[1:] + [root], device=dev))
+        emb = target.model.tok_embeddings(torch.tensor(self.pending_ids[1:] + [root], device=dev)).to(head.fc.weight.dtype)
         fast = self.d.fast
         if fast is not None:
             u, residual = fast.inputs(torch.cat(self.pending_aux), emb)
@@ -118,7 +118,7 @@ class _Eagle3Session:
         for level in range(depth):
             n = len(frontier)
             ids = torch.tensor([tokens[i] for i in frontier], device=dev)
-            u, residual = head.inputs(None, frontier_h, target.model.tok_embeddings(ids))
+            u, residual = head.inputs(None, frontier_h, target.model.tok_embeddings(ids).to(frontier_h.dtype))
             # each frontier node sees the committed prefix, its fed ancestors and itself
             anc = torch.zeros(n, len(fed) + n, dtype=torch.bool, device=dev)
             where = {pool: j for j, pool in enumerate(fed)}

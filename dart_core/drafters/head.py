@@ -31,7 +31,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .. import kernels
-from ..loading import hub_snapshot
+from ..loading import GGUF, hub_snapshot
 from ..kernels import apply_linear
 from ..model import KVCache, RMSNorm, apply_rope
 
@@ -347,4 +347,11 @@ def load_head(name: str | os.PathLike, dart: bool, target, dtype=None, device=No
     head = DraftHead(c)
     state["d2t"], state["t2d"] = d2t, state["t2d"].bool()
     head.load_state_dict(state, strict=True)
-    return head.to(device=device or target.device, dtype=dtype or target.dtype).eval()
+    return head.to(device=device or target.device, dtype=dtype or head_dtype(target)).eval()
+
+
+def head_dtype(target) -> torch.dtype:
+    """The dtype a head runs in beside `target`: the target's, except beside GGUF weights (whose
+    activations are fp32), where it keeps its stored bf16: half the bytes a draft step reads, and
+    drafts need no exactness (the verify decides)."""
+    return torch.bfloat16 if str(getattr(target, "weights", "")).startswith(GGUF) else target.dtype
