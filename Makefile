@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.setup-stamp
 TORCH  ?= torch==2.13.0
 NATIVE := pyproject.toml $(wildcard setup.py) $(wildcard ngram_cpp/src/*.cpp ngram_cpp/src/*.h ngram_cpp/src/*.hpp dart_core/csrc/*.cpp)
 
-.PHONY: setup demo test bench peers clean
+.PHONY: setup demo test bench peers clean space-check
 
 setup: $(STAMP)
 
@@ -40,3 +40,7 @@ peers:
 
 clean:
 	rm -rf $(VENV) build *.egg-info ngram_cpp/*.so
+
+# The Hugging Face Space's order of install, end to end (a fresh venv; minutes): see scripts/check_space.sh
+space-check: setup
+	bash scripts/check_space.sh
