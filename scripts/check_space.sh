@@ -20,7 +20,11 @@ python3 -m venv "$W/venv"
 PY="$W/venv/bin/python"
 "$PY" -m pip install -q --upgrade pip
 "$PY" -m pip install -q "torch==2.13.0"
-"$PY" -m pip install -q -r "$ROOT/requirements.txt" "gradio==$SDK"
+# requirements.txt as the Space reads it, minus its pytorch extra index where that index is unreachable
+# (as here: pip would retry it for every package; torch is installed above)
+if curl -sf -o /dev/null --max-time 5 https://download.pytorch.org/whl/cpu/; then REQ="$ROOT/requirements.txt"
+else REQ="$W/requirements.txt"; grep -v '^--extra-index-url' "$ROOT/requirements.txt" > "$REQ"; fi
+"$PY" -m pip install -q -r "$REQ" "gradio==$SDK"
 mkdir "$W/app"
 git -C "$ROOT" archive HEAD | tar -x -C "$W/app"
 if ls "$W/app"/ngram_cpp/*.so "$W/app"/dart_core/*.so >/dev/null 2>&1; then echo "build outputs in the archive" >&2; exit 1; fi
