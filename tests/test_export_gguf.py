@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 from gguf.quants import dequantize
 from safetensors.torch import load_file, save_file
 
-from dart_core.export_gguf import export_eagle3_gguf, main
+from dart_core.export_gguf import cached_eagle3_gguf, export_eagle3_gguf, main
 from dart_core.loading import cache_root, embedded_gguf_path, ensure_embedded_model
 from dart_core.model import ModelArgs, apply_rope
 
@@ -277,6 +277,25 @@ def test_cli(tmp_path, capsys, exported):
     assert out.read_bytes() == exported.read_bytes()
     assert main(["--head", str(ROOT / "assets" / "dart"), "--out", str(tmp_path / "d.gguf")]) == 2
     assert "llama.cpp has no loader for DART heads" in capsys.readouterr().err
+
+
+def test_cached_export_is_written_once_per_head_and_target(tmp_path, monkeypatch, exported):
+    """What the bench hands llama.cpp as -md: the same bytes as the export, written once into the cache
+    and reused; another head gets another file."""
+    monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path / "cache"))
+    first = cached_eagle3_gguf(HEAD, embedded_gguf_path())
+    assert first.parent == tmp_path / "cache" / "gguf" and first.read_bytes() == exported.read_bytes()
+    stamp = first.stat().st_mtime_ns
+    assert cached_eagle3_gguf(HEAD, embedded_gguf_path()) == first and first.stat().st_mtime_ns == stamp
+    other = tmp_path / "head"
+    shutil.copytree(HEAD, other)
+    state = load_file(str(other / "model.safetensors"))
+    state["norm.weight"] = state["norm.weight"] * 2
+    save_file(state, str(other / "model.safetensors"))
+    second = cached_eagle3_gguf(other, embedded_gguf_path())
+    assert second != first and second.is_file()
+    with pytest.raises(FileNotFoundError):
+        cached_eagle3_gguf(HEAD, tmp_path / "missing.gguf")
 
 
 # ---------------------------------------------------------------- llama.cpp, where a build is present

@@ -146,6 +146,27 @@ def test_absent_binary_names_make_peers(tmp_path):
     assert "--gguf" in peers.unavailable("llamacpp", fake_bin_dir(tmp_path), None)
 
 
+def test_eagle3_peer_reads_a_draft_gguf(tmp_path, tokenizer):
+    """llamacpp-eagle3 runs llama-speculative-simple with our exported head as -md: without a draft
+    file it cannot run, with one the command carries it, the spec type and the draft length."""
+    gguf, draft = tmp_path / "model.gguf", tmp_path / "eagle3.gguf"
+    gguf.write_bytes(b"GGUF")
+    bin_dir = fake_bin_dir(tmp_path)
+    assert "draft GGUF" in peers.unavailable("llamacpp-eagle3", bin_dir, gguf)
+    assert "not found" in peers.unavailable("llamacpp-eagle3@2", bin_dir, gguf, draft)
+    draft.write_bytes(b"GGUF")
+    assert peers.unavailable("llamacpp-eagle3@2", bin_dir, gguf, draft) is None
+    assert peers.unavailable("llamacpp", bin_dir, gguf) is None  # the draft matters only to the methods that read one
+    with pytest.raises(peers.PeerError, match="draft GGUF"):
+        peers.LlamaCppPeer("llamacpp-eagle3", bin_dir, gguf, 2, tokenizer, EMBEDDED_EOS)
+    cmd = peers.LlamaCppPeer("llamacpp-eagle3@3", bin_dir, gguf, 2, tokenizer, EMBEDDED_EOS, draft=draft).command("hi", 8, 128)
+    assert cmd[0].endswith("llama-speculative-simple")
+    assert cmd[cmd.index("-md") + 1] == str(draft) and cmd[cmd.index("--spec-type") + 1] == "draft-eagle3"
+    assert cmd[cmd.index("--spec-draft-n-max") + 1] == "3" and cmd[cmd.index("-td") + 1] == "2"
+    plain = peers.LlamaCppPeer("llamacpp-lookup", bin_dir, gguf, 2, tokenizer, EMBEDDED_EOS, draft=draft).command("hi", 8, 128)
+    assert "-md" not in plain
+
+
 def test_bin_dir_resolution(tmp_path, monkeypatch):
     monkeypatch.delenv(peers.BIN_ENV, raising=False)
     monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path))
