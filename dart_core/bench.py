@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 
-from . import kernels, peers
+from . import calibrate, kernels, peers
 from .generate import ARDrafter, Drafter, GenerationParams, StageTimes, Summary, complete
 from .drafters.registry import DRAFTERS, add_drafter_flags, build_drafter, check_drafter_flags
 from .loading import DEFAULT_MODEL, DTYPE_CHOICES
@@ -457,6 +457,8 @@ def main(argv: list[str] | None = None) -> int:
 
     log(f"loading target {args.model!r} ({args.dtype}, {args.device})")
     target = load_target(args.model, args.device, args.dtype, kernels=not args.eager)
+    drafted = {"eagle3" if split_method(m)[0] == "eagle3" else "dart" for m in methods if split_method(m)[0] in ("dart", "dart-noctx", "eagle3")}
+    sizes = calibrate.calibrate_unset_sizes(target, args, drafted, args.model == DEFAULT_MODEL, log)  # methods without @N
     runners = {m: build_runner(m, target, args) for m in methods}
     prompts = [target.encode([{"role": "user", "content": q["turns"][0]}]) for _, q in questions]
 
@@ -495,6 +497,8 @@ def main(argv: list[str] | None = None) -> int:
         for m in methods:
             report[m]["same_as_ar"] = same[m]
     result = {"env": environment(args, target), "methods": report, "datasets": datasets, "samples": samples}
+    if sizes:
+        result["env"]["tree_sizes"] = {m: c.as_dict() for m, c in sizes.items()}
     if any(split_method(m)[0] in peers.PEER_METHODS for m in methods):
         result["env"]["llamacpp"] = peers.describe(peers.resolve_bin_dir(args.llamacpp_bin), peer_gguf(args))
         drafted_by_head = [m for m in methods if peers.needs_draft(m)]

@@ -60,7 +60,11 @@ def _dart_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--ngram-first-level", choices=["on", "off"], default=None,
                    help="tree score: whether the trie also scores depth 1 (default on for the embedded target, else off)")
     g.add_argument("--beam-width", type=int, default=20)
-    g.add_argument("--max-nodes", type=int, default=None, help=f"drafted tree nodes besides the root (default per device: {DEFAULT_MAX_NODES})")
+    g.add_argument("--max-nodes", type=int, default=None,
+                   help="drafted tree nodes besides the root (default: on the CPU kernels, the size calibrated on this machine for a head "
+                        f"with a tree_sizes.json (dart_core/calibrate.py); else per device: {DEFAULT_MAX_NODES})")
+    g.add_argument("--no-calibration", action="store_true",
+                   help=f"tree sizes left unset take the device default ({DEFAULT_MAX_NODES}) instead of this machine's calibration")
     g.add_argument("--draft-depth", type=int, default=None, help="use only the head's first N rows (tree depth <= N; default: all D+1)")
     g.add_argument("--tree-min-score", type=float, default=None,
                    help="score floor: past --tree-min-nodes, keep a node only if its tree score (a log-probability-like sum, "
@@ -81,7 +85,8 @@ def _eagle3_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--eagle3-depth", type=int, default=7, help="expansion steps after the root's (EAGLE3 default 7)")
     g.add_argument("--eagle3-top-k", type=int, default=10, help="children per node and frontier size (EAGLE3 default 10)")
     g.add_argument("--eagle3-max-nodes", type=int, default=None,
-                   help="drafted tree nodes besides the root (default: DART's --max-nodes, so both verify trees of one size)")
+                   help="drafted tree nodes besides the root (default: calibrated like --max-nodes where the head has a "
+                        "tree_sizes.json, else DART's --max-nodes, so both verify trees of one size)")
 
 
 def max_nodes(args: argparse.Namespace, device_type: str) -> int:
@@ -228,6 +233,19 @@ def add_drafter_flags(parser: argparse.ArgumentParser) -> dict[str, argparse._Ar
         groups[spec.name] = parser.add_argument_group(spec.title)
         spec.add_flags(groups[spec.name])
     return groups
+
+
+def drafter_args(**overrides) -> argparse.Namespace:
+    """Every drafter flag at its default, with `overrides` (dest names, e.g. max_nodes=16): the
+    settings a library caller gets without a command line."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_drafter_flags(parser)
+    args = parser.parse_args([])
+    for dest, value in overrides.items():
+        if not hasattr(args, dest):
+            raise ValueError(f"no drafter flag has the destination {dest!r}")
+        setattr(args, dest, value)
+    return args
 
 
 def check_drafter_flags(args: argparse.Namespace) -> None:

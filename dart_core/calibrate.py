@@ -1,0 +1,356 @@
+"""The tree size that makes a drafter fastest on this machine, from measured costs.
+
+Speculation pays only while a verify of n+1 rows costs little more than a one-row step, and that
+ratio depends on the CPU, the kernel build, the weights (bf16, GGUF blocks) and the thread count:
+on one Xeon a 6-row GGUF verify costs 1.8x a step, a bf16 one 1.4x, and the forced AVX2 build 2.8x
+(docs/engine.md). So the CPU default is measured, not a constant:
+
+    expected tokens/s at n drafted nodes = τ(n) / (forward(n + 1 rows) + drafting and pruning(n))
+
+- forward(k): the target's forward of k new rows after PREFIX committed tokens, measured here (median
+  of a few runs, 1..MAX_CALIBRATED_ROWS rows), cached per machine, kernel build, weights and threads
+  under ~/.cache/dart-demo/calibration/ (a second start reads it back);
+- drafting and pruning(n): the drafter's own propose() timed on one short greedy record by exact
+  replay (dart_core/replay.py), for each n;
+- τ(n): the head's tokens per target forward at n nodes, measured offline by exact replay on held-out
+  prompts and shipped beside the head as TAU_FILE (`python -m dart_core.calibrate --write-tau HEAD`
+  writes it, with the command and prompts). A head without one keeps the device default, and says so.
+
+The choice is a prediction; the bench CLI is the measurement (`--max-nodes N` overrides both).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from .generate import Drafter, DraftSession, Proposal
+from .replay import GreedyRecord, record_greedy, replay
+from .target import Target
+
+TAU_FILE = "tree_sizes.json"  # beside a head's config.json: τ by tree size, by replay
+CALIBRATION_VERSION = 1  # bump when what is measured changes, so old cached files are not read
+MAX_CALIBRATED_ROWS = 17  # verify rows timed: trees of up to 16 drafted nodes
+PREFIX = 200  # committed tokens before the timed rows (a chat turn's prompt and some answer)
+REPEATS = 9  # timed forwards per row count (median), after WARMUP untimed ones
+WARMUP = 2
+OVERHEAD_PROMPT = "Write a short paragraph about why the sky is blue."  # the record drafting is timed on
+OVERHEAD_TOKENS = 48
+
+
+# ------------------------------------------------------------------------------ the measurements
+
+
+def machine_key(target: Target, threads: int) -> dict:
+    """What a forward's cost depends on: the CPU model and flags, the kernel build, the weights, threads."""
+    from . import kernels
+
+    cpu, flags = platform.processor(), ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            name, _, value = line.partition(":")
+            if name.strip() == "model name" and cpu == platform.processor():
+                cpu = value.strip()
+            elif name.strip() == "flags" and not flags:
+                flags = " ".join(sorted(f for f in value.split() if f.startswith(("avx", "amx", "fma"))))
+    except OSError:
+        pass
+    return {"version": CALIBRATION_VERSION, "cpu": cpu, "cpu_flags": flags, "kernels": kernels.describe(),
+            "model": target.name, "model_dir": str(target.model_dir), "weights": target.weights, "threads": threads,
+            "torch": torch.__version__, "device": str(target.device)}
+
+
+def measure_forwards(target: Target, rows: range | list[int], repeats: int = REPEATS, prefix: int = PREFIX) -> dict[int, float]:
+    """Median wall ms of one target forward of k new rows (a chain after `prefix` committed tokens)
+    for each k in `rows`: the one-token step (k = 1) against the verify of a tree of k - 1 nodes.
+    The row counts are timed round-robin (1, 2, ..., 1, 2, ...), so a busy spell of the machine
+    falls on every size alike instead of on a few: it is their ratios that choose the tree size."""
+    rows = list(rows)
+    cache = target.new_cache(prefix + max(rows) + 8)
+    times: dict[int, list[float]] = {k: [] for k in rows}
+    with torch.inference_mode():
+        target.prefill(list(range(100, 100 + prefix)), cache, capture=False)
+        cache.commit(prefix)
+        inputs = {k: (torch.arange(k, device=target.device) + 500, torch.arange(k, device=target.device) + cache.length) for k in rows}
+        for rep in range(WARMUP + repeats):
+            for k in rows:
+                t0 = time.perf_counter()
+                target.model(*inputs[k], cache)  # writes the rows' keys past the committed length: never committed
+                if rep >= WARMUP:
+                    times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) * 1e3 for k, v in times.items()}
+
+
+@dataclass(frozen=True)
+class ForwardCosts:
+    key: dict  # machine_key(): what the costs were measured on
+    ms: dict[int, float]  # rows -> median ms of one forward
+    measured_at: str
+    from_cache: bool = False
+
+    def ratio(self, rows: int) -> float:
+        return self.ms[rows] / self.ms[1]
+
+
+def calibration_dir() -> Path:
+    from .loading import cache_root
+
+    return cache_root() / "calibration"
+
+
+def forward_costs(target: Target, threads: int | None = None, refresh: bool = False, rows: int = MAX_CALIBRATED_ROWS) -> ForwardCosts:
+    """The target's forward cost by rows on this machine: read back from the calibration cache when
+    this machine, build, weights and thread count were measured before (unless `refresh`), else
+    measured (~3-10 s) and saved."""
+    threads = threads or torch.get_num_threads()
+    key = machine_key(target, threads)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    path = calibration_dir() / f"forwards-{digest}.json"
+    if not refresh and path.is_file():
+        try:
+            data = json.loads(path.read_text())
+            ms = {int(k): float(v) for k, v in data["ms"].items()}
+            if data["key"] == key and all(k in ms for k in range(1, rows + 1)):
+                return ForwardCosts(key, ms, data["measured_at"], from_cache=True)
+        except (ValueError, KeyError, TypeError):
+            pass  # a damaged cache file is measured again (and rewritten) rather than trusted
+    ms = measure_forwards(target, range(1, rows + 1))
+    costs = ForwardCosts(key, ms, time.strftime("%Y-%m-%d %H:%M:%S"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"key": key, "ms": ms, "measured_at": costs.measured_at}, indent=1) + "\n")
+    os.replace(tmp, path)
+    return costs
+
+
+class _CappedSession:
+    def __init__(self, session: DraftSession, max_nodes: int):
+        self.session, self.max_nodes = session, max_nodes
+
+    def extend(self, ids, hidden) -> None:
+        self.session.extend(ids, hidden)
+
+    def propose(self, root: int, max_nodes: int) -> Proposal:
+        return self.session.propose(root, min(self.max_nodes, max_nodes))
+
+
+class SizeCapped:
+    """`drafter` with trees of at most `max_nodes` drafted nodes: the same trees as the drafter built
+    at that size (both drafters cut their pool to the size the loop allows), without rebuilding it."""
+
+    def __init__(self, drafter: Drafter, max_nodes: int):
+        if max_nodes < 0:
+            raise ValueError(f"max_nodes must be >= 0, got {max_nodes}")
+        self.drafter, self.max_nodes = drafter, max_nodes
+        self.name, self.needs_hidden = drafter.name, drafter.needs_hidden
+
+    def new_session(self, capacity: int) -> _CappedSession:
+        return _CappedSession(self.drafter.new_session(capacity), self.max_nodes)
+
+
+def drafting_ms(drafter: Drafter, record: GreedyRecord, sizes: list[int]) -> dict[int, float]:
+    """Wall ms per step that `drafter` spends drafting and pruning at each tree size, timed by exact
+    replay of one greedy record (the head forward and the pruner are real; nothing else runs)."""
+    out = {}
+    for n in sizes:
+        capped = SizeCapped(drafter, n)
+        replay(capped, record)  # warm-up: first-use allocations, the pruner's tables
+        t0 = time.perf_counter()
+        r = replay(capped, record)
+        out[n] = (time.perf_counter() - t0) * 1e3 / max(1, len(r.accepted))
+    return out
+
+
+# ------------------------------------------------------------------------------ τ by tree size
+
+
+def read_tau_table(head_dir: str | os.PathLike | None) -> dict[int, float] | None:
+    """τ by drafted nodes from the head's TAU_FILE, or None where the head has none. A file that is
+    there but unreadable is an error (it would silently change the tree size otherwise)."""
+    if head_dir is None:
+        return None
+    path = Path(head_dir) / TAU_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        table = {int(n): float(t) for n, t in data["tau"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{path}: not a τ-by-tree-size table ({e}); rewrite it with python -m dart_core.calibrate --write-tau") from None
+    if not table or any(n < 1 or t < 1.0 for n, t in table.items()):
+        raise ValueError(f"{path}: τ must be >= 1 at sizes >= 1")
+    return table
+
+
+def tau_by_size(drafter: Drafter, records: list[GreedyRecord], sizes: list[int]) -> dict[int, float]:
+    """τ (tokens per target forward, the prefill counted) of `drafter` at each size, summed over the
+    records, by exact replay."""
+    out = {}
+    for n in sizes:
+        capped = SizeCapped(drafter, n)
+        runs = [replay(capped, rec) for rec in records]
+        out[n] = sum(r.new_tokens for r in runs) / sum(r.steps for r in runs)
+    return out
+
+
+# ------------------------------------------------------------------------------ the choice
+
+
+@dataclass(frozen=True)
+class SizeChoice:
+    max_nodes: int
+    reason: str  # one line for logs and the app's header
+    table: list[dict] = field(default_factory=list)
+    calibrated: bool = False  # False: a default, for the reason given  # per size: nodes, tau, verify_ms, draft_ms, tokens_per_s
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def choose_max_nodes(forward_ms: dict[int, float], tau: dict[int, float], draft_ms: dict[int, float]) -> SizeChoice:
+    """The size with the most expected tokens per second, τ(n) / (forward(n + 1) + draft(n)), over the
+    sizes all three tables have. Plain decoding (1 token / forward(1)) is the baseline it reports."""
+    sizes = sorted(n for n in tau if n + 1 in forward_ms and n in draft_ms)
+    if not sizes:
+        raise ValueError("no tree size has a τ, a forward cost and a drafting cost")
+    table = []
+    for n in sizes:
+        step = forward_ms[n + 1] + draft_ms[n]
+        table.append({"nodes": n, "tau": tau[n], "verify_ms": forward_ms[n + 1], "draft_ms": draft_ms[n], "tokens_per_s": 1e3 * tau[n] / step})
+    best = max(table, key=lambda r: r["tokens_per_s"])
+    plain = 1e3 / forward_ms[1]
+    reason = (f"{best['nodes']} drafted nodes: expected {best['tokens_per_s']:.0f} tok/s (τ {best['tau']:.2f}, "
+              f"verify {best['verify_ms']:.1f} ms + drafting {best['draft_ms']:.1f} ms) against plain decoding's "
+              f"{plain:.0f} (one-token step {forward_ms[1]:.1f} ms)")
+    return SizeChoice(best["nodes"], reason, table, calibrated=True)
+
+
+def calibrate_drafter(target: Target, drafter: Drafter, head_dir: str | os.PathLike | None, fallback: int,
+                      threads: int | None = None) -> SizeChoice:
+    """The tree size for `drafter` (built at its largest size) on this machine: measured forward and
+    drafting costs against the head's τ table. Without a table, `fallback`, with the reason."""
+    tau = read_tau_table(head_dir)
+    if tau is None:
+        return SizeChoice(fallback, f"{fallback} drafted nodes (the device default: the head has no {TAU_FILE} to calibrate with)")
+    costs = forward_costs(target, threads)
+    sizes = sorted(n for n in tau if n + 1 in costs.ms and n <= drafter.max_nodes)
+    if not sizes:
+        return SizeChoice(fallback, f"{fallback} drafted nodes (the device default: the head's {TAU_FILE} has no size up to {drafter.max_nodes})")
+    record = record_greedy(target, [{"role": "user", "content": OVERHEAD_PROMPT}], OVERHEAD_TOKENS)
+    return choose_max_nodes(costs.ms, tau, drafting_ms(drafter, record, sizes))
+
+
+# flag dest of each drafter's tree size, and its default head
+SIZE_FLAGS = {"dart": ("max_nodes", "dart_model"), "eagle3": ("eagle3_max_nodes", "eagle3_model")}
+
+
+def calibrate_unset_sizes(target: Target, args, methods, default_target: bool, log=None) -> dict[str, SizeChoice]:
+    """For each drafter in `methods` whose tree size the command line left unset (--max-nodes,
+    --eagle3-max-nodes), set it on `args` to the calibrated size, and return the choices (with their
+    reasons) by drafter. Only on the CPU kernel path: elsewhere (CUDA, eager) the device default stays.
+    --no-calibration keeps the device default everywhere."""
+    from .drafters import DEFAULT_DART_HEAD, DEFAULT_EAGLE3_HEAD, default_max_nodes
+    from .drafters.head import resolve_head_dir
+    from .drafters.registry import build_drafter
+
+    if getattr(args, "no_calibration", False) or not target.model.kernel_path(MAX_CALIBRATED_ROWS, target.device):
+        return {}
+    defaults = {"dart": DEFAULT_DART_HEAD, "eagle3": DEFAULT_EAGLE3_HEAD}
+    fallback = default_max_nodes(target.device.type)
+    choices = {}
+    for method in [m for m in SIZE_FLAGS if m in methods]:
+        size_dest, head_dest = SIZE_FLAGS[method]
+        if getattr(args, size_dest) is not None:
+            continue
+        named = getattr(args, head_dest)
+        head_dir = resolve_head_dir(named) if named is not None else defaults[method]
+        probe = argparse_copy(args, max_nodes=MAX_CALIBRATED_ROWS - 1, eagle3_max_nodes=MAX_CALIBRATED_ROWS - 1)
+        drafter = build_drafter(method, target, probe, default_target)
+        choice = calibrate_drafter(target, drafter, head_dir, fallback)
+        if choice.calibrated or method == "dart":  # an uncalibrated EAGLE3 keeps following DART's size, as before
+            setattr(args, size_dest, choice.max_nodes)
+        choices[method] = choice
+        if log is not None:
+            log(f"{method} tree size: {choice.reason}")
+    return choices
+
+
+def argparse_copy(args, **overrides):
+    """A copy of a flags namespace with some values replaced."""
+    import argparse
+
+    return argparse.Namespace(**{**vars(args), **overrides})
+
+
+# ------------------------------------------------------------------------------ command line
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import sys
+
+    from .bench import held_out_questions
+    from .drafters import DEFAULT_DART_HEAD, DEFAULT_EAGLE3_HEAD, default_max_nodes
+    from .drafters.registry import build_drafter, drafter_args
+    from .loading import DEFAULT_MODEL, DTYPE_CHOICES
+
+    p = argparse.ArgumentParser(prog="python -m dart_core.calibrate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="bfloat16", help="the target's weights (as the bench's --dtype)")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--write-tau", nargs="*", choices=["dart", "eagle3"], default=None, metavar="METHOD",
+                   help=f"measure τ by tree size for the default heads of these methods by exact replay and write {TAU_FILE} beside each")
+    p.add_argument("--dataset", type=Path, nargs="+", default=None, help="--write-tau: question files (first turns)")
+    p.add_argument("--skip", type=int, default=10, help="--write-tau: prompts skipped per file (the bench reports on the first 10)")
+    p.add_argument("--limit", type=int, default=10, help="--write-tau: prompts per file after --skip")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--sizes", default="1-16", help="--write-tau: tree sizes, e.g. 1-16 or 2,5,8")
+    p.add_argument("--refresh", action="store_true", help="measure the forward costs again (and save them) instead of reading the calibration cache")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from .target import load_target
+
+    target = load_target(DEFAULT_MODEL, "cpu", args.dtype)
+    heads = {"dart": DEFAULT_DART_HEAD, "eagle3": DEFAULT_EAGLE3_HEAD}
+    if args.write_tau is not None:
+        if not args.dataset:
+            raise SystemExit("--write-tau needs --dataset (held-out prompts: not the ones the bench reports on)")
+        lo, _, hi = args.sizes.partition("-")
+        sizes = list(range(int(lo), int(hi) + 1)) if hi else [int(x) for x in args.sizes.split(",")]
+        questions = held_out_questions(args.dataset, args.skip, args.limit)
+        t0 = time.perf_counter()
+        records = [record_greedy(target, [{"role": "user", "content": q["turns"][0]}], args.max_new_tokens) for _, q in questions]
+        print(f"recorded {len(records)} greedy decodes in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        for method in args.write_tau or ["dart", "eagle3"]:
+            drafter = build_drafter(method, target, drafter_args(max_nodes=max(sizes)), True)
+            tau = tau_by_size(drafter, records, sizes)
+            out = heads[method] / TAU_FILE
+            out.write_text(json.dumps({
+                "method": method, "tau": {str(n): round(t, 4) for n, t in tau.items()},
+                "prompts": f"{len(records)}: prompts {args.skip + 1}-{args.skip + args.limit} of " + ", ".join(d.name for d in args.dataset),
+                "max_new_tokens": args.max_new_tokens, "weights": target.weights,
+                "command": "python -m dart_core.calibrate " + " ".join(argv if argv is not None else sys.argv[1:]),
+            }, indent=1) + "\n")
+            print(f"{method}: " + "  ".join(f"{n}:{t:.3f}" for n, t in tau.items()) + f"  -> {out}")
+        return 0
+    costs = forward_costs(target, args.threads, refresh=args.refresh)
+    print(f"{target.weights}, {costs.key['kernels']}, {costs.key['threads']} threads, {costs.key['cpu']}"
+          f" ({'cached ' + costs.measured_at if costs.from_cache else 'measured now'})")
+    print("forward ms by rows: " + "  ".join(f"{k}:{v:.2f} ({costs.ratio(k):.2f}x)" for k, v in costs.ms.items()))
+    for method, head in heads.items():
+        drafter = build_drafter(method, target, drafter_args(max_nodes=MAX_CALIBRATED_ROWS - 1), True)
+        choice = calibrate_drafter(target, drafter, head, fallback=default_max_nodes(target.device.type), threads=args.threads)
+        print(f"{method}: {choice.reason}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
