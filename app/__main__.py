@@ -1,8 +1,14 @@
 """Start the demo:  python -m app   (the embedded default model at http://127.0.0.1:7860).
 
-Flag names follow the upstream DART app where it has them (facts doc §7); --dtype, --threads and
-the tree parameters are ours. Models load here, once, before the server starts; importing the
-package loads nothing.
+Flag names follow the upstream DART app where it has them (facts doc §7); --dtype, --threads, the
+tree parameters and the llama.cpp row's flags are ours. Models load here, once, before the server
+starts; importing the package loads nothing.
+
+The llama.cpp row (--compare-llamacpp): compare mode ends with llama.cpp's own binary (`make peers`)
+on the GGUF the target came from, with the engine's thread count. By default it is on where it can
+run (the binaries are built, and the target is the embedded GGUF model or --gguf names one); the
+header says what runs or why nothing does. Asked for with the flag and unable to run, the app starts
+anyway and says why in its notes, never silently.
 """
 
 from __future__ import annotations
@@ -13,12 +19,13 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # the demo phones nowhere
 
 import torch  # noqa: E402
 
-from dart_core import load_target  # noqa: E402
+from dart_core import load_target, peers  # noqa: E402
 from dart_core.drafters import DEFAULT_DART_HEAD as DEFAULT_DART  # noqa: E402
 from dart_core.drafters import DEFAULT_EAGLE3_HEAD as DEFAULT_EAGLE3  # noqa: E402
 from dart_core.drafters.registry import (  # noqa: E402
@@ -32,7 +39,7 @@ from dart_core.drafters.registry import (  # noqa: E402
 )
 from dart_core.loading import DEFAULT_MODEL, DTYPE_CHOICES, EMBEDDED_NAME  # noqa: E402
 
-from .engine import MIN_REFERENCE_TOKENS, ComputeThread, Engine, available_cores, engine_threads  # noqa: E402
+from .engine import MIN_REFERENCE_TOKENS, PEER_TIMEOUT_S, ComputeThread, Engine, Peer, available_cores, engine_threads, peer_label  # noqa: E402
 from .ui import CSS_PATH, Settings, build_demo  # noqa: E402
 
 log = logging.getLogger("app")
@@ -58,6 +65,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_drafter_flags(p)
     g = p.add_argument_group("compare")
     g.add_argument("--compare-eagle3", action="store_true", help="start in compare mode: each prompt runs through DART, EAGLE3 and AR in turn")
+    g.add_argument("--compare-llamacpp", action=argparse.BooleanOptionalAction, default=None,
+                   help="compare mode ends with llama.cpp on the same prompt (its own binary, the same GGUF, the engine's thread count); "
+                        "the flag also starts in compare mode. Default: on where it can run (binaries built by `make peers`, and the "
+                        "embedded target or --gguf); --no-compare-llamacpp: off. Given but unable to run, the app starts anyway and its header says why")
+    g.add_argument("--llamacpp-bin", default=None,
+                   help=f"directory of llama.cpp's binaries (default: ${peers.BIN_ENV}, else what `make peers` builds: ~/.cache/dart-demo/llamacpp/<cpu kind>/bin)")
+    g.add_argument("--gguf", type=Path, default=None,
+                   help="the GGUF llama.cpp runs (default: the one the embedded target came from; another target needs it). Not --dtype gguf")
+    g.add_argument("--llamacpp-methods", default="llamacpp",
+                   help=f"comma-separated llama.cpp methods for the compare rows, run in this order (default: llamacpp, plain decoding; "
+                        f"choices as in the bench: {', '.join(peers.PEER_METHODS)})")
     g = p.add_argument_group("server")
     g.add_argument("--listen", action="store_true", help="bind 0.0.0.0 instead of 127.0.0.1")
     g.add_argument("--share", action="store_true", help="ask Gradio for a public link")
@@ -66,6 +84,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.max_new_tokens < 1 or args.max_length < 2:
         p.error("--max-new-tokens must be >= 1 and --max-length >= 2")
+    args.llamacpp_methods = [m.strip() for m in args.llamacpp_methods.split(",") if m.strip()]
+    try:
+        for m in args.llamacpp_methods:
+            peers.split_peer_method(m)
+    except ValueError as e:
+        p.error(f"--llamacpp-methods: {e}")
+    if len(set(args.llamacpp_methods)) != len(args.llamacpp_methods):
+        p.error("--llamacpp-methods: a method is named twice")
     try:
         check_drafter_flags(args)
     except ValueError as e:
@@ -80,6 +106,7 @@ class Loaded:
     pruner: str | None
     progress: Progress
     threads: int | None  # torch CPU threads of the engine (None: left to torch, on a GPU)
+    peers_line: str | None = None  # the header's line on the llama.cpp row
 
 
 class Progress:
@@ -139,6 +166,63 @@ def load_eagle3(args, target, default_target: bool, notes: list[str], progress: 
         return None
 
 
+def llamacpp_gguf(args, default_target: bool) -> tuple[Path | None, str]:
+    """The GGUF llama.cpp runs, and how its row names it: "same GGUF" when it is the file the
+    embedded target came from, else the file's name (a GGUF the user vouches for). None: no GGUF."""
+    embedded = None
+    if default_target:
+        from dart_core.loading import embedded_gguf_path
+
+        try:
+            embedded = embedded_gguf_path()
+        except (FileNotFoundError, ImportError):
+            pass
+    if args.gguf is not None:
+        same = embedded is not None and args.gguf.expanduser().resolve() == embedded.resolve()
+        return args.gguf.expanduser(), "same GGUF" if same else args.gguf.name
+    return embedded, "same GGUF"
+
+
+def load_peers(args, target, default_target: bool, notes: list[str], progress: Progress) -> tuple[list[Peer], str | None]:
+    """The llama.cpp peers compare mode runs after the engine's methods, and the header's line on them
+    (what runs, or why nothing does). Called on the compute thread after torch's thread count is set:
+    llama.cpp gets the engine's. Asked for (--compare-llamacpp) and unable to run: a note, not an error."""
+    if args.compare_llamacpp is False:
+        return [], "No llama.cpp row in compare mode (--no-compare-llamacpp)."
+    asked = args.compare_llamacpp is True
+    gguf, gguf_note = llamacpp_gguf(args, default_target)
+    bin_dir = peers.resolve_bin_dir(args.llamacpp_bin)
+    threads = torch.get_num_threads()
+    loaded, reasons = [], []
+    for method in args.llamacpp_methods:
+        reason = peers.unavailable(method, bin_dir, gguf)
+        if reason is None:
+            try:
+                runner = peers.LlamaCppPeer(method, bin_dir, gguf, threads, target.tokenizer, target.eos_ids, timeout_s=PEER_TIMEOUT_S)
+            except Exception as e:  # noqa: BLE001 (a peer that cannot be set up is reported, the app still starts)
+                reason = f"{method}: {e}"
+        if reason is not None:
+            reasons.append(reason)
+            continue
+        progress(f"llama.cpp peer {method}: {runner.exe} on {gguf}")
+        loaded.append(Peer(method, peer_label(method, gguf_note), runner, threads))
+    parts = []
+    if loaded:
+        what = ", ".join(f"{p.label} ({p.runner.exe.name})" for p in loaded)
+        parts.append(
+            f"Compare mode ends with {what}: llama.cpp's own binary on {gguf.name}, the same prompt ids, "
+            f"{threads} thread{'s' if threads != 1 else ''} as the engine, run after the engine's methods, never beside them"
+            + ("." if asked else "; on because its binaries are built (--no-compare-llamacpp turns it off).")
+        )
+    if reasons:
+        why = "; ".join(reasons)
+        if asked:
+            notes.append(f"--compare-llamacpp was given, but llama.cpp cannot run here, so compare mode has no llama.cpp row. {why}")
+        else:
+            parts.append(f"No llama.cpp row in compare mode: llama.cpp cannot run here. {why}")
+    return loaded, " ".join(parts) or None
+
+
 def load_models(args, compute: ComputeThread) -> Loaded:
     """Target, then the heads; each step logged. Nothing is loaded at import time. Runs on `compute`,
     the thread every later step runs on (app/engine.py, ComputeThread)."""
@@ -160,6 +244,7 @@ def load_models(args, compute: ComputeThread) -> Loaded:
     eagle3 = load_eagle3(args, target, default_target, notes, progress)
     if eagle3 is not None:
         drafters["eagle3"] = eagle3
+    peer_list, peers_line = load_peers(args, target, default_target, notes, progress)
     for n in notes:
         log.warning("note: %s", n)
     pruner = None
@@ -167,7 +252,8 @@ def load_models(args, compute: ComputeThread) -> Loaded:
         import ngram_cpp
 
         pruner = "C++" if getattr(ngram_cpp, "HAVE_CPP", False) else "pure Python"
-    return Loaded(Engine(target, drafters, args.max_new_tokens, args.max_length, compute), notes, pruner, progress, threads)
+    engine = Engine(target, drafters, args.max_new_tokens, args.max_length, compute, peer_list)
+    return Loaded(engine, notes, pruner, progress, threads, peers_line)
 
 
 def warm_up(engine: Engine) -> None:
@@ -178,6 +264,24 @@ def warm_up(engine: Engine) -> None:
     n = min(2 * MIN_REFERENCE_TOKENS, engine.max_new_tokens)
     ar = engine.complete(engine.request([{"role": "user", "content": "Tell me about the moon."}], "ar", n, 0.0, 1.0, 0))
     log.warning("warm-up done: AR %.1f tok/s over %d tokens", ar.tokens_per_s, ar.new_tokens)
+
+
+def warm_up_peers(engine: Engine, notes: list[str]) -> list[str]:
+    """One short run of each llama.cpp peer (it also brings the GGUF into the page cache). A peer that
+    fails it is dropped, with a note saying why; returns the methods dropped."""
+    req = engine.request([{"role": "user", "content": WARMUP_PROMPT}], "ar", min(WARMUP_TOKENS, engine.max_new_tokens), 0.0, 1.0, 0)
+    dropped = []
+    for method in list(engine.peers):
+        r = engine.run_peer(req, method)
+        if r.error is not None:
+            first = r.error.strip().splitlines()[0] if r.error.strip() else "no reason given"
+            notes.append(f"{r.label} failed its warm-up run, so compare mode has no llama.cpp row: {first}")
+            log.warning("llama.cpp peer %s failed its warm-up run:\n%s", method, r.error)
+            del engine.peers[method]
+            dropped.append(method)
+        else:
+            log.warning("warm-up done: %s %.1f tok/s over %d tokens", r.label, r.tokens_per_s, r.new_tokens)
+    return dropped
 
 
 def target_label(args, engine: Engine) -> str:
@@ -202,14 +306,17 @@ def build_app(args: argparse.Namespace):
     if not args.no_warmup:
         loaded.progress(f"warming up {', '.join(engine.methods)}")
         warm_up(engine)
+        if engine.peers and warm_up_peers(engine, loaded.notes) and not engine.peers:
+            loaded.peers_line = None  # the note says why
     settings = Settings(
         target_label=target_label(args, engine),
         default_new_tokens=min(DEFAULT_NEW_TOKENS, args.max_new_tokens),
-        compare=args.compare_eagle3 and len(engine.methods) > 1,
+        compare=(args.compare_eagle3 or args.compare_llamacpp is True) and len(engine.methods) + len(engine.peers) > 1,
         pruner=loaded.pruner,
         exact=exact_texts(args, engine.target),
         notes=tuple(loaded.notes),
         threads=loaded.threads,
+        peers_line=loaded.peers_line,
     )
     return build_demo(engine, settings), loaded, settings
 

@@ -10,6 +10,11 @@ another's state.
 
 Speeds count engine time only: the seconds spent inside the generation loop (prefill included),
 not the time the UI spends drawing between steps, nor time spent waiting in the queue.
+
+Compare mode may end with a peer, another engine on the same prompt ids: llama.cpp's own binaries on
+the GGUF the target came from (`Peer`, dart_core/peers.py). It runs as one subprocess on the compute
+thread too, so it never shares the cores with an engine step, and yields a `PeerResult`, a Run
+without steps whose time is llama.cpp's own prefill + decode timers.
 """
 
 from __future__ import annotations
@@ -22,10 +27,13 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, TypeVar
 
 from dart_core import ARDrafter, Drafter, DraftTree, GenerationParams, SamplingParams, StepEvent, Summary, generate
+from dart_core.peers import PeerError, PeerRun, split_peer_method
 from dart_core.target import Target
 
 METHOD_ORDER = ("dart", "eagle3", "ar")  # compare mode runs them in this order
 METHOD_LABELS = {"dart": "DART", "eagle3": "EAGLE3", "ar": "AR"}
+PEER_NAMES = {"llamacpp": "llama.cpp"}  # other llama.cpp methods: "llama.cpp <what follows llamacpp->"
+PEER_TIMEOUT_S = 300.0  # a llama.cpp run longer than this is killed and shown as failed (Stop cannot end it sooner)
 MAX_PROMPT_CHARS = 20_000  # rejects pasted novels before tokenising them
 MIN_REFERENCE_TOKENS = 16  # an AR run shorter than this is mostly prefill: a poor speed reference
 INCOMPLETE_CHAR = "\ufffd"  # what the tokenizer decodes a partial UTF-8 sequence to
@@ -135,9 +143,18 @@ class Run:
         return len(self.output_ids)
 
     @property
+    def forwards(self) -> int:
+        """Target forwards so far, the prefill counted as the first."""
+        return len(self.steps)
+
+    @property
     def tau(self) -> float:
         """Mean tokens per target forward (accepted drafts + the bonus), the prefill counted as one."""
-        return self.new_tokens / max(1, len(self.steps))
+        return self.new_tokens / max(1, self.forwards)
+
+    @property
+    def stop_reason(self) -> str | None:
+        return self.summary.stop_reason if self.summary is not None else None
 
     @property
     def tokens_per_s(self) -> float:
@@ -156,6 +173,66 @@ class Run:
         if index is None:
             return steps[-1]
         return min(steps, key=lambda s: abs(s.index - index))
+
+
+def peer_label(method: str, gguf_note: str = "same GGUF") -> str:
+    """'llamacpp' -> 'llama.cpp (same GGUF)'; 'llamacpp-lookup@4' -> 'llama.cpp lookup@4 (same GGUF)'."""
+    base, size = split_peer_method(method)
+    name = PEER_NAMES.get(base) or "llama.cpp " + base.removeprefix("llamacpp-")
+    return f"{name}{'' if size is None else f'@{size}'} ({gguf_note})"
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Another engine compare mode runs on the same prompt: a llama.cpp method (dart_core/peers.py)."""
+
+    method: str  # a dart_core.peers method name: "llamacpp", "llamacpp-lookup@4", ...
+    label: str  # how the panes and the summary name it
+    runner: object  # has .generate(ids, max_new_tokens, sampling) -> PeerRun (peers.LlamaCppPeer)
+    threads: int  # the CPU threads it runs with (the engine's)
+
+
+@dataclass
+class PeerResult(Run):
+    """One prompt through a peer: one subprocess, not streamed; its text arrives when it ends.
+
+    Counts and times are llama.cpp's own (as in the bench): new tokens up to the EOS, target forwards
+    (plain decoding: one per token), engine time = its prefill + decode timers (process start and
+    model load not counted). output_ids are its text re-tokenized with the target's tokenizer."""
+
+    peer_label: str = ""
+    peer: PeerRun | None = None
+    error: str | None = None  # why it failed (shown in its pane and the summary)
+    threads: int = 0
+    sampled: bool = False  # temperature > 0: llama.cpp's own sampler and random numbers
+
+    @property
+    def label(self) -> str:
+        return self.peer_label or self.method
+
+    @property
+    def done(self) -> bool:
+        return self.peer is not None or self.error is not None
+
+    @property
+    def new_tokens(self) -> int:
+        return self.peer.new_tokens if self.peer is not None else 0
+
+    @property
+    def forwards(self) -> int:
+        return self.peer.target_forwards if self.peer is not None else 0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.engine_s if self.peer is not None and self.engine_s > 0 else 0.0
+
+    @property
+    def stop_reason(self) -> str | None:
+        if self.error is not None:
+            return "failed"
+        if self.peer is None:
+            return None
+        return "eos" if self.peer.stop == "eos" else "max_new_tokens"
 
 
 def decode_stable(tokenizer, ids: list[int]) -> str:
@@ -184,11 +261,13 @@ class Engine:
     """The loaded models and the compute thread that runs one generation step at a time."""
 
     def __init__(self, target: Target, drafters: dict[str, Drafter], max_new_tokens: int, max_length: int | None = None,
-                 compute: ComputeThread | None = None):
-        """compute: the thread that loaded `target` (app/__main__.py loads on it); None: a new one."""
+                 compute: ComputeThread | None = None, peers: list[Peer] = ()):
+        """compute: the thread that loaded `target` (app/__main__.py loads on it); None: a new one.
+        peers: what compare mode runs after the engine's methods (llama.cpp), in this order."""
         self.target = target
         loaded = {**drafters, "ar": ARDrafter()}
         self.drafters = {m: loaded[m] for m in METHOD_ORDER if m in loaded}
+        self.peers = {p.method: p for p in peers}
         self.max_new_tokens = max_new_tokens
         self.max_length = max_length
         self.compute = compute or ComputeThread()
@@ -197,6 +276,10 @@ class Engine:
     @property
     def methods(self) -> list[str]:
         return list(self.drafters)
+
+    def label(self, method: str) -> str:
+        """A method's or a peer's name on the page."""
+        return self.peers[method].label if method in self.peers else METHOD_LABELS.get(method, method)
 
     @property
     def context_limit(self) -> int:
@@ -257,10 +340,29 @@ class Engine:
             pass
         return run
 
+    def run_peer(self, req: Request, method: str) -> PeerResult:
+        """The request's prompt through a peer (compare mode): the same prompt ids (the chat template
+        applied by our tokenizer), max_new_tokens and sampling settings. It runs on the compute thread,
+        so never beside an engine step on the same cores. A failure (llama.cpp's exit status, a timeout,
+        output it cannot read) is returned in .error, never raised: the turn and the app go on."""
+        peer = self.peers[method]
+        result = PeerResult(method, peer_label=peer.label, threads=peer.threads, sampled=not req.params.sampling.greedy)
+        try:
+            ids = self.target.encode(req.messages)
+            run = self.compute.run(peer.runner.generate, ids, req.params.max_new_tokens, req.params.sampling)
+        except PeerError as e:
+            result.error = str(e)
+            return result
+        except Exception as e:  # noqa: BLE001 (anything else a subprocess can raise: shown, not fatal)
+            result.error = f"{type(e).__name__}: {e}"
+            return result
+        result.peer, result.text, result.output_ids, result.engine_s = run, run.text, list(run.output_ids), run.wall_s
+        return result
+
     def speedup(self, run: Run, ar_run: Run | None = None) -> float | None:
         """run's tokens/s over plain decoding's: the AR run of the same comparison when given, else
         the latest AR measurement (warm-up or an earlier request); None when there is none."""
-        if run.method == "ar":
+        if run.method == "ar" or (isinstance(run, PeerResult) and run.peer is None):
             return None
         ref = ar_run.tokens_per_s if ar_run is not None and ar_run.new_tokens else self.ar_reference
         return run.tokens_per_s / ref if ref else None

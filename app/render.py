@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import html
 
-from .engine import Run
+from .engine import PeerResult, Run
 
 PREVIEW_CANDIDATES = 5  # candidates per depth shown in the step details
 CURSOR = '<span class="cursor">▍</span>'
 GENERATING = "generating…"
 STOPPED = "stopped by you"
+RUNNING_PEER = "running llama.cpp…"
+PEER_FAILED = "llama.cpp failed"
+PEER_FOOTNOTE = (
+    "* llama.cpp promises no bit-exactness with this engine: it computes otherwise (the activations quantized to Q8 "
+    "for its quantized matrix products, its own kernels and summation order), so a \"no\" in its row is not a bug. "
+    "Its text is re-tokenized with the target's tokenizer; its time is its own timers' prefill + decode (process "
+    "start and model load not counted); it ran after the engine's methods, with the engine's thread count."
+)
+PEER_SAMPLED = "sampled by llama.cpp's own sampler chain and random numbers (same temperature, top-p and top-k): its text is not expected to match ours"
 
 
 def render_chunks(run: Run) -> str:
@@ -40,10 +49,14 @@ def plain(text: str) -> str:
 
 def stats_text(run: Run, speedup: float | None) -> str:
     """One line: tokens, tokens/s, τ, speed-up, and why it stopped (plain text, escape before use)."""
+    if isinstance(run, PeerResult) and not (run.done and run.peer is not None):
+        # nothing to count yet (it prints its text when it ends), or it failed: say which
+        state = f"stopped: {PEER_FAILED}" if run.done else STOPPED if run.stopped else RUNNING_PEER
+        return f"{run.label} · {state}"
     parts = [f"{run.label}", f"{run.new_tokens} tokens", f"{run.tokens_per_s:.1f} tok/s", f"τ {run.tau:.2f}"]
     if speedup is not None:
         parts.append(f"{speedup:.2f}× vs AR")
-    parts.append(f"stopped: {run.summary.stop_reason}" if run.done else STOPPED if run.stopped else GENERATING)
+    parts.append(f"stopped: {run.stop_reason}" if run.done else STOPPED if run.stopped else GENERATING)
     return " · ".join(parts)
 
 
@@ -57,12 +70,31 @@ def notice_html(text: str) -> str:
     return f'<div class="stats"><div class="stat">{html.escape(text)}</div></div>'
 
 
+def peer_body(run: PeerResult) -> str:
+    """A llama.cpp pane's body: "running llama.cpp…" while its subprocess runs, then its text (one
+    block: it gives no per-forward chunks) and how it ran, or why it failed."""
+    if run.error is not None:
+        return f'<div class="gen peer-error">{html.escape(PEER_FAILED)}: {html.escape(run.error)}</div>'
+    if run.peer is None:
+        what = STOPPED if run.stopped else RUNNING_PEER + " (one subprocess: its text appears when it ends)"
+        return f'<div class="gen peer-running">{html.escape(what)}</div>'
+    p = run.peer
+    exe = p.command[0].rsplit("/", 1)[-1] if p.command else "llama.cpp"
+    how = (
+        f"{exe}, {run.threads} thread{'s' if run.threads != 1 else ''}: prefill {p.timings.prefill_s:.2f} s + decode "
+        f"{p.timings.decode_s:.2f} s by its own timers (the whole process took {p.process_s:.2f} s, model load included)"
+    )
+    notes = [how] + ([PEER_SAMPLED] if run.sampled else [])
+    return f'<div class="gen">{html.escape(run.text)}</div>' + "".join(f'<p class="note">{html.escape(n)}</p>' for n in notes)
+
+
 def compare_html(runs: list[Run], speedups: list[float | None], pending: list[str], stopped: bool = False) -> str:
     """One pane per method, side by side, each streaming its own text; methods still waiting for
     their turn (or, once the user stopped the turn, never run) get an empty pane so the layout does
-    not jump."""
+    not jump. A peer's pane (llama.cpp) shows its text when its run ends."""
     panes = [
-        f'<div class="pane m-{r.method}"><div class="pane-title">{html.escape(stats_text(r, s))}</div>{render_chunks(r)}</div>'
+        f'<div class="pane m-{html.escape(r.method.partition("@")[0])}"><div class="pane-title">{html.escape(stats_text(r, s))}</div>'
+        f"{peer_body(r) if isinstance(r, PeerResult) else render_chunks(r)}</div>"
         for r, s in zip(runs, speedups)
     ]
     why = "not run: " + STOPPED if stopped else "waiting for its turn"
@@ -74,29 +106,44 @@ def summary_html(runs: list[Run], speedups: list[float | None], greedy: bool, ex
     """The comparison in one table. At temperature 0 every method must produce AR's text (lossless);
     the last column shows it. On the CPU kernel path a tree verify computes bit for bit what a one-token
     step computes, in every dtype, so a difference is a bug; on the eager path (no C++ kernels, CUDA)
-    reduced precision can round a near-tie differently now and then."""
+    reduced precision can round a near-tie differently now and then.
+
+    A peer's row (llama.cpp, after the engine's methods) counts with llama.cpp's own numbers: its new
+    tokens, target forwards (plain decoding: one per token) and timers. Its "same text" is computed on
+    ids like the others', but marked: llama.cpp computes otherwise and promises no bit-exactness."""
     ar = next((r for r in runs if r.method == "ar" and r.done), None)
+    same_col = ar is not None and greedy
     head = ["method", "tokens", "target forwards", "τ", "engine time", "tok/s", "speed-up vs AR"]
-    if ar is not None and greedy:
+    if same_col:
         head.append("same text as AR")
     rows = []
     for r, s in zip(runs, speedups):
+        peer = isinstance(r, PeerResult)
+        if peer and r.peer is None:  # failed: its pane has the whole message
+            first = (r.error or "").strip().splitlines()[0] if (r.error or "").strip() else "no reason given"
+            rows.append(f'<tr class="peer-failed"><td>{html.escape(r.label)}</td><td colspan="{len(head) - 1}">{html.escape(PEER_FAILED)}: {html.escape(first)}</td></tr>')
+            continue
         cells = [
             r.label,
             str(r.new_tokens),
-            str(len(r.steps)),
+            str(r.forwards),
             f"{r.tau:.2f}",
             f"{r.engine_s:.2f} s",
             f"{r.tokens_per_s:.1f}",
             "1.00×" if r.method == "ar" else (f"{s:.2f}×" if s is not None else "–"),
         ]
-        if ar is not None and greedy:
-            cells.append("–" if r is ar else ("yes" if r.output_ids == ar.output_ids else "no"))
-        rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+        if same_col:
+            same = "–" if r is ar else ("yes" if r.output_ids == ar.output_ids else "no")
+            cells.append(same + ("*" if peer else ""))
+        tr = '<tr class="peer">' if peer else "<tr>"
+        rows.append(tr + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
     th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
     note = ""
-    if ar is not None and greedy and not exact and any(r.output_ids != ar.output_ids for r in runs):
+    ours = [r for r in runs if not isinstance(r, PeerResult)]
+    if same_col and not exact and any(r.output_ids != ar.output_ids for r in ours):
         note = '<p class="note">This target runs the eager path in reduced precision: a tree verify may round a near-tie differently from a one-token step. The CPU kernel path (built by make setup) or --dtype float32 gives identical texts.</p>'
+    if same_col and len(ours) < len(runs):
+        note += f'<p class="note peer-note">{html.escape(PEER_FOOTNOTE)}</p>'
     return f'<table class="summary"><thead><tr>{th}</tr></thead><tbody>{"".join(rows)}</tbody></table>{note}'
 
 

@@ -20,7 +20,7 @@ import gradio as gr
 from dart_core import kernels
 
 from . import plots, render
-from .engine import METHOD_LABELS, Engine, RequestError, Run
+from .engine import METHOD_LABELS, Engine, PeerResult, RequestError, Run
 
 CSS_PATH = Path(__file__).with_name("style.css")
 ENGINE_QUEUE = "engine"  # the one concurrency group every generation joins
@@ -61,6 +61,7 @@ class Settings:
     exact: bool  # greedy texts must match AR's bit for bit (the CPU kernel path, or float32)
     notes: tuple[str, ...] = ()  # shown under the header: missing heads, fallbacks, ignored flags
     threads: int | None = None  # the engine's torch CPU threads (None: not set, e.g. on a GPU)
+    peers_line: str | None = None  # the header's line on the llama.cpp row: what runs, or why none does
 
 
 class StopSignals:
@@ -157,18 +158,21 @@ class DemoApp:
             f"{html.escape(str(target.device))} · weights {html.escape(target.weights or str(target.dtype).removeprefix('torch.'))}"
             + (f" · {html.escape(kernels.describe())}" if target.device.type == "cpu" else "")
             + (f" · {s.threads} engine thread{'s' if s.threads != 1 else ''}" if s.threads else ""),
-            "methods " + ", ".join(METHOD_LABELS[m] for m in e.methods),
+            "methods " + ", ".join(METHOD_LABELS[m] for m in e.methods)
+            + "".join(f" · compare mode adds {html.escape(p.label)}" for p in e.peers.values()),
         ]
         if s.pruner:
             badges.append(f"tree pruner: {html.escape(s.pruner)}")
         gr.HTML(f"<h1>DART speculative decoding</h1><p>{_md_bold(INTRO)}</p><p class='badges'>{' · '.join(badges)}</p>")
+        if s.peers_line:  # what the llama.cpp row runs, or why there is none (app/__main__.py load_peers)
+            gr.HTML(f"<p class='peers'>{html.escape(s.peers_line)}</p>", elem_id="llamacpp-status")
         if s.notes:
             gr.HTML('<div class="notes">' + "".join(f"<p>⚠ {html.escape(n)}</p>" for n in s.notes) + "</div>", elem_id="notes")
 
     def _controls(self) -> None:
         methods = self.engine.methods
         self.method = gr.Radio([(METHOD_LABELS[m], m) for m in methods], value=self.default_method, label="Method", elem_id="method")
-        can_compare = len(methods) > 1
+        can_compare = len(methods) + len(self.engine.peers) > 1
         self.compare = gr.Checkbox(self.settings.compare and can_compare, label="Compare methods (one after another)", visible=can_compare, elem_id="compare")
         self.include_ar = gr.Checkbox(True, label="…including plain decoding (AR)", visible=self.settings.compare and can_compare and bool(self.drafted))
         with gr.Accordion("Sampling", open=True):
@@ -304,6 +308,12 @@ class DemoApp:
                 break
             last_text = last_plots = 0.0
             run = Run(m)
+            if m in self.engine.peers:  # llama.cpp: one subprocess on the compute thread, its text when it ends
+                frame = self._frame(runs + [PeerResult(m, peer_label=self.engine.label(m))], order, messages, shown, greedy, with_plots=False, final=False)
+                yield {**frame, **self.locked()} if first_frame else frame
+                first_frame = False
+                runs.append(self.engine.run_peer(req, m))
+                continue
             with closing(self.engine.stream(req.for_method(m))) as stream:
                 for run in stream:
                     if self.stops.stopped(turn) and not run.done:
@@ -350,7 +360,8 @@ class DemoApp:
     def _order(self, method: str, compare: bool, include_ar: bool) -> list[str]:
         if not compare:
             return [method]
-        return [m for m in self.engine.methods if m != "ar" or include_ar or not self.drafted]
+        ours = [m for m in self.engine.methods if m != "ar" or include_ar or not self.drafted]
+        return ours + list(self.engine.peers)  # the peers last: after every engine method, never beside one
 
     def _frame(self, runs: list[Run], order: list[str], messages, shown, greedy: bool, with_plots: bool, final: bool, stopped: bool = False) -> dict:
         """The outputs after a step: the chat and the panes every frame, the plots when `with_plots`."""
@@ -366,12 +377,15 @@ class DemoApp:
             self.stats: render.stats_html(runs, speedups),
         }
         if len(order) > 1:
-            pending = [METHOD_LABELS[m] for m in order[len(runs) :]]
+            pending = [self.engine.label(m) for m in order[len(runs) :]]
             out[self.panes] = render.compare_html(runs, speedups, pending, stopped)
             out[self.summary] = render.summary_html([r for r in runs if r.done], [s for r, s in zip(runs, speedups) if r.done], greedy, self.settings.exact)
         out[self.compare_group] = gr.update(visible=len(order) > 1)
         if with_plots:
-            tree_run = self._tree_run(runs, None if final else runs[-1].method)  # streaming: the live run's, if it drafts
+            # A peer (llama.cpp) gives no per-step data, only its totals: the plots show the engine's
+            # methods, the summary table has the peer's row.
+            runs = [r for r in runs if not isinstance(r, PeerResult)]
+            tree_run = self._tree_run(runs, None if final or not runs else runs[-1].method)  # streaming: the live run's, if it drafts
             last = tree_run.steps[-1].index if tree_run and tree_run.steps else 0
             out.update({
                 self.tree_plot: plots.tree_figure(tree_run, None, self.tok),

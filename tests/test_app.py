@@ -9,7 +9,9 @@ they are not built): either way every method's greedy text equals plain decoding
 and the compare table must say so. It runs the embedded EAGLE3 head (with a smaller tree, to keep the test
 cheap); without one, a wiring fixture stands in: the embedded DART head's weights in the EAGLE3 format
 (the same layer without the mask embedding), so the compare path and the API still run a real EAGLE3
-drafter, whose speed and acceptance then mean nothing.
+drafter, whose speed and acceptance then mean nothing. The server starts without llama.cpp flags: where
+`make peers` has built llama.cpp, compare mode ends with its row by default and the browser test checks
+it (tests/test_app_llamacpp.py covers the rest of it); elsewhere the header says why there is none.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from app.engine import MIN_REFERENCE_TOKENS
-from dart_core import kernels
+from dart_core import kernels, peers
 from conftest import eagle3_fixture_head
 from app.screenshot import CHROMIUM, DONE_JS, LOCKED_JS, launch, open_app, send, send_and_wait
 
@@ -41,6 +43,19 @@ SERVER_MAX_NEW = 512  # long enough that a Stop or cancel always lands before a 
 START_TIMEOUT_S = 240
 DTYPE = "bfloat16" if kernels.AVAILABLE else "float32"  # exact greedy texts need the kernels in bf16
 KEYS = {"text", "new_tokens", "tau", "tokens_per_s", "speedup_vs_ar", "done"}
+
+
+def llamacpp_reason() -> str | None:
+    """Why the app's default llama.cpp row cannot run here (None: it runs)."""
+    from dart_core.loading import embedded_gguf_path
+
+    try:
+        return peers.unavailable("llamacpp", peers.resolve_bin_dir(None), embedded_gguf_path())
+    except FileNotFoundError as e:
+        return str(e)
+
+
+HAVE_LLAMACPP = llamacpp_reason() is None
 
 
 def free_port() -> int:
@@ -178,14 +193,21 @@ def test_browser_chat_streams_and_draws_the_tree(server, tmp_path):
         # while a turn runs, nothing can start another (a click Gradio would drop, a prompt the turn would wipe)
         page.wait_for_function(LOCKED_JS, timeout=10_000)
         page.wait_for_function(DONE_JS % 1, timeout=300_000)
-        # a second turn, in compare mode, runs every method to the end
+        # the header says whether compare mode ends with a llama.cpp row, or why not
+        status = page.locator("#llamacpp-status").inner_text()
+        assert ("Compare mode ends with llama.cpp (same GGUF)" in status) if HAVE_LLAMACPP else ("make peers" in status or "GGUF" in status)
+        # a second turn, in compare mode, runs every method to the end (and then llama.cpp, where built)
         page.locator("#compare input").check()
-        send_and_wait(page, "Now write a haiku about the sea.", n_runs=len(METHODS))
+        send_and_wait(page, "Now write a haiku about the sea.", n_runs=len(METHODS) + HAVE_LLAMACPP)
         assert page.locator("#chat .chunk").count() >= 2
         if len(METHODS) > 1:  # lossless at T=0: every method's text is AR's
             rows = page.locator("#summary tbody tr")
-            assert rows.count() == len(METHODS)
+            assert rows.count() == len(METHODS) + HAVE_LLAMACPP
             assert [rows.nth(i).locator("td").last.inner_text() for i in range(len(METHODS) - 1)] == ["yes"] * (len(METHODS) - 1)
+        if HAVE_LLAMACPP:  # its row: llama.cpp's counts; "same text" marked, as it promises no bit-exactness
+            row = page.locator("#summary tbody tr").last.locator("td")
+            assert row.first.inner_text() == "llama.cpp (same GGUF)" and int(row.nth(1).inner_text()) >= 1
+            assert row.last.inner_text() in ("yes*", "no*") and "not a bug" in page.locator("#summary").inner_text()
         page.wait_for_selector("#tree-plot .js-plotly-plot", timeout=60_000)
         if HAVE_DART:
             assert page.locator("#tree-plot .scatterlayer .point").count() > 1
