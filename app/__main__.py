@@ -25,7 +25,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # the demo phones no
 
 import torch  # noqa: E402
 
-from dart_core import load_target, peers  # noqa: E402
+from dart_core import calibrate, load_target, peers  # noqa: E402
 from dart_core.drafters import DEFAULT_DART_HEAD as DEFAULT_DART  # noqa: E402
 from dart_core.drafters import DEFAULT_EAGLE3_HEAD as DEFAULT_EAGLE3  # noqa: E402
 from dart_core.drafters.registry import (  # noqa: E402
@@ -107,6 +107,7 @@ class Loaded:
     progress: Progress
     threads: int | None  # torch CPU threads of the engine (None: left to torch, on a GPU)
     peers_line: str | None = None  # the header's line on the llama.cpp row
+    tree_line: str | None = None  # the header's line on the tree sizes: calibrated on this machine, or why not
 
 
 class Progress:
@@ -166,6 +167,26 @@ def load_eagle3(args, target, default_target: bool, notes: list[str], progress: 
         return None
 
 
+def calibrate_sizes(args, target, default_target: bool, notes: list[str], progress: Progress) -> str | None:
+    """Set the tree sizes the command line left unset to the ones calibrated on this machine
+    (dart_core/calibrate.py; a few seconds on first start, the forward costs cached after), and the
+    header's line saying what was chosen and why. A head that cannot be read here is left to its
+    loader below, which reports it; the calibration then notes that it did not run."""
+    wanted = {m for m in ("dart", "eagle3") if head_is_named(m, args) or embedded_head_exists(m)}
+    if not wanted:
+        return None
+    progress("calibrating the tree sizes on this machine")
+    try:
+        choices = calibrate.calibrate_unset_sizes(target, args, wanted, default_target, log=lambda m: log.warning("%s", m))
+    except (ValueError, OSError, RuntimeError) as e:
+        notes.append(f"Tree sizes not calibrated ({e}); the device default is used.")
+        return None
+    if not choices:
+        return None
+    names = {"dart": "DART", "eagle3": "EAGLE3"}
+    return "Tree size " + "; ".join(f"{names[m]}: {c.reason}" for m, c in choices.items()) + " (--max-nodes N overrides)."
+
+
 def llamacpp_gguf(args, default_target: bool) -> tuple[Path | None, str]:
     """The GGUF llama.cpp runs, and how its row names it: "same GGUF" when it is the file the
     embedded target came from, else the file's name (a GGUF the user vouches for). None: no GGUF."""
@@ -195,10 +216,19 @@ def load_peers(args, target, default_target: bool, notes: list[str], progress: P
     threads = torch.get_num_threads()
     loaded, reasons = [], []
     for method in args.llamacpp_methods:
-        reason = peers.unavailable(method, bin_dir, gguf)
+        reason, draft = peers.unavailable(method, bin_dir, gguf), None
+        if reason is not None and peers.needs_draft(method) and peers.unavailable("llamacpp", bin_dir, gguf) is None:
+            try:  # llamacpp-eagle3 drafts with this app's EAGLE3 head, exported for llama.cpp once (cached)
+                from dart_core.export_gguf import cached_eagle3_gguf
+
+                draft = cached_eagle3_gguf(args.eagle3_model or DEFAULT_EAGLE3, gguf)
+                reason = peers.unavailable(method, bin_dir, gguf, draft)
+            except (ValueError, FileNotFoundError) as e:
+                reason = f"{method}: the EAGLE3 head cannot be exported for llama.cpp: {e}"
         if reason is None:
             try:
-                runner = peers.LlamaCppPeer(method, bin_dir, gguf, threads, target.tokenizer, target.eos_ids, timeout_s=PEER_TIMEOUT_S)
+                runner = peers.LlamaCppPeer(method, bin_dir, gguf, threads, target.tokenizer, target.eos_ids, timeout_s=PEER_TIMEOUT_S,
+                                            draft=draft)
             except Exception as e:  # noqa: BLE001 (a peer that cannot be set up is reported, the app still starts)
                 reason = f"{method}: {e}"
         if reason is not None:
@@ -237,6 +267,7 @@ def load_models(args, compute: ComputeThread) -> Loaded:
     if args.template_name:
         notes.append(f"--template-name {args.template_name} ignored: the tokenizer's own chat template is used.")
     default_target = args.base_model_name_or_path == DEFAULT_MODEL
+    tree_line = calibrate_sizes(args, target, default_target, notes, progress)
     drafters = {}
     dart = load_dart(args, target, default_target, notes, progress)
     if dart is not None:
@@ -253,7 +284,7 @@ def load_models(args, compute: ComputeThread) -> Loaded:
 
         pruner = "C++" if getattr(ngram_cpp, "HAVE_CPP", False) else "pure Python"
     engine = Engine(target, drafters, args.max_new_tokens, args.max_length, compute, peer_list)
-    return Loaded(engine, notes, pruner, progress, threads, peers_line)
+    return Loaded(engine, notes, pruner, progress, threads, peers_line, tree_line)
 
 
 def warm_up(engine: Engine) -> None:
@@ -317,6 +348,7 @@ def build_app(args: argparse.Namespace):
         notes=tuple(loaded.notes),
         threads=loaded.threads,
         peers_line=loaded.peers_line,
+        tree_line=loaded.tree_line,
     )
     return build_demo(engine, settings), loaded, settings
 

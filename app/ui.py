@@ -62,6 +62,7 @@ class Settings:
     notes: tuple[str, ...] = ()  # shown under the header: missing heads, fallbacks, ignored flags
     threads: int | None = None  # the engine's torch CPU threads (None: not set, e.g. on a GPU)
     peers_line: str | None = None  # the header's line on the llama.cpp row: what runs, or why none does
+    tree_line: str | None = None  # the header's line on the tree sizes calibrated on this machine
 
 
 class StopSignals:
@@ -164,6 +165,8 @@ class DemoApp:
         if s.pruner:
             badges.append(f"tree pruner: {html.escape(s.pruner)}")
         gr.HTML(f"<h1>DART speculative decoding</h1><p>{_md_bold(INTRO)}</p><p class='badges'>{' · '.join(badges)}</p>")
+        if s.tree_line:  # the tree sizes chosen on this machine, and why (app/__main__.py calibrate_sizes)
+            gr.HTML(f"<p class='peers'>{html.escape(s.tree_line)}</p>", elem_id="tree-sizes")
         if s.peers_line:  # what the llama.cpp row runs, or why there is none (app/__main__.py load_peers)
             gr.HTML(f"<p class='peers'>{html.escape(s.peers_line)}</p>", elem_id="llamacpp-status")
         if s.notes:

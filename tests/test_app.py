@@ -196,6 +196,10 @@ def test_browser_chat_streams_and_draws_the_tree(server, tmp_path):
         # the header says whether compare mode ends with a llama.cpp row, or why not
         status = page.locator("#llamacpp-status").inner_text()
         assert ("Compare mode ends with llama.cpp (same GGUF)" in status) if HAVE_LLAMACPP else ("make peers" in status or "GGUF" in status)
+        # the header names the tree sizes calibrated on this machine (the kernels path), with the expected speed
+        if HAVE_DART and kernels.AVAILABLE:
+            sizes = page.locator("#tree-sizes").inner_text()
+            assert "DART: " in sizes and "drafted nodes: expected" in sizes and "tok/s" in sizes, sizes
         # a second turn, in compare mode, runs every method to the end (and then llama.cpp, where built)
         page.locator("#compare input").check()
         send_and_wait(page, "Now write a haiku about the sea.", n_runs=len(METHODS) + HAVE_LLAMACPP)
