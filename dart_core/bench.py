@@ -457,8 +457,9 @@ def main(argv: list[str] | None = None) -> int:
 
     log(f"loading target {args.model!r} ({args.dtype}, {args.device})")
     target = load_target(args.model, args.device, args.dtype, kernels=not args.eager)
-    drafted = {"eagle3" if split_method(m)[0] == "eagle3" else "dart" for m in methods if split_method(m)[0] in ("dart", "dart-noctx", "eagle3")}
-    sizes = calibrate.calibrate_unset_sizes(target, args, drafted, args.model == DEFAULT_MODEL, log)  # methods without @N
+    # the tree sizes of the drafters run at the flags' size (not method@N) and left unset: this machine's
+    unsized = {"eagle3" if base == "eagle3" else "dart" for base, size in map(split_method, methods) if size is None and base in ("dart", "dart-noctx", "eagle3")}
+    sizes = calibrate.calibrate_unset_sizes(target, args, unsized, args.model == DEFAULT_MODEL, log)
     runners = {m: build_runner(m, target, args) for m in methods}
     prompts = [target.encode([{"role": "user", "content": q["turns"][0]}]) for _, q in questions]
 
