@@ -139,6 +139,11 @@ def test_lookup_row_counts_accepted_drafts(embedded_target, tmp_path):
     assert r.forwards == r.new_tokens - r.peer.accepted < r.new_tokens and r.tau > 1.0
     row = cells(render.summary_html([r], [None], greedy=True, exact=True), r.label)
     assert row[2:4] == [str(r.forwards), f"{r.tau:.2f}"]
+    # at temperature > 0 it gets the same sampling settings, and its pane says whose sampler drew the tokens
+    sampled = engine.run_peer(engine.request(FIXTURE_MESSAGES, "ar", FIXTURE_MAX_NEW, 0.7, 0.9, 40), "llamacpp-lookup")
+    assert peer.runner.calls[-1][2].temperature == 0.7 and peer.runner.calls[-1][2].top_k == 40 and sampled.sampled
+    assert render.PEER_SAMPLED in html.unescape(render.compare_html([sampled], [None], []))
+    assert render.PEER_SAMPLED not in html.unescape(render.compare_html([r], [None], []))
 
 
 def test_a_running_peer_then_a_failed_one_are_shown_not_raised(embedded_target):
