@@ -125,7 +125,8 @@ def binary_for(method: str) -> str:
 
 
 def needs_draft(method: str) -> bool:
-    return split_peer_method(method)[0] in DRAFT_MODEL_METHODS
+    """Whether `method` (any bench method name) is a llama.cpp method that reads a draft GGUF."""
+    return method.partition("@")[0] in DRAFT_MODEL_METHODS
 
 
 def unavailable(method: str, bin_dir: Path, gguf: Path | None, draft: Path | None = None) -> str | None:

@@ -19,6 +19,7 @@ EMBEDDED_EOS = frozenset({2})  # <|im_end|>
 PERF = {
     "completion": {"prompt_ms": 355.46, "eval_ms": 226.95, "sampling_ms": 1.56, "eval_runs": 9},
     "lookup": {"encoded_s": 0.354, "decoded_s": 0.189, "n_predict": 12, "n_drafted": 6, "n_accept": 6},
+    "eagle3": {"encoded_s": 0.322, "decoded_s": 0.414, "n_predict": 10, "n_drafted": 21, "n_accept": 3, "n_draft": 3},
 }
 
 
@@ -167,6 +168,26 @@ def test_eagle3_peer_reads_a_draft_gguf(tmp_path, tokenizer):
     assert "-md" not in plain
 
 
+def test_eagle3_peer_real_capture(tmp_path, tokenizer, prompt):
+    """llama.cpp's EAGLE3 drafting with our exported head: its summary parsed, its text read back to
+    plain llama-completion's ids (the same answer), τ from its own accept count."""
+    text, ids = prompt
+    gguf, draft = tmp_path / "model.gguf", tmp_path / "eagle3.gguf"
+    gguf.write_bytes(b"GGUF")
+    draft.write_bytes(b"GGUF")
+    bin_dir = fake_bin_dir(tmp_path)
+    peer = peers.LlamaCppPeer("llamacpp-eagle3@3", bin_dir, gguf, 1, tokenizer, EMBEDDED_EOS, draft=draft)
+    r = peer.read_output(ids, text, fixture("spec_eagle3_repeat.stdout"), fixture("spec_eagle3_repeat.stderr"), 48)
+    p = PERF["eagle3"]
+    t = r.timings
+    assert (t.prefill_s, t.decode_s, t.new_tokens, t.drafted, t.accepted, t.draft_max) == (
+        p["encoded_s"], p["decoded_s"], p["n_predict"], p["n_drafted"], p["n_accept"], p["n_draft"])
+    plain = peers.LlamaCppPeer("llamacpp", bin_dir, gguf, 1, tokenizer, EMBEDDED_EOS).read_output(
+        ids, text, fixture("completion_repeat.stdout"), fixture("completion_repeat.stderr"), 48)
+    assert r.stop == "eos" and r.output_ids == plain.output_ids
+    assert r.target_forwards == p["n_predict"] - p["n_accept"]
+
+
 def test_bin_dir_resolution(tmp_path, monkeypatch):
     monkeypatch.delenv(peers.BIN_ENV, raising=False)
     monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path))
@@ -222,6 +243,19 @@ def test_real_llama_completion_on_the_embedded_gguf(tokenizer, prompt):
     assert r.command[r.command.index("-t") + 1] == "1" and "--temp" in r.command
     # its text re-tokenizes to as many ids as it generated (what the comparison with ours relies on)
     assert len(r.output_ids) == r.new_tokens, (r.text, r.output_ids)
+
+
+def test_real_bench_eagle3_row(questions, tmp_path, capsys):
+    """The bench exports the default EAGLE3 head for llama.cpp and runs it beside ours."""
+    _require("llamacpp")
+    out = tmp_path / "r.json"
+    rc = bench.main(["--methods", "ar,llamacpp-eagle3@2", "--dataset", str(questions), "--max-new-tokens", "12",
+                     "--dtype", "float32", "--threads", "1", "--out", str(out)])
+    assert rc == 0
+    result = json.loads(out.read_text())
+    rep = result["methods"]["llamacpp-eagle3@2"]
+    assert rep["drafted"] > 0 and 0 <= rep["accepted_drafts"] <= rep["drafted"] and rep["tau"] >= 1.0
+    assert result["env"]["llamacpp"]["draft_gguf"].endswith(".gguf")
 
 
 def test_real_bench_row_beside_ar(questions, tmp_path, capsys):
