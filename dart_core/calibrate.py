@@ -68,12 +68,12 @@ def machine_key(target: Target, threads: int) -> dict:
             "torch": torch.__version__, "device": str(target.device)}
 
 
-def measure_forwards(target: Target, rows: range | list[int], repeats: int = REPEATS, prefix: int = PREFIX) -> dict[int, float]:
+def measure_forwards(target: Target, rows: range | list[int], repeats: int | None = None, prefix: int = PREFIX) -> dict[int, float]:
     """Median wall ms of one target forward of k new rows (a chain after `prefix` committed tokens)
     for each k in `rows`: the one-token step (k = 1) against the verify of a tree of k - 1 nodes.
     The row counts are timed round-robin (1, 2, ..., 1, 2, ...), so a busy spell of the machine
     falls on every size alike instead of on a few: it is their ratios that choose the tree size."""
-    rows = list(rows)
+    rows, repeats = list(rows), repeats or REPEATS
     cache = target.new_cache(prefix + max(rows) + 8)
     times: dict[int, list[float]] = {k: [] for k in rows}
     with torch.inference_mode():
@@ -106,11 +106,11 @@ def calibration_dir() -> Path:
     return cache_root() / "calibration"
 
 
-def forward_costs(target: Target, threads: int | None = None, refresh: bool = False, rows: int = MAX_CALIBRATED_ROWS) -> ForwardCosts:
+def forward_costs(target: Target, threads: int | None = None, refresh: bool = False, rows: int | None = None) -> ForwardCosts:
     """The target's forward cost by rows on this machine: read back from the calibration cache when
     this machine, build, weights and thread count were measured before (unless `refresh`), else
     measured (~3-10 s) and saved."""
-    threads = threads or torch.get_num_threads()
+    threads, rows = threads or torch.get_num_threads(), rows or MAX_CALIBRATED_ROWS
     key = machine_key(target, threads)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = calibration_dir() / f"forwards-{digest}.json"

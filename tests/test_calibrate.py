@@ -69,6 +69,7 @@ def test_tau_tables(tmp_path):
 
 def test_forward_costs_are_cached_per_machine_and_weights(embedded_target, tmp_path, monkeypatch):
     monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(calibrate, "REPEATS", 2)  # real timings, fewer of them: the cache is under test
     first = calibrate.forward_costs(embedded_target, threads=1, rows=3)
     assert not first.from_cache and set(first.ms) == {1, 2, 3} and all(v > 0 for v in first.ms.values())
     again = calibrate.forward_costs(embedded_target, threads=1, rows=3)
@@ -84,6 +85,10 @@ def test_forward_costs_are_cached_per_machine_and_weights(embedded_target, tmp_p
 
 def test_unset_sizes_are_calibrated_and_set_ones_kept(embedded_bf16, tmp_path, monkeypatch):
     monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path))
+    # the real calibration, cut to trees of up to 4 nodes, 2 timings a size and a short record: the wiring is under test
+    monkeypatch.setattr(calibrate, "MAX_CALIBRATED_ROWS", 5)
+    monkeypatch.setattr(calibrate, "REPEATS", 2)
+    monkeypatch.setattr(calibrate, "OVERHEAD_TOKENS", 16)
     args = parse_args(["--methods", "ar,dart,eagle3", "--dataset", "unused.jsonl", "--max-nodes", "7"])
     choices = calibrate.calibrate_unset_sizes(embedded_bf16, args, {"dart", "eagle3"}, True)
     assert args.max_nodes == 7 and "dart" not in choices  # given on the command line: kept
