@@ -16,6 +16,17 @@ TINY_LAYERS = 8  # >= 7, so the three captured layers (2, L//2, L-3) are distinc
 TINY_EOS = 3
 
 
+def fake_bin_dir(tmp_path: Path) -> Path:
+    """Executable stand-ins for llama.cpp's binaries (they exit 1 and are never run), so that a
+    dart_core.peers.LlamaCppPeer can be built to read captured output."""
+    d = tmp_path / "bin"
+    d.mkdir()
+    for name in ("llama-completion", "llama-lookup", "llama-speculative-simple"):
+        (d / name).write_text("#!/bin/sh\nexit 1\n")
+        (d / name).chmod(0o755)
+    return d
+
+
 def build_tiny_checkpoint(path: Path, arch: str, seed: int = 0, vocab: int = TINY_VOCAB, logit_scale: float = 8.0) -> Path:
     """Save a tiny random HF model of `arch` to `path`. The LM head is scaled up so that next-token
     distributions are peaked, as in a trained model, rather than near-uniform (where argmax ties

@@ -16,6 +16,7 @@ from argparse import Namespace
 from pathlib import Path
 
 import pytest
+from conftest import fake_bin_dir
 
 from app import render
 from app.engine import Engine, Peer, PeerResult, Run, append_step, peer_label
@@ -27,17 +28,6 @@ FIXTURE_MESSAGES = [{"role": "user", "content": "Repeat exactly, three times: th
 FIXTURE_MAX_NEW = 48
 # What the captured completion_repeat.stderr says, copied from its lines by hand (not computed by the code under test)
 COMPLETION_MS = {"prompt": 355.46, "eval": 226.95, "sampling": 1.56, "eval_runs": 9}
-
-
-def fake_bin_dir(tmp_path: Path) -> Path:
-    """Executable stand-ins for llama.cpp's binaries, so a LlamaCppPeer can be built to read the
-    fixtures' output. They are never run."""
-    d = tmp_path / "bin"
-    d.mkdir()
-    for name in ("llama-completion", "llama-lookup", "llama-speculative-simple"):
-        (d / name).write_text("#!/bin/sh\nexit 1\n")
-        (d / name).chmod(0o755)
-    return d
 
 
 class FixtureRunner:

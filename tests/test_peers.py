@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import fake_bin_dir
 
 from dart_core import bench, peers
 
@@ -38,17 +39,6 @@ def tokenizer():
 def prompt(tokenizer):
     text = tokenizer.apply_chat_template([{"role": "user", "content": REPEAT_PROMPT}], tokenize=False, add_generation_prompt=True)
     return text, tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def fake_bin_dir(tmp_path: Path) -> Path:
-    """A directory whose llama.cpp 'binaries' exist and are executable, so that a peer can be built
-    to read fixture output. They are never run."""
-    d = tmp_path / "bin"
-    d.mkdir()
-    for name in ("llama-completion", "llama-lookup", "llama-speculative-simple"):
-        (d / name).write_text("#!/bin/sh\nexit 1\n")
-        (d / name).chmod(0o755)
-    return d
 
 
 # ------------------------------------------------------------------------------- parsing, offline
@@ -245,14 +235,19 @@ def test_real_llama_completion_on_the_embedded_gguf(tokenizer, prompt):
     assert len(r.output_ids) == r.new_tokens, (r.text, r.output_ids)
 
 
+def run_bench(methods: str, questions, tmp_path) -> dict:
+    """One real bench run (12 tokens, fp32, one thread) of `methods`; its JSON result."""
+    out = tmp_path / "r.json"
+    rc = bench.main(["--methods", methods, "--dataset", str(questions), "--max-new-tokens", "12",
+                     "--dtype", "float32", "--threads", "1", "--out", str(out)])
+    assert rc == 0
+    return json.loads(out.read_text())
+
+
 def test_real_bench_eagle3_row(questions, tmp_path, capsys):
     """The bench exports the default EAGLE3 head for llama.cpp and runs it beside ours."""
     _require("llamacpp")
-    out = tmp_path / "r.json"
-    rc = bench.main(["--methods", "ar,llamacpp-eagle3@2", "--dataset", str(questions), "--max-new-tokens", "12",
-                     "--dtype", "float32", "--threads", "1", "--out", str(out)])
-    assert rc == 0
-    result = json.loads(out.read_text())
+    result = run_bench("ar,llamacpp-eagle3@2", questions, tmp_path)
     rep = result["methods"]["llamacpp-eagle3@2"]
     assert rep["drafted"] > 0 and 0 <= rep["accepted_drafts"] <= rep["drafted"] and rep["tau"] >= 1.0
     assert result["env"]["llamacpp"]["draft_gguf"].endswith(".gguf")
@@ -260,13 +255,9 @@ def test_real_bench_eagle3_row(questions, tmp_path, capsys):
 
 def test_real_bench_row_beside_ar(questions, tmp_path, capsys):
     _require("llamacpp-lookup")
-    out = tmp_path / "r.json"
-    rc = bench.main(["--methods", "ar,llamacpp,llamacpp-lookup", "--dataset", str(questions), "--max-new-tokens", "12",
-                     "--dtype", "float32", "--threads", "1", "--out", str(out)])
-    assert rc == 0
+    result = run_bench("ar,llamacpp,llamacpp-lookup", questions, tmp_path)
     printed = capsys.readouterr().out
     assert "| llamacpp |" in printed and "| llamacpp-lookup |" in printed
-    result = json.loads(out.read_text())
     assert "skipped" not in result
     for m in ("llamacpp", "llamacpp-lookup"):
         rep = result["methods"][m]
