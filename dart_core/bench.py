@@ -295,14 +295,7 @@ def held_out_questions(paths: list[Path], skip: int, limit: int) -> list[tuple[s
 
 
 def environment(args: argparse.Namespace, target: Target) -> dict:
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = calibrate.cpu_model()
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):

@@ -49,18 +49,28 @@ OVERHEAD_TOKENS = 48
 # ------------------------------------------------------------------------------ the measurements
 
 
+def cpu_model() -> str:
+    """/proc/cpuinfo's first "model name" (platform.processor() where there is none)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
 def machine_key(target: Target, threads: int) -> dict:
     """What a forward's cost depends on: the CPU model and flags, the kernel build, the weights, threads."""
     from . import kernels
 
-    cpu, flags = platform.processor(), ""
+    cpu, flags = cpu_model(), ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             name, _, value = line.partition(":")
-            if name.strip() == "model name" and cpu == platform.processor():
-                cpu = value.strip()
-            elif name.strip() == "flags" and not flags:
+            if name.strip() == "flags":
                 flags = " ".join(sorted(f for f in value.split() if f.startswith(("avx", "amx", "fma"))))
+                break
     except OSError:
         pass
     return {"version": CALIBRATION_VERSION, "cpu": cpu, "cpu_flags": flags, "kernels": kernels.describe(),
