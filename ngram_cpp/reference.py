@@ -49,6 +49,12 @@ class PruneParams:
     # kept only if its score is >= min_score; -inf keeps max_nodes nodes.
     min_score: float = float("-inf")
     min_nodes: int = 0
+    # The fitted ranking (ngram_cpp/src/pruner.h): levels * ACCEPTANCE_FEATURES logistic weights, row
+    # l for level l (the last row for deeper levels); (): the hand-weighted score above.
+    acceptance: tuple = ()
+    # Adaptive size (with `acceptance`): row_costs[r - 1] is the cost of a step verifying r rows; per
+    # step the tree keeps the prefix of the ranking with the most expected tokens per unit of cost.
+    row_costs: tuple = ()
 
 
 @dataclass
@@ -71,6 +77,46 @@ class PrunedTree:
 
 FROM_HEAD, HEAD_AND_CONTEXT, FROM_CONTEXT = 0, 1, 2
 MAX_CONTEXT_ORDER = 8
+ACCEPTANCE_FEATURES = 13
+FEATURE_FLOOR = 1e-6  # as pruner.cpp's kFeatureFloor
+FEATURE_NAMES = ("bias", "ln head p", "in head top-k", "head rank 0", "ln(1 + head rank)", "ln row's top p", "ln trie q",
+                 "trie seen", "context match / max order", "ln context share", "context seen", "parent's increment", "parent's score")
+
+
+def acceptance_features(head: bool, p: float, rank: int, head_row: bool, row_top: float, q: float, match: int, max_order: int,
+                        c: float, parent_inc: float, parent_score: float) -> list[float]:
+    """The fitted ranking's features of one candidate, as pruner.cpp's acceptance_features (pruner.h
+    says what each argument is)."""
+    return [
+        1.0,
+        math.log(max(p, FEATURE_FLOOR)) if head else 0.0,
+        1.0 if head else 0.0,
+        1.0 if head and rank == 0 else 0.0,
+        math.log1p(rank) if head else 0.0,
+        math.log(max(row_top, FEATURE_FLOOR)) if head_row else 0.0,
+        math.log(q) if q > 0.0 else 0.0,
+        1.0 if q > 0.0 else 0.0,
+        match / max_order if match > 0 else 0.0,
+        math.log(c) if c > 0.0 else 0.0,
+        1.0 if c > 0.0 else 0.0,
+        parent_inc,
+        parent_score,
+    ]
+
+
+def log_sigmoid(z: float) -> float:
+    """ln(sigmoid(z)) without overflow, as pruner.cpp's."""
+    return -math.log1p(math.exp(-z)) if z >= 0.0 else z - math.log1p(math.exp(z))
+
+
+def acceptance_logit(weights, level: int, x: list[float]) -> float:
+    """w_level . x, summed in feature order (as pruner.cpp, so the scores agree to the bit)."""
+    levels = len(weights) // ACCEPTANCE_FEATURES
+    row = min(level, levels - 1) * ACCEPTANCE_FEATURES
+    z = 0.0
+    for f in range(ACCEPTANCE_FEATURES):
+        z += weights[row + f] * x[f]
+    return z
 
 
 class PyContextIndex:
@@ -327,6 +373,75 @@ def _align(x: int) -> int:
     return (x + ALIGN - 1) // ALIGN * ALIGN
 
 
+def _children(tokens, probs, kk: int, level: int, root: int, context: list[int], path: list[int], model, params: PruneParams, index,
+              base: float, parent_inc: float, features: bool = False):
+    """The candidates one parent (the path root + `path`, at `level` = len(path)) expands into, in the
+    pruner's order: (token, score increment, source, the fitted ranking's features if `features` or
+    that ranking is on, else None)."""
+    d = tokens.shape[0]
+    fitted = bool(params.acceptance)
+    use_context = index is not None and params.context_weight > 0
+    order = model.order if model is not None else 1
+    ctx_len = order - 1
+    w = math.pow(float(level + 1), params.level_exponent)
+    decay = math.pow(params.logit_decay, float(level))
+    head_row = level < d
+    ngram = model is not None and params.use_ngram and ctx_len > 0 and (level > 0 or params.ngram_on_first_level or fitted)
+    cand = [int(t) for t in tokens[level, :kk]] if head_row else []
+    row_top = max((float(probs[level, i]) for i in range(kk)), default=0.0) if head_row else 0.0
+    seq = context + [root] + path
+    match, lam, cont = 0, 0.0, {}
+    if use_context:
+        match, cont, _ = index.lookup([root] + path, params.context_min_match)
+        if match:
+            lam = params.context_weight * match / index.max_order
+    total = sum(cont.values())
+    extra = []
+    if match and (head_row or match >= params.context_extend_min_match):
+        extra = [t for t in cont if t not in cand]  # first-seen order
+        extra.sort(key=lambda t: -cont[t])  # stable: ties keep first-seen order
+        extra = extra[: params.context_max_candidates]
+    q = [1.0] * (len(cand) + len(extra))
+    if ngram:
+        q = list(model.probs(seq[-ctx_len:], cand + extra))
+    out = []
+    for i, tok in enumerate(cand + extra):
+        c = cont.get(tok, 0) / total if match else 0.0
+        p = float(probs[level, i]) if i < len(cand) else 0.0
+        source = FROM_CONTEXT if i >= len(cand) else (HEAD_AND_CONTEXT if c > 0 else FROM_HEAD)
+        x = None
+        if fitted or features:
+            x = acceptance_features(i < len(cand), p, i if i < len(cand) else -1, head_row, row_top, q[i] if ngram else 0.0, match,
+                                    index.max_order if use_context else 1, c, parent_inc, base)
+        if fitted:
+            inc = log_sigmoid(acceptance_logit(params.acceptance, level, x))
+        else:
+            term = decay * math.log((1.0 - lam) * p + lam * c + params.eps)
+            if ngram:  # the n-gram probability is mixed with the context too
+                term += params.ngram_weight * math.log((1.0 - lam) * q[i] + lam * c + params.eps)
+            inc = min(0.0, w * term)
+        out.append((tok, inc, source, x))
+    return out
+
+
+def candidate_features(tokens, probs, root: int, context, model, params: PruneParams, index, path, parent_inc: float = 0.0,
+                       parent_score: float = 0.0) -> tuple[list[int], list[int], list[list[float]]]:
+    """(tokens, sources, feature rows) of the candidates the pruner gives the node root + `path` (its
+    increment and score given), as the fitted ranking sees them: what scripts/fit_acceptance.py fits
+    on, with the true continuation as the path. The level is len(path); past the head's rows and the
+    context's extension there are none."""
+    tokens = np.asarray(tokens, dtype=np.int64)
+    probs = np.asarray(probs, dtype=np.float32)
+    kk = min(tokens.shape[1], params.top_k)
+    use_context = index is not None and params.context_weight > 0
+    if len(path) >= tokens.shape[0] + (params.context_extend if use_context else 0):
+        return [], [], []
+    ctx = [int(t) for t in np.asarray(context, dtype=np.int64).reshape(-1)]
+    kids = _children(tokens, probs, kk, len(path), int(root), ctx, [int(t) for t in path], model, params, index, parent_score, parent_inc,
+                     features=True)
+    return [k[0] for k in kids], [k[2] for k in kids], [k[3] for k in kids]
+
+
 def prune_reference(tokens, probs, root: int, context, model, params: PruneParams, eos_id: int, index=None) -> PrunedTree:
     """DART's n-gram guided beam search, step by step (arguments as ngram_cpp.prune).
 
@@ -367,22 +482,23 @@ def prune_reference(tokens, probs, root: int, context, model, params: PruneParam
         raise ValueError("context_min_match and context_extend_min_match must be >= 1, context_extend and context_max_candidates >= 0")
     if math.isnan(params.min_score) or params.min_nodes < 0:
         raise ValueError("min_score must not be NaN and min_nodes must be >= 0")
+    if len(params.acceptance) % ACCEPTANCE_FEATURES or not all(math.isfinite(w) for w in params.acceptance):
+        raise ValueError(f"acceptance must hold levels * {ACCEPTANCE_FEATURES} finite weights")
+    if params.row_costs and not params.acceptance:
+        raise ValueError("row_costs (adaptive size) needs the acceptance model")
+    if not all(c > 0 and math.isfinite(c) for c in params.row_costs):
+        raise ValueError("row_costs must be positive and finite")
     use_context = index is not None and params.context_weight > 0
     levels = d + (params.context_extend if use_context else 0)
     order = model.order if model is not None else 1
     ctx_len = order - 1
 
-    # pool entries: [token, parent, depth, score, source]
-    pool: list[tuple[int, int, int, float, int]] = []
+    # pool entries: [token, parent, depth, score, source, increment]
+    pool: list[tuple[int, int, int, float, int, float]] = []
     beam = [-1]
     for level in range(levels):
         if not beam:
             break
-        w = math.pow(float(level + 1), params.level_exponent)
-        decay = math.pow(params.logit_decay, float(level))
-        head_row = level < d
-        ngram = model is not None and params.use_ngram and ctx_len > 0 and (level > 0 or params.ngram_on_first_level)
-        cand = [int(t) for t in tokens[level, :kk]] if head_row else []
         nxt = []
         for parent in beam:
             path = []
@@ -391,31 +507,11 @@ def prune_reference(tokens, probs, root: int, context, model, params: PruneParam
                 path.append(pool[n][0])
                 n = pool[n][1]
             path = path[::-1]
-            seq = context + [int(root)] + path
-            match, lam, cont = 0, 0.0, {}
-            if use_context:
-                match, cont, _ = index.lookup([int(root)] + path, params.context_min_match)
-                if match:
-                    lam = params.context_weight * match / index.max_order
-            total = sum(cont.values())
-            extra = []
-            if match and (head_row or match >= params.context_extend_min_match):
-                extra = [t for t in cont if t not in cand]  # first-seen order
-                extra.sort(key=lambda t: -cont[t])  # stable: ties keep first-seen order
-                extra = extra[: params.context_max_candidates]
-            q = [1.0] * (len(cand) + len(extra))
-            if ngram:
-                q = list(model.probs(seq[-ctx_len:], cand + extra))
             base = pool[parent][3] if parent >= 0 else 0.0
+            parent_inc = pool[parent][5] if parent >= 0 else 0.0
             depth = pool[parent][2] + 1 if parent >= 0 else 1
-            for i, tok in enumerate(cand + extra):
-                c = cont.get(tok, 0) / total if match else 0.0
-                p = float(probs[level, i]) if i < len(cand) else 0.0
-                term = decay * math.log((1.0 - lam) * p + lam * c + params.eps)
-                if ngram:  # the n-gram probability is mixed with the context too
-                    term += params.ngram_weight * math.log((1.0 - lam) * q[i] + lam * c + params.eps)
-                source = FROM_CONTEXT if i >= len(cand) else (HEAD_AND_CONTEXT if c > 0 else FROM_HEAD)
-                pool.append((tok, parent, depth, base + min(0.0, w * term), source))
+            for tok, inc, source, _ in _children(tokens, probs, kk, level, int(root), context, path, model, params, index, base, parent_inc):
+                pool.append((tok, parent, depth, base + inc, source, inc))
                 nxt.append(len(pool) - 1)
         nxt.sort(key=lambda n: (pool[n][0] == eos_id, -pool[n][3], n))
         nxt = nxt[: params.beam_width]
@@ -426,6 +522,16 @@ def prune_reference(tokens, probs, root: int, context, model, params: PruneParam
     ranked = sorted(range(len(pool)), key=lambda n: (-pool[n][3], pool[n][2], n))[: params.max_nodes]
     floor = next((i for i in range(params.min_nodes, len(ranked)) if pool[ranked[i]][3] < params.min_score), len(ranked))
     ranked = ranked[:floor]
+    if params.acceptance and params.row_costs:  # adaptive size: the most expected tokens per unit of cost
+        limit = min(len(ranked), len(params.row_costs) - 1)
+        n = min(limit, params.min_nodes)
+        expected = 1.0 + sum(math.exp(pool[ranked[i]][3]) for i in range(n))
+        best, best_n = expected / params.row_costs[n], n
+        for n in range(n + 1, limit + 1):
+            expected += math.exp(pool[ranked[n - 1]][3])
+            if expected / params.row_costs[n] > best:
+                best, best_n = expected / params.row_costs[n], n
+        ranked = ranked[:best_n]
     kept, chosen = [], set()
     for n in ranked:
         if pool[n][1] >= 0 and pool[n][1] not in chosen:

@@ -152,7 +152,20 @@ PYBIND11_MODULE(_ngram, m) {
         .def_readwrite("context_extend_min_match", &PruneParams::context_extend_min_match)
         .def_readwrite("context_max_candidates", &PruneParams::context_max_candidates)
         .def_readwrite("min_score", &PruneParams::min_score)
-        .def_readwrite("min_nodes", &PruneParams::min_nodes);
+        .def_readwrite("min_nodes", &PruneParams::min_nodes)
+        .def_readwrite("acceptance", &PruneParams::acceptance)
+        .def_readwrite("row_costs", &PruneParams::row_costs);
+
+    m.attr("ACCEPTANCE_FEATURES") = kAcceptanceFeatures;
+    m.def(
+        "acceptance_features",
+        [](bool head, double p, int64_t rank, bool head_row, double row_top, double q, int match, int max_order, double c,
+           double parent_inc, double parent_score) {
+            std::vector<double> x(kAcceptanceFeatures);
+            acceptance_features(head, p, rank, head_row, row_top, q, match, max_order, c, parent_inc, parent_score, x.data());
+            return x;
+        },
+        "The fitted ranking's features of one candidate (ngram_cpp/src/pruner.h); the Python reference's must equal them");
 
     py::class_<ContextIndex>(m, "ContextIndex")
         .def(py::init<int>(), py::arg("max_order"))

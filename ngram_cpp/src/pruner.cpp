@@ -22,8 +22,15 @@ struct Node {
     int32_t parent;  // index into the node pool, -1 = child of the root
     int32_t depth;   // 1-based
     double score;
+    double inc;      // score - the parent's score (the fitted ranking's parent feature)
     uint8_t source;  // kFromHead / kHeadAndContext / kFromContext
 };
+
+// ln(sigmoid(z)) without overflow: the fitted ranking's increment, always < 0.
+double log_sigmoid(double z) { return z >= 0.0 ? -std::log1p(std::exp(-z)) : z - std::log1p(std::exp(z)); }
+
+// Floor of the probabilities whose logarithm is a feature (a softmaxed top-k can hold exact zeros).
+constexpr double kFeatureFloor = 1e-6;
 
 // N-gram count ratios of one level's candidates after context suffixes, memoised per level: every
 // parent at a level scores the same candidates, and parents share suffixes (all parents ending in
@@ -110,6 +117,13 @@ void check_inputs(const int64_t* tokens, const float* probs, int64_t d, int64_t 
     if (!(p.context_weight >= 0.0 && p.context_weight <= 1.0))
         throw std::invalid_argument("context_weight must be in [0, 1]");
     if (std::isnan(p.min_score) || p.min_nodes < 0) throw std::invalid_argument("min_score must not be NaN and min_nodes must be >= 0");
+    if (p.acceptance.size() % kAcceptanceFeatures != 0)
+        throw std::invalid_argument("acceptance must hold levels * " + std::to_string(kAcceptanceFeatures) + " weights");
+    for (double w : p.acceptance)
+        if (!std::isfinite(w)) throw std::invalid_argument("acceptance weights must be finite");
+    if (!p.row_costs.empty() && p.acceptance.empty()) throw std::invalid_argument("row_costs (adaptive size) needs the acceptance model");
+    for (double c : p.row_costs)
+        if (!(c > 0.0) || !std::isfinite(c)) throw std::invalid_argument("row_costs must be positive and finite");
     if (p.context_min_match < 1 || p.context_extend < 0 || p.context_extend_min_match < 1 || p.context_max_candidates < 0)
         throw std::invalid_argument("context_min_match and context_extend_min_match must be >= 1, context_extend and context_max_candidates >= 0");
     const int64_t levels = d + (use_context ? p.context_extend : 0);
@@ -158,9 +172,28 @@ double trie_prob(const NGramModel& model, const token_t* ctx_end, size_t have, t
 
 }  // namespace
 
+void acceptance_features(bool head, double p, int64_t rank, bool head_row, double row_top, double q, int match, int max_order,
+                         double c, double parent_inc, double parent_score, double* x) {
+    x[0] = 1.0;
+    x[1] = head ? std::log(std::max(p, kFeatureFloor)) : 0.0;
+    x[2] = head ? 1.0 : 0.0;
+    x[3] = head && rank == 0 ? 1.0 : 0.0;
+    x[4] = head ? std::log1p(static_cast<double>(rank)) : 0.0;
+    x[5] = head_row ? std::log(std::max(row_top, kFeatureFloor)) : 0.0;
+    x[6] = q > 0.0 ? std::log(q) : 0.0;
+    x[7] = q > 0.0 ? 1.0 : 0.0;
+    x[8] = match > 0 ? static_cast<double>(match) / static_cast<double>(max_order) : 0.0;
+    x[9] = c > 0.0 ? std::log(c) : 0.0;
+    x[10] = c > 0.0 ? 1.0 : 0.0;
+    x[11] = parent_inc;
+    x[12] = parent_score;
+}
+
 PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k, int64_t root, const int64_t* context,
                  int64_t n_context, const NGramModel* model, const PruneParams& p, int64_t eos_id, const ContextIndex* index) {
     const bool use_context = index != nullptr && p.context_weight > 0.0;
+    const bool fitted = !p.acceptance.empty();
+    const int64_t fitted_levels = static_cast<int64_t>(p.acceptance.size()) / kAcceptanceFeatures;
     check_inputs(tokens, probs, d, k, root, context, n_context, model, p, use_context);
     const int64_t kk = std::min<int64_t>(k, p.top_k);
     // The search stops where it can no longer change the tree. A kept node at depth l+1 needs its l
@@ -187,11 +220,15 @@ PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k
         const double w = std::pow(static_cast<double>(level + 1), p.level_exponent);
         const double decay = std::pow(p.logit_decay, static_cast<double>(level));
         const bool head_row = level < d;
-        const bool ngram = model && p.use_ngram && ctx_len > 0 && (level > 0 || p.ngram_on_first_level);
+        const bool ngram = model && p.use_ngram && ctx_len > 0 && (level > 0 || p.ngram_on_first_level || fitted);
+        // the fitted ranking's weights for this level, and the head row's largest probability
+        const double* wl = fitted ? p.acceptance.data() + std::min(level, fitted_levels - 1) * kAcceptanceFeatures : nullptr;
+        double row_top = 0.0;
         if (head_row) {
             for (int64_t i = 0; i < kk; ++i) {
                 cand[i] = static_cast<token_t>(tokens[level * k + i]);
                 draft_p[i] = static_cast<double>(probs[level * k + i]);
+                row_top = std::max(row_top, draft_p[i]);
             }
         }
         std::optional<NgramRows> rows;
@@ -226,14 +263,26 @@ PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k
                 if (match > 0) lambda = p.context_weight * static_cast<double>(match) / static_cast<double>(index->max_order());
             }
             const double base = parent >= 0 ? pool[parent].score : 0.0;
+            const double parent_inc = parent >= 0 ? pool[parent].inc : 0.0;
             const int32_t depth = parent >= 0 ? pool[parent].depth + 1 : 1;
-            // both the draft and the n-gram probability are mixed with the context's continuation c
-            auto push = [&](token_t token, double prob, double q, double c, uint8_t source) {
-                double term = decay * std::log((1.0 - lambda) * prob + lambda * c + p.eps);
-                if (ngram) term += p.ngram_weight * std::log((1.0 - lambda) * q + lambda * c + p.eps);
-                // ln(1 + eps) > 0: clamp so a child never outscores its parent
-                double inc = std::min(0.0, w * term);
-                pool.push_back(Node{token, parent, depth, base + inc, source});
+            // rank: the column in the head's row, -1 for a context-only candidate
+            auto push = [&](token_t token, double prob, int64_t rank, double q, double c, uint8_t source) {
+                double inc;
+                if (fitted) {
+                    double x[kAcceptanceFeatures];
+                    acceptance_features(rank >= 0, prob, rank, head_row, row_top, ngram ? q : 0.0, match,
+                                        use_context ? index->max_order() : 1, c, parent_inc, base, x);
+                    double z = 0.0;
+                    for (int f = 0; f < kAcceptanceFeatures; ++f) z += wl[f] * x[f];
+                    inc = log_sigmoid(z);
+                } else {
+                    // both the draft and the n-gram probability are mixed with the context's continuation c
+                    double term = decay * std::log((1.0 - lambda) * prob + lambda * c + p.eps);
+                    if (ngram) term += p.ngram_weight * std::log((1.0 - lambda) * q + lambda * c + p.eps);
+                    // ln(1 + eps) > 0: clamp so a child never outscores its parent
+                    inc = std::min(0.0, w * term);
+                }
+                pool.push_back(Node{token, parent, depth, base + inc, inc, source});
                 next.push_back(static_cast<int32_t>(pool.size() - 1));
             };
             if (head_row) {
@@ -242,7 +291,7 @@ PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k
                     for (int64_t i = 0; i < kk; ++i)
                         if (match > 0 && cand[i] == tc.first) cont_p[i] = static_cast<double>(tc.second) / cont.total;
                 for (int64_t i = 0; i < kk; ++i)
-                    push(cand[i], draft_p[i], ngram ? ngram_q[i] : 0.0, cont_p[i], cont_p[i] > 0.0 ? kHeadAndContext : kFromHead);
+                    push(cand[i], draft_p[i], i, ngram ? ngram_q[i] : 0.0, cont_p[i], cont_p[i] > 0.0 ? kHeadAndContext : kFromHead);
             }
             if (match > 0 && (head_row || match >= p.context_extend_min_match)) {
                 // continuations the head did not propose: most frequent first, ties in first-seen order
@@ -256,7 +305,7 @@ PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k
                 if (extra.size() > static_cast<size_t>(p.context_max_candidates)) extra.resize(static_cast<size_t>(p.context_max_candidates));
                 for (const auto& tc : extra) {
                     const double c = static_cast<double>(tc.second) / cont.total;
-                    push(tc.first, 0.0, ngram ? trie_prob(*model, ctx_end, have, tc.first) : 0.0, c, kFromContext);
+                    push(tc.first, 0.0, -1, ngram ? trie_prob(*model, ctx_end, have, tc.first) : 0.0, c, kFromContext);
                 }
             }
         }
@@ -286,6 +335,21 @@ PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k
             want = i;
             break;
         }
+    }
+    if (fitted && !p.row_costs.empty()) {
+        // adaptive size: the prefix of the ranking with the most expected tokens (the root's one plus
+        // each kept node's P(accepted) = exp(score)) per unit of step cost
+        const size_t limit = std::min(want, p.row_costs.size() - 1);
+        size_t n = std::min(limit, static_cast<size_t>(p.min_nodes)), best_n = n;
+        double expected = 1.0;
+        for (size_t i = 0; i < n; ++i) expected += std::exp(pool[order_idx[i]].score);
+        double best = expected / p.row_costs[n];
+        for (++n; n <= limit; ++n) {
+            expected += std::exp(pool[order_idx[n - 1]].score);
+            const double v = expected / p.row_costs[n];
+            if (v > best) best = v, best_n = n;
+        }
+        want = best_n;
     }
     std::vector<int32_t> kept;
     std::vector<int32_t> new_index(pool.size(), -1);

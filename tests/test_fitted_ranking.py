@@ -1,0 +1,126 @@
+"""The pruner's fitted ranking (a logistic model of acceptance per level) and its adaptive tree size:
+the C++ features and trees against the Python reference on random cases, a hand-derived golden
+tree, the adaptive cut's rule, and the fitted file the drafter loads."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ngram_cpp
+from ngram_cpp.reference import (
+    ACCEPTANCE_FEATURES,
+    PruneParams,
+    PyContextIndex,
+    acceptance_features,
+    candidate_features,
+    prune_reference,
+)
+from test_pruner import assert_same_tree, check_invariants, corpus_tries, random_case
+
+needs_cpp = pytest.mark.skipif(not ngram_cpp.HAVE_CPP, reason="the C++ extension is not built")
+TRIES = {order: corpus_tries(order) for order in (2, 3)}
+
+
+def random_weights(rng: random.Random, levels: int) -> tuple:
+    return tuple(rng.uniform(-1.5, 1.5) for _ in range(levels * ACCEPTANCE_FEATURES))
+
+
+def random_fitted_case(rng: random.Random, seed: int):
+    tokens, probs, root, context, params, eos = random_case(rng, seed)
+    seq = [rng.randrange(6) for _ in range(rng.randrange(0, 40))] + context
+    if rng.random() < 0.6:
+        root = rng.randrange(6)
+    index = PyContextIndex(rng.randrange(1, 6))
+    index.extend(seq)
+    levels = rng.randrange(1, 6)
+    costs = tuple(1.0 + 0.3 * r + rng.uniform(0, 0.2) for r in range(rng.randrange(1, 30))) if rng.random() < 0.4 else ()
+    params = dataclasses.replace(
+        params,
+        context_weight=rng.choice([0.0, 0.5, 1.0]),
+        context_extend=rng.randrange(0, 3),
+        context_max_candidates=rng.randrange(0, 4),
+        acceptance=random_weights(rng, levels),
+        row_costs=costs,
+    )
+    return tokens, probs, root, seq, params, eos, index
+
+
+@needs_cpp
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), order=st.sampled_from([2, 3]))
+def test_cpp_agrees_with_reference_fitted(seed, order):
+    model, ref = TRIES[order]
+    tokens, probs, root, seq, params, eos, ref_index = random_fitted_case(random.Random(seed), seed)
+    index = ngram_cpp.ContextIndex(ref_index.max_order, seq)
+    a = ngram_cpp.prune(tokens, probs, root, seq, model, params, int(eos), index=index)
+    b = prune_reference(tokens, probs, root, seq, ref, params, int(eos), ref_index)
+    assert_same_tree(a, b)
+    np.testing.assert_array_equal(a.sources, b.sources)
+    check_invariants(a, params, tokens.shape[0] + (params.context_extend if params.context_weight > 0 else 0))
+    assert np.all(a.scores[1:] < 0)  # ln P(accepted) of every drafted node
+    if params.row_costs:
+        assert len(a.tokens) - 1 <= len(params.row_costs) - 1
+
+
+@needs_cpp
+@settings(max_examples=200, deadline=None)
+@given(head=st.booleans(), p=st.floats(0, 1), rank=st.integers(0, 30), head_row=st.booleans(), row_top=st.floats(0, 1),
+       q=st.floats(0, 1), match=st.integers(0, 6), c=st.floats(0, 1), pi=st.floats(-20, 0), ps=st.floats(-50, 0))
+def test_cpp_features_equal_reference(head, p, rank, head_row, row_top, q, match, c, pi, ps):
+    args = (head, p, rank if head else -1, head_row, row_top, q, match, 6, c, pi, ps)
+    assert ngram_cpp._ngram.acceptance_features(*args) == acceptance_features(*args)
+
+
+def test_golden_fitted_scores():
+    # one level of weights: z = 2 * ln p (head candidate) - 1 (bias); every other weight 0
+    w = [0.0] * ACCEPTANCE_FEATURES
+    w[0], w[1] = -1.0, 2.0
+    params = PruneParams(use_ngram=False, max_nodes=4, beam_width=2, acceptance=tuple(w))
+    tree = ngram_cpp.prune([[10, 11], [20, 21]], [[0.6, 0.4], [0.7, 0.3]], 5, [], None, params)
+    ls = lambda p: -math.log1p(math.exp(1.0 - 2.0 * math.log(p)))  # noqa: E731  ln sigmoid(2 ln p - 1)
+    # scores: 10 ls(.6), 11 ls(.4), 10.20 ls(.6)+ls(.7), 10.21 ls(.6)+ls(.3), ...: the 4 best
+    want = sorted([(ls(0.6), 10), (ls(0.4), 11), (ls(0.6) + ls(0.7), 20), (ls(0.6) + ls(0.3), 21), (ls(0.4) + ls(0.7), 20)], reverse=True)[:4]
+    np.testing.assert_allclose(sorted(tree.scores[1:].tolist(), reverse=True), [s for s, _ in want], atol=1e-6)
+    # the adaptive cut: P(accepted) = exp(score); with costs 1, 1.1, 10, ... a third row never pays
+    adaptive = ngram_cpp.prune([[10, 11], [20, 21]], [[0.6, 0.4], [0.7, 0.3]], 5, [], None,
+                               dataclasses.replace(params, row_costs=(1.0, 1.1, 10.0, 10.0, 10.0)))
+    assert len(adaptive.tokens) == 2 and adaptive.tokens[1] == 10
+    # and at equal costs every node pays
+    flat = ngram_cpp.prune([[10, 11], [20, 21]], [[0.6, 0.4], [0.7, 0.3]], 5, [], None, dataclasses.replace(params, row_costs=(1.0,) * 5))
+    assert_same_tree(flat, tree)
+
+
+def test_bad_fitted_params_raise():
+    for bad in (PruneParams(acceptance=(1.0,) * 5), PruneParams(acceptance=(float("nan"),) * ACCEPTANCE_FEATURES),
+                PruneParams(row_costs=(1.0, 2.0)), PruneParams(acceptance=(0.0,) * ACCEPTANCE_FEATURES, row_costs=(1.0, 0.0))):
+        with pytest.raises(ValueError):
+            ngram_cpp.prune([[1, 2]], [[0.5, 0.5]], 3, [], None, bad)
+        with pytest.raises(ValueError):
+            prune_reference([[1, 2]], [[0.5, 0.5]], 3, [], None, bad, -1)
+
+
+def test_candidate_features_are_the_pruners():
+    """The fit's rows (candidate_features along a path) are the features the pruner scores that path's
+    children with: a one-level model that is the identity on one feature reproduces the scores."""
+    model, ref = TRIES[3]
+    rng = random.Random(4)
+    tokens = np.array([rng.sample(range(30), 6) for _ in range(3)])
+    probs = np.random.default_rng(4).dirichlet(np.ones(6), size=3).astype(np.float32)
+    index = PyContextIndex(4)
+    index.extend([1, 2, 3, 1, 2])
+    w = [0.0] * ACCEPTANCE_FEATURES
+    w[0], w[1], w[6] = 0.5, 1.0, 0.3
+    params = PruneParams(top_k=6, beam_width=50, max_nodes=200, context_weight=1.0, acceptance=tuple(w))
+    tree = prune_reference(tokens, probs, 3, [1, 2], ref, params, -1, index)
+    toks, _, xs = candidate_features(tokens, probs, 3, [1, 2], ref, params, index, [])
+    by_token = {t: s for t, s, depth in zip(tree.tokens.tolist(), tree.scores.tolist(), tree.positions.tolist()) if depth == 1}
+    for t, x in zip(toks, xs):
+        z = sum(a * b for a, b in zip(w, x))
+        assert by_token[t] == pytest.approx(-math.log1p(math.exp(-z)), abs=1e-6)
