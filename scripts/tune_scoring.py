@@ -34,7 +34,7 @@ import torch  # noqa: E402
 from dart_core.bench import held_out_questions  # noqa: E402
 from dart_core.drafters.dart import DartDrafter  # noqa: E402
 from dart_core.drafters.registry import add_drafter_flags, build_drafter, check_drafter_flags  # noqa: E402
-from dart_core.loading import DEFAULT_MODEL  # noqa: E402
+from dart_core.loading import DEFAULT_MODEL, DTYPE_CHOICES  # noqa: E402
 from dart_core.replay import GreedyRecord, record_greedy, replay  # noqa: E402
 from dart_core.target import load_target  # noqa: E402
 
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", type=str, default="", help="after the search, τ of the flags' and the best weights at these tree sizes (e.g. 5,8,16,60)")
     p.add_argument("--records", type=Path, default=None, help="cache of the greedy records (written if absent, read if present)")
     p.add_argument("--model", default=DEFAULT_MODEL)
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="bfloat16", choices=DTYPE_CHOICES, help="the target's weights (gguf: the embedded default's own blocks)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", type=Path, default=None, help="write every setting tried as JSON")
@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--limit and --sizes must be >= 1, --rounds and --skip >= 0")
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.dart_ranking is None:
+        args.dart_ranking = "score"  # the weights searched here are the score's (the fitted ranking ignores them)
     target = load_target(args.model, args.device, args.dtype)
     drafter = build_drafter("dart", target, args, default_target=args.model == DEFAULT_MODEL)
     if args.records is not None and args.records.exists():

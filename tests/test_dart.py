@@ -172,6 +172,27 @@ def test_dart_greedy_equals_ar(tiny_ckpt, use_ngram):
             assert len(s.accepted) == s.steps - 1
 
 
+def test_fitted_ranking_and_adaptive_trees_are_lossless(tiny_llama):
+    """Trees ranked by a (random) fitted acceptance model, fixed-size and adaptive, change only what is
+    drafted: greedy output equals AR's."""
+    import random as _random
+
+    from ngram_cpp.reference import ACCEPTANCE_FEATURES
+
+    rng = _random.Random(3)
+    weights = tuple(rng.uniform(-1, 1) for _ in range(3 * ACCEPTANCE_FEATURES))
+    head = random_head(tiny_llama, seed=5)
+    trie = ngram_cpp.build([[(7 * i + j) % TINY_VOCAB for j in range(40)] for i in range(20)], TINY_VOCAB)
+    fitted = ngram_cpp.PruneParams(top_k=8, beam_width=4, max_nodes=12, context_weight=0.5, context_extend=2, acceptance=weights)
+    adaptive = ngram_cpp.PruneParams(**{**fitted.__dict__, "row_costs": tuple(1.0 + 0.2 * r for r in range(14))})
+    for params in (fitted, adaptive):
+        drafter = DartDrafter(head, tiny_llama, trie, DartParams(params))
+        for prompt in ([5, 6, 7], [11, 40, 12, 90, 4, 4, 4, 17]):
+            ar = complete(tiny_llama, prompt, ARDrafter(), GenerationParams(30))
+            s = complete(tiny_llama, prompt, drafter, GenerationParams(30))
+            assert s.output_ids == ar.output_ids
+
+
 def test_embedded_dart_head_is_lossless(embedded_target):
     """The committed embedded head + trie: greedy output equals AR's (fp32)."""
     from pathlib import Path

@@ -124,3 +124,36 @@ def test_candidate_features_are_the_pruners():
     for t, x in zip(toks, xs):
         z = sum(a * b for a, b in zip(w, x))
         assert by_token[t] == pytest.approx(-math.log1p(math.exp(-z)), abs=1e-6)
+
+
+def write_ranking(head_dir, rows: int = 2, trie: str = "t.ngram", **override) -> None:
+    import json
+
+    data = {"format": "dart-acceptance/1", "trie": trie, "features": ["f"] * ACCEPTANCE_FEATURES,
+            "weights": [[0.1 * (r + 1)] * ACCEPTANCE_FEATURES for r in range(rows)],
+            "tree": {"top_k": 7, "context_max_candidates": 3, "context_extend": 2, "context_order": 5}, **override}
+    (head_dir / "acceptance.json").write_text(json.dumps(data))
+
+
+def test_fitted_ranking_file_and_choice(tmp_path):
+    from dart_core.drafters.dart import DartParams, load_fitted_ranking, ranked_params
+
+    assert load_fitted_ranking(tmp_path) is None
+    base = DartParams(PruneParams(top_k=10, context_weight=0.65, context_extend=4))
+    assert ranked_params(base, None, tmp_path, tmp_path / "t.ngram") == base  # no file: the score
+    with pytest.raises(ValueError, match="no fitted ranking"):
+        ranked_params(base, "fitted", tmp_path, tmp_path / "t.ngram")
+    write_ranking(tmp_path)
+    r = load_fitted_ranking(tmp_path)
+    assert len(r.weights) == 2 * ACCEPTANCE_FEATURES and (r.top_k, r.context_max_candidates, r.context_extend, r.context_order) == (7, 3, 2, 5)
+    got = ranked_params(base, None, tmp_path, tmp_path / "t.ngram")
+    assert got.prune.acceptance == r.weights and got.prune.top_k == 7 and got.prune.context_extend == 2 and got.context_order == 5
+    assert ranked_params(base, "score", tmp_path, tmp_path / "t.ngram") == base
+    # another trie, or the context off: the default keeps the score (the features would mean something else)
+    assert ranked_params(base, None, tmp_path, tmp_path / "other.ngram") == base
+    off = DartParams(PruneParams(top_k=10, context_weight=0.0))
+    assert ranked_params(off, None, tmp_path, tmp_path / "t.ngram") == off
+    assert ranked_params(off, "fitted", tmp_path, None).prune.acceptance == r.weights  # asked for: given
+    write_ranking(tmp_path, features=["f"] * 3)
+    with pytest.raises(ValueError, match="not a fitted ranking"):
+        load_fitted_ranking(tmp_path)

@@ -9,9 +9,11 @@ goes to the C++ beam search, which keeps the best `max_nodes` as the tree to ver
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import torch
 
@@ -67,6 +69,53 @@ def with_context(prune: ngram_cpp.PruneParams, on: bool, weight: float, extend: 
     if not on:
         return replace(prune, context_weight=0.0, context_extend=0)
     return replace(prune, context_weight=weight, context_extend=extend, context_extend_min_match=CONTEXT_EXTEND_MIN_MATCH)
+
+
+ACCEPTANCE_FILE = "acceptance.json"  # beside a DART head: the pruner's fitted ranking (scripts/fit_acceptance.py)
+ACCEPTANCE_FORMAT = "dart-acceptance/1"
+
+
+@dataclass(frozen=True)
+class FittedRanking:
+    """A logistic model of P(node accepted) per tree level for the pruner (ngram_cpp/src/pruner.h),
+    fitted by exact replay for one head and trie, with the tree settings it was fitted under (the
+    features depend on them: the top-k's ranks, the context's candidates and orders)."""
+
+    weights: tuple[float, ...]  # levels * ngram_cpp ACCEPTANCE_FEATURES, row by row
+    trie: str  # the n-gram file's name it was fitted with (the trie probability is a feature)
+    top_k: int
+    context_max_candidates: int
+    context_extend: int
+    context_order: int
+    path: Path | None = None
+
+
+def load_fitted_ranking(head_dir: str | os.PathLike | None) -> FittedRanking | None:
+    """The head's fitted ranking (ACCEPTANCE_FILE beside its config.json), or None where it has none.
+    A file that is there but unreadable is an error: it would silently change the trees otherwise."""
+    from ngram_cpp.reference import ACCEPTANCE_FEATURES
+
+    if head_dir is None or not (Path(head_dir) / ACCEPTANCE_FILE).is_file():
+        return None
+    path = Path(head_dir) / ACCEPTANCE_FILE
+    try:
+        data = json.loads(path.read_text())
+        if data.get("format") != ACCEPTANCE_FORMAT or data.get("features") is None or len(data["features"]) != ACCEPTANCE_FEATURES:
+            raise ValueError(f"format {data.get('format')!r} with {len(data.get('features') or [])} features, expected "
+                             f"{ACCEPTANCE_FORMAT} with {ACCEPTANCE_FEATURES}")
+        weights = tuple(float(w) for row in data["weights"] for w in row)
+        if not weights or any(len(row) != ACCEPTANCE_FEATURES for row in data["weights"]):
+            raise ValueError("weights must be rows of one weight per feature")
+        t = data["tree"]
+        return FittedRanking(weights, str(data["trie"]), int(t["top_k"]), int(t["context_max_candidates"]), int(t["context_extend"]), int(t["context_order"]), path)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{path}: not a fitted ranking ({e}); refit it with scripts/fit_acceptance.py") from None
+
+
+def with_fitted_ranking(prune: ngram_cpp.PruneParams, ranking: FittedRanking) -> ngram_cpp.PruneParams:
+    """Tree parameters that rank by the fitted model, with the candidate settings it was fitted under."""
+    return replace(prune, acceptance=ranking.weights, top_k=ranking.top_k, context_max_candidates=ranking.context_max_candidates,
+                   context_extend=ranking.context_extend if prune.context_weight > 0 else 0)
 
 
 def pruner_eos(target) -> int:
@@ -191,14 +240,45 @@ class _DartSession:
         return Proposal(tree, t1 - t0, t2 - t1, info)
 
 
+# How the pruner ranks nodes when the caller does not say: "fitted" where the head has a fitted
+# ranking for the trie in use and the context n-gram is on (docs/drafters.md has the measurements).
+DEFAULT_RANKING = "fitted"
+RANKINGS = ("fitted", "score")
+
+
+def ranked_params(params: DartParams, ranking: str | None, head_dir: str | os.PathLike | None, ngram_path) -> DartParams:
+    """`params` with the ranking asked for: "score" the hand-weighted score (unchanged), "fitted" the
+    head's fitted ranking (ValueError where it has none), None the DEFAULT_RANKING where it applies
+    (the head has a fitted ranking, fitted with this trie, and the context n-gram is on), else the score."""
+    if ranking not in (None, *RANKINGS):
+        raise ValueError(f"unknown ranking {ranking!r}: choose from {', '.join(RANKINGS)}")
+    if ranking == "score" or (ranking is None and DEFAULT_RANKING == "score"):
+        return params
+    fitted = load_fitted_ranking(head_dir)
+    if fitted is None:
+        if ranking == "fitted":
+            raise ValueError(f"the DART head {head_dir} has no fitted ranking ({ACCEPTANCE_FILE}; scripts/fit_acceptance.py writes one)")
+        return params
+    same_inputs = ngram_path is not None and Path(ngram_path).name == fitted.trie and params.prune.context_weight > 0
+    if ranking is None and not same_inputs:
+        return params  # its features would not mean what they meant in the fit
+    return replace(params, prune=with_fitted_ranking(params.prune, fitted), context_order=fitted.context_order)
+
+
 def load_dart_drafter(
     head_path: str | os.PathLike,
     target,
     ngram_path: str | os.PathLike | None = None,
     params: DartParams = DartParams(),
+    ranking: str | None = "score",
 ) -> DartDrafter:
-    """A DART drafter for `target` from a head checkpoint and (optionally) an n-gram file."""
+    """A DART drafter for `target` from a head checkpoint and (optionally) an n-gram file; `ranking`
+    as ranked_params (the default keeps `params` as given)."""
+    from .head import resolve_head_dir
+
     head = load_head(head_path, dart=True, target=target)
+    if ranking != "score":
+        params = ranked_params(params, ranking, resolve_head_dir(head_path), ngram_path)
     ngram = None
     if ngram_path is not None:
         fingerprint = ngram_cpp.tokenizer_fingerprint(target.tokenizer) if target.tokenizer is not None else None

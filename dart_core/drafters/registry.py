@@ -77,6 +77,10 @@ def _dart_flags(g: argparse._ArgumentGroup) -> None:
                    help=f"context-only candidates per tree node (default {EMBEDDED_WEIGHTS.context_max_candidates} embedded, else {UPSTREAM_WEIGHTS.context_max_candidates})")
     g.add_argument("--context-extend", type=int, default=CONTEXT_EXTEND, help=f"tree levels past the head's rows that follow a context match (default {CONTEXT_EXTEND})")
     g.add_argument("--context-order", type=int, default=CONTEXT_ORDER, help=f"longest context match in tokens (default {CONTEXT_ORDER})")
+    g.add_argument("--dart-ranking", choices=["fitted", "score"], default=None,
+                   help="how the pruner ranks tree nodes: 'fitted', the head's model of P(node accepted) (acceptance.json beside it, "
+                        "scripts/fit_acceptance.py), or 'score', the hand-weighted head and trie log-probabilities (the --level-exponent "
+                        "... flags). Default: fitted where the head has one for the trie in use, else score")
 
 
 def _eagle3_flags(g: argparse._ArgumentGroup) -> None:
@@ -210,7 +214,7 @@ def _build_dart(target, args: argparse.Namespace, default_target: bool, context:
 
     ngram = (ngram or ngram_choice(args, default_target, target)).path
     params = DartParams(tree_params(args, target.device.type, ngram is not None, context, default_target), args.draft_depth, args.context_order)
-    return load_dart_drafter(args.dart_model or DEFAULT_DART_HEAD, target, ngram, params)
+    return load_dart_drafter(args.dart_model or DEFAULT_DART_HEAD, target, ngram, params, getattr(args, "dart_ranking", None))
 
 
 def _build_eagle3(target, args: argparse.Namespace, default_target: bool):
