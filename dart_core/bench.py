@@ -29,7 +29,7 @@ import torch
 from . import calibrate, kernels, peers
 from .generate import ARDrafter, Drafter, GenerationParams, StageTimes, Summary, complete
 from .drafters.registry import DRAFTERS, add_drafter_flags, build_drafter, check_drafter_flags
-from .loading import DEFAULT_MODEL, DTYPE_CHOICES
+from .loading import AUTO, DEFAULT_MODEL, TARGET_DTYPE_CHOICES
 from .sampling import SamplingParams
 from .target import Target, load_target
 
@@ -386,8 +386,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=0, help="sampling seed (per prompt: seed + question index)")
-    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="bfloat16",
-                   help="float32/bfloat16/float16, or gguf: the embedded default in its own GGUF blocks on the CPU kernels")
+    p.add_argument("--dtype", choices=TARGET_DTYPE_CHOICES, default=AUTO,
+                   help="float32/bfloat16/float16, or gguf: the embedded default in its own GGUF blocks on the CPU kernels. "
+                        "Default auto: for the embedded default on the CPU kernels, the path (gguf or bfloat16) whose DART is "
+                        "expected fastest from this machine's measured costs (dart_core/calibrate.py, cached); else bfloat16. "
+                        "Every method runs on the one path chosen; env.weights_choice records it and why"),
     p.add_argument(
         "--eager",
         action="store_true",
@@ -449,10 +452,19 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("no method left to run: " + "; ".join(skipped.values()))
 
     log(f"loading target {args.model!r} ({args.dtype}, {args.device})")
-    target = load_target(args.model, args.device, args.dtype, kernels=not args.eager)
+    known = {}
+    if args.dtype == AUTO:  # one weights path for every method: losslessness is per path (ids equal plain decoding's on it)
+        target, weights, dart_size = calibrate.choose_weights(args.model, args.device, not args.eager, args, log=log)
+        if weights.paths:
+            log(calibrate.weights_table(weights))
+        if dart_size is not None:
+            known["dart"] = dart_size  # timed on this target with these flags while choosing: not timed again
+    else:
+        target = load_target(args.model, args.device, args.dtype, kernels=not args.eager)
+        weights = calibrate.WeightsChoice(args.dtype, f"{args.dtype} (given: --dtype {args.dtype})")
     # the tree sizes of the drafters run at the flags' size (not method@N) and left unset: this machine's
     unsized = {"eagle3" if base == "eagle3" else "dart" for base, size in map(split_method, methods) if size is None and base in ("dart", "dart-noctx", "eagle3")}
-    sizes = calibrate.calibrate_unset_sizes(target, args, unsized, args.model == DEFAULT_MODEL, log)
+    sizes = calibrate.calibrate_unset_sizes(target, args, unsized, args.model == DEFAULT_MODEL, log, known)
     runners = {m: build_runner(m, target, args) for m in methods}
     prompts = [target.encode([{"role": "user", "content": q["turns"][0]}]) for _, q in questions]
 
@@ -491,6 +503,7 @@ def main(argv: list[str] | None = None) -> int:
         for m in methods:
             report[m]["same_as_ar"] = same[m]
     result = {"env": environment(args, target), "methods": report, "datasets": datasets, "samples": samples}
+    result["env"]["weights_choice"] = weights.as_dict()  # the --dtype the run used, why, and (auto) each path's measured costs
     if sizes:
         result["env"]["tree_sizes"] = {m: c.as_dict() for m, c in sizes.items()}
     if any(split_method(m)[0] in peers.PEER_METHODS for m in methods):

@@ -1,4 +1,5 @@
-"""The tree size that makes a drafter fastest on this machine, from measured costs.
+"""The tree size (and, for the embedded default, the weights path) that makes a drafter fastest on
+this machine, from measured costs.
 
 Speculation pays only while a verify of n+1 rows costs little more than a one-row step, and that
 ratio depends on the CPU, the kernel build, the weights (bf16, GGUF blocks) and the thread count:
@@ -16,7 +17,11 @@ on one Xeon a 6-row GGUF verify costs 1.8x a step, a bf16 one 1.4x, and the forc
   prompts and shipped beside the head as TAU_FILE (`python -m dart_core.calibrate --write-tau HEAD`
   writes it, with the command and prompts). A head without one keeps the device default, and says so.
 
-The choice is a prediction; the bench CLI is the measurement (`--max-nodes N` overrides both).
+The same rule picks the weights path of the embedded default (`--dtype auto`, the default of the bench,
+the app and this module's command line; choose_weights): each candidate path (its own GGUF blocks,
+bf16) is loaded and measured, and the one whose DART is expected fastest at its best tree size runs.
+
+The choice is a prediction; the bench CLI is the measurement (`--max-nodes N` and `--dtype` override).
 """
 
 from __future__ import annotations
@@ -60,8 +65,23 @@ def cpu_model() -> str:
     return platform.processor()
 
 
-def machine_key(target: Target, threads: int) -> dict:
-    """What a forward's cost depends on: the CPU model and flags, the kernel build, the weights, threads."""
+def kernel_build_digest() -> str | None:
+    """A digest of the loaded kernel extension's file: a rebuilt build (new code under the same name,
+    e.g. avx512bf16) costs otherwise, so the costs measured on the old one are not read back for it."""
+    from . import kernels
+
+    path = getattr(getattr(kernels, "_ext", None), "__file__", None)
+    if not path:
+        return None
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    except OSError:
+        return None
+
+
+def host_key(threads: int) -> dict:
+    """What any cost measured here depends on besides the model: the CPU model and flags, the kernel
+    build (its name and its file), threads and torch."""
     from . import kernels
 
     cpu, flags = cpu_model(), ""
@@ -74,8 +94,13 @@ def machine_key(target: Target, threads: int) -> dict:
     except OSError:
         pass
     return {"version": CALIBRATION_VERSION, "cpu": cpu, "cpu_flags": flags, "kernels": kernels.describe(),
-            "model": target.name, "model_dir": str(target.model_dir), "weights": target.weights, "threads": threads,
-            "torch": torch.__version__, "device": str(target.device)}
+            "kernel_build": kernel_build_digest(), "threads": threads, "torch": torch.__version__}
+
+
+def machine_key(target: Target, threads: int) -> dict:
+    """What a forward's cost depends on: the host (CPU, kernel build, threads), the model and its weights."""
+    return {**host_key(threads), "model": target.name, "model_dir": str(target.model_dir), "weights": target.weights,
+            "device": str(target.device)}
 
 
 def measure_forwards(target: Target, rows: range | list[int], repeats: int | None = None, prefix: int = PREFIX) -> dict[int, float]:
@@ -116,28 +141,49 @@ def calibration_dir() -> Path:
     return cache_root() / "calibration"
 
 
+def _cache_path(kind: str, key: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return calibration_dir() / f"{kind}-{digest}.json"
+
+
+def _write_cache(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # written whole, then renamed: a reader never sees half a file
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def cached_forward_costs(target: Target, threads: int | None = None, rows: int | None = None) -> ForwardCosts | None:
+    """The forward costs cached for this machine, build, weights and threads, or None: never measures
+    (the app's "why" view shows what the calibration measured, and adds no timing to a start)."""
+    threads, rows = threads or torch.get_num_threads(), rows or MAX_CALIBRATED_ROWS
+    key = machine_key(target, threads)
+    path = _cache_path("forwards", key)
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        ms = {int(k): float(v) for k, v in data["ms"].items()}
+        if data["key"] == key and all(k in ms for k in range(1, rows + 1)):
+            return ForwardCosts(key, ms, data["measured_at"], from_cache=True)
+    except (ValueError, KeyError, TypeError):
+        pass  # a damaged cache file is measured again (and rewritten) rather than trusted
+    return None
+
+
 def forward_costs(target: Target, threads: int | None = None, refresh: bool = False, rows: int | None = None) -> ForwardCosts:
     """The target's forward cost by rows on this machine: read back from the calibration cache when
     this machine, build, weights and thread count were measured before (unless `refresh`), else
     measured (~3-10 s) and saved."""
     threads, rows = threads or torch.get_num_threads(), rows or MAX_CALIBRATED_ROWS
+    if not refresh:
+        cached = cached_forward_costs(target, threads, rows)
+        if cached is not None:
+            return cached
     key = machine_key(target, threads)
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    path = calibration_dir() / f"forwards-{digest}.json"
-    if not refresh and path.is_file():
-        try:
-            data = json.loads(path.read_text())
-            ms = {int(k): float(v) for k, v in data["ms"].items()}
-            if data["key"] == key and all(k in ms for k in range(1, rows + 1)):
-                return ForwardCosts(key, ms, data["measured_at"], from_cache=True)
-        except (ValueError, KeyError, TypeError):
-            pass  # a damaged cache file is measured again (and rewritten) rather than trusted
     ms = measure_forwards(target, range(1, rows + 1))
     costs = ForwardCosts(key, ms, time.strftime("%Y-%m-%d %H:%M:%S"))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"key": key, "ms": ms, "measured_at": costs.measured_at}, indent=1) + "\n")
-    os.replace(tmp, path)
+    _write_cache(_cache_path("forwards", key), {"key": key, "ms": ms, "measured_at": costs.measured_at})
     return costs
 
 
@@ -262,11 +308,13 @@ def calibrate_drafter(target: Target, drafter: Drafter, head_dir: str | os.PathL
 SIZE_FLAGS = {"dart": ("max_nodes", "dart_model"), "eagle3": ("eagle3_max_nodes", "eagle3_model")}
 
 
-def calibrate_unset_sizes(target: Target, args, methods, default_target: bool, log=None) -> dict[str, SizeChoice]:
+def calibrate_unset_sizes(target: Target, args, methods, default_target: bool, log=None,
+                          known: dict[str, SizeChoice] | None = None) -> dict[str, SizeChoice]:
     """For each drafter in `methods` whose tree size the command line left unset (--max-nodes,
     --eagle3-max-nodes), set it on `args` to the calibrated size, and return the choices (with their
     reasons) by drafter. Only on the CPU kernel path: elsewhere (CUDA, eager) the device default stays.
-    --no-calibration keeps the device default everywhere."""
+    --no-calibration keeps the device default everywhere. `known`: choices already made on this
+    target with these flags (choose_weights makes DART's), used instead of timing the drafter again."""
     from .drafters import DEFAULT_DART_HEAD, DEFAULT_EAGLE3_HEAD, default_max_nodes
     from .drafters.head import resolve_head_dir
     from .drafters.registry import build_drafter
@@ -280,11 +328,14 @@ def calibrate_unset_sizes(target: Target, args, methods, default_target: bool, l
         size_dest, head_dest = SIZE_FLAGS[method]
         if getattr(args, size_dest) is not None:
             continue
-        named = getattr(args, head_dest)
-        head_dir = resolve_head_dir(named) if named is not None else defaults[method]
-        probe = argparse_copy(args, max_nodes=MAX_CALIBRATED_ROWS - 1, eagle3_max_nodes=MAX_CALIBRATED_ROWS - 1)
-        drafter = build_drafter(method, target, probe, default_target)
-        choice = calibrate_drafter(target, drafter, head_dir, fallback)
+        if known and method in known:
+            choice = known[method]
+        else:
+            named = getattr(args, head_dest)
+            head_dir = resolve_head_dir(named) if named is not None else defaults[method]
+            probe = argparse_copy(args, max_nodes=MAX_CALIBRATED_ROWS - 1, eagle3_max_nodes=MAX_CALIBRATED_ROWS - 1)
+            drafter = build_drafter(method, target, probe, default_target)
+            choice = calibrate_drafter(target, drafter, head_dir, fallback)
         if choice.calibrated or method == "dart":  # an uncalibrated EAGLE3 keeps following DART's size, as before
             setattr(args, size_dest, choice.max_nodes)
         choices[method] = choice
@@ -300,6 +351,192 @@ def argparse_copy(args, **overrides):
     return argparse.Namespace(**{**vars(args), **overrides})
 
 
+# ------------------------------------------------------------------------------ the weights path
+
+# The paths --dtype auto chooses between for the embedded default: its own GGUF blocks (the fewest
+# bytes a step, fp32 FMAs a verify row) and bf16 (2.8x the bytes, but bf16 pair products a row where
+# the CPU has them). float32 is not a candidate: it streams twice bf16's bytes a step and its verify
+# rows cost fp32 FMAs as GGUF's do, so it cannot beat both; and its head would run in fp32 (head_dtype),
+# so its drafting would need timing of its own on every first start.
+WEIGHTS_CANDIDATES = ("gguf", "bfloat16")
+AUTO_FALLBACK = "bfloat16"  # --dtype auto where nothing is measured: the default before auto existed
+
+
+@dataclass(frozen=True)
+class WeightsChoice:
+    dtype: str  # the --dtype auto stands for here
+    reason: str  # one line for logs, the bench's environment and the app's header
+    # per candidate measured: dtype, weights, forward_ms {rows: ms}, measured_at, plain_tokens_per_s,
+    # dart (SizeChoice.as_dict() at its best size, or None), tokens_per_s (what the paths are ranked by)
+    paths: list[dict] = field(default_factory=list)
+    calibrated: bool = False  # False: not measured (another target, no kernels, --no-calibration): the reason says why
+    rule: str = ""  # "dart": expected DART tokens/s; "plain": one-token steps (no τ table to rank DART by)
+    measured_at: str = ""  # when the choice was made (its forward costs may be older: paths[i]["measured_at"])
+    from_cache: bool = False
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def path(self, dtype: str) -> dict | None:
+        return next((p for p in self.paths if p["dtype"] == dtype), None)
+
+
+def fixed_weights(model, device, use_kernels: bool, no_calibration: bool = False) -> WeightsChoice | None:
+    """What --dtype auto is where there is nothing to measure between (None: measure). An HF
+    checkpoint has no GGUF beside it and keeps bfloat16, the default before auto; so do the eager and
+    CUDA paths (GGUF blocks run on the CPU kernels only) and --no-calibration (no measurement)."""
+    from . import kernels
+    from .loading import DEFAULT_MODEL
+
+    if str(model or DEFAULT_MODEL) != DEFAULT_MODEL:
+        why = "the target is not the embedded default, so it has no GGUF to compare with"
+    elif torch.device(device).type != "cpu":
+        why = f"GGUF blocks run on the CPU kernels, and the target is on {device}"
+    elif not use_kernels:
+        why = "GGUF blocks run on the CPU kernels, and --eager turns them off"
+    elif not kernels.AVAILABLE:
+        why = "the CPU kernels are not built here (pip install -e . builds them), and GGUF blocks need them"
+    elif no_calibration:
+        why = "--no-calibration: nothing measured"
+    else:
+        return None
+    return WeightsChoice(AUTO_FALLBACK, f"{AUTO_FALLBACK} ({why})")
+
+
+def _dart_flag_values(args) -> dict:
+    """DART's flags as given (but the tree size and --no-calibration, keyed apart): the drafting cost
+    and τ depend on them, so they key the cached weights choice."""
+    import argparse
+
+    from .drafters.registry import add_drafter_flags
+
+    group = add_drafter_flags(argparse.ArgumentParser(add_help=False))["dart"]
+    return {a.dest: str(getattr(args, a.dest, None)) for a in group._group_actions if a.dest not in ("max_nodes", "no_calibration")}
+
+
+def rank_weights(entries: list[dict], rule: str, why_plain: str | None = None) -> WeightsChoice:
+    """The measured path with the most expected tokens/s (entries as WeightsChoice.paths), with the reason."""
+    if not entries:
+        raise ValueError("no weights path was measured")
+    best = max(entries, key=lambda e: e["tokens_per_s"])
+    others = [e for e in entries if e is not best]
+
+    def says(e: dict) -> str:
+        if rule == "dart":
+            return f"{e['tokens_per_s']:.0f} tok/s at {e['dart']['max_nodes']} drafted nodes"
+        return f"{1e3 / e['plain_tokens_per_s']:.1f} ms"
+
+    if rule == "dart":
+        reason = (f"{best['weights']}: DART expected {says(best)}" + "".join(f", against {e['dtype']}'s {says(e)}" for e in others)
+                  + " (τ / (verify + drafting) from this machine's measured costs)")
+    else:
+        reason = (f"{best['weights']}: the cheapest one-token step, {says(best)}"
+                  + "".join(f", against {e['dtype']}'s {says(e)}" for e in others)
+                  + f" (DART's speed cannot rank the paths: {why_plain or 'no τ table'})")
+    paths = [{**e, "chosen": e is best} for e in entries]
+    return WeightsChoice(best["dtype"], reason, paths, calibrated=True, rule=rule, measured_at=time.strftime("%Y-%m-%d %H:%M:%S"))
+
+
+def choose_weights(model=None, device="cpu", use_kernels: bool = True, args=None, threads: int | None = None,
+                   refresh: bool = False, log=None) -> tuple[Target, WeightsChoice, SizeChoice | None]:
+    """--dtype auto: the target loaded on the weights path that makes DART fastest on this machine,
+    the choice (with every candidate's costs), and DART's tree size on that path (None where it was not
+    calibrated: the bench and the app pass it to calibrate_unset_sizes, which then does not time DART again).
+
+    For the embedded default on the CPU kernels each WEIGHTS_CANDIDATES path is loaded and its forward
+    costs measured (forward_costs: cached as before); DART's drafting cost is timed once, beside the
+    first path, and used for both (its head runs in bf16 beside either: head_dtype; drafting reads none
+    of the target's weights), and the head's τ table is the one it ships. Each path is ranked by DART's
+    expected tokens/s at its best tree size (--max-nodes N: at N); without a τ table, by the one-token
+    step. The choice is cached beside the forward costs, keyed by the host, the τ table and DART's flags;
+    a later start loads only the chosen path. Elsewhere: fixed_weights."""
+    from .drafters import DEFAULT_DART_HEAD
+    from .drafters.head import resolve_head_dir
+    from .drafters.registry import build_drafter, drafter_args
+    from .loading import DEFAULT_MODEL, resolve_model_dir
+    from .target import load_target
+
+    model = model or DEFAULT_MODEL
+    args = args if args is not None else drafter_args()
+    say = log or (lambda msg: None)
+    fixed = fixed_weights(model, device, use_kernels, getattr(args, "no_calibration", False))
+    if fixed is not None:
+        return load_target(model, device, fixed.dtype, kernels=use_kernels), fixed, None
+    threads = threads or torch.get_num_threads()
+    head_dir = resolve_head_dir(args.dart_model) if args.dart_model is not None else DEFAULT_DART_HEAD
+    tau, why_plain = None, None
+    if not (Path(head_dir) / "config.json").is_file():
+        why_plain = f"no DART head at {head_dir}"
+    else:
+        tau = read_tau_table(head_dir)
+        if tau is None:
+            why_plain = f"the DART head has no {TAU_FILE}"
+    sizes = sorted(n for n in (tau or {}) if n + 1 <= MAX_CALIBRATED_ROWS)
+    if args.max_nodes is not None and tau is not None:
+        sizes = [args.max_nodes] if args.max_nodes in sizes else []
+        if not sizes:
+            why_plain = f"--max-nodes {args.max_nodes} is not a calibrated size (1-{MAX_CALIBRATED_ROWS - 1} with a τ)"
+    key = {**host_key(threads), "kind": "weights", "model_dir": str(resolve_model_dir(model)), "candidates": list(WEIGHTS_CANDIDATES),
+           "tau": {str(n): tau[n] for n in sizes} if sizes else None, "dart_flags": _dart_flag_values(args), "max_nodes": args.max_nodes}
+    path = _cache_path("weights", key)
+    if not refresh and path.is_file():
+        try:
+            data = json.loads(path.read_text())
+            if data["key"] == key:
+                paths = [{**e, "forward_ms": {int(k): float(v) for k, v in e["forward_ms"].items()}} for e in data["choice"]["paths"]]
+                choice = WeightsChoice(**{**data["choice"], "paths": paths, "from_cache": True})
+                say(f"weights: {choice.reason} (cached {choice.measured_at})")
+                entry = choice.path(choice.dtype)
+                dart = SizeChoice(**entry["dart"]) if entry and entry.get("dart") else None
+                return load_target(model, device, choice.dtype, kernels=use_kernels), choice, dart
+        except (ValueError, KeyError, TypeError):
+            pass  # a damaged file: measured again and rewritten
+    entries, kept, draft_ms = [], None, None
+    for dtype in WEIGHTS_CANDIDATES:
+        say(f"weights path {dtype}: loading and measuring its forward cost by rows")
+        target = load_target(model, device, dtype, kernels=use_kernels)
+        costs = forward_costs(target, threads, refresh=refresh)
+        entry = {"dtype": dtype, "weights": target.weights, "forward_ms": costs.ms, "measured_at": costs.measured_at,
+                 "plain_tokens_per_s": 1e3 / costs.ms[1], "dart": None}
+        if sizes and draft_ms is None and why_plain is None:
+            say(f"timing DART's drafting by replay beside {dtype} (once: the head runs the same beside every path)")
+            try:
+                drafter = build_drafter("dart", target, argparse_copy(args, max_nodes=max(sizes)), True)
+                record = record_greedy(target, [{"role": "user", "content": OVERHEAD_PROMPT}], OVERHEAD_TOKENS)
+                draft_ms = drafting_ms(drafter, record, sizes)
+            except (OSError, ValueError) as e:  # a head that does not load: rank by the step, and say why
+                why_plain = f"the DART head did not load: {e}"
+        if draft_ms is not None:
+            dart = choose_max_nodes(costs.ms, {n: tau[n] for n in sizes}, draft_ms)
+            entry.update(dart=dart.as_dict(), tokens_per_s=max(r["tokens_per_s"] for r in dart.table))
+        else:
+            entry["tokens_per_s"] = entry["plain_tokens_per_s"]
+        entries.append(entry)
+        if kept is None or entry["tokens_per_s"] > kept[1]["tokens_per_s"]:
+            kept = (target, entry)  # the loser is dropped here: only one target stays in memory for long
+        del target
+    # drafting is timed beside the first path or not at all, so every path is ranked by the same rule
+    choice = rank_weights(entries, "dart" if draft_ms is not None else "plain", why_plain)
+    target = kept[0] if kept[1]["dtype"] == choice.dtype else load_target(model, device, choice.dtype, kernels=use_kernels)
+    _write_cache(path, {"key": key, "choice": choice.as_dict()})
+    say(f"weights: {choice.reason}")
+    entry = choice.path(choice.dtype)
+    return target, choice, (SizeChoice(**entry["dart"]) if entry["dart"] else None)
+
+
+def weights_table(choice: WeightsChoice) -> str:
+    """The per-path table of a measured choice, as text (the command line's, the bench's log)."""
+    lines = []
+    for e in choice.paths:
+        ms = {int(k): v for k, v in e["forward_ms"].items()}
+        line = f"  {'*' if e.get('chosen') else ' '} {e['dtype']:<9} step {ms[1]:6.2f} ms (plain {e['plain_tokens_per_s']:5.0f} tok/s)"
+        if e.get("dart"):
+            n = e["dart"]["max_nodes"]
+            line += f"; DART at {n} nodes: verify {ms[n + 1]:.2f} ms ({ms[n + 1] / ms[1]:.2f}x), expected {e['tokens_per_s']:.0f} tok/s"
+        lines.append(line)
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------------------ command line
 
 
@@ -310,10 +547,12 @@ def main(argv: list[str] | None = None) -> int:
     from .bench import held_out_questions
     from .drafters import DEFAULT_DART_HEAD, DEFAULT_EAGLE3_HEAD, default_max_nodes
     from .drafters.registry import build_drafter, drafter_args
-    from .loading import DEFAULT_MODEL, DTYPE_CHOICES
+    from .loading import AUTO, DEFAULT_MODEL, TARGET_DTYPE_CHOICES
 
     p = argparse.ArgumentParser(prog="python -m dart_core.calibrate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="bfloat16", help="the target's weights (as the bench's --dtype)")
+    p.add_argument("--dtype", choices=TARGET_DTYPE_CHOICES, default=AUTO,
+                   help="the target's weights, as the bench's --dtype (default auto: measure each path, "
+                        f"{', '.join(WEIGHTS_CANDIDATES)}, and print which one makes DART fastest here)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--write-tau", nargs="*", choices=["dart", "eagle3"], default=None, metavar="METHOD",
                    help=f"measure τ by tree size for the default heads of these methods by exact replay and write {TAU_FILE} beside each")
@@ -322,14 +561,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=10, help="--write-tau: prompts per file after --skip")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--sizes", default="1-16", help="--write-tau: tree sizes, e.g. 1-16 or 2,5,8")
-    p.add_argument("--refresh", action="store_true", help="measure the forward costs again (and save them) instead of reading the calibration cache")
+    p.add_argument("--refresh", action="store_true", help="measure the forward costs (and, with --dtype auto, the weights choice) again and save them, instead of reading the calibration cache")
     args = p.parse_args(argv)
+    if args.write_tau is not None and args.dtype == AUTO:
+        p.error("--write-tau measures τ on one weights path, which the file records: give --dtype (the shipped tables used gguf)")
     if args.threads:
         torch.set_num_threads(args.threads)
     from .target import load_target
 
-    target = load_target(DEFAULT_MODEL, "cpu", args.dtype)
     heads = {"dart": DEFAULT_DART_HEAD, "eagle3": DEFAULT_EAGLE3_HEAD}
+    known = {}
+    if args.dtype == AUTO:
+        log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+        target, weights, dart = choose_weights(DEFAULT_MODEL, "cpu", True, drafter_args(), args.threads, args.refresh, log)
+        when = f" (cached {weights.measured_at}; --refresh measures again)" if weights.from_cache else " (measured now)" if weights.calibrated else ""
+        print(f"weights (--dtype auto): {weights.reason}{when}")
+        if weights.paths:
+            print(weights_table(weights))
+        if dart is not None:
+            known["dart"] = dart
+    else:
+        target = load_target(DEFAULT_MODEL, "cpu", args.dtype)
     if args.write_tau is not None:
         if not args.dataset:
             raise SystemExit("--write-tau needs --dataset (held-out prompts: not the ones the bench reports on)")
@@ -351,13 +603,16 @@ def main(argv: list[str] | None = None) -> int:
             }, indent=1) + "\n")
             print(f"{method}: " + "  ".join(f"{n}:{t:.3f}" for n, t in tau.items()) + f"  -> {out}")
         return 0
-    costs = forward_costs(target, args.threads, refresh=args.refresh)
+    costs = forward_costs(target, args.threads, refresh=args.refresh and args.dtype != AUTO)  # auto measured them just now
     print(f"{target.weights}, {costs.key['kernels']}, {costs.key['threads']} threads, {costs.key['cpu']}"
           f" ({'cached ' + costs.measured_at if costs.from_cache else 'measured now'})")
     print("forward ms by rows: " + "  ".join(f"{k}:{v:.2f} ({costs.ratio(k):.2f}x)" for k, v in costs.ms.items()))
     for method, head in heads.items():
-        drafter = build_drafter(method, target, drafter_args(max_nodes=MAX_CALIBRATED_ROWS - 1), True)
-        choice = calibrate_drafter(target, drafter, head, fallback=default_max_nodes(target.device.type), threads=args.threads)
+        if method in known:  # timed while choosing the weights, on this very target and flags
+            choice = known[method]
+        else:
+            drafter = build_drafter(method, target, drafter_args(max_nodes=MAX_CALIBRATED_ROWS - 1), True)
+            choice = calibrate_drafter(target, drafter, head, fallback=default_max_nodes(target.device.type), threads=args.threads)
         print(f"{method}: {choice.reason}")
     return 0
 

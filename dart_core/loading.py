@@ -33,6 +33,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # The embedded default read in its own GGUF blocks: not a torch dtype, a way of reading the weights.
 GGUF = "gguf"
 DTYPE_CHOICES = (*DTYPES, GGUF)
+# The bench's, the app's and the calibration's default: the weights path calibrated on this machine
+# (dart_core/calibrate.py choose_weights) for the embedded default, bfloat16 for any other target.
+AUTO = "auto"
+TARGET_DTYPE_CHOICES = (AUTO, *DTYPE_CHOICES)
 
 
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:

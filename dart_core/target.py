@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .loading import DEFAULT_MODEL, GGUF, embedded_gguf_path, parse_dtype, resolve_model_dir
+from .loading import AUTO, DEFAULT_MODEL, GGUF, embedded_gguf_path, parse_dtype, resolve_model_dir
 from .model import BlockLinear, ForwardOutput, KVCache, Transformer, load_gguf_transformer, load_transformer
 from .tree import DraftTree
 
@@ -137,7 +137,9 @@ def load_target(
     """Load a target: "default" (embedded SmolLM2-135M-Instruct), a local directory or a hub id.
 
     dtype: float32 | bfloat16 | float16, or "gguf" for the embedded default read in its own GGUF
-    blocks (Q4_1 layers, Q8_0 embedding) on the CPU kernels, exactly its fp32 values.
+    blocks (Q4_1 layers, Q8_0 embedding) on the CPU kernels, exactly its fp32 values; or "auto": the
+    path the calibration finds fastest for DART on this machine (dart_core/calibrate.py choose_weights:
+    measured once, cached; bfloat16 for any other target).
 
     kernels=False keeps every forward on the eager torch path (see Transformer)."""
     from transformers import AutoTokenizer
@@ -146,6 +148,10 @@ def load_target(
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' requested but CUDA is not available")
     name = str(model or DEFAULT_MODEL)
+    if dtype == AUTO:
+        from .calibrate import choose_weights  # it loads each candidate with this function, never with "auto"
+
+        return choose_weights(model, device, kernels)[0]
     if dtype == GGUF:
         # The embedded default's own GGUF blocks on the CPU kernels; activations and the cache in fp32.
         if name != DEFAULT_MODEL:

@@ -46,6 +46,9 @@ def test_bench_cli_json_and_losslessness(questions, tmp_path, capsys):
         assert r["tau"] >= 1.0 and r["new_tokens"] == result["methods"]["ar"]["new_tokens"]
         assert sum(r["accept_hist"]) > 0 and r["verify_ms"] > 0 and r["draft_ms"] > 0
     assert result["env"]["dtype"] == "float32" and result["env"]["max_new_tokens"] == 24
+    # --dtype given: the run says so, and measured no other path
+    weights = result["env"]["weights_choice"]
+    assert weights["dtype"] == "float32" and "given: --dtype float32" in weights["reason"] and not weights["calibrated"] and not weights["paths"]
     # --max-nodes given: DART not calibrated; the fixture EAGLE3 head has no τ table: the default, and why
     assert "dart" not in result["env"]["tree_sizes"] and not result["env"]["tree_sizes"]["eagle3"]["calibrated"]
     assert "no tree_sizes.json" in result["env"]["tree_sizes"]["eagle3"]["reason"]

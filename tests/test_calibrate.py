@@ -106,3 +106,84 @@ def test_unset_sizes_are_calibrated_and_set_ones_kept(embedded_bf16, tmp_path, m
     args = parse_args(["--methods", "ar,eagle3", "--dataset", "unused.jsonl", "--eagle3-model", str(bare)])
     choice = calibrate.calibrate_unset_sizes(embedded_bf16, args, {"eagle3"}, True)["eagle3"]
     assert not choice.calibrated and "no tree_sizes.json" in choice.reason and args.eagle3_max_nodes is None
+
+
+# ------------------------------------------------------------------------------ the weights path (--dtype auto)
+
+
+def _path(dtype, step_ms, tps, nodes=None):
+    return {"dtype": dtype, "weights": dtype, "forward_ms": {1: step_ms, 2: step_ms * 1.1}, "measured_at": "now",
+            "plain_tokens_per_s": 1e3 / step_ms, "dart": None if nodes is None else {"max_nodes": nodes}, "tokens_per_s": tps}
+
+
+def test_weights_are_ranked_by_expected_dart_speed_else_by_the_step():
+    # DART's rule: the faster step loses when its verify rows cost more (the GGUF-on-AVX2 case)
+    choice = calibrate.rank_weights([_path("gguf", 10.0, 80.0, 1), _path("bfloat16", 15.0, 95.0, 4)], "dart")
+    assert choice.dtype == "bfloat16" and choice.calibrated and choice.rule == "dart"
+    assert "95 tok/s at 4 drafted nodes" in choice.reason and "gguf's 80 tok/s at 1 drafted nodes" in choice.reason
+    assert [p["chosen"] for p in choice.paths] == [False, True] and choice.path("bfloat16")["chosen"]
+    plain = calibrate.rank_weights([_path("gguf", 10.0, 100.0), _path("bfloat16", 15.0, 66.7)], "plain", "no DART head at x")
+    assert plain.dtype == "gguf" and "10.0 ms" in plain.reason and "no DART head at x" in plain.reason
+    with pytest.raises(ValueError):
+        calibrate.rank_weights([], "dart")
+
+
+def test_auto_is_bfloat16_where_nothing_is_measured():
+    from dart_core import kernels
+
+    cases = [("org/other", "cpu", True, False, "not the embedded default"), ("default", "cpu", False, False, "--eager"),
+             ("default", "cuda", True, False, "on cuda")]
+    if kernels.AVAILABLE:
+        cases.append(("default", "cpu", True, True, "--no-calibration"))
+        assert calibrate.fixed_weights("default", "cpu", True) is None  # measured
+    for model, device, use_kernels, no_calibration, why in cases:
+        choice = calibrate.fixed_weights(model, device, use_kernels, no_calibration)
+        assert choice.dtype == "bfloat16" and not choice.calibrated and not choice.paths and why in choice.reason
+
+
+def test_auto_needs_an_explicit_dtype_to_write_tau():
+    with pytest.raises(SystemExit):
+        calibrate.main(["--write-tau", "dart", "--dataset", "unused.jsonl"])
+    assert parse_args(["--dataset", "unused.jsonl"]).dtype == "auto"  # the bench's default
+
+
+def test_auto_measures_each_path_once_and_caches_the_choice(tmp_path, monkeypatch):
+    from dart_core import kernels
+
+    if not kernels.AVAILABLE:
+        pytest.skip("GGUF weights need the CPU kernels")
+    monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path))
+    # the real measurement, cut to trees of up to 3 nodes, 2 timings a size and a short record: the wiring is under test
+    monkeypatch.setattr(calibrate, "MAX_CALIBRATED_ROWS", 4)
+    monkeypatch.setattr(calibrate, "REPEATS", 2)
+    monkeypatch.setattr(calibrate, "OVERHEAD_TOKENS", 12)
+    said = []
+    target, choice, dart = calibrate.choose_weights("default", "cpu", True, threads=1, log=said.append)
+    assert choice.calibrated and choice.rule == "dart" and not choice.from_cache
+    assert [p["dtype"] for p in choice.paths] == list(calibrate.WEIGHTS_CANDIDATES)
+    best = max(choice.paths, key=lambda p: p["tokens_per_s"])
+    assert best["chosen"] and best["dtype"] == choice.dtype and target.weights == best["weights"]
+    assert dart is not None and dart.calibrated and 1 <= dart.max_nodes <= 3 and best["dart"]["max_nodes"] == dart.max_nodes
+    for p in choice.paths:  # each path's own forward costs, the same drafting costs (timed once)
+        assert set(p["forward_ms"]) == {1, 2, 3, 4} and p["dart"]["table"][0]["draft_ms"] == choice.paths[0]["dart"]["table"][0]["draft_ms"]
+    assert sum("timing DART's drafting" in m for m in said) == 1
+    # a second start reads the choice back and loads only the chosen path
+    loads = []
+    real = calibrate_load_target()
+    monkeypatch.setattr("dart_core.target.load_target", lambda *a, **k: loads.append(a[2]) or real(*a, **k))
+    again_target, again, again_dart = calibrate.choose_weights("default", "cpu", True, threads=1)
+    assert again.from_cache and again.dtype == choice.dtype and again.paths == choice.paths
+    assert loads == [choice.dtype] and again_target.weights == target.weights and again_dart == dart
+    # other DART flags are another choice (its drafting costs differ): measured again
+    args = drafter_args(no_ngram=True)
+    assert not calibrate.choose_weights("default", "cpu", True, args, threads=1)[1].from_cache
+    # the tree size timed while choosing is DART's size, not timed again
+    args = parse_args(["--methods", "ar,dart", "--dataset", "unused.jsonl"])
+    sizes = calibrate.calibrate_unset_sizes(again_target, args, {"dart"}, True, known={"dart": again_dart})
+    assert sizes["dart"] is again_dart and args.max_nodes == dart.max_nodes
+
+
+def calibrate_load_target():
+    from dart_core.target import load_target
+
+    return load_target
