@@ -6,6 +6,7 @@ the fallback when the extension is not built (e.g. on a platform without a compi
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import struct
 from dataclasses import dataclass
@@ -77,18 +78,20 @@ class PrunedTree:
 
 FROM_HEAD, HEAD_AND_CONTEXT, FROM_CONTEXT = 0, 1, 2
 MAX_CONTEXT_ORDER = 8
-ACCEPTANCE_FEATURES = 13
+ACCEPTANCE_FEATURES = 14
 FEATURE_FLOOR = 1e-6  # as pruner.cpp's kFeatureFloor
-FEATURE_NAMES = ("bias", "ln head p", "in head top-k", "head rank 0", "ln(1 + head rank)", "ln row's top p", "ln trie q",
-                 "trie seen", "context match / max order", "ln context share", "context seen", "parent's increment", "parent's score")
+FEATURE_NAMES = ("bias", "score", "increment", "ln head p", "in head top-k", "head rank 0", "ln(1 + head rank)", "ln row's top p",
+                 "ln trie q", "trie seen", "context match / max order", "ln context share", "context seen", "parent's fitted ln P")
 
 
-def acceptance_features(head: bool, p: float, rank: int, head_row: bool, row_top: float, q: float, match: int, max_order: int,
-                        c: float, parent_inc: float, parent_score: float) -> list[float]:
-    """The fitted ranking's features of one candidate, as pruner.cpp's acceptance_features (pruner.h
-    says what each argument is)."""
+def acceptance_features(score: float, inc: float, head: bool, p: float, rank: int, head_row: bool, row_top: float, q: float, match: int,
+                        max_order: int, c: float, parent_fit: float) -> list[float]:
+    """The fitted ranking's features of one node, as pruner.cpp's acceptance_features (pruner.h says
+    what each argument is)."""
     return [
         1.0,
+        score,
+        inc,
         math.log(max(p, FEATURE_FLOOR)) if head else 0.0,
         1.0 if head else 0.0,
         1.0 if head and rank == 0 else 0.0,
@@ -99,8 +102,7 @@ def acceptance_features(head: bool, p: float, rank: int, head_row: bool, row_top
         match / max_order if match > 0 else 0.0,
         math.log(c) if c > 0.0 else 0.0,
         1.0 if c > 0.0 else 0.0,
-        parent_inc,
-        parent_score,
+        parent_fit,
     ]
 
 
@@ -374,10 +376,10 @@ def _align(x: int) -> int:
 
 
 def _children(tokens, probs, kk: int, level: int, root: int, context: list[int], path: list[int], model, params: PruneParams, index,
-              base: float, parent_inc: float, features: bool = False):
-    """The candidates one parent (the path root + `path`, at `level` = len(path)) expands into, in the
-    pruner's order: (token, score increment, source, the fitted ranking's features if `features` or
-    that ranking is on, else None)."""
+              base: float, parent_fit: float, features: bool = False):
+    """The candidates one parent (the path root + `path`, at `level` = len(path), score `base`)
+    expands into, in the pruner's order: (token, score increment, source, fitted ln P (0 without a
+    fitted ranking), the fitted ranking's features if `features` or that ranking is on, else None)."""
     d = tokens.shape[0]
     fitted = bool(params.acceptance)
     use_context = index is not None and params.context_weight > 0
@@ -386,7 +388,8 @@ def _children(tokens, probs, kk: int, level: int, root: int, context: list[int],
     w = math.pow(float(level + 1), params.level_exponent)
     decay = math.pow(params.logit_decay, float(level))
     head_row = level < d
-    ngram = model is not None and params.use_ngram and ctx_len > 0 and (level > 0 or params.ngram_on_first_level or fitted)
+    ngram_term = model is not None and params.use_ngram and ctx_len > 0 and (level > 0 or params.ngram_on_first_level)
+    ngram = ngram_term or ((fitted or features) and model is not None and params.use_ngram and ctx_len > 0)
     cand = [int(t) for t in tokens[level, :kk]] if head_row else []
     row_top = max((float(probs[level, i]) for i in range(kk)), default=0.0) if head_row else 0.0
     seq = context + [root] + path
@@ -409,37 +412,64 @@ def _children(tokens, probs, kk: int, level: int, root: int, context: list[int],
         c = cont.get(tok, 0) / total if match else 0.0
         p = float(probs[level, i]) if i < len(cand) else 0.0
         source = FROM_CONTEXT if i >= len(cand) else (HEAD_AND_CONTEXT if c > 0 else FROM_HEAD)
-        x = None
+        term = decay * math.log((1.0 - lam) * p + lam * c + params.eps)
+        if ngram_term:  # the n-gram probability is mixed with the context too
+            term += params.ngram_weight * math.log((1.0 - lam) * q[i] + lam * c + params.eps)
+        inc = min(0.0, w * term)
+        x, fit = None, 0.0
         if fitted or features:
-            x = acceptance_features(i < len(cand), p, i if i < len(cand) else -1, head_row, row_top, q[i] if ngram else 0.0, match,
-                                    index.max_order if use_context else 1, c, parent_inc, base)
-        if fitted:
-            inc = log_sigmoid(acceptance_logit(params.acceptance, level, x))
-        else:
-            term = decay * math.log((1.0 - lam) * p + lam * c + params.eps)
-            if ngram:  # the n-gram probability is mixed with the context too
-                term += params.ngram_weight * math.log((1.0 - lam) * q[i] + lam * c + params.eps)
-            inc = min(0.0, w * term)
-        out.append((tok, inc, source, x))
+            x = acceptance_features(base + inc, inc, i < len(cand), p, i if i < len(cand) else -1, head_row, row_top, q[i] if ngram else 0.0,
+                                    match, index.max_order if use_context else 1, c, parent_fit)
+        if fitted:  # never more likely than the parent (pruner.h)
+            fit = min(log_sigmoid(acceptance_logit(params.acceptance, level, x)), parent_fit if path else 0.0)
+        out.append((tok, inc, source, fit, x))
     return out
 
 
-def candidate_features(tokens, probs, root: int, context, model, params: PruneParams, index, path, parent_inc: float = 0.0,
-                       parent_score: float = 0.0) -> tuple[list[int], list[int], list[list[float]]]:
-    """(tokens, sources, feature rows) of the candidates the pruner gives the node root + `path` (its
-    increment and score given), as the fitted ranking sees them: what scripts/fit_acceptance.py fits
-    on, with the true continuation as the path. The level is len(path); past the head's rows and the
-    context's extension there are none."""
+def _search(tokens, probs, kk: int, root: int, context: list[int], model, params: PruneParams, index, eos_id: int, features: bool = False):
+    """The beam search's pool: (token, parent, depth, score, source, fitted ln P, features or None) per
+    expanded node, in expansion order."""
+    d = tokens.shape[0]
+    use_context = index is not None and params.context_weight > 0
+    levels = d + (params.context_extend if use_context else 0)
+    pool: list[tuple] = []
+    beam = [-1]
+    for level in range(levels):
+        if not beam:
+            break
+        nxt = []
+        for parent in beam:
+            path = []
+            n = parent
+            while n >= 0:
+                path.append(pool[n][0])
+                n = pool[n][1]
+            path = path[::-1]
+            base = pool[parent][3] if parent >= 0 else 0.0
+            parent_fit = pool[parent][5] if parent >= 0 else 0.0
+            depth = pool[parent][2] + 1 if parent >= 0 else 1
+            for tok, inc, source, fit, x in _children(tokens, probs, kk, level, int(root), context, path, model, params, index, base, parent_fit,
+                                                      features):
+                pool.append((tok, parent, depth, base + inc, source, fit, x))
+                nxt.append(len(pool) - 1)
+        nxt.sort(key=lambda n: (pool[n][0] == eos_id, -pool[n][3], n))
+        nxt = nxt[: params.beam_width]
+        while nxt and pool[nxt[-1]][0] == eos_id:
+            nxt.pop()
+        beam = nxt
+    return pool
+
+
+def pool_features(tokens, probs, root: int, context, model, params: PruneParams, index, eos_id: int = -1) -> list[tuple]:
+    """Every node the pruner's search expands, as (token, parent pool index or -1, depth, features), the
+    features those the fitted ranking scores it with (the parent's fitted value left 0: it depends on
+    the fit): what scripts/fit_acceptance.py fits on. The search is the score's, as in the pruner."""
     tokens = np.asarray(tokens, dtype=np.int64)
     probs = np.asarray(probs, dtype=np.float32)
-    kk = min(tokens.shape[1], params.top_k)
-    use_context = index is not None and params.context_weight > 0
-    if len(path) >= tokens.shape[0] + (params.context_extend if use_context else 0):
-        return [], [], []
+    plain = dataclasses.replace(params, acceptance=(), row_costs=())
     ctx = [int(t) for t in np.asarray(context, dtype=np.int64).reshape(-1)]
-    kids = _children(tokens, probs, kk, len(path), int(root), ctx, [int(t) for t in path], model, params, index, parent_score, parent_inc,
-                     features=True)
-    return [k[0] for k in kids], [k[2] for k in kids], [k[3] for k in kids]
+    pool = _search(tokens, probs, min(tokens.shape[1], params.top_k), int(root), ctx, model, plain, index, eos_id, features=True)
+    return [(e[0], e[1], e[2], e[6]) for e in pool]
 
 
 def prune_reference(tokens, probs, root: int, context, model, params: PruneParams, eos_id: int, index=None) -> PrunedTree:
@@ -488,47 +518,19 @@ def prune_reference(tokens, probs, root: int, context, model, params: PruneParam
         raise ValueError("row_costs (adaptive size) needs the acceptance model")
     if not all(c > 0 and math.isfinite(c) for c in params.row_costs):
         raise ValueError("row_costs must be positive and finite")
-    use_context = index is not None and params.context_weight > 0
-    levels = d + (params.context_extend if use_context else 0)
-    order = model.order if model is not None else 1
-    ctx_len = order - 1
+    pool = _search(tokens, probs, kk, int(root), context, model, params, index, eos_id)
+    key = 5 if params.acceptance else 3  # the final cut's order: the fitted ln P, else the score
 
-    # pool entries: [token, parent, depth, score, source, increment]
-    pool: list[tuple[int, int, int, float, int, float]] = []
-    beam = [-1]
-    for level in range(levels):
-        if not beam:
-            break
-        nxt = []
-        for parent in beam:
-            path = []
-            n = parent
-            while n >= 0:
-                path.append(pool[n][0])
-                n = pool[n][1]
-            path = path[::-1]
-            base = pool[parent][3] if parent >= 0 else 0.0
-            parent_inc = pool[parent][5] if parent >= 0 else 0.0
-            depth = pool[parent][2] + 1 if parent >= 0 else 1
-            for tok, inc, source, _ in _children(tokens, probs, kk, level, int(root), context, path, model, params, index, base, parent_inc):
-                pool.append((tok, parent, depth, base + inc, source, inc))
-                nxt.append(len(pool) - 1)
-        nxt.sort(key=lambda n: (pool[n][0] == eos_id, -pool[n][3], n))
-        nxt = nxt[: params.beam_width]
-        while nxt and pool[nxt[-1]][0] == eos_id:
-            nxt.pop()
-        beam = nxt
-
-    ranked = sorted(range(len(pool)), key=lambda n: (-pool[n][3], pool[n][2], n))[: params.max_nodes]
-    floor = next((i for i in range(params.min_nodes, len(ranked)) if pool[ranked[i]][3] < params.min_score), len(ranked))
+    ranked = sorted(range(len(pool)), key=lambda n: (-pool[n][key], pool[n][2], n))[: params.max_nodes]
+    floor = next((i for i in range(params.min_nodes, len(ranked)) if pool[ranked[i]][key] < params.min_score), len(ranked))
     ranked = ranked[:floor]
     if params.acceptance and params.row_costs:  # adaptive size: the most expected tokens per unit of cost
         limit = min(len(ranked), len(params.row_costs) - 1)
         n = min(limit, params.min_nodes)
-        expected = 1.0 + sum(math.exp(pool[ranked[i]][3]) for i in range(n))
+        expected = 1.0 + sum(math.exp(pool[ranked[i]][5]) for i in range(n))
         best, best_n = expected / params.row_costs[n], n
         for n in range(n + 1, limit + 1):
-            expected += math.exp(pool[ranked[n - 1]][3])
+            expected += math.exp(pool[ranked[n - 1]][5])
             if expected / params.row_costs[n] > best:
                 best, best_n = expected / params.row_costs[n], n
         ranked = ranked[:best_n]
@@ -545,7 +547,7 @@ def prune_reference(tokens, probs, root: int, context, model, params: PruneParam
     out_tokens = [int(root)] + [pool[n][0] for n in kept]
     parents = [-1] + [index.get(pool[n][1], 0) for n in kept]
     positions = [0] + [pool[n][2] for n in kept]
-    scores = [0.0] + [pool[n][3] for n in kept]
+    scores = [0.0] + [pool[n][key] for n in kept]
     mask = np.zeros((N, N), dtype=bool)
     mask[0, 0] = True
     for i in range(1, N):

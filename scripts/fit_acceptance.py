@@ -44,12 +44,12 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import ngram_cpp  # noqa: E402
-from ngram_cpp.reference import ACCEPTANCE_FEATURES, FEATURE_NAMES, candidate_features, log_sigmoid  # noqa: E402
+from ngram_cpp.reference import ACCEPTANCE_FEATURES, FEATURE_NAMES, pool_features  # noqa: E402
 
 TRAIN_DATA = ["code-alpaca-2k.json", "gpteacher-codegen.json", "gpteacher-roleplay.json", "gpteacher-toolformer.json",
               "sharegpt.jsonl", "t0-prompts.jsonl", "user-oriented-instructions.jsonl"]
 BENCH_SETS = ["alpaca", "gsm8k", "humaneval", "mt_bench", "qa", "sum"]
-PARENT_INC, PARENT_SCORE = FEATURE_NAMES.index("parent's increment"), FEATURE_NAMES.index("parent's score")
+PARENT_FIT = FEATURE_NAMES.index("parent's fitted ln P")
 
 
 # ------------------------------------------------------------------------------ the data
@@ -73,7 +73,7 @@ def record_training_prompts(target, data: list[str], exclude: list[str], n: int,
 
 
 class _CollectingSession:
-    """A DART session that, at each step, also collects the true path's candidate features."""
+    """A DART session that, at each step, also collects the search's nodes with their features."""
 
     def __init__(self, owner: "Collector", session):
         self.owner, self.s, self.pos = owner, session, None
@@ -89,13 +89,14 @@ class _CollectingSession:
 
 
 class Collector:
-    """Wraps a DartDrafter for replay(); `steps` gets, per step, per level: (features [n, F], the
-    target's token's row or -1)."""
+    """Wraps a DartDrafter for replay(); `steps` gets, per step, the search's `keep` best nodes by
+    score (a set closed under taking parents) as (depth [n], parent row or -1 [n], features [n, F],
+    accepted [n])."""
 
-    def __init__(self, drafter, feature_params):
-        self.d, self.params = drafter, feature_params
+    def __init__(self, drafter, feature_params, keep: int):
+        self.d, self.params, self.keep = drafter, feature_params, keep
         self.name, self.needs_hidden, self.max_nodes = drafter.name, drafter.needs_hidden, drafter.max_nodes
-        self.steps: list[list[tuple[np.ndarray, int]]] = []
+        self.steps: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self.output: list[int] = []
         self.trie = drafter.ngram._impl if drafter.ngram is not None else None
 
@@ -104,30 +105,43 @@ class Collector:
 
     def collect(self, info, root, committed, index, truth) -> None:
         tokens, probs = np.asarray(info["topk_tokens"], dtype=np.int64), np.asarray(info["topk_probs"], dtype=np.float32)
-        levels, path = [], []
-        for want in truth:
-            toks, _, xs = candidate_features(tokens, probs, root, committed, self.trie, self.params, index, path)
-            if not toks:
-                break
-            hit = toks.index(want) if want in toks else -1
-            levels.append((np.asarray(xs, dtype=np.float64), hit))
-            if hit < 0:
-                break  # no deeper node of this step can be accepted
-            path.append(want)
-        self.steps.append(levels)
+        pool = pool_features(tokens, probs, root, committed, self.trie, self.params, index, self.d.eos_id)
+        score = np.array([x[FEATURE_NAMES.index("score")] for _, _, _, x in pool])
+        depth = np.array([dep for _, _, dep, _ in pool])
+        # the best `keep` by (score, depth, expansion order): the nodes a cut at up to `keep` can hold
+        order = np.lexsort((np.arange(len(pool)), depth, -score))[: self.keep]
+        row = {int(n): r for r, n in enumerate(sorted(order.tolist()))}
+        kept = sorted(row)
+        acc = np.zeros(len(pool), dtype=bool)
+        for n, (tok, parent, dep, _) in enumerate(pool):  # parents come before their children
+            acc[n] = dep - 1 < len(truth) and tok == truth[dep - 1] and (parent < 0 or acc[parent])
+        self.steps.append((depth[kept], np.array([row[pool[n][1]] if pool[n][1] >= 0 else -1 for n in kept]),
+                           np.array([pool[n][3] for n in kept], dtype=np.float64), acc[kept].astype(np.float64)))
 
 
-def collect(drafter, feature_params, records) -> list[tuple[str, list]]:
-    """(set, its steps' levels) per record."""
+def collect(drafter, feature_params, records, keep: int) -> list[tuple[str, list]]:
+    """(set, its steps) per record."""
     from dart_core.replay import replay
 
     out = []
     for name, rec in records:
-        c = Collector(drafter, feature_params)
+        c = Collector(drafter, feature_params, keep)
         c.output = rec.output_ids
         replay(c, rec)
         out.append((name, c.steps))
     return out
+
+
+def stack(steps) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The steps' nodes as one table, parents as global row indices."""
+    depth, parent, X, y, off = [], [], [], [], 0
+    for d, par, x, acc in steps:
+        depth.append(d)
+        parent.append(np.where(par >= 0, par + off, -1))
+        X.append(x)
+        y.append(acc)
+        off += len(d)
+    return np.concatenate(depth), np.concatenate(parent), np.concatenate(X), np.concatenate(y)
 
 
 # ------------------------------------------------------------------------------ the fit
@@ -150,63 +164,59 @@ def logistic(X: np.ndarray, y: np.ndarray, l2: float, iters: int = 50) -> np.nda
     return w
 
 
-def level_rows(steps: list[list], weights: np.ndarray | None, n_rows: int):
-    """Per weight row r: (X, y) of every collected level it scores, with the parent features filled
-    from `weights` (the true parent's increment and score; rows not yet fitted give 0)."""
-    X = [[] for _ in range(n_rows)]
-    y = [[] for _ in range(n_rows)]
-    for levels in steps:
-        inc = score = 0.0
-        for lvl, (xs, hit) in enumerate(levels):
-            r = min(lvl, n_rows - 1)
-            xs = xs.copy()
-            xs[:, PARENT_INC], xs[:, PARENT_SCORE] = inc, score
-            X[r].append(xs)
-            lab = np.zeros(len(xs))
-            if hit >= 0:
-                lab[hit] = 1.0
-            y[r].append(lab)
-            if hit < 0:
-                break
-            z = float(xs[hit] @ weights[r]) if weights is not None else 0.0
-            inc = log_sigmoid(z)
-            score += inc
-    return [(np.concatenate(a) if a else np.zeros((0, ACCEPTANCE_FEATURES)), np.concatenate(b) if b else np.zeros(0)) for a, b in zip(X, y)]
+def log_sigmoid(z: np.ndarray) -> np.ndarray:
+    return -np.logaddexp(0.0, -z)
 
 
-def fit(steps: list[list], n_rows: int, l2: float, passes: int = 3) -> np.ndarray:
-    """Weights [n_rows, F], fitted row by row (a row's parent features come from the rows before it;
+def fitted_values(table, W: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(features with the parent's fitted value filled in, fitted ln P) of every node under W, depth
+    by depth (parents first), as the pruner computes them."""
+    depth, parent, X, _ = table
+    X = X.copy()
+    fit = np.zeros(len(depth))
+    for dep in range(1, int(depth.max()) + 1):
+        m = depth == dep
+        X[m, PARENT_FIT] = np.where(parent[m] >= 0, fit[np.maximum(parent[m], 0)], 0.0)
+        r = min(dep - 1, len(W) - 1)
+        own = log_sigmoid(X[m] @ W[r])
+        fit[m] = np.minimum(own, np.where(parent[m] >= 0, X[m, PARENT_FIT], 0.0))
+    return X, fit
+
+
+def fit(table, n_rows: int, l2: float, passes: int = 3) -> np.ndarray:
+    """Weights [n_rows, F], fitted row by row (a row's parent feature comes from the rows before it;
     the last row, shared by the deeper levels, feeds itself, hence a few passes)."""
+    depth, _, _, y = table
     W = np.zeros((n_rows, ACCEPTANCE_FEATURES))
     for _ in range(passes):
         for r in range(n_rows):
-            X, y = level_rows(steps, W, n_rows)[r]
-            if len(y) and 0 < y.sum() < len(y):
-                W[r] = logistic(X, y, l2)
+            X, _ = fitted_values(table, W)
+            m = (depth - 1 == r) if r < n_rows - 1 else (depth - 1 >= r)
+            if m.any() and 0 < y[m].sum() < m.sum():
+                W[r] = logistic(X[m], y[m], l2)
     return W
 
 
-def report(steps: list[list], W: np.ndarray) -> dict:
-    """Log-loss per weight row and a reliability table (predicted against observed acceptance rate)."""
-    rows = level_rows(steps, W, len(W))
+def report(table, W: np.ndarray) -> dict:
+    """Log-loss per weight row (against a constant rate) and a reliability table of the fitted
+    P(accepted) (its mean against the observed rate, in bins)."""
+    depth, _, X, y = table
+    X, fit = fitted_values(table, W)
+    p = np.clip(np.exp(fit), 1e-12, 1 - 1e-12)
     out = {"per_row": [], "reliability": []}
-    allp, ally = [], []
-    for r, (X, y) in enumerate(rows):
-        if not len(y):
+    for r in range(len(W)):
+        m = (depth - 1 == r) if r < len(W) - 1 else (depth - 1 >= r)
+        if not m.any():
             continue
-        p = np.clip(1.0 / (1.0 + np.exp(-(X @ W[r]))), 1e-12, 1 - 1e-12)
-        base = np.clip(y.mean(), 1e-12, 1 - 1e-12)
-        out["per_row"].append({"row": r, "candidates": int(len(y)), "accepted": int(y.sum()),
-                               "log_loss": float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p))),
-                               "log_loss_constant": float(-np.mean(y * np.log(base) + (1 - y) * np.log(1 - base)))})
-        allp.append(p)
-        ally.append(y)
-    p, y = np.concatenate(allp), np.concatenate(ally)
+        base = np.clip(y[m].mean(), 1e-12, 1 - 1e-12)
+        out["per_row"].append({"row": r, "nodes": int(m.sum()), "accepted": int(y[m].sum()),
+                               "log_loss": float(-np.mean(y[m] * np.log(p[m]) + (1 - y[m]) * np.log(1 - p[m]))),
+                               "log_loss_constant": float(-np.mean(y[m] * np.log(base) + (1 - y[m]) * np.log(1 - base)))})
     for lo, hi in [(0, 0.01), (0.01, 0.05), (0.05, 0.1), (0.1, 0.2), (0.2, 0.4), (0.4, 0.6), (0.6, 0.8), (0.8, 0.95), (0.95, 1.0001)]:
         m = (p >= lo) & (p < hi)
         if m.any():
-            out["reliability"].append({"predicted": [lo, min(hi, 1.0)], "candidates": int(m.sum()), "mean_predicted": float(p[m].mean()),
-                                       "observed": float(y[m].mean())})
+            out["reliability"].append({"predicted": [lo, min(hi, 1.0)], "nodes": int(m.sum()), "mean_predicted": round(float(p[m].mean()), 4),
+                                       "observed": round(float(y[m].mean()), 4)})
     return out
 
 
@@ -274,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--records", type=Path, default=None, help="cache of the training records (written if absent, read if present)")
     p.add_argument("--collect-nodes", type=int, default=16, help="tree size of the replay whose steps are collected")
     p.add_argument("--rows", type=int, default=6, help="weight rows: one per level, the last shared by deeper levels")
+    p.add_argument("--keep", type=int, default=128, help="nodes per step fitted on: the search's best by score (and their ancestors)")
     p.add_argument("--l2", type=float, default=1.0)
     p.add_argument("--holdout", type=float, default=0.2, help="share of the prompts (the last ones) the reported fit leaves out")
     p.add_argument("--out", type=Path, default=None, help="the fitted ranking (JSON), e.g. assets/dart/acceptance.json")
@@ -352,36 +363,37 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("the fitted ranking's features include the trie's probability: fit it with the n-gram model in use")
     feature_params = dataclasses.replace(prune, acceptance=(0.0,) * ACCEPTANCE_FEATURES)  # the fitted ranking's features
     t0 = time.perf_counter()
-    data = collect(drafter, feature_params, records)
-    steps = [s for _, rec_steps in data for s in rec_steps]
-    print(f"collected {len(steps)} steps, {sum(len(lv) for s in steps for lv, _ in s)} candidates in {time.perf_counter() - t0:.0f} s",
-          file=sys.stderr)
+    data = collect(drafter, feature_params, records, args.keep)
+    table = stack([st for _, rs in data for st in rs])
+    print(f"collected {sum(len(rs) for _, rs in data)} steps, {len(table[0])} nodes ({int(table[3].sum())} accepted) in "
+          f"{time.perf_counter() - t0:.0f} s", file=sys.stderr)
     cut = int(round(len(data) * (1 - args.holdout)))
-    fit_steps = [s for _, rs in data[:cut] for s in rs]
-    held_steps = [s for _, rs in data[cut:] for s in rs]
-    W_fit = fit(fit_steps, args.rows, args.l2)
-    held = report(held_steps, W_fit) if held_steps else None
-    if held:
+    held = None
+    if cut < len(data):
+        W_fit = fit(stack([st for _, rs in data[:cut] for st in rs]), args.rows, args.l2)
+        held = report(stack([st for _, rs in data[cut:] for st in rs]), W_fit)
         print(json.dumps(held, indent=1), file=sys.stderr)
-    W = fit(steps, args.rows, args.l2)
+    W = fit(table, args.rows, args.l2)
     if args.out:
         command = "python scripts/fit_acceptance.py " + " ".join(argv if argv is not None else sys.argv[1:])
         args.out.write_text(json.dumps({
             "format": "dart-acceptance/1",
             "command": command,
-            "what": "P(a tree node's token is the target's next | its parent's path is), a logistic regression per level (row r scores "
-                    "level r, the last row every deeper one) on the features below; read by ngram_cpp's pruner (ngram_cpp/src/pruner.h)",
+            "what": "P(a tree node is accepted), a logistic regression per level (row r scores level r, the last row every deeper one) "
+                    "on the features below, capped by the parent's; the pruner's final cut ranks the search's nodes by it "
+                    "(ngram_cpp/src/pruner.h)",
             "trie": trie.name if trie is not None else None,
             "features": list(FEATURE_NAMES),
             "weights": [[round(float(w), 6) for w in row] for row in W],
             "tree": {"top_k": prune.top_k, "context_max_candidates": prune.context_max_candidates, "context_extend": prune.context_extend,
                      "context_order": drafter.params.context_order if drafter.params.context_order else CONTEXT_ORDER,
                      "collected_at_nodes": args.collect_nodes, "beam_width": prune.beam_width},
-            "data": {"records": len(records), "sets": sorted({n for n, _ in records}), "steps": len(steps),
+            "data": {"records": len(records), "sets": sorted({n for n, _ in records}), "steps": sum(len(rs) for _, rs in data),
+                     "nodes": len(table[0]), "nodes_per_step": args.keep,
                      "prompts": f"the first {args.prompts} prompts of at most {args.max_prompt_tokens} tokens among the corpus pool's first "
                                 f"{args.pool} (its validation split), {args.max_new_tokens} new tokens, {target.weights} weights"},
             "holdout_fit": {"prompts_left_out": len(data) - cut, **(held or {})},
-            "fit": report(steps, W),
+            "fit": report(table, W),
         }, indent=1) + "\n")
         print(f"wrote {args.out}", file=sys.stderr)
     return 0

@@ -19,7 +19,7 @@ from ngram_cpp.reference import (
     PruneParams,
     PyContextIndex,
     acceptance_features,
-    candidate_features,
+    pool_features,
     prune_reference,
 )
 from test_pruner import assert_same_tree, check_invariants, corpus_tries, random_case
@@ -71,30 +71,41 @@ def test_cpp_agrees_with_reference_fitted(seed, order):
 
 @needs_cpp
 @settings(max_examples=200, deadline=None)
-@given(head=st.booleans(), p=st.floats(0, 1), rank=st.integers(0, 30), head_row=st.booleans(), row_top=st.floats(0, 1),
-       q=st.floats(0, 1), match=st.integers(0, 6), c=st.floats(0, 1), pi=st.floats(-20, 0), ps=st.floats(-50, 0))
-def test_cpp_features_equal_reference(head, p, rank, head_row, row_top, q, match, c, pi, ps):
-    args = (head, p, rank if head else -1, head_row, row_top, q, match, 6, c, pi, ps)
+@given(score=st.floats(-50, 0), inc=st.floats(-20, 0), head=st.booleans(), p=st.floats(0, 1), rank=st.integers(0, 30), head_row=st.booleans(),
+       row_top=st.floats(0, 1), q=st.floats(0, 1), match=st.integers(0, 6), c=st.floats(0, 1), pf=st.floats(-20, 0))
+def test_cpp_features_equal_reference(score, inc, head, p, rank, head_row, row_top, q, match, c, pf):
+    args = (score, inc, head, p, rank if head else -1, head_row, row_top, q, match, 6, c, pf)
     assert ngram_cpp._ngram.acceptance_features(*args) == acceptance_features(*args)
 
 
 def test_golden_fitted_scores():
-    # one level of weights: z = 2 * ln p (head candidate) - 1 (bias); every other weight 0
+    # the score alone (no trie, level weights 1): 10 ln .6, 11 ln .4, 10.20 ln .6 + 2^-.7 * .9 ln .7, ...
+    # a one-row model z = 3 * score + 1 (every other weight 0) reranks by the score, so the tree is the
+    # score's, with scores ln sigmoid(3 * score + 1) (a child never above its parent)
     w = [0.0] * ACCEPTANCE_FEATURES
-    w[0], w[1] = -1.0, 2.0
-    params = PruneParams(use_ngram=False, max_nodes=4, beam_width=2, acceptance=tuple(w))
-    tree = ngram_cpp.prune([[10, 11], [20, 21]], [[0.6, 0.4], [0.7, 0.3]], 5, [], None, params)
-    ls = lambda p: -math.log1p(math.exp(1.0 - 2.0 * math.log(p)))  # noqa: E731  ln sigmoid(2 ln p - 1)
-    # scores: 10 ls(.6), 11 ls(.4), 10.20 ls(.6)+ls(.7), 10.21 ls(.6)+ls(.3), ...: the 4 best
-    want = sorted([(ls(0.6), 10), (ls(0.4), 11), (ls(0.6) + ls(0.7), 20), (ls(0.6) + ls(0.3), 21), (ls(0.4) + ls(0.7), 20)], reverse=True)[:4]
-    np.testing.assert_allclose(sorted(tree.scores[1:].tolist(), reverse=True), [s for s, _ in want], atol=1e-6)
-    # the adaptive cut: P(accepted) = exp(score); with costs 1, 1.1, 10, ... a third row never pays
-    adaptive = ngram_cpp.prune([[10, 11], [20, 21]], [[0.6, 0.4], [0.7, 0.3]], 5, [], None,
-                               dataclasses.replace(params, row_costs=(1.0, 1.1, 10.0, 10.0, 10.0)))
-    assert len(adaptive.tokens) == 2 and adaptive.tokens[1] == 10
+    w[0], w[1] = 1.0, 3.0
+    probs = [[0.6, 0.4], [0.7, 0.3]]
+    params = PruneParams(use_ngram=False, max_nodes=4, beam_width=2)
+    plain = ngram_cpp.prune([[10, 11], [20, 21]], probs, 5, [], None, params)
+    fitted = ngram_cpp.prune([[10, 11], [20, 21]], probs, 5, [], None, dataclasses.replace(params, acceptance=tuple(w)))
+    for f in ("tokens", "parents", "positions"):
+        np.testing.assert_array_equal(getattr(fitted, f), getattr(plain, f))
+    want = [min(-math.log1p(math.exp(-(3 * s + 1))), 0.0) for s in plain.scores[1:].tolist()]
+    for i in range(1, len(want) + 1):
+        want[i - 1] = min(want[i - 1], want[plain.parents[i] - 1] if plain.parents[i] > 0 else 0.0)
+    np.testing.assert_allclose(fitted.scores[1:], want, atol=1e-5)
+    # a model that prefers depth 2 (z = -3 * score + ...) still keeps parents: depth-1 nodes first
+    w[1] = -3.0
+    flipped = ngram_cpp.prune([[10, 11], [20, 21]], probs, 5, [], None, dataclasses.replace(params, max_nodes=2, acceptance=tuple(w)))
+    check_invariants(flipped, params, 2)
+    # the adaptive cut: P(accepted) = exp(fitted score); with costs 1, 1.1, 10, ... a second node never pays
+    w[1] = 3.0
+    adaptive = ngram_cpp.prune([[10, 11], [20, 21]], probs, 5, [], None,
+                               dataclasses.replace(params, acceptance=tuple(w), row_costs=(1.0, 1.1, 10.0, 10.0, 10.0)))
+    assert adaptive.tokens.tolist() == [5, 10]
     # and at equal costs every node pays
-    flat = ngram_cpp.prune([[10, 11], [20, 21]], [[0.6, 0.4], [0.7, 0.3]], 5, [], None, dataclasses.replace(params, row_costs=(1.0,) * 5))
-    assert_same_tree(flat, tree)
+    flat = ngram_cpp.prune([[10, 11], [20, 21]], probs, 5, [], None, dataclasses.replace(params, acceptance=tuple(w), row_costs=(1.0,) * 5))
+    assert_same_tree(flat, fitted)
 
 
 def test_bad_fitted_params_raise():
@@ -106,9 +117,9 @@ def test_bad_fitted_params_raise():
             prune_reference([[1, 2]], [[0.5, 0.5]], 3, [], None, bad, -1)
 
 
-def test_candidate_features_are_the_pruners():
-    """The fit's rows (candidate_features along a path) are the features the pruner scores that path's
-    children with: a one-level model that is the identity on one feature reproduces the scores."""
+def test_pool_features_are_the_pruners():
+    """The fit's rows (pool_features) are the nodes the pruner's search expands, with the features it
+    scores them with: a one-row model on them reproduces the fitted tree's scores."""
     model, ref = TRIES[3]
     rng = random.Random(4)
     tokens = np.array([rng.sample(range(30), 6) for _ in range(3)])
@@ -116,14 +127,17 @@ def test_candidate_features_are_the_pruners():
     index = PyContextIndex(4)
     index.extend([1, 2, 3, 1, 2])
     w = [0.0] * ACCEPTANCE_FEATURES
-    w[0], w[1], w[6] = 0.5, 1.0, 0.3
-    params = PruneParams(top_k=6, beam_width=50, max_nodes=200, context_weight=1.0, acceptance=tuple(w))
+    w[0], w[3], w[8], w[13] = 0.5, 1.0, 0.3, 0.7
+    params = PruneParams(top_k=6, beam_width=50, max_nodes=500, context_weight=1.0, acceptance=tuple(w))
     tree = prune_reference(tokens, probs, 3, [1, 2], ref, params, -1, index)
-    toks, _, xs = candidate_features(tokens, probs, 3, [1, 2], ref, params, index, [])
-    by_token = {t: s for t, s, depth in zip(tree.tokens.tolist(), tree.scores.tolist(), tree.positions.tolist()) if depth == 1}
-    for t, x in zip(toks, xs):
-        z = sum(a * b for a, b in zip(w, x))
-        assert by_token[t] == pytest.approx(-math.log1p(math.exp(-z)), abs=1e-6)
+    pool = pool_features(tokens, probs, 3, [1, 2], ref, params, index)
+    assert len(pool) == len(tree.tokens) - 1  # max_nodes above the pool's size: every node kept
+    fit = []
+    for tok, parent, depth, x in pool:
+        x = list(x)
+        x[-1] = fit[parent] if parent >= 0 else 0.0  # the parent's fitted value
+        fit.append(min(-math.log1p(math.exp(-sum(a * b for a, b in zip(w, x)))), x[-1] if parent >= 0 else 0.0))
+    np.testing.assert_allclose(sorted(fit), sorted(tree.scores[1:].tolist()), atol=1e-6)
 
 
 def write_ranking(head_dir, rows: int = 2, trie: str = "t.ngram", **override) -> None:

@@ -159,10 +159,10 @@ PYBIND11_MODULE(_ngram, m) {
     m.attr("ACCEPTANCE_FEATURES") = kAcceptanceFeatures;
     m.def(
         "acceptance_features",
-        [](bool head, double p, int64_t rank, bool head_row, double row_top, double q, int match, int max_order, double c,
-           double parent_inc, double parent_score) {
+        [](double score, double inc, bool head, double p, int64_t rank, bool head_row, double row_top, double q, int match, int max_order,
+           double c, double parent_fit) {
             std::vector<double> x(kAcceptanceFeatures);
-            acceptance_features(head, p, rank, head_row, row_top, q, match, max_order, c, parent_inc, parent_score, x.data());
+            acceptance_features(score, inc, head, p, rank, head_row, row_top, q, match, max_order, c, parent_fit, x.data());
             return x;
         },
         "The fitted ranking's features of one candidate (ngram_cpp/src/pruner.h); the Python reference's must equal them");

@@ -21,12 +21,12 @@ struct Node {
     int32_t token;
     int32_t parent;  // index into the node pool, -1 = child of the root
     int32_t depth;   // 1-based
-    double score;
-    double inc;      // score - the parent's score (the fitted ranking's parent feature)
+    double score;    // the hand-weighted score: the beam's order
+    double fit;      // the fitted ranking's ln P(accepted) (0 without one): the final cut's order
     uint8_t source;  // kFromHead / kHeadAndContext / kFromContext
 };
 
-// ln(sigmoid(z)) without overflow: the fitted ranking's increment, always < 0.
+// ln(sigmoid(z)) without overflow: the fitted ranking's ln P, always < 0.
 double log_sigmoid(double z) { return z >= 0.0 ? -std::log1p(std::exp(-z)) : z - std::log1p(std::exp(z)); }
 
 // Floor of the probabilities whose logarithm is a feature (a softmaxed top-k can hold exact zeros).
@@ -77,13 +77,16 @@ class NgramRows {
     std::vector<double> data_;
 };
 
-// Ranking of the final cut: higher score first; on ties the shallower (an ancestor) and then the
-// earlier-expanded node first, so the kept set is always closed under taking parents.
+// Ranking of the final cut: higher score (the fitted ln P where there is a fitted ranking) first;
+// on ties the shallower (an ancestor) and then the earlier-expanded node first, so the kept set is
+// always closed under taking parents (a node never ranks above its parent on either key).
 struct Better {
     const std::vector<Node>* pool;
+    bool fitted;
+    double key(const Node& n) const { return fitted ? n.fit : n.score; }
     bool operator()(int32_t a, int32_t b) const {
         const Node &x = (*pool)[a], &y = (*pool)[b];
-        if (x.score != y.score) return x.score > y.score;
+        if (key(x) != key(y)) return key(x) > key(y);
         if (x.depth != y.depth) return x.depth < y.depth;
         return a < b;
     }
@@ -172,21 +175,22 @@ double trie_prob(const NGramModel& model, const token_t* ctx_end, size_t have, t
 
 }  // namespace
 
-void acceptance_features(bool head, double p, int64_t rank, bool head_row, double row_top, double q, int match, int max_order,
-                         double c, double parent_inc, double parent_score, double* x) {
+void acceptance_features(double score, double inc, bool head, double p, int64_t rank, bool head_row, double row_top, double q,
+                         int match, int max_order, double c, double parent_fit, double* x) {
     x[0] = 1.0;
-    x[1] = head ? std::log(std::max(p, kFeatureFloor)) : 0.0;
-    x[2] = head ? 1.0 : 0.0;
-    x[3] = head && rank == 0 ? 1.0 : 0.0;
-    x[4] = head ? std::log1p(static_cast<double>(rank)) : 0.0;
-    x[5] = head_row ? std::log(std::max(row_top, kFeatureFloor)) : 0.0;
-    x[6] = q > 0.0 ? std::log(q) : 0.0;
-    x[7] = q > 0.0 ? 1.0 : 0.0;
-    x[8] = match > 0 ? static_cast<double>(match) / static_cast<double>(max_order) : 0.0;
-    x[9] = c > 0.0 ? std::log(c) : 0.0;
-    x[10] = c > 0.0 ? 1.0 : 0.0;
-    x[11] = parent_inc;
-    x[12] = parent_score;
+    x[1] = score;
+    x[2] = inc;
+    x[3] = head ? std::log(std::max(p, kFeatureFloor)) : 0.0;
+    x[4] = head ? 1.0 : 0.0;
+    x[5] = head && rank == 0 ? 1.0 : 0.0;
+    x[6] = head ? std::log1p(static_cast<double>(rank)) : 0.0;
+    x[7] = head_row ? std::log(std::max(row_top, kFeatureFloor)) : 0.0;
+    x[8] = q > 0.0 ? std::log(q) : 0.0;
+    x[9] = q > 0.0 ? 1.0 : 0.0;
+    x[10] = match > 0 ? static_cast<double>(match) / static_cast<double>(max_order) : 0.0;
+    x[11] = c > 0.0 ? std::log(c) : 0.0;
+    x[12] = c > 0.0 ? 1.0 : 0.0;
+    x[13] = parent_fit;
 }
 
 PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k, int64_t root, const int64_t* context,
@@ -202,7 +206,9 @@ PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k
     // being one order), so a wider beam only expands nodes that are cut. Same trees as the full
     // search (the reference, uncapped, checks it); at the CPU default of 5 nodes it is ~4x less work.
     const int64_t levels = std::min<int64_t>(d + (use_context ? p.context_extend : 0), p.max_nodes);
-    const size_t beam_width = static_cast<size_t>(std::min<int64_t>(p.beam_width, std::max(p.max_nodes, 1)));
+    // The beam cap holds for the score's cut only: the fitted ranking may keep a node whose parent ranked
+    // past max_nodes by score (the levels cap holds for both: a kept node's ancestors are kept).
+    const size_t beam_width = static_cast<size_t>(fitted ? p.beam_width : std::min<int64_t>(p.beam_width, std::max(p.max_nodes, 1)));
     const uint32_t order = model ? model->order() : 1;
     const size_t ctx_len = order > 1 ? order - 1 : 0;
 
@@ -220,7 +226,10 @@ PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k
         const double w = std::pow(static_cast<double>(level + 1), p.level_exponent);
         const double decay = std::pow(p.logit_decay, static_cast<double>(level));
         const bool head_row = level < d;
-        const bool ngram = model && p.use_ngram && ctx_len > 0 && (level > 0 || p.ngram_on_first_level || fitted);
+        // the trie's probability: a term of the score past level 0 (and at level 0 if ngram_on_first_level),
+        // and a feature of the fitted ranking at every level
+        const bool ngram_term = model && p.use_ngram && ctx_len > 0 && (level > 0 || p.ngram_on_first_level);
+        const bool ngram = ngram_term || (fitted && model && p.use_ngram && ctx_len > 0);
         // the fitted ranking's weights for this level, and the head row's largest probability
         const double* wl = fitted ? p.acceptance.data() + std::min(level, fitted_levels - 1) * kAcceptanceFeatures : nullptr;
         double row_top = 0.0;
@@ -263,26 +272,26 @@ PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k
                 if (match > 0) lambda = p.context_weight * static_cast<double>(match) / static_cast<double>(index->max_order());
             }
             const double base = parent >= 0 ? pool[parent].score : 0.0;
-            const double parent_inc = parent >= 0 ? pool[parent].inc : 0.0;
+            const double parent_fit = parent >= 0 ? pool[parent].fit : 0.0;
             const int32_t depth = parent >= 0 ? pool[parent].depth + 1 : 1;
             // rank: the column in the head's row, -1 for a context-only candidate
             auto push = [&](token_t token, double prob, int64_t rank, double q, double c, uint8_t source) {
-                double inc;
+                // both the draft and the n-gram probability are mixed with the context's continuation c
+                double term = decay * std::log((1.0 - lambda) * prob + lambda * c + p.eps);
+                if (ngram_term) term += p.ngram_weight * std::log((1.0 - lambda) * q + lambda * c + p.eps);
+                // ln(1 + eps) > 0: clamp so a child never outscores its parent
+                const double inc = std::min(0.0, w * term);
+                double fit = 0.0;
                 if (fitted) {
                     double x[kAcceptanceFeatures];
-                    acceptance_features(rank >= 0, prob, rank, head_row, row_top, ngram ? q : 0.0, match,
-                                        use_context ? index->max_order() : 1, c, parent_inc, base, x);
+                    acceptance_features(base + inc, inc, rank >= 0, prob, rank, head_row, row_top, ngram ? q : 0.0, match,
+                                        use_context ? index->max_order() : 1, c, parent_fit, x);
                     double z = 0.0;
                     for (int f = 0; f < kAcceptanceFeatures; ++f) z += wl[f] * x[f];
-                    inc = log_sigmoid(z);
-                } else {
-                    // both the draft and the n-gram probability are mixed with the context's continuation c
-                    double term = decay * std::log((1.0 - lambda) * prob + lambda * c + p.eps);
-                    if (ngram) term += p.ngram_weight * std::log((1.0 - lambda) * q + lambda * c + p.eps);
-                    // ln(1 + eps) > 0: clamp so a child never outscores its parent
-                    inc = std::min(0.0, w * term);
+                    // a node is accepted only if its parent is: never more likely than the parent
+                    fit = std::min(log_sigmoid(z), parent >= 0 ? parent_fit : 0.0);
                 }
-                pool.push_back(Node{token, parent, depth, base + inc, inc, source});
+                pool.push_back(Node{token, parent, depth, base + inc, fit, source});
                 next.push_back(static_cast<int32_t>(pool.size() - 1));
             };
             if (head_row) {
@@ -327,11 +336,11 @@ PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k
     // Global cut: the max_nodes best nodes of every level.
     std::vector<int32_t> order_idx(pool.size());
     for (size_t i = 0; i < pool.size(); ++i) order_idx[i] = static_cast<int32_t>(i);
-    Better better{&pool};
+    Better better{&pool, fitted};
     size_t want = std::min<size_t>(pool.size(), static_cast<size_t>(p.max_nodes));
     std::partial_sort(order_idx.begin(), order_idx.begin() + want, order_idx.end(), better);
     for (size_t i = std::min(want, static_cast<size_t>(p.min_nodes)); i < want; ++i) {
-        if (pool[order_idx[i]].score < p.min_score) {  // the score floor: ranks are by score, so the rest is below too
+        if (better.key(pool[order_idx[i]]) < p.min_score) {  // the score floor: ranks are by score, so the rest is below too
             want = i;
             break;
         }
@@ -342,10 +351,10 @@ PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k
         const size_t limit = std::min(want, p.row_costs.size() - 1);
         size_t n = std::min(limit, static_cast<size_t>(p.min_nodes)), best_n = n;
         double expected = 1.0;
-        for (size_t i = 0; i < n; ++i) expected += std::exp(pool[order_idx[i]].score);
+        for (size_t i = 0; i < n; ++i) expected += std::exp(pool[order_idx[i]].fit);
         double best = expected / p.row_costs[n];
         for (++n; n <= limit; ++n) {
-            expected += std::exp(pool[order_idx[n - 1]].score);
+            expected += std::exp(pool[order_idx[n - 1]].fit);
             const double v = expected / p.row_costs[n];
             if (v > best) best = v, best_n = n;
         }
@@ -382,7 +391,7 @@ PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k
         t.tokens[idx] = n.token;
         t.parents[idx] = par;
         t.positions[idx] = n.depth;
-        t.scores[idx] = static_cast<float>(n.score);
+        t.scores[idx] = static_cast<float>(better.key(n));
         t.sources[idx] = n.source;
         std::copy(t.mask.begin() + par * N, t.mask.begin() + par * N + N, t.mask.begin() + idx * N);
         t.mask[idx * N + idx] = 1;

@@ -27,16 +27,17 @@
 // while its match is at least context_extend_min_match long (prompt lookup inside the tree). Such
 // nodes are marked in PrunedTree::sources (1: head candidate the context supports, 2: context only).
 //
-// The fitted ranking (PruneParams::acceptance non-empty) replaces the hand-weighted increment by a
-// calibrated model of acceptance: a node's increment is ln P(its token is the target's next one |
-// its parent's path is), a logistic regression per level on the features acceptance_features()
-// lists (the head's probability and rank, the row's confidence, the trie's probability, the context
-// match, the parent's increment and score), fitted by exact replay (scripts/fit_acceptance.py). A
-// node's score is then ln P(node accepted) (the product of its path's conditionals), the beam and the
-// cut rank by it, and a tree of the N best nodes maximises the expected accepted length at N nodes
-// (the model's estimate). In that mode the trie scores every level (ngram_on_first_level is moot),
-// the context's counts are features (context_weight only switches the context on: no lambda mixing),
-// and the hand weights (level_exponent, logit_decay, ngram_weight) are unused.
+// The fitted ranking (PruneParams::acceptance non-empty) reorders the search's nodes for the final
+// cut by a calibrated model of acceptance instead of the score: P(node accepted) (its whole path is
+// the target's continuation), a logistic regression per level on the features acceptance_features()
+// lists (the node's score and increment, the head's probability and rank, the row's confidence, the
+// trie's probability, the context match, the parent's fitted value), fitted by exact replay
+// (scripts/fit_acceptance.py). A node's fitted value is min(ln P, its parent's): a node is accepted
+// only if its parent is, which also keeps the kept set closed under taking parents. The beam search
+// still runs on the score (it decides which nodes exist; the fit decides which are kept), and the
+// tree's scores are the fitted ln P(accepted), so a tree of the N best nodes maximises the model's
+// expected accepted length at N nodes. In that mode the trie's probability is a feature at every
+// level (whatever ngram_on_first_level says for the score).
 // With row_costs as well, the tree size adapts per step: of the sizes n <= max_nodes (and >=
 // min_nodes), the one with the most expected tokens per unit of cost, (1 + sum of the n kept nodes'
 // P(accepted)) / row_costs[n] (the cost of a step verifying n + 1 rows, drafting included).
@@ -71,21 +72,22 @@ struct PruneParams {
     double min_score = -std::numeric_limits<double>::infinity();
     int min_nodes = 0;
     // The fitted ranking: [levels * kAcceptanceFeatures] logistic weights, row l for level l (levels
-    // past the last row use the last); empty: the hand-weighted score.
+    // past the last row use the last); empty: the final cut ranks by the score.
     std::vector<double> acceptance;
     // Adaptive tree size (with `acceptance` only): row_costs[r - 1] is the cost of a step that
     // verifies r rows (root included), any unit; a tree keeps at most row_costs.size() - 1 nodes.
     std::vector<double> row_costs;
 };
 
-// The fitted ranking's features of one candidate node (ngram_cpp/reference.py mirrors them; the fit
-// reads them from there). head: the candidate is in the head's top-k row (rank its column there);
-// head_row: the level has a head row (row_top its largest probability); q: the trie's probability
-// (0: unseen or no trie); match: the context's match length (0: none), c the context's continuation
-// share of the token; parent_inc / parent_score: the parent's increment and score (0 at level 0).
-constexpr int kAcceptanceFeatures = 13;
-void acceptance_features(bool head, double p, int64_t rank, bool head_row, double row_top, double q, int match, int max_order,
-                         double c, double parent_inc, double parent_score, double* x);
+// The fitted ranking's features of one node (ngram_cpp/reference.py mirrors them; the fit reads them
+// from there). score / inc: its score and its increment over the parent's; head: the candidate is in
+// the head's top-k row (rank its column there); head_row: the level has a head row (row_top its
+// largest probability); q: the trie's probability (0: unseen or no trie); match: the context's match
+// length (0: none), c the context's continuation share of the token; parent_fit: the parent's fitted
+// ln P (0 at level 0).
+constexpr int kAcceptanceFeatures = 14;
+void acceptance_features(double score, double inc, bool head, double p, int64_t rank, bool head_row, double row_top, double q,
+                         int match, int max_order, double c, double parent_fit, double* x);
 
 // Node provenance in PrunedTree::sources.
 enum : uint8_t { kFromHead = 0, kHeadAndContext = 1, kFromContext = 2 };
