@@ -37,9 +37,10 @@ from dart_core.drafters.registry import (  # noqa: E402
     max_nodes,
     ngram_choice,
 )
-from dart_core.loading import DEFAULT_MODEL, DTYPE_CHOICES, EMBEDDED_NAME  # noqa: E402
+from dart_core.loading import AUTO, DEFAULT_MODEL, EMBEDDED_NAME, TARGET_DTYPE_CHOICES  # noqa: E402
 
 from .engine import MIN_REFERENCE_TOKENS, PEER_TIMEOUT_S, ComputeThread, Engine, Peer, available_cores, engine_threads, peer_label  # noqa: E402
+from .render import CostPath, CostView  # noqa: E402
 from .ui import CSS_PATH, Settings, build_demo  # noqa: E402
 
 log = logging.getLogger("app")
@@ -54,9 +55,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m app", description="DART speculative decoding demo (Gradio).")
     p.add_argument("--base-model-name-or-path", default=DEFAULT_MODEL, help="target: 'default' (embedded SmolLM2-135M-Instruct), a local dir or a hub id")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
-    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="bfloat16",
-                   help="float32/bfloat16/float16, or gguf: the embedded default read in its own GGUF blocks (Q4_1/Q8_0, fp32 arithmetic); "
-                        "on a CPU with the C++ kernels every choice gives greedy texts identical to AR's, bit for bit")
+    p.add_argument("--dtype", choices=TARGET_DTYPE_CHOICES, default=AUTO,
+                   help="float32/bfloat16/float16, or gguf: the embedded default read in its own GGUF blocks (Q4_1/Q8_0, fp32 arithmetic). "
+                        "Default auto: for the embedded default on the CPU kernels, the path (gguf or bfloat16) whose DART is expected "
+                        "fastest from this machine's measured costs (dart_core/calibrate.py; measured on the first start, cached); "
+                        "else bfloat16. The header says which and why. On a CPU with the C++ kernels every choice gives greedy texts "
+                        "identical to AR's on that path, bit for bit")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads of the engine (default on the CPU: all cores but one, which serves the web page: see app/engine.py)")
     p.add_argument("--template-name", default=None, help="accepted for upstream compatibility; the tokenizer's own chat template is used")
@@ -108,6 +112,9 @@ class Loaded:
     threads: int | None  # torch CPU threads of the engine (None: left to torch, on a GPU)
     peers_line: str | None = None  # the header's line on the llama.cpp row
     tree_line: str | None = None  # the header's line on the tree sizes: calibrated on this machine, or why not
+    weights_line: str | None = None  # the header's line on the weights path: chosen here, or given
+    costs: CostView | None = None  # the "why" view's forward costs by rows
+    costs_note: str = ""
 
 
 class Progress:
@@ -167,24 +174,84 @@ def load_eagle3(args, target, default_target: bool, notes: list[str], progress: 
         return None
 
 
-def calibrate_sizes(args, target, default_target: bool, notes: list[str], progress: Progress) -> str | None:
+def load_weights(args, device, notes: list[str], progress: Progress):
+    """The target on the weights path --dtype names, or (auto) the one calibrated on this machine
+    (dart_core/calibrate.py choose_weights: each candidate measured on the first start, cached after);
+    returns (target, the choice, DART's tree size timed while choosing or None, the header's line)."""
+    if args.dtype != AUTO:
+        progress(f"loading the target {args.base_model_name_or_path} ({device}, {args.dtype})")
+        target = load_target(args.base_model_name_or_path, device, args.dtype)
+        choice = calibrate.WeightsChoice(args.dtype, f"{target.weights} (given: --dtype {args.dtype})")
+        return target, choice, None, f"Weights {choice.reason}."
+    progress(f"loading the target {args.base_model_name_or_path} ({device}) on the weights path chosen for this machine (--dtype auto)")
+    try:
+        target, choice, dart = calibrate.choose_weights(args.base_model_name_or_path, device, True, args,
+                                                        log=lambda m: log.warning("%s", m))
+    except (ValueError, OSError, RuntimeError) as e:  # e.g. a damaged τ table: start on the old default, and say so
+        notes.append(f"The weights path was not calibrated ({e}); {calibrate.AUTO_FALLBACK} is used.")
+        target = load_target(args.base_model_name_or_path, device, calibrate.AUTO_FALLBACK)
+        return target, calibrate.WeightsChoice(calibrate.AUTO_FALLBACK, f"{calibrate.AUTO_FALLBACK} (not calibrated: {e})"), None, None
+    if not choice.calibrated:
+        return target, choice, None, f"Weights {choice.reason} (--dtype auto; --dtype overrides)."
+    when = f"cached from {choice.measured_at}" if choice.from_cache else "measured at this start"
+    return target, choice, dart, f"Weights chosen on this machine (--dtype auto, {when}): {choice.reason}. --dtype overrides."
+
+
+def cost_view(target, weights, dart_nodes: int | None, dart_size) -> tuple[CostView | None, str]:
+    """The "why" view: the forward cost by rows the tree size (and, with --dtype auto, the weights path)
+    was chosen from, read from the calibration's cache (never timed here), with a note saying what it
+    shows or why there is none. `dart_nodes`: DART's tree size in use; `dart_size`: its SizeChoice."""
+    from dart_core import kernels
+
+    def expected(table: list[dict], nodes: int | None) -> float | None:
+        return next((r["tokens_per_s"] for r in table if r["nodes"] == nodes), None)
+
+    paths = []
+    if weights.paths:  # --dtype auto measured every candidate path
+        for e in weights.paths:
+            ms = {int(k): float(v) for k, v in e["forward_ms"].items()}
+            chosen = e["dtype"] == weights.dtype
+            table = (e.get("dart") or {}).get("table", [])
+            nodes = dart_nodes if chosen else (e["dart"]["max_nodes"] if e.get("dart") else None)
+            paths.append(CostPath(e["weights"], ms, nodes, expected(table, nodes), chosen))
+        why = f"Weights path (--dtype auto): {weights.reason}."
+    else:
+        costs = calibrate.cached_forward_costs(target) if target.exact_verify(calibrate.MAX_CALIBRATED_ROWS) else None
+        if costs is None:
+            why = ("No forward-cost table: the tree sizes were given or not calibrated here, and so was the weights path "
+                   "(python -m dart_core.calibrate measures it)." if target.exact_verify(1) else
+                   "No forward-cost table: the target is not on the CPU kernels, where the tree size is calibrated.")
+            return None, why
+        table = dart_size.table if dart_size is not None else []
+        paths.append(CostPath(target.weights, costs.ms, dart_nodes, expected(table, dart_nodes), True))
+        why = f"Weights {weights.reason}: the one path measured."
+    key = calibrate.host_key(torch.get_num_threads())
+    caption = (f"Median ms of one forward after {calibrate.PREFIX} cached tokens, measured by the calibration on {key['cpu']} "
+               f"({kernels.describe()}, {key['threads']} thread{'s' if key['threads'] != 1 else ''}) and cached in "
+               f"{calibrate.calibration_dir()}. DART's expected tokens/s = τ(n) / (verify(n + 1 rows) + drafting(n)).")
+    return CostView(tuple(paths), caption), why
+
+
+def calibrate_sizes(args, target, default_target: bool, notes: list[str], progress: Progress,
+                    known=None) -> tuple[str | None, dict]:
     """Set the tree sizes the command line left unset to the ones calibrated on this machine
-    (dart_core/calibrate.py; a few seconds on first start, the forward costs cached after), and the
-    header's line saying what was chosen and why. A head that cannot be read here is left to its
+    (dart_core/calibrate.py; a few seconds on first start, the forward costs cached after); returns the
+    header's line saying what was chosen and why, and the choices by drafter. `known`: DART's size
+    timed already while choosing the weights path (not timed again). A head that cannot be read here is left to its
     loader below, which reports it; the calibration then notes that it did not run."""
     wanted = {m for m in ("dart", "eagle3") if head_is_named(m, args) or embedded_head_exists(m)}
     if not wanted:
-        return None
+        return None, {}
     progress("calibrating the tree sizes on this machine")
     try:
-        choices = calibrate.calibrate_unset_sizes(target, args, wanted, default_target, log=lambda m: log.warning("%s", m))
+        choices = calibrate.calibrate_unset_sizes(target, args, wanted, default_target, log=lambda m: log.warning("%s", m), known=known)
     except (ValueError, OSError, RuntimeError) as e:
         notes.append(f"Tree sizes not calibrated ({e}); the device default is used.")
-        return None
+        return None, {}
     if not choices:
-        return None
+        return None, {}
     names = {"dart": "DART", "eagle3": "EAGLE3"}
-    return "Tree size " + "; ".join(f"{names[m]}: {c.reason}" for m, c in choices.items()) + " (--max-nodes N overrides)."
+    return "Tree size " + "; ".join(f"{names[m]}: {c.reason}" for m, c in choices.items()) + " (--max-nodes N overrides).", choices
 
 
 def llamacpp_gguf(args, default_target: bool) -> tuple[Path | None, str]:
@@ -261,13 +328,14 @@ def load_models(args, compute: ComputeThread) -> Loaded:
     threads = args.threads or (engine_threads(available_cores()) if device.type == "cpu" else None)
     if threads:
         torch.set_num_threads(threads)
-    progress(f"loading the target {args.base_model_name_or_path} ({device}, {args.dtype})")
-    target = load_target(args.base_model_name_or_path, device, args.dtype)
     notes: list[str] = []
+    target, weights, dart_size, weights_line = load_weights(args, device, notes, progress)
     if args.template_name:
         notes.append(f"--template-name {args.template_name} ignored: the tokenizer's own chat template is used.")
     default_target = args.base_model_name_or_path == DEFAULT_MODEL
-    tree_line = calibrate_sizes(args, target, default_target, notes, progress)
+    tree_line, sizes = calibrate_sizes(args, target, default_target, notes, progress, known={"dart": dart_size} if dart_size else None)
+    dart_nodes = max_nodes(args, device.type) if embedded_head_exists("dart") or head_is_named("dart", args) else None
+    costs, costs_note = cost_view(target, weights, dart_nodes, sizes.get("dart", dart_size))
     drafters = {}
     dart = load_dart(args, target, default_target, notes, progress)
     if dart is not None:
@@ -284,7 +352,7 @@ def load_models(args, compute: ComputeThread) -> Loaded:
 
         pruner = "C++" if getattr(ngram_cpp, "HAVE_CPP", False) else "pure Python"
     engine = Engine(target, drafters, args.max_new_tokens, args.max_length, compute, peer_list)
-    return Loaded(engine, notes, pruner, progress, threads, peers_line, tree_line)
+    return Loaded(engine, notes, pruner, progress, threads, peers_line, tree_line, weights_line, costs, costs_note)
 
 
 def warm_up(engine: Engine) -> None:
@@ -349,6 +417,9 @@ def build_app(args: argparse.Namespace):
         threads=loaded.threads,
         peers_line=loaded.peers_line,
         tree_line=loaded.tree_line,
+        weights_line=loaded.weights_line,
+        costs=loaded.costs,
+        costs_note=loaded.costs_note,
     )
     return build_demo(engine, settings), loaded, settings
 

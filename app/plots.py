@@ -8,12 +8,14 @@ import math
 import plotly.graph_objects as go
 
 from .engine import Run, Step
+from .render import CostView
 
 ACCEPTED = "#2b8a3e"
 EDGE = "#adb5bd"
 ROOT = "#495057"
 STAGE_COLOURS = {"prefill": "#868e96", "draft": "#7048e8", "prune": "#f59f00", "verify": "#1c7ed6", "other": "#ced4da"}
 METHOD_COLOURS = {"dart": "#e8590c", "eagle3": "#1971c2", "ar": "#495057"}
+PATH_COLOURS = ("#e8590c", "#1971c2", "#2b8a3e", "#862e9c")  # weights paths in the verify-cost plot, the running one first
 COLOUR_BY = ("draft probability", "tree score")
 # Drafters whose tree scores are cumulative log-probabilities, so a node's own draft probability is
 # exp(score - parent's score). DART's are beam scores mixing the n-gram, so it reports top-k lists instead.
@@ -234,3 +236,31 @@ def _stage_seconds(run: Run, stage: str) -> float:
     if stage == "prefill":
         return run.steps[0].times["verify"] if run.steps else 0.0
     return sum(s.times[stage] for s in run.steps[1:])
+
+
+def verify_cost_figure(view: CostView | None) -> go.Figure:
+    """Forward ms by rows on this machine, one line per weights path (the running one solid), with the
+    verify of the tree DART runs on each path marked: the curve the tree size was chosen from."""
+    if view is None or not view.paths:
+        return empty_figure("Verify cost by rows (not measured here)")
+    fig = go.Figure()
+    paths = sorted(view.paths, key=lambda p: not p.chosen)
+    for colour, p in zip(PATH_COLOURS, paths):
+        rows = sorted(p.ms)
+        fig.add_trace(go.Scatter(
+            x=rows, y=[p.ms[k] for k in rows], customdata=[p.ms[k] / p.ms[1] for k in rows], mode="lines+markers",
+            name=p.weights + (" (runs)" if p.chosen else ""), line=dict(color=colour, width=2.5 if p.chosen else 1.5, dash=None if p.chosen else "dot"),
+            marker=dict(size=5), hovertemplate="%{x} rows: %{y:.1f} ms (%{customdata:.2f}x one row)<extra></extra>",
+        ))
+        if p.nodes is not None and p.nodes + 1 in p.ms:
+            k = p.nodes + 1
+            fig.add_trace(go.Scatter(
+                x=[k], y=[p.ms[k]], mode="markers+text", text=[f"DART {p.nodes} node{'s' if p.nodes != 1 else ''}"],
+                textposition="top center", marker=dict(size=13, color=colour, symbol="star"), showlegend=False,
+                hovertemplate=f"DART's tree on {p.weights}: {p.nodes} drafted nodes, a {k}-row verify: %{{y:.1f}} ms<extra></extra>",
+            ))
+    fig.update_layout(title="Forward cost by rows on this machine", xaxis_title="rows in one forward (a tree of n nodes: n + 1)",
+                      yaxis_title="ms", **SMALL)
+    fig.update_xaxes(dtick=2)
+    fig.update_yaxes(rangemode="tozero")
+    return fig

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+from dataclasses import dataclass
 
 from .engine import PeerResult, Run
 
@@ -168,3 +169,50 @@ def step_details_html(run: Run | None, step_index: int | None, tokenizer) -> str
         lines.append(f'<table class="topk"><thead><tr><th colspan="2">head candidates (top {PREVIEW_CANDIDATES} of each row, probability within the top-k)</th></tr></thead>{"".join(rows)}</table>')
     return f'<div class="details">{"".join(lines)}</div>'
 
+
+
+@dataclass(frozen=True)
+class CostPath:
+    """One weights path's forward cost by rows on this machine: the calibration's cached table
+    (dart_core/calibrate.py), and the DART tree size it led to on that path."""
+
+    weights: str  # as the target names them: "gguf (Q4_1, Q8_0)", "bfloat16"
+    ms: dict[int, float]  # rows in one forward -> median wall ms
+    nodes: int | None = None  # DART's drafted nodes on this path (None: not calibrated)
+    expected_tps: float | None = None  # DART's expected tokens/s at `nodes`
+    chosen: bool = False  # the path the app runs
+
+
+@dataclass(frozen=True)
+class CostView:
+    """The "why" view's data: the paths measured (one, or each candidate of --dtype auto), and a line
+    saying where the numbers come from."""
+
+    paths: tuple[CostPath, ...]
+    caption: str
+
+
+def verify_cost_html(view: CostView | None, note: str) -> str:
+    """The "why" table: per weights path the one-row step (plain decoding), the verify of the tree
+    DART runs there (rows = nodes + 1) against it, the widest verify measured, and DART's expected
+    speed. `note` says what was chosen and why (or why there is no table)."""
+    head = f'<p class="note">{html.escape(note)}</p>'
+    if view is None or not view.paths:
+        return f'<div class="costs">{head}</div>'
+    rows = []
+    for p in view.paths:
+        one, widest = p.ms[1], max(p.ms)
+        cells = [p.weights + (" (runs)" if p.chosen else ""), f"{one:.1f} ms"]
+        if p.nodes is not None and p.nodes + 1 in p.ms:
+            k = p.nodes + 1
+            cells += [f"{p.nodes}", f"{k} rows: {p.ms[k]:.1f} ms ({p.ms[k] / one:.2f}×)"]
+        else:
+            cells += ["–", "–"]
+        cells += [f"{p.ms[widest]:.1f} ms ({p.ms[widest] / one:.2f}×)", "–" if p.expected_tps is None else f"{p.expected_tps:.0f} tok/s"]
+        tr = '<tr class="chosen">' if p.chosen else "<tr>"
+        rows.append(tr + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+    widest = max(max(p.ms) for p in view.paths)
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in
+                 ("weights", "1 row (plain step)", "DART nodes", "its verify", f"{widest} rows", "DART expected"))
+    return (f'<div class="costs">{head}<table class="summary"><thead><tr>{th}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+            f'<p class="note">{html.escape(view.caption)}</p></div>')

@@ -63,6 +63,9 @@ class Settings:
     threads: int | None = None  # the engine's torch CPU threads (None: not set, e.g. on a GPU)
     peers_line: str | None = None  # the header's line on the llama.cpp row: what runs, or why none does
     tree_line: str | None = None  # the header's line on the tree sizes calibrated on this machine
+    weights_line: str | None = None  # the header's line on the weights path: chosen on this machine (--dtype auto), or given
+    costs: render.CostView | None = None  # the "why" view: forward cost by rows per weights path, from the calibration
+    costs_note: str = ""  # what the "why" view shows, or why it has no table
 
 
 class StopSignals:
@@ -165,6 +168,8 @@ class DemoApp:
         if s.pruner:
             badges.append(f"tree pruner: {html.escape(s.pruner)}")
         gr.HTML(f"<h1>DART speculative decoding</h1><p>{_md_bold(INTRO)}</p><p class='badges'>{' · '.join(badges)}</p>")
+        if s.weights_line:  # the weights path, chosen on this machine or given, and why (app/__main__.py load_weights)
+            gr.HTML(f"<p class='peers'>{html.escape(s.weights_line)}</p>", elem_id="weights-choice")
         if s.tree_line:  # the tree sizes chosen on this machine, and why (app/__main__.py calibrate_sizes)
             gr.HTML(f"<p class='peers'>{html.escape(s.tree_line)}</p>", elem_id="tree-sizes")
         if s.peers_line:  # what the llama.cpp row runs, or why there is none (app/__main__.py load_peers)
@@ -224,6 +229,14 @@ class DemoApp:
             self.speed_plot = gr.Plot(label="Speed", elem_id="speed-plot")
             self.accepted_plot = gr.Plot(label="Tokens per forward")
             self.split_plot = gr.Plot(label="Time split")
+        # Why this configuration: the forward cost by rows the tree size (and, with --dtype auto, the
+        # weights path) was chosen from, as measured on this machine at start (static for the session)
+        with gr.Row(equal_height=False, elem_id="why"):
+            if self.settings.costs is not None:
+                with gr.Column(scale=3):
+                    gr.Plot(plots.verify_cost_figure(self.settings.costs), label="Verify cost by rows", elem_id="verify-cost-plot")
+            with gr.Column(scale=2):
+                gr.HTML(render.verify_cost_html(self.settings.costs, self.settings.costs_note), elem_id="verify-cost")
 
     # ---- events -------------------------------------------------------------------------------
 

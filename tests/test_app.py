@@ -200,6 +200,13 @@ def test_browser_chat_streams_and_draws_the_tree(server, tmp_path):
         if HAVE_DART and kernels.AVAILABLE:
             sizes = page.locator("#tree-sizes").inner_text()
             assert "DART: " in sizes and "drafted nodes: expected" in sizes and "tok/s" in sizes, sizes
+        # the weights path: given here (--dtype), and the header says so
+        assert f"given: --dtype {DTYPE}" in page.locator("#weights-choice").inner_text()
+        # the "why" view: the forward cost by rows the tree size was chosen from, on this path, with DART's size
+        if HAVE_DART and kernels.AVAILABLE:  # the tree sizes were calibrated at start, so the table is there
+            why = page.locator("#verify-cost").inner_text()
+            assert f"{DTYPE} (runs)" in why and " rows: " in why and "DART expected" in why, why
+            assert page.locator("#verify-cost-plot .js-plotly-plot").count() == 1
         # a second turn, in compare mode, runs every method to the end (and then llama.cpp, where built)
         page.locator("#compare input").check()
         send_and_wait(page, "Now write a haiku about the sea.", n_runs=len(METHODS) + HAVE_LLAMACPP)
