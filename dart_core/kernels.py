@@ -331,6 +331,89 @@ class TreeAttention:
         return out
 
 
+class LayerStack:
+    """The decoder layers of a model as one kernel call per forward (`layers_forward` in the C++):
+    the per-op loop of `Transformer._forward_kernels` (add + norm, q|k|v, tree attention, o, add +
+    norm, gate|up, silu * up, down) run in C++ with the same kernels in the same order, so the same
+    bits, without the ~100 us of Python and allocation per layer that cost ~3 ms of a 9-15 ms forward
+    of the 30-layer embedded target. Built once per model from its layers' weights (the plan holds
+    raw pointers: `stale()` says when the model's tensors were replaced); Qwen3's q/k norms are not in
+    it (such models keep the per-op loop)."""
+
+    def __init__(self, layers, dtype: torch.dtype, eps: float, intermediate: int):
+        _need_ext()
+        rows, keep = [], []
+
+        def weight(lin) -> list[int]:
+            w = lin.weight
+            keep.append(w.data)  # the storage, kept alive even if the module's tensor is replaced
+            if isinstance(w, BlockWeight):
+                return [WEIGHT_FORMATS[w.fmt], w.data.data_ptr(), w.data.shape[1]]
+            if w.dtype != dtype or not w.is_contiguous():
+                raise ValueError(f"LayerStack: weights must be contiguous {dtype} tensors or BlockWeights, got {w.dtype}")
+            return [DTYPES[dtype], w.data_ptr(), w.shape[1] * w.element_size()]
+
+        for layer in layers:
+            att, ffn = layer.attention, layer.feed_forward
+            bias = att.wqkv.bias
+            if bias is not None:
+                keep.append(bias.data)
+            norms = (layer.attention_norm.weight, layer.ffn_norm.weight)
+            for t in (bias, *norms):
+                if t is not None and (t.dtype != dtype or not t.is_contiguous()):
+                    raise ValueError(f"LayerStack: biases and norm weights must be contiguous {dtype} tensors")
+            keep.extend(t.data for t in norms)
+            rows.append([*weight(att.wqkv), 0 if bias is None else bias.data_ptr(), *weight(att.wo), *weight(ffn.w13),
+                         *weight(ffn.w2), norms[0].data_ptr(), norms[1].data_ptr()])
+        self.plan = torch.tensor(rows, dtype=torch.int64)
+        if self.plan.shape[1] != _ext.PLAN_FIELDS:
+            raise RuntimeError(f"LayerStack: the plan has {self.plan.shape[1]} fields, the extension wants {_ext.PLAN_FIELDS}")
+        self._keep, self._layers = keep, layers
+        self._ends = self._end_pointers()
+        self.dtype, self.code, self.eps, self.intermediate = dtype, DTYPES[dtype], float(eps), intermediate
+
+    def _end_pointers(self) -> tuple[int, int]:
+        first, last = self._layers[0].attention.wqkv.weight, self._layers[-1].feed_forward.w2.weight
+        return (first.data.data_ptr(), last.data.data_ptr())
+
+    def stale(self) -> bool:
+        """Whether the model's weights moved since the plan was built (`model.to()`, a reload): checked
+        on the first and last layer's weights, which every whole-model conversion moves, at ~1 us a
+        forward instead of ~100 us for every tensor. A single weight swapped for another tensor after
+        the first forward is not seen (the plan keeps the old storage alive, so it is never a dangling
+        pointer): the model's own code never does that; `Transformer.reset_layer_stack()` rebuilds."""
+        return self._end_pointers() != self._ends
+
+    def __call__(self, x: torch.Tensor, attention: "TreeAttention", k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """x (T, H) embeddings; k_cache, v_cache (L, nkv, capacity, hd) views whose layers are a fixed
+        stride apart. Returns (residual before the last MLP output, that output, the residual at the
+        input of each layer in `capture`, concatenated (T, len(capture) * H), or None)."""
+        T, H = x.shape
+        if x.dtype != self.dtype or T != attention.T or attention.dtype != self.dtype:
+            raise ValueError(f"LayerStack: x must be ({attention.T}, H) {self.dtype}, got {tuple(x.shape)} {x.dtype}")
+        L = self.plan.shape[0]
+        shape = (L, *attention.cache_shape)
+        for c in (k_cache, v_cache):
+            if tuple(c.shape) != shape or c.dtype != self.dtype or not c[0].is_contiguous():
+                raise ValueError(f"LayerStack: caches must be ({shape}) {self.dtype} with contiguous layers")
+        if k_cache.stride() != v_cache.stride():
+            raise ValueError("LayerStack: the k and v caches must have one layout")
+        x = x.contiguous().clone()
+        pending = torch.empty_like(x)
+        capture = tuple(sorted(capture))  # columns in layer order, as the per-op loop appends them
+        cap_idx = torch.tensor(capture, dtype=torch.int64)
+        captured = torch.empty(T, len(capture) * H, dtype=x.dtype) if capture else None
+        _ext.layers_forward(
+            self.code, self.plan.data_ptr(), L, T, H, self.intermediate, attention.n_heads, attention.n_kv_heads, attention.hd,
+            self.eps, attention.rope.cos.data_ptr(), attention.rope.sin.data_ptr(), attention.positions.data_ptr(),
+            attention.parents.data_ptr(), attention.committed, k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0),
+            attention.capacity, x.data_ptr(), pending.data_ptr(), cap_idx.data_ptr(), len(capture),
+            0 if captured is None else captured.data_ptr(),
+        )
+        return x, pending, captured
+
+
 def tree_attention(
     q: torch.Tensor,
     k: torch.Tensor,

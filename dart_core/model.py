@@ -240,6 +240,8 @@ class Transformer(nn.Module):
         self.rope_scale = rope_scale
         self.capture = args.capture_layers() if args.n_layers >= 7 else ()
         self.use_kernels = use_kernels
+        self.use_layer_stack = True  # False: the per-op loop (tests compare the two)
+        self._stack: kernels.LayerStack | None = None
         self._rope_table: kernels.RopeTable | None = None  # fp32 angles for the kernel path, built on first use
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -305,8 +307,38 @@ class Transformer(nn.Module):
         attention = kernels.TreeAttention(
             self._rope_table, positions, parents, P, a.n_heads, a.n_kv_heads, tuple(cache.k.shape[2:]), cache.k.dtype
         )
-        q_out, kv_out = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
         x = self.tok_embeddings(tokens)  # (T, H)
+        stack = self._layer_stack()
+        if stack is not None:
+            x, pending, hidden = stack(x, attention, cache.k[:, 0], cache.v[:, 0], self.capture if capture else ())
+        else:
+            x, pending, hidden = self._layers_per_op(x, attention, cache, capture)
+        if logits_at is not None:
+            x, pending = x[logits_at].contiguous(), pending[logits_at].contiguous()
+        _, normed = kernels.add_rmsnorm(x, pending, self.norm.weight, self.norm.eps)
+        out_logits = kernels.linear(normed, self.output.weight).float() if logits else None
+        return ForwardOutput(logits=out_logits, hidden=hidden, final=normed if final else None)
+
+    def _layer_stack(self) -> kernels.LayerStack | None:
+        """The decoder layers as one C++ call (kernels.LayerStack), built on first use and again when the
+        weights were replaced; None where it does not apply (Qwen3's q/k norms, `use_layer_stack` off)."""
+        if not self.use_layer_stack or self.args.qk_norm:
+            return None
+        if self._stack is None or self._stack.stale():
+            a = self.args
+            self._stack = kernels.LayerStack(self.layers, self.norm.weight.dtype, a.rms_norm_eps, a.intermediate_size)
+        return self._stack
+
+    def reset_layer_stack(self) -> None:
+        """Forget the LayerStack's plan (its raw weight pointers): call after replacing a single weight."""
+        self._stack = None
+
+    def _layers_per_op(self, x, attention, cache: KVCache, capture: bool):
+        """The decoder layers one kernel call at a time (the reference LayerStack reproduces bit for
+        bit, and the path of models it does not cover). Returns (x, pending, captured or None)."""
+        a = self.args
+        T = x.shape[0]
+        q_out, kv_out = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
         captured = []
         pending = None  # the previous block's MLP output, added to x by the next fused add + norm
         for i, layer in enumerate(self.layers):
@@ -322,12 +354,7 @@ class Transformer(nn.Module):
             o = attention(q, k, v, cache.k[i, 0], cache.v[i, 0])
             x, h = kernels.add_rmsnorm(x, kernels.linear(o, att.wo.weight), layer.ffn_norm.weight, layer.ffn_norm.eps)
             pending = kernels.linear(kernels.silu_mul(kernels.linear(h, ffn.w13.weight)), ffn.w2.weight)
-        if logits_at is not None:
-            x, pending = x[logits_at].contiguous(), pending[logits_at].contiguous()
-        _, normed = kernels.add_rmsnorm(x, pending, self.norm.weight, self.norm.eps)
-        out_logits = kernels.linear(normed, self.output.weight).float() if logits else None
-        hidden = torch.cat(captured, dim=-1) if capture else None
-        return ForwardOutput(logits=out_logits, hidden=hidden, final=normed if final else None)
+        return x, pending, (torch.cat(captured, dim=-1) if capture else None)
 
     @staticmethod
     def _attention_mask(tree_mask: torch.Tensor | None, P: int, T: int, device) -> torch.Tensor | None:

@@ -372,3 +372,69 @@ def test_embedded_heads_match_ar_on_bench_prompts(embedded_bf16, embedded_drafte
         ar = complete(embedded_bf16, ids, ARDrafter(), params).output_ids
         for method, drafter in embedded_drafters.items():
             assert complete(embedded_bf16, ids, drafter, params).output_ids == ar, (path.stem, q["question_id"], method)
+
+
+def _stack_and_per_op(target, tree, prompt):
+    """The same verify through kernels.LayerStack and through the per-op loop: (logits, hidden,
+    final, the tree's cache entries) of each."""
+    outs = []
+    for stack in (True, False):
+        target.model.use_layer_stack = stack
+        try:
+            cache = target.new_cache(len(prompt) + len(tree) + 4)
+            target.prefill(prompt, cache, capture=False)
+            cache.commit(len(prompt))
+            P = cache.length
+            tokens, positions = tree.tokens, tree.depths + P
+            r = target.model(tokens, positions, cache, capture=True, final=True, parents=tree.parents)
+            outs.append((r.logits, r.hidden, r.final, cache.k[:, :, :, P:P + len(tree)].clone(), cache.v[:, :, :, P:P + len(tree)].clone()))
+        finally:
+            target.model.use_layer_stack = True
+    return outs
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_stack_is_the_per_op_loop(tiny_ckpt, dtype, kpath):
+    """The decoder layers as one C++ call give the per-op loop's bits: logits, captured and final
+    hidden states, and the keys/values written (tiny Llama and Qwen2 with q|k|v biases; Qwen3's q/k
+    norms keep the per-op loop, so both sides are that loop there)."""
+    arch, path = tiny_ckpt
+    target = tiny_target(path, dtype)
+    rng = random.Random(11)
+    for n in (1, 6, 17):
+        tree, prompt = random_tree(rng, n, 96), [rng.randrange(4, 96) for _ in range(9)]
+        (a, b) = _stack_and_per_op(target, tree, prompt)
+        for x, y in zip(a, b):
+            assert (x is None and y is None) or torch.equal(x, y), f"{arch} {dtype} {n} nodes"
+    assert (target.model._stack is None) == (arch == "qwen3")
+
+
+def test_layer_stack_on_the_embedded_gguf_with_capture(kpath):
+    """The embedded target on its GGUF blocks (Q4_1 layers), the three captured layers included."""
+    from dart_core import load_target
+
+    target = load_target("default", "cpu", "gguf")
+    assert target.model.capture, "the embedded target captures three layers"
+    rng = random.Random(5)
+    tree, prompt = random_tree(rng, 9, 49152), [rng.randrange(49152) for _ in range(40)]
+    a, b = _stack_and_per_op(target, tree, prompt)
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+
+
+def test_layer_stack_follows_a_dtype_change(tmp_path):
+    """`model.to()` moves every weight: the plan of raw pointers is rebuilt, not reused."""
+    from conftest import build_tiny_checkpoint
+    from dart_core.model import KVCache
+
+    target = tiny_target(build_tiny_checkpoint(tmp_path, "llama"))
+    model, args = target.model, target.model.args
+    tree = random_tree(random.Random(3), 5, 96)
+    model(tree.tokens, tree.depths, target.new_cache(32), parents=tree.parents)
+    first = model._stack
+    assert first is not None and not first.stale()
+    model.to(torch.bfloat16)
+    assert first.stale()
+    cache = KVCache(args.n_layers, args.n_kv_heads, args.head_dim, 32, torch.bfloat16, "cpu")
+    out = model(tree.tokens, tree.depths, cache, parents=tree.parents)
+    assert model._stack is not first and model._stack.dtype == torch.bfloat16 and torch.isfinite(out.logits).all()

@@ -381,7 +381,12 @@ constexpr int64_t NBV = 4, MBV = 4;  // 16 accumulators + 4 weights + 1 input of
 constexpr int64_t WIDE_NB = 2, WIDE_MB = 8;
 #elif defined(DART_V16_AVX2)
 constexpr int64_t NBV = 2, MBV = 2;  // 8 + 4 + 2 of 16 ymm registers (a V16 is two)
-constexpr int64_t WIDE_NB = NBV, WIDE_MB = MBV;  // no wider shape fits
+// 3-6 rows (a verify of 2-5 drafted nodes), and more in row blocks of up to 6: ONE weight row against
+// up to 6 input rows (12 accumulators + 2 weights of 16 ymm registers; the inputs are memory operands
+// of the fmas), so a weight row passes through the core once per 6 rows instead of once per 2 rows.
+// Block formats are dequantized into L1 first (a panel of one row): inline, their 4 block halves and
+// scales would not fit beside the 12 accumulators. As 2 x 2 blocks a 6-row verify was three passes.
+constexpr int64_t WIDE_NB = 1, WIDE_MB = 6;
 #else
 constexpr int64_t NBV = 4, MBV = 4;
 constexpr int64_t WIDE_NB = NBV, WIDE_MB = MBV;
@@ -485,8 +490,67 @@ void linear_block(const float* xf, int64_t K, const uint8_t* w, int64_t rb, floa
     }
 }
 
+#if defined(DART_V16_AVX2)
+// The AVX2 wide shape: ONE weight row against R <= 6 input rows, the contract's 16 lanes as (lo, hi)
+// ymm pairs. Written out with named accumulators because GCC kept linear_block's V16 acc[6][1] on the
+// stack (a load and a store around every fma: a 6-row verify ran at half the fma rate).
+template <class F, int R>
+void linear_row_avx2(const float* xf, int64_t K, const uint8_t* w, float* res, const uint8_t* pf) {
+    static_assert(R >= 1 && R <= 6, "12 accumulators + 2 weights of 16 ymm registers");
+    constexpr int64_t PF = prefetch_every<F>();
+    __m256 a0l = _mm256_setzero_ps(), a0h = a0l, a1l = a0l, a1h = a0l, a2l = a0l, a2h = a0l, a3l = a0l, a3h = a0l,
+           a4l = a0l, a4h = a0l, a5l = a0l, a5h = a0l;
+    const int64_t full = K / LANES * LANES;
+#define DART_ROW(i, xl, xh)                                                    \
+    if constexpr (R > i) {                                                     \
+        a##i##l = _mm256_fmadd_ps(xl, wv.lo, a##i##l);                         \
+        a##i##h = _mm256_fmadd_ps(xh, wv.hi, a##i##h);                         \
+    }
+#define DART_ROWS(XL, XH) DART_ROW(0, XL(0), XH(0)) DART_ROW(1, XL(1), XH(1)) DART_ROW(2, XL(2), XH(2)) \
+                          DART_ROW(3, XL(3), XH(3)) DART_ROW(4, XL(4), XH(4)) DART_ROW(5, XL(5), XH(5))
+    for (int64_t k = 0; k < full; k += LANES) {
+        const V16 wv = w_load16<F>(w, k);
+        if (pf && k % PF == 0) prefetch_l2(pf + k * F::BYTES / F::BLOCK);
+#define DART_XL(i) _mm256_loadu_ps(xf + (i) * K + k)
+#define DART_XH(i) _mm256_loadu_ps(xf + (i) * K + k + 8)
+        DART_ROWS(DART_XL, DART_XH)
+#undef DART_XL
+#undef DART_XH
+    }
+    if (full < K) {  // zero-filled tail lanes add +0 products (see linear_block)
+        const int64_t rem = K - full;
+        const V16 wv = v_load_tail(reinterpret_cast<const typename F::T*>(w) + full, rem);
+        V16 xt[R];
+        for (int i = 0; i < R; ++i) xt[i] = v_load_tail(xf + i * K + full, rem);
+#define DART_XL(i) xt[(i) < R ? (i) : 0].lo
+#define DART_XH(i) xt[(i) < R ? (i) : 0].hi
+        DART_ROWS(DART_XL, DART_XH)
+#undef DART_XL
+#undef DART_XH
+    }
+#undef DART_ROWS
+#undef DART_ROW
+    const V16 acc[6] = {{a0l, a0h}, {a1l, a1h}, {a2l, a2h}, {a3l, a3h}, {a4l, a4h}, {a5l, a5h}};
+    for (int i = 0; i < R; ++i) res[i * NB] = v_reduce(acc[i]);
+}
+#endif
+
 template <class F>
 void run_block(const float* xf, int64_t K, int64_t mb, const uint8_t* w, int64_t rb, float* res, const uint8_t* pf, bool wide) {
+#if defined(DART_V16_AVX2)
+    if constexpr (!F::QUANT) {  // block formats reach here as their dequantized fp32 panel
+        if (wide) {
+            switch (mb) {
+                case 1: return linear_row_avx2<F, 1>(xf, K, w, res, pf);
+                case 2: return linear_row_avx2<F, 2>(xf, K, w, res, pf);
+                case 3: return linear_row_avx2<F, 3>(xf, K, w, res, pf);
+                case 4: return linear_row_avx2<F, 4>(xf, K, w, res, pf);
+                case 5: return linear_row_avx2<F, 5>(xf, K, w, res, pf);
+                case 6: return linear_row_avx2<F, 6>(xf, K, w, res, pf);
+            }
+        }
+    }
+#endif
     if constexpr (WIDE_MB == 8) {
         if (wide) {
             switch (mb) {
@@ -513,14 +577,14 @@ void run_block(const float* xf, int64_t K, int64_t mb, const uint8_t* w, int64_t
     throw std::logic_error("linear: bad row block");
 }
 
-// The NBV rows of a weight block as fp32, for verifies of more rows than one register block: each
+// The nbv rows of a weight block as fp32, for verifies of more rows than one register block: each
 // block is dequantized once (into L1) instead of once per row block, with the same values.
-template <class F> void dequant_panel(const uint8_t* w, int64_t rb, int64_t K, float* out, const uint8_t* pf) {
+template <class F> void dequant_panel(const uint8_t* w, int64_t rb, int64_t K, int64_t nbv, float* out, const uint8_t* pf) {
     constexpr int64_t PF = prefetch_every<F>();
     for (int64_t k = 0; k < K; k += 32) {
         if (pf && k % PF == 0)
-            for (int64_t j = 0; j < NBV; ++j) prefetch_l2(pf + j * rb + k * F::BYTES / F::BLOCK);
-        for (int64_t j = 0; j < NBV; ++j) {
+            for (int64_t j = 0; j < nbv; ++j) prefetch_l2(pf + j * rb + k * F::BYTES / F::BLOCK);
+        for (int64_t j = 0; j < nbv; ++j) {
             V16 lo, hi;
             w_load32<F>(w + j * rb, k, lo, hi);
             v_store(out + j * K + k, lo);
@@ -534,13 +598,18 @@ void linear_impl(const TX* x, int64_t x_stride, int64_t M, int64_t K, const uint
                  TX* out, int64_t out_stride) {
     std::vector<float> xf(static_cast<size_t>(M * K));
     for (int64_t m = 0; m < M; ++m) load_row(x + m * x_stride, xf.data() + m * K, K);
+#if defined(DART_V16_AVX2)
+    const bool wide = M > MBV;  // every format, in row blocks of up to WIDE_MB
+    const bool panel = F::QUANT && wide;  // block formats: dequantize each weight row once into L1
+#else
     const bool wide = F::QUANT && M > MBV && M <= WIDE_MB;
+    const bool panel = F::QUANT && M > (wide ? WIDE_MB : MBV);  // dequantize each block once into L1 for all row blocks
+#endif
     const int64_t nbv = wide ? WIDE_NB : NBV, mbv = wide ? WIDE_MB : MBV;
     const int64_t blocks = (N + nbv - 1) / nbv;
-    const bool panel = F::QUANT && M > mbv;  // dequantize each block once into L1 for all row blocks
 #pragma omp parallel
     {
-        std::vector<float> pbuf(panel ? static_cast<size_t>(NBV * K) : 0);
+        std::vector<float> pbuf(panel ? static_cast<size_t>(nbv * K) : 0);
         std::vector<uint8_t> wpad;
 #pragma omp for schedule(static)
         for (int64_t b = 0; b < blocks; ++b) {
@@ -552,12 +621,12 @@ void linear_impl(const TX* x, int64_t x_stride, int64_t M, int64_t K, const uint
                 wb = wpad.data();
             }
             const uint8_t* pf = (b + PREFETCH_BLOCKS + 1) * nbv <= N ? w + (b + PREFETCH_BLOCKS) * nbv * rb : nullptr;
-            if (panel) dequant_panel<F>(wb, rb, K, pbuf.data(), pf);
+            if (panel) dequant_panel<F>(wb, rb, K, nbv, pbuf.data(), pf);
             float res[WIDE_MB * NB];
             for (int64_t m0 = 0, r = 0; m0 < M; m0 += row_block(M, r++, mbv)) {
                 const int64_t mb = row_block(M, r, mbv);
                 if (panel)
-                    run_block<FmtF32>(xf.data() + m0 * K, K, mb, reinterpret_cast<const uint8_t*>(pbuf.data()), K * 4, res, nullptr, false);
+                    run_block<FmtF32>(xf.data() + m0 * K, K, mb, reinterpret_cast<const uint8_t*>(pbuf.data()), K * 4, res, nullptr, wide);
                 else
                     run_block<F>(xf.data() + m0 * K, K, mb, wb, rb, res, m0 == 0 ? pf : nullptr, wide);
                 for (int64_t i = 0; i < mb; ++i)
@@ -1180,6 +1249,77 @@ void decode_attention(int dtype, uintptr_t q, int64_t q_stride, uintptr_t k_cach
 }
 
 
+// ------------------------------------------------------------------------------------- the decoder stack
+// All decoder layers of one decode/verify forward in one call: the same kernels, in the same order, on
+// the same buffers as the per-op path of dart_core/model.py (so the same bits), without ~100 us of
+// Python and tensor allocation per layer: ~3 ms of a 9-15 ms forward of the 30-layer embedded target.
+//
+// plan (n_layers, PLAN_FIELDS) int64, one row a layer (dart_core/kernels.py LayerStack builds it):
+// weight format, data pointer, row bytes of q|k|v, o, gate|up and down; the q|k|v bias (0: none); the
+// two norms' weights. x (T, H) is the residual stream in, and out: the last layer's residual before
+// its MLP output `pending` (T, H) is added (the final norm adds it). Captured residuals (the input of
+// each layer in `capture`, after its attention norm's add) go to captured (T, n_capture * H).
+enum PlanField : int64_t {
+    QKV_FMT, QKV_W, QKV_RB, QKV_B, O_FMT, O_W, O_RB, W13_FMT, W13_W, W13_RB, W2_FMT, W2_W, W2_RB, ATT_NORM, FFN_NORM, PLAN_FIELDS
+};
+
+template <class T>
+void layers_forward_impl(const int64_t* plan, int64_t L, int64_t T_, int64_t H, int64_t I, int64_t nh, int64_t nkv,
+                         int64_t hd, float eps, const float* cos, const float* sin, const int64_t* pos,
+                         const int64_t* parents, int64_t P, T* k_cache, T* v_cache, int64_t layer_stride, int64_t cap,
+                         T* x, T* pending, const int64_t* capture, int64_t n_capture, T* captured) {
+    const int64_t q_out = nh * hd, kv_out = nkv * hd, qkv_n = q_out + 2 * kv_out;
+    std::vector<T> h(T_ * H), qkv(T_ * qkv_n), o(T_ * q_out), gu(T_ * 2 * I), act(T_ * I);
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));  // as Python's 1.0 / math.sqrt(hd), rounded once
+    bool have_pending = false;
+    for (int64_t l = 0; l < L; ++l) {
+        const int64_t* p = plan + l * PLAN_FIELDS;
+        add_rmsnorm_impl<T>(x, have_pending ? pending : nullptr, ptr<const T>(p[ATT_NORM]), T_, H, eps, x, h.data());
+        for (int64_t c = 0; c < n_capture; ++c)
+            if (capture[c] == l)
+                for (int64_t t = 0; t < T_; ++t) std::memcpy(captured + t * n_capture * H + c * H, x + t * H, H * sizeof(T));
+        linear_fmt<T>(p[QKV_FMT], h.data(), H, T_, H, ptr<const uint8_t>(p[QKV_W]), p[QKV_RB], qkv_n, ptr<const T>(p[QKV_B]), qkv.data(), qkv_n);
+        tree_attention_impl<T>(qkv.data(), qkv_n, qkv.data() + q_out, qkv_n, qkv.data() + q_out + kv_out, qkv_n, cos, sin, pos,
+                               k_cache + l * layer_stride, v_cache + l * layer_stride, cap, P, T_, parents, nh, nkv, hd, scale,
+                               o.data(), q_out);
+        linear_fmt<T>(p[O_FMT], o.data(), q_out, T_, q_out, ptr<const uint8_t>(p[O_W]), p[O_RB], H, nullptr, pending, H);
+        add_rmsnorm_impl<T>(x, pending, ptr<const T>(p[FFN_NORM]), T_, H, eps, x, h.data());
+        linear_fmt<T>(p[W13_FMT], h.data(), H, T_, H, ptr<const uint8_t>(p[W13_W]), p[W13_RB], 2 * I, nullptr, gu.data(), 2 * I);
+        silu_mul_impl<T>(gu.data(), 2 * I, T_, I, act.data());
+        linear_fmt<T>(p[W2_FMT], act.data(), I, T_, I, ptr<const uint8_t>(p[W2_W]), p[W2_RB], H, nullptr, pending, H);
+        have_pending = true;
+    }
+}
+
+void layers_forward(int dtype, uintptr_t plan, int64_t L, int64_t T_, int64_t H, int64_t I, int64_t nh, int64_t nkv, int64_t hd,
+                    float eps, uintptr_t cos, uintptr_t sin, uintptr_t pos, uintptr_t parents, int64_t P, uintptr_t k_cache,
+                    uintptr_t v_cache, int64_t layer_stride, int64_t cap, uintptr_t x, uintptr_t pending, uintptr_t capture,
+                    int64_t n_capture, uintptr_t captured) {
+    if (hd % 2 || nkv < 1 || nh % nkv) throw std::invalid_argument("layers_forward: head_dim must be even and nkv divide nh");
+    if (P + T_ > cap) throw std::invalid_argument("layers_forward: the cache is too small");
+    const int64_t* pl = ptr<const int64_t>(plan);
+    const int64_t q_out = nh * hd, widths[4][2] = {{H, q_out + 2 * nkv * hd}, {q_out, H}, {H, 2 * I}, {I, H}};
+    for (int64_t l = 0; l < L; ++l)
+        for (int j = 0; j < 4; ++j) {
+            const int64_t* f = pl + l * PLAN_FIELDS + j * 3 + (j > 0 ? 1 : 0);  // QKV_FMT, O_FMT, W13_FMT, W2_FMT
+            if (f[2] != row_bytes(static_cast<int>(f[0]), widths[j][0]))
+                throw std::invalid_argument("layers_forward: layer " + std::to_string(l) + ": weight rows do not hold " + std::to_string(widths[j][0]) + " elements");
+        }
+    py::gil_scoped_release release;
+#define DART_STACK(TY)                                                                                                      \
+    return layers_forward_impl<TY>(pl, L, T_, H, I, nh, nkv, hd, eps, ptr<const float>(cos), ptr<const float>(sin),        \
+                                   ptr<const int64_t>(pos), ptr<const int64_t>(parents), P, ptr<TY>(k_cache), ptr<TY>(v_cache), \
+                                   layer_stride, cap, ptr<TY>(x), ptr<TY>(pending), ptr<const int64_t>(capture), n_capture,     \
+                                   ptr<TY>(captured))
+    switch (static_cast<DType>(dtype)) {
+        case DType::F32: DART_STACK(float);
+        case DType::BF16: DART_STACK(uint16_t);
+        case DType::F16: DART_STACK(_Float16);
+    }
+#undef DART_STACK
+    throw std::invalid_argument("layers_forward: unknown dtype code " + std::to_string(dtype));
+}
+
 // What the CPU running this process offers (the loader picks a build with it; x86 only).
 py::dict cpu_features() {
     py::dict d;
@@ -1207,6 +1347,8 @@ PYBIND11_MODULE(DART_KERNELS_MODULE, m) {
     m.def("add_rmsnorm", &add_rmsnorm);
     m.def("tree_attention", &tree_attention);
     m.def("decode_attention", &decode_attention);
+    m.def("layers_forward", &layers_forward);
+    m.attr("PLAN_FIELDS") = static_cast<int64_t>(PLAN_FIELDS);
     m.def("num_threads", &n_threads);
     m.def("cpu_features", &cpu_features);
     m.attr("PATH") = DART_KERNELS_PATH;
