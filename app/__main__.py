@@ -59,7 +59,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="float32/bfloat16/float16, or gguf: the embedded default read in its own GGUF blocks (Q4_1/Q8_0, fp32 arithmetic). "
                         "Default auto: for the embedded default on the CPU kernels, the path (gguf or bfloat16) whose DART is expected "
                         "fastest from this machine's measured costs (dart_core/calibrate.py; measured on the first start, cached); "
-                        "else bfloat16. The header says which and why. On a CPU with the C++ kernels every choice gives greedy texts "
+                        "else (and with --no-calibration) bfloat16. The header says which and why. On a CPU with the C++ kernels every choice gives greedy texts "
                         "identical to AR's on that path, bit for bit")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads of the engine (default on the CPU: all cores but one, which serves the web page: see app/engine.py)")

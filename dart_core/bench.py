@@ -389,7 +389,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=TARGET_DTYPE_CHOICES, default=AUTO,
                    help="float32/bfloat16/float16, or gguf: the embedded default in its own GGUF blocks on the CPU kernels. "
                         "Default auto: for the embedded default on the CPU kernels, the path (gguf or bfloat16) whose DART is "
-                        "expected fastest from this machine's measured costs (dart_core/calibrate.py, cached); else bfloat16. "
+                        "expected fastest from this machine's measured costs (dart_core/calibrate.py, cached); else (and with --no-calibration) bfloat16. "
                         "Every method runs on the one path chosen; env.weights_choice records it and why"),
     p.add_argument(
         "--eager",
@@ -503,6 +503,12 @@ def main(argv: list[str] | None = None) -> int:
         for m in methods:
             report[m]["same_as_ar"] = same[m]
     result = {"env": environment(args, target), "methods": report, "datasets": datasets, "samples": samples}
+    if target.device.type == "cpu":  # a step's memory limit: the bytes it streams over the bandwidth measured now
+        step_bytes, gb_s = target.model.step_weight_bytes(), kernels.read_bandwidth()
+        result["env"]["memory"] = {"step_weight_bytes": step_bytes, "read_gb_s": round(gb_s, 2),
+                                   "streaming_limit_ms": round(step_bytes / gb_s / 1e6, 3)}
+        log(f"a step streams {step_bytes / 1e6:.1f} MB of weights; read bandwidth {gb_s:.1f} GB/s: "
+            f"memory limit {step_bytes / gb_s / 1e6:.2f} ms a step")
     result["env"]["weights_choice"] = weights.as_dict()  # the --dtype the run used, why, and (auto) each path's measured costs
     if sizes:
         result["env"]["tree_sizes"] = {m: c.as_dict() for m, c in sizes.items()}
