@@ -504,6 +504,7 @@ def choose_weights(model=None, device="cpu", use_kernels: bool = True, args=None
                 drafter = build_drafter("dart", target, argparse_copy(args, max_nodes=max(sizes)), True)
                 record = record_greedy(target, [{"role": "user", "content": OVERHEAD_PROMPT}], OVERHEAD_TOKENS)
                 draft_ms = drafting_ms(drafter, record, sizes)
+                del drafter, record  # they hold this path's target: let it go if another path wins
             except (OSError, ValueError) as e:  # a head that does not load: rank by the step, and say why
                 why_plain = f"the DART head did not load: {e}"
         if draft_ms is not None:
