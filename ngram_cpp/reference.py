@@ -432,6 +432,9 @@ def _search(tokens, probs, kk: int, root: int, context: list[int], model, params
     d = tokens.shape[0]
     use_context = index is not None and params.context_weight > 0
     levels = d + (params.context_extend if use_context else 0)
+    # the score's cut cannot tell a beam of max_nodes from a wider one (pruner.cpp); the fitted one can,
+    # and the pruner caps it there too
+    beam_width = min(params.beam_width, max(params.max_nodes, 1)) if params.acceptance else params.beam_width
     pool: list[tuple] = []
     beam = [-1]
     for level in range(levels):
@@ -453,7 +456,7 @@ def _search(tokens, probs, kk: int, root: int, context: list[int], model, params
                 pool.append((tok, parent, depth, base + inc, source, fit, x))
                 nxt.append(len(pool) - 1)
         nxt.sort(key=lambda n: (pool[n][0] == eos_id, -pool[n][3], n))
-        nxt = nxt[: params.beam_width]
+        nxt = nxt[:beam_width]
         while nxt and pool[nxt[-1]][0] == eos_id:
             nxt.pop()
         beam = nxt

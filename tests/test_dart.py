@@ -15,6 +15,7 @@ from dart_core import ARDrafter, GenerationParams, complete
 from dart_core.drafters.dart import DartDrafter, DartParams, load_dart_drafter
 from dart_core.drafters.head import load_head
 from dart_core.training import dart_anchor_logits, new_head_from_target
+from conftest import EMBEDDED_DART_HEAD
 
 D = 3
 VD = 64  # draft vocabulary smaller than the target's, so d2t is exercised
@@ -205,6 +206,29 @@ def test_embedded_dart_head_is_lossless(embedded_target):
     ar = complete(embedded_target, ids, ARDrafter(), GenerationParams(32))
     s = complete(embedded_target, ids, drafter, GenerationParams(32))
     assert s.output_ids == ar.output_ids
+
+
+def test_embedded_fitted_ranking_and_adaptive_size(embedded_target, tmp_path, monkeypatch):
+    """The embedded head's fitted ranking (assets/dart/acceptance.json) is the registry's default, and
+    with --adaptive-tree the tree size follows this machine's costs: both lossless (fp32)."""
+    from dart_core import calibrate
+    from dart_core.drafters.registry import build_drafter, drafter_args
+
+    if not (EMBEDDED_DART_HEAD / "acceptance.json").exists():
+        pytest.skip("no fitted ranking in assets/dart")
+    monkeypatch.setattr(calibrate, "calibration_dir", lambda: tmp_path)  # a fresh timing, not the machine's cache
+    monkeypatch.setattr(calibrate, "REPEATS", 1)
+    fitted = build_drafter("dart", embedded_target, drafter_args(max_nodes=8), True)
+    assert fitted.params.prune.acceptance and not fitted.params.prune.row_costs
+    score = build_drafter("dart", embedded_target, drafter_args(max_nodes=8, dart_ranking="score"), True)
+    assert not score.params.prune.acceptance
+    adaptive = build_drafter("dart", embedded_target, drafter_args(max_nodes=8, adaptive_tree=True), True)
+    assert len(adaptive.params.prune.row_costs) == calibrate.MAX_CALIBRATED_ROWS
+    ids = embedded_target.encode("List three uses of a paperclip.")
+    ar = complete(embedded_target, ids, ARDrafter(), GenerationParams(32))
+    for d in (fitted, adaptive):
+        s = complete(embedded_target, ids, d, GenerationParams(32))
+        assert s.output_ids == ar.output_ids
 
 
 def test_draft_depth_limits_the_tree(tiny_llama):

@@ -265,22 +265,43 @@ def ranked_params(params: DartParams, ranking: str | None, head_dir: str | os.Pa
     return replace(params, prune=with_fitted_ranking(params.prune, fitted), context_order=fitted.context_order)
 
 
+def adaptive(drafter: DartDrafter, threads: int | None = None) -> DartDrafter:
+    """`drafter` with trees whose size adapts per step (ngram_cpp/src/pruner.h): the prefix of the
+    fitted ranking with the most expected tokens per ms of this machine's step, the target's forward
+    cost by rows (dart_core/calibrate.py: measured once per machine, build, weights and threads, then
+    cached) plus the drafter's own drafting time (timed here by replay of one short greedy decode).
+    Trees stay within the drafter's max_nodes and the rows calibrated. Needs the fitted ranking."""
+    from .. import calibrate
+    from ..replay import record_greedy
+
+    if not drafter.params.prune.acceptance:
+        raise ValueError("an adaptive tree size needs the fitted ranking (P(node accepted)); this drafter ranks by the score")
+    costs = calibrate.forward_costs(drafter.target, threads)
+    record = record_greedy(drafter.target, [{"role": "user", "content": calibrate.OVERHEAD_PROMPT}], calibrate.OVERHEAD_TOKENS)
+    n = min(drafter.max_nodes, max(costs.ms) - 1)
+    draft_ms = calibrate.drafting_ms(drafter, record, [n])[n]
+    row_costs = tuple(costs.ms[r] + draft_ms for r in range(1, max(costs.ms) + 1))
+    return drafter.with_params(replace(drafter.params, prune=replace(drafter.params.prune, row_costs=row_costs)))
+
+
 def load_dart_drafter(
     head_path: str | os.PathLike,
     target,
     ngram_path: str | os.PathLike | None = None,
     params: DartParams = DartParams(),
     ranking: str | None = "score",
+    adaptive_size: bool = False,
 ) -> DartDrafter:
     """A DART drafter for `target` from a head checkpoint and (optionally) an n-gram file; `ranking`
-    as ranked_params (the default keeps `params` as given)."""
+    as ranked_params (the default keeps `params` as given); `adaptive_size`: see adaptive()."""
     from .head import resolve_head_dir
 
     head = load_head(head_path, dart=True, target=target)
-    if ranking != "score":
-        params = ranked_params(params, ranking, resolve_head_dir(head_path), ngram_path)
+    if ranking != "score" or adaptive_size:
+        params = ranked_params(params, "fitted" if adaptive_size else ranking, resolve_head_dir(head_path), ngram_path)
     ngram = None
     if ngram_path is not None:
         fingerprint = ngram_cpp.tokenizer_fingerprint(target.tokenizer) if target.tokenizer is not None else None
         ngram = ngram_cpp.load(ngram_path, expected_fingerprint=fingerprint, expected_vocab_size=target.vocab_size)
-    return DartDrafter(head, target, ngram, params)
+    drafter = DartDrafter(head, target, ngram, params)
+    return adaptive(drafter) if adaptive_size else drafter

@@ -81,6 +81,9 @@ def _dart_flags(g: argparse._ArgumentGroup) -> None:
                    help="how the pruner ranks tree nodes: 'fitted', the head's model of P(node accepted) (acceptance.json beside it, "
                         "scripts/fit_acceptance.py), or 'score', the hand-weighted head and trie log-probabilities (the --level-exponent "
                         "... flags). Default: fitted where the head has one for the trie in use, else score")
+    g.add_argument("--adaptive-tree", action="store_true",
+                   help="per step, keep the prefix of the fitted ranking with the most expected tokens per ms of this machine's "
+                        "measured step cost, up to --max-nodes (needs the fitted ranking)")
 
 
 def _eagle3_flags(g: argparse._ArgumentGroup) -> None:
@@ -214,7 +217,8 @@ def _build_dart(target, args: argparse.Namespace, default_target: bool, context:
 
     ngram = (ngram or ngram_choice(args, default_target, target)).path
     params = DartParams(tree_params(args, target.device.type, ngram is not None, context, default_target), args.draft_depth, args.context_order)
-    return load_dart_drafter(args.dart_model or DEFAULT_DART_HEAD, target, ngram, params, getattr(args, "dart_ranking", None))
+    return load_dart_drafter(args.dart_model or DEFAULT_DART_HEAD, target, ngram, params, getattr(args, "dart_ranking", None),
+                             getattr(args, "adaptive_tree", False))
 
 
 def _build_eagle3(target, args: argparse.Namespace, default_target: bool):

@@ -206,9 +206,10 @@ PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k
     // being one order), so a wider beam only expands nodes that are cut. Same trees as the full
     // search (the reference, uncapped, checks it); at the CPU default of 5 nodes it is ~4x less work.
     const int64_t levels = std::min<int64_t>(d + (use_context ? p.context_extend : 0), p.max_nodes);
-    // The beam cap holds for the score's cut only: the fitted ranking may keep a node whose parent ranked
-    // past max_nodes by score (the levels cap holds for both: a kept node's ancestors are kept).
-    const size_t beam_width = static_cast<size_t>(fitted ? p.beam_width : std::min<int64_t>(p.beam_width, std::max(p.max_nodes, 1)));
+    // Under a fitted ranking the beam cap is a choice, not an equivalence (the fit may keep a node whose
+    // parent ranked past max_nodes by score): the same cap, since the wider beam measured no better
+    // (scripts/fit_acceptance.py --evaluate) and cost 0.15-0.2 ms a step more at 3-5 nodes.
+    const size_t beam_width = static_cast<size_t>(std::min<int64_t>(p.beam_width, std::max(p.max_nodes, 1)));
     const uint32_t order = model ? model->order() : 1;
     const size_t ctx_len = order > 1 ? order - 1 : 0;
 
