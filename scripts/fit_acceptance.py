@@ -119,13 +119,48 @@ class Collector:
                            np.array([pool[n][3] for n in kept], dtype=np.float64), acc[kept].astype(np.float64)))
 
 
+class _Eagle3CollectingSession(_CollectingSession):
+    def propose(self, root: int, max_nodes: int):
+        self.s.collect = True
+        prop = self.s.propose(root, max_nodes)
+        self.owner.collect_pool(self.s.last_pool, self.owner.output[self.pos + 1:])
+        return prop
+
+
+class Eagle3Collector:
+    """As Collector, for an Eagle3Drafter: its search's pool (the `keep` best by cumulative
+    log-probability, a set closed under taking parents) with the fitted ranking's features."""
+
+    def __init__(self, drafter, keep: int):
+        self.d, self.keep = drafter, keep
+        self.name, self.needs_hidden, self.max_nodes = drafter.name, drafter.needs_hidden, drafter.max_nodes
+        self.steps: list = []
+        self.output: list[int] = []
+
+    def new_session(self, capacity: int):
+        return _Eagle3CollectingSession(self, self.d.new_session(capacity))
+
+    def collect_pool(self, pool, truth) -> None:
+        tokens, parents, depth, feats = pool
+        score = np.array([x[1] for x in feats])
+        depth = np.array(depth)
+        order = np.lexsort((np.arange(len(tokens)), depth, -score))[: self.keep]
+        kept = sorted(order.tolist())
+        row = {n: r for r, n in enumerate(kept)}
+        acc = np.zeros(len(tokens), dtype=bool)
+        for n in range(len(tokens)):
+            acc[n] = depth[n] - 1 < len(truth) and tokens[n] == truth[depth[n] - 1] and (parents[n] < 0 or acc[parents[n]])
+        self.steps.append((depth[kept], np.array([row[parents[n]] if parents[n] >= 0 else -1 for n in kept]),
+                           np.array([feats[n] for n in kept], dtype=np.float64), acc[kept].astype(np.float64)))
+
+
 def collect(drafter, feature_params, records, keep: int) -> list[tuple[str, list]]:
     """(set, its steps) per record."""
     from dart_core.replay import replay
 
     out = []
     for name, rec in records:
-        c = Collector(drafter, feature_params, keep)
+        c = Collector(drafter, feature_params, keep) if feature_params is not None else Eagle3Collector(drafter, keep)
         c.output = rec.output_ids
         replay(c, rec)
         out.append((name, c.steps))
@@ -168,7 +203,7 @@ def log_sigmoid(z: np.ndarray) -> np.ndarray:
     return -np.logaddexp(0.0, -z)
 
 
-def fitted_values(table, W: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def fitted_values(table, W: np.ndarray, parent_col: int = PARENT_FIT) -> tuple[np.ndarray, np.ndarray]:
     """(features with the parent's fitted value filled in, fitted ln P) of every node under W, depth
     by depth (parents first), as the pruner computes them."""
     depth, parent, X, _ = table
@@ -176,32 +211,32 @@ def fitted_values(table, W: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     fit = np.zeros(len(depth))
     for dep in range(1, int(depth.max()) + 1):
         m = depth == dep
-        X[m, PARENT_FIT] = np.where(parent[m] >= 0, fit[np.maximum(parent[m], 0)], 0.0)
+        X[m, parent_col] = np.where(parent[m] >= 0, fit[np.maximum(parent[m], 0)], 0.0)
         r = min(dep - 1, len(W) - 1)
         own = log_sigmoid(X[m] @ W[r])
-        fit[m] = np.minimum(own, np.where(parent[m] >= 0, X[m, PARENT_FIT], 0.0))
+        fit[m] = np.minimum(own, np.where(parent[m] >= 0, X[m, parent_col], 0.0))
     return X, fit
 
 
-def fit(table, n_rows: int, l2: float, passes: int = 3) -> np.ndarray:
+def fit(table, n_rows: int, l2: float, passes: int = 3, parent_col: int = PARENT_FIT) -> np.ndarray:
     """Weights [n_rows, F], fitted row by row (a row's parent feature comes from the rows before it;
     the last row, shared by the deeper levels, feeds itself, hence a few passes)."""
-    depth, _, _, y = table
-    W = np.zeros((n_rows, ACCEPTANCE_FEATURES))
+    depth, _, X0, y = table
+    W = np.zeros((n_rows, X0.shape[1]))
     for _ in range(passes):
         for r in range(n_rows):
-            X, _ = fitted_values(table, W)
+            X, _ = fitted_values(table, W, parent_col)
             m = (depth - 1 == r) if r < n_rows - 1 else (depth - 1 >= r)
             if m.any() and 0 < y[m].sum() < m.sum():
                 W[r] = logistic(X[m], y[m], l2)
     return W
 
 
-def report(table, W: np.ndarray) -> dict:
+def report(table, W: np.ndarray, parent_col: int = PARENT_FIT) -> dict:
     """Log-loss per weight row (against a constant rate) and a reliability table of the fitted
     P(accepted) (its mean against the observed rate, in bins)."""
     depth, _, X, y = table
-    X, fit = fitted_values(table, W)
+    X, fit = fitted_values(table, W, parent_col)
     p = np.clip(np.exp(fit), 1e-12, 1 - 1e-12)
     out = {"per_row": [], "reliability": []}
     for r in range(len(W)):
@@ -221,6 +256,33 @@ def report(table, W: np.ndarray) -> dict:
 
 
 # ------------------------------------------------------------------------------ evaluation
+
+
+def evaluate_eagle3(drafter, records, sizes: list[int], weights: tuple) -> list[dict]:
+    """τ of EAGLE3's cumulative log-probability and of its fitted ranking at each size, by exact replay."""
+    from dart_core.drafters.eagle3 import Eagle3Drafter
+    from dart_core.replay import replay
+
+    out = []
+    for label, w in (("score", ()), ("fitted", weights)):
+        for n in sizes:
+            d = Eagle3Drafter.__new__(Eagle3Drafter)
+            d.__dict__.update(drafter.__dict__)  # the same loaded head and kernel weights
+            d.params = dataclasses.replace(drafter.params, max_nodes=n, ranking=w)
+            d.max_nodes = n
+            t0 = time.perf_counter()
+            runs = [(name, replay(d, rec)) for name, rec in records]
+            tokens: dict[str, int] = {}
+            steps: dict[str, int] = {}
+            for name, r in runs:
+                tokens[name] = tokens.get(name, 0) + r.new_tokens
+                steps[name] = steps.get(name, 0) + r.steps
+            row = {"ranking": label, "max_nodes": n, "tau": sum(tokens.values()) / sum(steps.values()),
+                   "per_set": {k: tokens[k] / steps[k] for k in tokens}, "mean_nodes": float(n),
+                   "drafting_ms_per_step": 1e3 * (time.perf_counter() - t0) / sum(len(r.accepted) for _, r in runs)}
+            out.append(row)
+            print(f"  {label:16s} {n:3d} nodes: τ {row['tau']:.3f}", file=sys.stderr)
+    return out
 
 
 def evaluate(drafter, records, sizes: list[int], ranking, costs_ms: dict[int, float] | None, draft_ms: float) -> list[dict]:
@@ -296,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
                         "to estimate tokens/s and size adaptive trees with (default: this process's forward_costs at --threads)")
     p.add_argument("--draft-ms", type=float, default=None, help="--evaluate: drafting ms per step added to every step's cost (default: timed here)")
     p.add_argument("--eval-out", type=Path, default=None, help="--evaluate: write the table as JSON")
+    p.add_argument("--method", choices=["dart", "eagle3"], default="dart", help="the drafter whose ranking is fitted or evaluated")
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--dtype", default="gguf", choices=DTYPE_CHOICES)
     p.add_argument("--threads", type=int, default=None)
@@ -309,7 +372,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     target = load_target(args.model, "cpu", args.dtype)
     default_target = args.model == DEFAULT_MODEL
-    args.dart_ranking = "score"  # the replays that collect and the baseline rank by the hand-weighted score
+    args.dart_ranking = args.eagle3_ranking = "score"  # the replays that collect and the baseline rank by the score
+    if args.method == "eagle3":
+        return eagle3_main(args, target, default_target, argv)
 
     if args.evaluate is not None:
         from dart_core import calibrate
@@ -394,6 +459,72 @@ def main(argv: list[str] | None = None) -> int:
                                 f"{args.pool} (its validation split), {args.max_new_tokens} new tokens, {target.weights} weights"},
             "holdout_fit": {"prompts_left_out": len(data) - cut, **(held or {})},
             "fit": report(table, W),
+        }, indent=1) + "\n")
+        print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+def eagle3_main(args, target, default_target: bool, argv) -> int:
+    """--method eagle3: fit (or with --evaluate, evaluate) EAGLE3's ranking."""
+    from dart_core.drafters import DEFAULT_EAGLE3_HEAD
+    from dart_core.drafters.eagle3 import ACCEPTANCE_FORMAT, FEATURES, PARENT_FIT as E3_PARENT, load_fitted_ranking
+    from dart_core.drafters.registry import build_drafter
+    from tune_scoring import load_records
+
+    if args.evaluate is not None:
+        sizes = [int(x) for x in args.sizes.split(",")]
+        args.eagle3_max_nodes = max(sizes)
+        drafter = build_drafter("eagle3", target, args, default_target=default_target)
+        weights = load_fitted_ranking(args.ranking or args.eagle3_model or DEFAULT_EAGLE3_HEAD)
+        if weights is None:
+            raise SystemExit("no fitted EAGLE3 ranking to evaluate (--ranking DIR with an acceptance.json)")
+        records = load_records(args.evaluate)
+        rows = evaluate_eagle3(drafter, records, sizes, weights)
+        names = list(rows[0]["per_set"])
+        print("\n| ranking | nodes | τ | " + " | ".join(names) + " | drafting ms/step |\n|---|---|---|" + "---|" * len(names) + "---|")
+        for r in rows:
+            print(f"| {r['ranking']} | {r['max_nodes']} | {r['tau']:.3f} | " + " | ".join(f"{r['per_set'][k]:.2f}" for k in names)
+                  + f" | {r['drafting_ms_per_step']:.2f} |")
+        if args.eval_out:
+            args.eval_out.write_text(json.dumps({"records": str(args.evaluate), "rows": rows}, indent=1) + "\n")
+        return 0
+    args.eagle3_max_nodes = args.collect_nodes
+    drafter = build_drafter("eagle3", target, args, default_target=default_target)
+    if args.records is not None and args.records.exists():
+        records = load_records(args.records)
+    else:
+        records = record_training_prompts(target, args.data, args.exclude, args.prompts, args.max_prompt_tokens, args.max_new_tokens, args.pool)
+        if args.records is not None:
+            args.records.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(records, args.records)
+    t0 = time.perf_counter()
+    data = collect(drafter, None, records, args.keep)
+    table = stack([st for _, rs in data for st in rs])
+    print(f"collected {sum(len(rs) for _, rs in data)} steps, {len(table[0])} nodes ({int(table[3].sum())} accepted) in "
+          f"{time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    cut = int(round(len(data) * (1 - args.holdout)))
+    held = None
+    if cut < len(data):
+        W_fit = fit(stack([st for _, rs in data[:cut] for st in rs]), args.rows, args.l2, parent_col=E3_PARENT)
+        held = report(stack([st for _, rs in data[cut:] for st in rs]), W_fit, parent_col=E3_PARENT)
+        print(json.dumps(held, indent=1), file=sys.stderr)
+    W = fit(table, args.rows, args.l2, parent_col=E3_PARENT)
+    if args.out:
+        command = "python scripts/fit_acceptance.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        args.out.write_text(json.dumps({
+            "format": ACCEPTANCE_FORMAT,
+            "command": command,
+            "what": "P(a tree node is accepted), a logistic regression per depth (row r scores depth r + 1, the last row every deeper one) "
+                    "on the features below, capped by the parent's; EAGLE3's tree keeps the best of its pool by it "
+                    "(dart_core/drafters/eagle3.py)",
+            "features": list(FEATURES),
+            "weights": [[round(float(w), 6) for w in row] for row in W],
+            "data": {"records": len(records), "steps": sum(len(rs) for _, rs in data), "nodes": len(table[0]), "nodes_per_step": args.keep,
+                     "collected_at_nodes": args.collect_nodes,
+                     "prompts": f"the first {args.prompts} prompts of at most {args.max_prompt_tokens} tokens among the corpus pool's first "
+                                f"{args.pool} (its validation split), {args.max_new_tokens} new tokens, {target.weights} weights"},
+            "holdout_fit": {"prompts_left_out": len(data) - cut, **(held or {})},
+            "fit": report(table, W, parent_col=E3_PARENT),
         }, indent=1) + "\n")
         print(f"wrote {args.out}", file=sys.stderr)
     return 0

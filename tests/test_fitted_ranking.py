@@ -171,3 +171,41 @@ def test_fitted_ranking_file_and_choice(tmp_path):
     write_ranking(tmp_path, features=["f"] * 3)
     with pytest.raises(ValueError, match="not a fitted ranking"):
         load_fitted_ranking(tmp_path)
+
+
+# ------------------------------------------------------------------------------ EAGLE3's fitted ranking
+
+
+def test_eagle3_fitted_scores_never_exceed_the_parent():
+    from dart_core.drafters.eagle3 import FEATURES, eagle3_features, fitted_scores
+
+    rng = random.Random(2)
+    parents = [-1, -1, 0, 0, 1, 2, 2, 5]
+    depths = [1, 1, 2, 2, 2, 3, 3, 4]
+    own = [math.log(rng.uniform(0.01, 1)) for _ in parents]
+    scores = [own[i] + (0.0 if parents[i] < 0 else 0.0) for i in range(len(parents))]
+    for i, par in enumerate(parents):
+        if par >= 0:
+            scores[i] = scores[par] + own[i]
+    feats = eagle3_features(scores, parents, own, [0, 1, 0, 1, 0, 0, 1, 0], [own[0]] * len(parents))
+    weights = tuple(rng.uniform(-2, 2) for _ in range(2 * len(FEATURES)))
+    fit = fitted_scores(weights, feats, parents, depths)
+    assert all(f < 0 for f in fit)
+    assert all(fit[i] <= fit[par] for i, par in enumerate(parents) if par >= 0)
+
+
+def test_eagle3_fitted_ranking_is_lossless(tiny_llama):
+    from dart_core import ARDrafter, GenerationParams, complete
+    from dart_core.drafters.eagle3 import FEATURES, Eagle3Drafter, Eagle3Params
+    from test_eagle3 import random_eagle3_head
+
+    rng = random.Random(5)
+    weights = tuple(rng.uniform(-1, 1) for _ in range(3 * len(FEATURES)))
+    head = random_eagle3_head(tiny_llama, seed=2)
+    for n in (3, 12):
+        d = Eagle3Drafter(head, tiny_llama, Eagle3Params(depth=4, top_k=4, max_nodes=n, ranking=weights))
+        for prompt in ([5, 6, 7], [11, 40, 12, 90, 4, 4]):
+            ar = complete(tiny_llama, prompt, ARDrafter(), GenerationParams(24))
+            assert complete(tiny_llama, prompt, d, GenerationParams(24)).output_ids == ar.output_ids
+    with pytest.raises(ValueError, match="rows of"):
+        Eagle3Params(ranking=(1.0,) * 5)

@@ -16,9 +16,12 @@ min(top_k, N) and min(depth, N - 1): the same tree (up to exact score ties) for 
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 
@@ -28,15 +31,67 @@ from ..tree import DraftTree
 from .head import DraftHead, KernelHead, load_head
 
 
+ACCEPTANCE_FILE = "acceptance.json"  # beside an EAGLE3 head: its fitted ranking (scripts/fit_acceptance.py --method eagle3)
+ACCEPTANCE_FORMAT = "eagle3-acceptance/1"
+# The fitted ranking's features of a pool node: what the head said of it and of its siblings, and its
+# parent's fitted value (eagle3_features computes them).
+FEATURES = ("bias", "cumulative ln p", "ln p", "rank 0 among siblings", "ln(1 + rank)", "ln p of the top sibling", "parent's fitted ln P")
+PARENT_FIT = FEATURES.index("parent's fitted ln P")
+
+
 @dataclass(frozen=True)
 class Eagle3Params:
     depth: int = 7
     top_k: int = 10
     max_nodes: int = 59  # drafted nodes besides the root (EAGLE's total_token = 60 counts the root)
+    # The fitted ranking: rows of len(FEATURES) logistic weights, row l for depth l + 1 (the last row
+    # for deeper ones); (): the tree keeps the best nodes by cumulative log-probability (EAGLE's rule).
+    ranking: tuple = ()
 
     def __post_init__(self):
         if self.depth < 0 or self.top_k < 1 or self.max_nodes < 0:
             raise ValueError("EAGLE3 needs depth >= 0, top_k >= 1 and max_nodes >= 0")
+        if len(self.ranking) % len(FEATURES) or not all(math.isfinite(w) for w in self.ranking):
+            raise ValueError(f"an EAGLE3 ranking is rows of {len(FEATURES)} finite weights")
+
+
+def eagle3_features(scores: list[float], parents: list[int], own: list[float], ranks: list[int], sib_top: list[float]) -> list[list[float]]:
+    """The fitted ranking's features of every pool node (the parent's fitted value left 0: it depends on
+    the weights). scores: cumulative log-probabilities; own: each node's own log-probability; ranks:
+    its place among its parent's top-k children; sib_top: the log-probability of that top child."""
+    return [[1.0, scores[i], own[i], 1.0 if ranks[i] == 0 else 0.0, math.log1p(ranks[i]), sib_top[i], 0.0] for i in range(len(scores))]
+
+
+def fitted_scores(weights: tuple, features: list[list[float]], parents: list[int], depths: list[int]) -> list[float]:
+    """ln P(node accepted) of every pool node under the fitted ranking: a logistic regression per depth,
+    capped by the parent's value (a node is accepted only if its parent is). Parents precede children."""
+    F = len(FEATURES)
+    rows = len(weights) // F
+    fit: list[float] = []
+    for i, x in enumerate(features):
+        parent_fit = fit[parents[i]] if parents[i] >= 0 else 0.0
+        w = weights[min(depths[i] - 1, rows - 1) * F:][:F]
+        z = sum(a * b for a, b in zip(w, x[:PARENT_FIT])) + w[PARENT_FIT] * parent_fit
+        own = -math.log1p(math.exp(-z)) if z >= 0 else z - math.log1p(math.exp(z))
+        fit.append(min(own, parent_fit))
+    return fit
+
+
+def load_fitted_ranking(head_dir: str | os.PathLike | None) -> tuple | None:
+    """The head's fitted ranking weights (ACCEPTANCE_FILE beside its config.json), or None where it has
+    none; an unreadable file is an error (it would silently change the trees)."""
+    if head_dir is None or not (Path(head_dir) / ACCEPTANCE_FILE).is_file():
+        return None
+    path = Path(head_dir) / ACCEPTANCE_FILE
+    try:
+        data = json.loads(path.read_text())
+        if data.get("format") != ACCEPTANCE_FORMAT or list(data.get("features") or []) != list(FEATURES):
+            raise ValueError(f"format {data.get('format')!r}, expected {ACCEPTANCE_FORMAT} with the features {FEATURES}")
+        if not data["weights"] or any(len(row) != len(FEATURES) for row in data["weights"]):
+            raise ValueError("weights must be rows of one weight per feature")
+        return tuple(float(w) for row in data["weights"] for w in row)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{path}: not a fitted EAGLE3 ranking ({e}); refit it with scripts/fit_acceptance.py --method eagle3") from None
 
 
 class Eagle3Drafter:
@@ -60,10 +115,13 @@ class _Eagle3Session:
     def __init__(self, drafter: Eagle3Drafter, capacity: int):
         self.d = drafter
         c, p = drafter.head.config, drafter.params
+        self.collect = False  # keep last_pool (scripts/fit_acceptance.py sets it)
         scratch = p.top_k * p.depth
         self.cache = KVCache(1, c.num_key_value_heads, c.head_dim, capacity + scratch + 1, drafter.head.fc.weight.dtype, drafter.target.device)
         self.pending_ids: list[int] = []
         self.pending_aux: list[torch.Tensor] = []
+        # the last search's pool (tokens, parents, depths, features), for fitting a ranking
+        self.last_pool: tuple | None = None
 
     def extend(self, ids: list[int], hidden: torch.Tensor | None) -> None:
         if hidden is None or hidden.shape[0] != len(ids):
@@ -113,6 +171,8 @@ class _Eagle3Session:
         tokens += head.to_target_ids(top.indices).tolist()
         parents += [-1] * top_k
         scores = top.values
+        # per node: its own log-prob, its rank among its parent's children, the top child's log-prob
+        own, ranks, sib_top = top.values.tolist(), list(range(top_k)), [top.values[0].item()] * top_k
         frontier_h = h.expand(top_k, -1)  # the parent state each frontier node is fed with
         fed: list[int] = []  # pool index of each scratch cache entry, in order
         for level in range(depth):
@@ -140,6 +200,9 @@ class _Eagle3Session:
             tokens += head.to_target_ids(top.indices.reshape(-1)).tolist()
             parents += [f for f in frontier for _ in range(top_k)]
             scores = torch.cat((scores, cand))
+            own += top.values.reshape(-1).tolist()
+            ranks += list(range(top_k)) * n
+            sib_top += [v for v in top.values[:, 0].tolist() for _ in range(top_k)]
             best = cand.topk(min(top_k, cand.numel())).indices.sort().values
             frontier = (base + best).tolist()
             frontier_h = out[best // top_k]
@@ -150,6 +213,12 @@ class _Eagle3Session:
         depth = [0] * len(tokens)
         for i, par in enumerate(parents):
             depth[i] = 1 if par < 0 else depth[par] + 1
+        if p.ranking or self.collect:
+            feats = eagle3_features(sc, parents, own, ranks, sib_top)
+            if self.collect:
+                self.last_pool = (list(tokens), list(parents), list(depth), feats)
+            if p.ranking:  # rank by the fitted ln P(accepted) (never above the parent's: the kept set stays closed)
+                sc = fitted_scores(p.ranking, feats, parents, depth)
         ranked = sorted(range(len(tokens)), key=lambda i: (-sc[i], depth[i], i))[:keep]
         chosen = set()
         for i in ranked:  # parent-first by construction of the ranking; checked anyway
@@ -166,5 +235,22 @@ class _Eagle3Session:
         return Proposal(tree, t1 - t0, t2 - t1, {})
 
 
-def load_eagle3_drafter(head_path: str | os.PathLike, target, params: Eagle3Params = Eagle3Params()) -> Eagle3Drafter:
+RANKINGS = ("fitted", "score")
+# How EAGLE3 ranks its pool when the caller does not say (docs/drafters.md has the measurements).
+DEFAULT_RANKING = "score"
+
+
+def load_eagle3_drafter(head_path: str | os.PathLike, target, params: Eagle3Params = Eagle3Params(), ranking: str | None = "score") -> Eagle3Drafter:
+    """ranking: "score" EAGLE's cumulative log-probability (`params` as given), "fitted" the head's
+    fitted ranking (ValueError where it has none), None: DEFAULT_RANKING where the head has one."""
+    from .head import resolve_head_dir
+
+    if ranking not in (None, *RANKINGS):
+        raise ValueError(f"unknown ranking {ranking!r}: choose from {', '.join(RANKINGS)}")
+    if ranking == "fitted" or (ranking is None and DEFAULT_RANKING == "fitted"):
+        weights = load_fitted_ranking(resolve_head_dir(head_path))
+        if weights is None and ranking == "fitted":
+            raise ValueError(f"the EAGLE3 head {head_path} has no fitted ranking ({ACCEPTANCE_FILE})")
+        if weights is not None:
+            params = replace(params, ranking=weights)
     return Eagle3Drafter(load_head(head_path, dart=False, target=target), target, params)

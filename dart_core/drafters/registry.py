@@ -91,6 +91,9 @@ def _eagle3_flags(g: argparse._ArgumentGroup) -> None:
                    help=f"EAGLE3 head dir or hub id (default: the embedded head, assets/{DEFAULT_EAGLE3_HEAD.name})")
     g.add_argument("--eagle3-depth", type=int, default=7, help="expansion steps after the root's (EAGLE3 default 7)")
     g.add_argument("--eagle3-top-k", type=int, default=10, help="children per node and frontier size (EAGLE3 default 10)")
+    g.add_argument("--eagle3-ranking", choices=["fitted", "score"], default=None,
+                   help="how EAGLE3 keeps its pool's nodes: 'score', EAGLE's cumulative log-probability, or 'fitted', the head's model "
+                        "of P(node accepted) (acceptance.json beside it, scripts/fit_acceptance.py --method eagle3). Default: the score")
     g.add_argument("--eagle3-max-nodes", type=int, default=None,
                    help="drafted tree nodes besides the root (default: calibrated like --max-nodes where the head has a "
                         "tree_sizes.json, else DART's --max-nodes, so both verify trees of one size)")
@@ -225,7 +228,8 @@ def _build_eagle3(target, args: argparse.Namespace, default_target: bool):
     from .eagle3 import Eagle3Params, load_eagle3_drafter
 
     nodes = args.eagle3_max_nodes if args.eagle3_max_nodes is not None else max_nodes(args, target.device.type)
-    return load_eagle3_drafter(args.eagle3_model or DEFAULT_EAGLE3_HEAD, target, Eagle3Params(args.eagle3_depth, args.eagle3_top_k, nodes))
+    return load_eagle3_drafter(args.eagle3_model or DEFAULT_EAGLE3_HEAD, target, Eagle3Params(args.eagle3_depth, args.eagle3_top_k, nodes),
+                               getattr(args, "eagle3_ranking", None))
 
 
 DRAFTERS: dict[str, DrafterSpec] = {
