@@ -503,6 +503,12 @@ def main(argv: list[str] | None = None) -> int:
         for m in methods:
             report[m]["same_as_ar"] = same[m]
     result = {"env": environment(args, target), "methods": report, "datasets": datasets, "samples": samples}
+    if target.device.type == "cpu":  # a step's memory limit: the bytes it streams over the bandwidth measured now
+        step_bytes, gb_s = target.model.step_weight_bytes(), kernels.read_bandwidth()
+        result["env"]["memory"] = {"step_weight_bytes": step_bytes, "read_gb_s": round(gb_s, 2),
+                                   "streaming_limit_ms": round(step_bytes / gb_s / 1e6, 3)}
+        log(f"a step streams {step_bytes / 1e6:.1f} MB of weights; read bandwidth {gb_s:.1f} GB/s: "
+            f"memory limit {step_bytes / gb_s / 1e6:.2f} ms a step")
     result["env"]["weights_choice"] = weights.as_dict()  # the --dtype the run used, why, and (auto) each path's measured costs
     if sizes:
         result["env"]["tree_sizes"] = {m: c.as_dict() for m, c in sizes.items()}

@@ -465,6 +465,23 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     return out
 
 
+def read_bandwidth(mib: int = 256, repeats: int = 9) -> float:
+    """This machine's read bandwidth in GB/s, as the weights of a step see it: the median time of
+    torch's sum over `mib` MiB of fp32 (far past the caches) on the threads in use. With the bytes a
+    step streams it gives the step's memory limit (the bench records both)."""
+    import statistics
+    import time
+
+    a = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
+    a.sum()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a.sum()
+        times.append(time.perf_counter() - t0)
+    return a.numel() * 4 / statistics.median(times) / 1e9
+
+
 def describe() -> str:
     """One line naming the kernel build in use, for logs, the bench's environment and the app's header."""
     if not AVAILABLE:

@@ -46,6 +46,10 @@ def test_bench_cli_json_and_losslessness(questions, tmp_path, capsys):
         assert r["tau"] >= 1.0 and r["new_tokens"] == result["methods"]["ar"]["new_tokens"]
         assert sum(r["accept_hist"]) > 0 and r["verify_ms"] > 0 and r["draft_ms"] > 0
     assert result["env"]["dtype"] == "float32" and result["env"]["max_new_tokens"] == 24
+    memory = result["env"]["memory"]  # the step's memory limit: the bytes a step streams over the bandwidth
+    # the embedded target's linears, norms and tied LM head in fp32: 134,515,008 values (269,030,016 bytes in bf16)
+    assert memory["step_weight_bytes"] == 4 * 134_515_008 and memory["read_gb_s"] > 0
+    assert memory["streaming_limit_ms"] == pytest.approx(memory["step_weight_bytes"] / memory["read_gb_s"] / 1e6, rel=0.01)  # read_gb_s is rounded
     # --dtype given: the run says so, and measured no other path
     weights = result["env"]["weights_choice"]
     assert weights["dtype"] == "float32" and "given: --dtype float32" in weights["reason"] and not weights["calibrated"] and not weights["paths"]
