@@ -8,19 +8,19 @@
    the bench sets excluded, seed 0), which are its validation split: no head was trained on them,
    and no bench prompt is among them. Prompts longer than `--max-prompt-tokens` are skipped.
 2. Replays DART on every record (the embedded head and trie, the hand-weighted score at
-   `--collect-nodes` nodes choosing the steps). At every step it walks the target's true
-   continuation from the root: for each level, the candidates the pruner would give the true parent
-   there (the head's top-k row, the context's candidates) with the features the C++ pruner computes
-   (ngram_cpp/reference.py candidate_features, the executable copy of pruner.cpp's), labelled 1 for
-   the target's next token. Where no candidate is the target's token the walk ends: deeper nodes
-   could never be accepted.
+   `--collect-nodes` nodes choosing the steps). At every step it runs the pruner's search again in
+   the Python reference (ngram_cpp/reference.py pool_features, the executable copy of pruner.cpp,
+   checked against it) and keeps its `--keep` best nodes by score (a set closed under taking
+   parents) with the features the fitted ranking scores them with, each labelled 1 if its whole
+   path is the target's recorded continuation (the node would be accepted).
 3. Fits one logistic regression per level (the last row shared by the levels past the head's rows),
-   level by level, since a row's parent features are the previous level's output: P(token is the
-   target's next | its parent path is). A node's tree score is then the sum of ln P along its path,
-   ln P(node accepted). Reports the log-loss and a reliability table on the last `--holdout` share
-   of the prompts (fitted without them), then refits on all and writes the weights, the command and
-   the fit's numbers to `--out`.
+   level by level, since a node's features include its parent's fitted value: P(node accepted),
+   capped by the parent's, which is what the pruner's final cut ranks by (ngram_cpp/src/pruner.h).
+   Reports the log-loss and a reliability table on the last `--holdout` share of the prompts
+   (fitted without them), then refits on all and writes the weights, the command and the fit's
+   numbers to `--out`.
 
+`--method eagle3` does the same for EAGLE3's pool (dart_core/drafters/eagle3.py has its features).
 `--evaluate RECORDS` replays the score and the fitted ranking (and the adaptive tree, with this
 machine's forward costs by rows from dart_core/calibrate.py) on other records, e.g. held-out prompts
 11-20 of the bench sets (scripts/tune_scoring.py --records writes them), and prints τ by tree size.
