@@ -332,14 +332,11 @@ class Transformer(nn.Module):
     def step_weight_bytes(self) -> int:
         """Bytes of weights one decode step reads: every layer's linears and norms, the final norm and
         the LM head (the embedding lookup reads one row, left out)."""
-        def nbytes(t) -> int:
-            return t.nbytes if isinstance(t, kernels.BlockWeight) else t.numel() * t.element_size()
-
-        total = nbytes(self.output.weight) + nbytes(self.norm.weight)
+        total = self.output.weight.nbytes + self.norm.weight.nbytes  # tensors and BlockWeights both have .nbytes
         for layer in self.layers:
             for lin in (layer.attention.wqkv, layer.attention.wo, layer.feed_forward.w13, layer.feed_forward.w2):
-                total += nbytes(lin.weight) + (0 if lin.bias is None else nbytes(lin.bias))
-            total += nbytes(layer.attention_norm.weight) + nbytes(layer.ffn_norm.weight)
+                total += lin.weight.nbytes + (0 if lin.bias is None else lin.bias.nbytes)
+            total += layer.attention_norm.weight.nbytes + layer.ffn_norm.weight.nbytes
         return total
 
     def reset_layer_stack(self) -> None:
