@@ -1,91 +1,107 @@
-"""Paper-style benchmark report: speed-up and τ per dataset, latency breakdown, per-position
-acceptance and ablations, written to docs/benchmarks.md with figures (PNG + HTML) in docs/figures/.
+"""The benchmark report: docs/benchmarks.md and the README's results table, written from the bench
+result files the repository keeps (docs/results/NAME.json, listed with their commands in
+docs/results/runs.json).
 
-    python scripts/benchmark_report.py                     # this machine's CPU, embedded default
-    python scripts/benchmark_report.py --device cuda --limit 20 --max-new-tokens 256
+    python scripts/benchmark_report.py                   # rewrite both from docs/results/
+    python scripts/benchmark_report.py --check           # exit 1 if either is not what the results give
+    python scripts/benchmark_report.py --measure NAME    # run NAME's bench command again, then rewrite
 
-Every cell (a dataset, a temperature, a set of methods and flags) is one run of the bench CLI
-(`python -m dart_core.bench`), so the methods of a cell are measured interleaved, prompt by prompt,
-on the same machine; speed-ups are ratios to the `ar` run of the same cell. Cells are stored as JSON
-under --work (one directory per device, dtype, prompt count and token limit) and a finished cell is
-never re-run: an interrupted report resumes, and re-running the command only rewrites the document.
-The document keeps one section per device, so a GPU run adds its section next to the CPU one. With
---readme, the README's headline table (between its bench markers) is replaced by this run's means.
+Each result file is one run of the bench CLI (`python -m dart_core.bench ... --out FILE`): every
+method on the same prompts, interleaved prompt by prompt, so a run's speed-ups are ratios to its own
+plain decoding (`ar`). The report writes, between its markers, the README's table (every run marked
+"readme", one group of rows per CPU kind) and docs/benchmarks.md's report: per run, the command that
+made it, its environment, totals, per-set speed-ups, acceptance by depth and the forward costs its
+calibration measured. Text outside the markers (docs/benchmarks.md's changelog) is kept. To add a run:
+an entry in runs.json (its bench arguments without --out, environment variables, a note), then
+`--measure NAME`.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import re
-import shutil
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT.parent / "shared" / "data" / "bench"
-DATASETS = ("mt_bench", "humaneval", "gsm8k", "alpaca", "qa", "sum")
-METHODS = ("ar", "hf", "pld", "eagle3", "dart")
-SPECULATIVE = ("eagle3", "dart")  # methods that report τ, steps and a time split
-TEMPERATURES = (0.0, 1.0)
-ABLATION_DATASET = "mt_bench"
-TREE_SIZES = (8, 16, 24, 40, 60)
-DRAFT_DEPTHS = (2, 4, 6, 8)
-TREE_TOP_KS = (5, 10, 25)
-THREADS = (1, 2)
-README_START, README_END = "<!-- bench:start -->", "<!-- bench:end -->"
+RESULTS = Path("docs") / "results"  # relative to ROOT, as the commands name it
+README = Path("README.md")
+DOC = Path("docs") / "benchmarks.md"
+README_MARKS = ("<!-- bench:start -->", "<!-- bench:end -->")
+DOC_MARKS = ("<!-- report:start -->", "<!-- report:end -->")
+COMMAND = "python scripts/benchmark_report.py"
+
+# how the tables name the bench's methods (method@N adds its size)
+LABELS = {
+    "ar": "plain", "hf": "transformers generate", "pld": "transformers prompt lookup", "eagle3": "EAGLE3", "dart": "DART",
+    "dart-noctx": "DART, no context n-gram", "llamacpp": "plain", "llamacpp-lookup": "lookup", "llamacpp-eagle3": "EAGLE3 chain",
+    "llamacpp-ngram-simple": "ngram-simple", "llamacpp-ngram-map-k": "ngram-map-k", "llamacpp-ngram-mod": "ngram-mod",
+}  # fmt: skip
 
 
-@dataclass(frozen=True)
-class Cell:
-    name: str  # file stem of the cell's JSON
-    dataset: str
-    methods: tuple[str, ...]
-    temperature: float = 0.0
-    flags: tuple[str, ...] = ()  # extra bench flags
-    group: str = "main"  # "main" or the ablation's name
-    setting: str = ""  # the ablated value, for the tables
+@dataclass
+class Run:
+    name: str
+    entry: dict  # the runs.json entry
+    data: dict  # the bench's result JSON
+
+    @property
+    def env(self) -> dict:
+        return self.data["env"]
+
+    def command(self) -> str:
+        """The shell command that writes this run's file, as the documents show it."""
+        env = [f"{k}={v}" for k, v in self.entry.get("env", {}).items()]
+        words = [*env, ".venv/bin/python", "-m", "dart_core.bench", *shell_args([*self.entry["args"], "--out", str(RESULTS / f"{self.name}.json")])]
+        chunks: list[str] = []  # an option with its values, or a word before the first option
+        for w in words:
+            if chunks and not w.startswith("--") and chunks[-1].startswith("--"):
+                chunks[-1] += " " + w
+            else:
+                chunks.append(w)
+        lines = [""]
+        for c in chunks:  # lines of at most ~100 characters, broken before an option
+            if lines[-1].strip() and len(lines[-1]) + len(c) > 100 and c.startswith("--"):
+                lines.append("    ")
+            lines[-1] += (" " if lines[-1].strip() else "") + c
+        return " \\\n".join(lines)
 
 
-def plan(args: argparse.Namespace) -> list[Cell]:
-    cells = [
-        Cell(f"{d}-t{t:g}", d, tuple(args.methods), t)
-        for t in args.temperatures
-        for d in args.datasets
-    ]
-    if args.no_ablations:
-        return cells
-    d = ABLATION_DATASET
-    cells += [Cell(f"abl-ngram-{v}", d, ("ar", "dart"), 0.0, f, "n-gram", v) for v, f in (("on", ()), ("off", ("--no-ngram",)))]
-    cells += [Cell(f"abl-nodes-{n}", d, ("ar", "dart", "eagle3"), 0.0, ("--max-nodes", str(n)), "tree size", str(n)) for n in TREE_SIZES]
-    cells += [Cell(f"abl-depth-{n}", d, ("ar", "dart"), 0.0, ("--draft-depth", str(n)), "draft length d", str(n)) for n in DRAFT_DEPTHS]
-    cells += [Cell(f"abl-topk-{k}", d, ("ar", "dart"), 0.0, ("--tree-top-k", str(k)), "top-k", str(k)) for k in TREE_TOP_KS]
-    cells += [Cell(f"abl-threads-{n}", d, ("ar", "dart", "eagle3"), 0.0, ("--threads", str(n)), "CPU threads", str(n)) for n in THREADS if args.device == "cpu"]
-    return cells
+def load_runs(root: Path) -> list[Run]:
+    manifest = json.loads((root / RESULTS / "runs.json").read_text())
+    runs = []
+    for entry in manifest["runs"]:
+        path = root / RESULTS / f"{entry['name']}.json"
+        if not path.is_file():
+            raise SystemExit(f"{path} is listed in runs.json but missing (measure it: {COMMAND} --measure {entry['name']})")
+        runs.append(Run(entry["name"], entry, json.loads(path.read_text())))
+    return runs
 
 
-def run_cell(cell: Cell, args: argparse.Namespace, work: Path) -> dict:
-    out = work / f"{cell.name}.json"
-    if out.exists():
-        return json.loads(out.read_text())
-    cmd = [
-        sys.executable, "-m", "dart_core.bench", "--methods", ",".join(cell.methods), "--dataset", str(args.data / f"{cell.dataset}.jsonl"),
-        "--limit", str(args.limit), "--max-new-tokens", str(args.max_new_tokens), "--temperature", f"{cell.temperature:g}",
-        "--dtype", args.dtype, "--device", args.device, "--model", args.model, "--out", str(out.with_suffix(".tmp")), *cell.flags,
-    ]  # fmt: skip
-    if args.threads and "--threads" not in cell.flags:
-        cmd += ["--threads", str(args.threads)]
-    print(f"[cell {cell.name}] {' '.join(cmd[2:])}", file=sys.stderr, flush=True)
-    subprocess.run(cmd, check=True, cwd=ROOT)
-    out.with_suffix(".tmp").rename(out)
-    return json.loads(out.read_text())
+def shell_args(args: list[str]) -> list[str]:
+    """Arguments as shell words; files of one directory and suffix in a row become dir/{a,b}.suffix."""
+    out, i = [], 0
+    while i < len(args):
+        j = i
+        while j < len(args) and not args[j].startswith("-") and Path(args[j]).parent == Path(args[i]).parent and Path(args[j]).suffix == Path(args[i]).suffix and Path(args[i]).suffix:
+            j += 1
+        if j - i >= 2:
+            d, suffix = Path(args[i]).parent, Path(args[i]).suffix
+            out.append(f"{d}/{{{','.join(Path(a).stem for a in args[i:j])}}}{suffix}")
+            i = j
+            continue
+        a = args[i]
+        out.append(a if re.fullmatch(r"[\w@%+=:,./~-]+", a) else shlex.quote(a))
+        i += 1
+    return out
 
 
-# ------------------------------------------------------------------------------------------ tables
+# ------------------------------------------------------------------------------------------ labels
 
 
 def fmt(v, spec: str = ".2f") -> str:
@@ -96,289 +112,303 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows])
 
 
-def mean(values: list[float | None]) -> float | None:
-    vals = [v for v in values if v is not None]
-    return sum(vals) / len(vals) if vals else None
+def is_peer(method: str) -> bool:
+    return method.startswith("llamacpp")
 
 
-def main_tables(results: dict[Cell, dict], temperature: float, methods: list[str]) -> str:
-    cells = [c for c in results if c.group == "main" and c.temperature == temperature]
-    others = [m for m in methods if m != "ar"]
-    spd_rows, tau_rows, size_rows = [], [], []
-    for c in cells:
-        r = results[c]["methods"]
-        spd_rows.append([c.dataset] + [fmt(r[m]["speedup_vs_ar"]) + "x" if m in r else "–" for m in others] + [fmt(r["ar"]["tokens_per_s"], ".1f")])
-        tau_rows.append([c.dataset] + [fmt(r[m]["tau"]) for m in methods if m in SPECULATIVE])
-        env = results[c]["env"]
-        size_rows.append([c.dataset, str(len({s["question_id"] for s in results[c]["samples"]})), str(env["max_new_tokens"])]
-                         + [str(r[m]["new_tokens"]) for m in methods])  # fmt: skip
-    spd_rows.append(["**mean**"] + [fmt(mean([results[c]["methods"][m]["speedup_vs_ar"] for c in cells])) + "x" for m in others]
-                    + [fmt(mean([results[c]["methods"]["ar"]["tokens_per_s"] for c in cells]), ".1f")])  # fmt: skip
-    tau_rows.append(["**mean**"] + [fmt(mean([results[c]["methods"][m]["tau"] for c in cells])) for m in methods if m in SPECULATIVE])
-    return "\n\n".join([
-        "Speed-up over plain decoding (`ar`, our loop) in the same run; last column: `ar` tokens/s.\n\n"
-        + table(["dataset", *others, "ar tok/s"], spd_rows),
-        "τ, mean accepted length (tokens per target forward, the bonus token included):\n\n"
-        + table(["dataset", *[m for m in methods if m in SPECULATIVE]], tau_rows),
-        "What each cell averages (prompts, token limit per prompt, new tokens generated per method):\n\n"
-        + table(["dataset", "prompts", "max new", *[f"{m} tokens" for m in methods]], size_rows),
-    ])  # fmt: skip
+def method_label(run: Run, method: str) -> str:
+    base, _, at = method.partition("@")
+    label = LABELS.get(base, base)
+    if base.startswith("llamacpp"):
+        return f"{label}, draft length {at}" if at else label
+    nodes = int(at) if at else (run.env.get("tree_sizes") or {}).get(base, {}).get("max_nodes")
+    if nodes is None or base == "ar":
+        return label
+    return f"{label} ({nodes} node{'s' if nodes != 1 else ''})"
 
 
-def latency_table(results: dict[Cell, dict], methods: list[str]) -> str:
-    """ms per step of each stage, averaged over the temperature-0 main cells weighted by steps."""
-    rows = []
-    for m in methods:
-        if m not in SPECULATIVE and m != "ar":
-            continue
-        tot = {"draft": 0.0, "prune": 0.0, "verify": 0.0, "other": 0.0}
-        steps = 0
-        for c, res in results.items():
-            r = res["methods"].get(m)
-            if c.group != "main" or c.temperature != 0.0 or r is None or not r.get("accept_hist"):
-                continue
-            n = sum(r["accept_hist"])
-            steps += n
-            for k in tot:
-                tot[k] += (r[f"{k}_ms"] or 0.0) * n
-        if not steps:
-            continue
-        per = {k: v / steps for k, v in tot.items()}
-        total = sum(per.values())
-        rows.append([m] + [f"{per[k]:.2f} ({100 * per[k] / total:.0f}%)" for k in tot] + [f"{total:.2f}", str(steps)])
-    return table(["method", "draft ms", "prune ms", "verify ms", "other ms", "total ms/step", "steps"], rows)
+def kernel_label(env: dict) -> str:
+    """The kernel build a run used, and the CPU kind when the build was forced below it."""
+    if env.get("device", "cpu") != "cpu":
+        return env.get("gpu") or env["device"]
+    build = (env.get("kernels") or "eager").split()[0]
+    forced = "forced" in (env.get("kernels") or "")
+    return f"`{build}`" + (f" (forced on an `{env['cpu_kind']}` CPU)" if forced and env.get("cpu_kind") else "")
 
 
-def acceptance_by_depth(results: dict[Cell, dict], method: str) -> list[float]:
-    """P(a step accepts >= k drafts), pooled over the temperature-0 main cells."""
-    hist: list[int] = []
-    for c, res in results.items():
-        r = res["methods"].get(method)
-        if c.group == "main" and c.temperature == 0.0 and r and r.get("accept_hist"):
-            for a, n in enumerate(r["accept_hist"]):
-                hist.extend([0] * (a + 1 - len(hist)))
-                hist[a] += n
-    total = sum(hist)
-    return [sum(hist[k:]) / total for k in range(1, len(hist))] if total else []
+def weights_label(env: dict) -> str:
+    weights = (env.get("weights") or env["dtype"]).split(" (")[0]
+    name = {"gguf": "GGUF", "bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}.get(weights, weights)
+    choice = env.get("weights_choice") or {}
+    return f"{name} (auto)" if choice.get("calibrated") else name
 
 
-def ablation_tables(results: dict[Cell, dict]) -> str:
-    groups: dict[str, list[Cell]] = {}
-    for c in results:
-        if c.group != "main":
-            groups.setdefault(c.group, []).append(c)
+def peer_label(env: dict) -> str:
+    bin_dir = Path((env.get("llamacpp") or {}).get("bin_dir", ""))
+    kind = bin_dir.parent.name if bin_dir.name == "bin" else ""
+    return f"llama.cpp (`{kind}` build)" if kind else "llama.cpp"
+
+
+# ------------------------------------------------------------------------------------------ tables
+
+
+def summary_table(runs: list[Run]) -> str:
+    """One row per method of each run; the CPU kind and the engine are named where they change."""
+    rows, last_kind, last_engine = [], None, None
+    for run in runs:
+        for method, r in run.data["methods"].items():
+            kind = kernel_label(run.env)
+            engine = peer_label(run.env) if is_peer(method) else f"ours, {weights_label(run.env)}"
+            rows.append([
+                kind if kind != last_kind else "", engine if (kind, engine) != last_engine else "", method_label(run, method),
+                fmt(r["tokens_per_s"], ".1f"), fmt(r.get("decode_tokens_per_s"), ".1f"), fmt(r["speedup_vs_ar"]) + "x",
+                fmt(r["tau"]), str(r.get("same_as_ar", "–")),
+            ])  # fmt: skip
+            last_kind, last_engine = kind, (kind, engine)
+    header = ["CPU kind (kernels)", "engine, weights", "method", "tokens/s", "decode tokens/s", "vs our plain", "τ", "ids = plain's"]
+    return table(header, rows)
+
+
+def peer_ratios(run: Run) -> str | None:
+    """Our DART and plain decoding against llama.cpp's plain decoding in the same run."""
+    m = run.data["methods"]
+    if "dart" not in m or "llamacpp" not in m:
+        return None
+    peer = m["llamacpp"]
+
+    def ratios(r: dict) -> str:
+        text = f"{r['tokens_per_s'] / peer['tokens_per_s']:.2f}x"
+        if r.get("decode_tokens_per_s") and peer.get("decode_tokens_per_s"):
+            text += f" / {r['decode_tokens_per_s'] / peer['decode_tokens_per_s']:.2f}x"
+        return text
+
+    return (f"{kernel_label(run.env)}, against the plain decoding of {peer_label(run.env)} on the same GGUF (end to end / "
+            f"decode-only): our DART {ratios(m['dart'])}, our plain decoding {ratios(m['ar'])}.")  # fmt: skip
+
+
+def setting(runs: list[Run]) -> str:
+    """The prompts, tokens and threads the runs share, in words."""
+    envs = [r.env for r in runs]
+    sets = {tuple(Path(d).stem for d in e.get("dataset") or []) for e in envs}
     parts = []
-    for group, cells in groups.items():
-        methods = [m for m in cells[0].methods if m != "ar"]
-        header = [group] + [h for m in methods for h in (f"{m} speed-up", f"{m} τ", f"{m} draft+prune ms", f"{m} verify ms")] + ["ar tok/s"]
-        rows = []
-        for c in cells:
-            r = results[c]["methods"]
-            row = [c.setting]
-            for m in methods:
-                x = r[m]
-                row += [fmt(x["speedup_vs_ar"]) + "x", fmt(x["tau"]), fmt((x["draft_ms"] or 0) + (x["prune_ms"] or 0)), fmt(x["verify_ms"])]
-            rows.append(row + [fmt(r["ar"]["tokens_per_s"], ".1f")])
-        parts.append(f"**{group}** ({ABLATION_DATASET}, temperature 0):\n\n" + table(header, rows))
-    return "\n\n".join(parts)
+    if len(sets) == 1:
+        names = next(iter(sets))
+        where = f"`{Path(envs[0]['dataset'][0]).parent}`"
+        parts.append(f"the bench sets of {where} ({', '.join(names)})")
+    for key, say in (("limit", "first {} prompts each (first turn)"), ("max_new_tokens", "{} new tokens"), ("threads", "{} threads")):
+        values = {e.get(key) for e in envs}
+        if len(values) == 1 and None not in values:
+            parts.append(say.format(values.pop()))
+    temps = {e.get("temperature") for e in envs}
+    if temps == {0.0}:
+        parts.append("greedy")
+    cpus = {e.get("cpu") for e in envs}
+    if len(cpus) == 1:
+        parts.append(f"CPU: {cpus.pop()}")
+    return ", ".join(parts)
 
 
-# ----------------------------------------------------------------------------------------- figures
-
-
-def figures(results: dict[Cell, dict], methods: list[str], fig_dir: Path, tag: str) -> list[str]:
-    """Speed-up bars, τ against drafting latency, per-position acceptance; PNG (if kaleido and a
-    Chromium are available) and HTML. Returns markdown lines embedding them."""
-    import plotly.graph_objects as go
-
-    fig_dir.mkdir(parents=True, exist_ok=True)
-    main0 = [c for c in results if c.group == "main" and c.temperature == 0.0]
-    figs = {}
-    bars = go.Figure()
-    for m in methods:
-        if m == "ar":
-            continue
-        bars.add_bar(name=m, x=[c.dataset for c in main0], y=[results[c]["methods"][m]["speedup_vs_ar"] for c in main0])
-    bars.add_hline(y=1.0, line_dash="dot", annotation_text="plain decoding")
-    bars.update_layout(title="Speed-up over plain decoding (temperature 0)", yaxis_title="speed-up", barmode="group")
-    figs["speedup"] = bars
-    scatter = go.Figure()
-    for m in methods:
-        if m not in SPECULATIVE:
-            continue
-        pts = [results[c]["methods"][m] for c in main0]
-        scatter.add_scatter(
-            name=m, mode="markers+text", text=[c.dataset for c in main0], textposition="top center",
-            x=[(p["draft_ms"] or 0) + (p["prune_ms"] or 0) for p in pts], y=[p["tau"] for p in pts],
-        )  # fmt: skip
-    scatter.update_layout(title="τ against drafting latency (draft + prune, ms per step)", xaxis_title="ms per step", yaxis_title="τ")
-    figs["tau-vs-latency"] = scatter
-    acc = go.Figure()
-    for m in methods:
-        if m in SPECULATIVE:
-            a = acceptance_by_depth(results, m)
-            acc.add_scatter(name=m, x=list(range(1, len(a) + 1)), y=a, mode="lines+markers")
-    acc.update_layout(title="Per-position acceptance: P(a step accepts at least k drafts)", xaxis_title="k", yaxis_title="rate", yaxis_range=[0, 1])
-    figs["acceptance"] = acc
-    lines = []
-    png_ok = _can_write_png()
-    for name, fig in figs.items():
-        fig.update_layout(width=900, height=450, template="plotly_white")
-        stem = f"{tag}-{name}"
-        fig.write_html(fig_dir / f"{stem}.html", include_plotlyjs="cdn")
-        if png_ok:
-            fig.write_image(fig_dir / f"{stem}.png")
-            lines.append(f"![{name}](figures/{stem}.png) ([interactive](figures/{stem}.html))")
-        else:
-            lines.append(f"[{name} (interactive)](figures/{stem}.html)")
-    return lines
-
-
-def _can_write_png() -> bool:
-    try:
-        import kaleido  # noqa: F401
-    except ImportError:
-        print("kaleido is not installed (pip install kaleido): figures as HTML only", file=sys.stderr)
-        return False
-    browser = os.environ.get("BROWSER_PATH") or shutil.which("chromium") or shutil.which("google-chrome")
-    if not browser:
-        print("no Chromium found for kaleido: figures as HTML only", file=sys.stderr)
-        return False
-    os.environ.setdefault("BROWSER_PATH", browser)
-    return True
-
-
-# ---------------------------------------------------------------------------------------- document
-
-
-def section(results: dict[Cell, dict], args: argparse.Namespace, tag: str, figure_lines: list[str]) -> str:
-    env = next(iter(results.values()))["env"]
-    where = env["gpu"] or env["cpu"]
-    cmd = f"python scripts/benchmark_report.py --device {args.device} --dtype {args.dtype} --limit {args.limit} --max-new-tokens {args.max_new_tokens}"
-    parts = [
-        f"## {args.device.upper()}: {where} ({datetime.date.today().isoformat()})",
-        f"Reproduce: `{cmd}` (cells cached under `{_rel(args.work)}`).\n\n"
-        + table(["", ""], [
-            ["device", f"{env['device']}, {env['threads']} threads" + (f", {env['gpu']}" if env["gpu"] else "")],
-            ["CPU", env["cpu"]], ["target", env["model"]], ["dtype", env["dtype"]],
-            ["torch / transformers / python", f"{env['torch']} / {env['transformers']} / {env['python']}"],
-            ["git commit", str(env["git_commit"])], ["prompts per cell", str(args.limit)], ["max new tokens", str(args.max_new_tokens)],
-            ["draft tree", f"{args.tree_nodes} nodes besides the root (the device default; EAGLE3 gets the same budget) unless a table varies it"],
-        ]),  # fmt: skip
+def readme_block(runs: list[Run]) -> str:
+    shown = [r for r in runs if r.entry.get("readme")]
+    lines = [
+        f"One bench run per group of rows: {setting(shown)}. Every method of a run ran on the same prompts, interleaved "
+        "prompt by prompt; *vs our plain* is against the plain row of the same run, *ids = plain's* counts the prompts "
+        f"whose output ids equal our plain decoding's. Written by `{COMMAND}` from `{RESULTS}/`; the commands, "
+        "environments and per-set tables are in [docs/benchmarks.md](docs/benchmarks.md).",
+        "",
+        summary_table(shown),
+        "",
     ]
-    for t in args.temperatures:
-        parts.append(f"### Temperature {t:g}" + (" (greedy)" if t == 0 else " (sampling; lossless: tests/test_acceptance.py)"))
-        parts.append(main_tables(results, t, args.methods))
-    parts.append("### Latency breakdown (temperature 0, all datasets, per target forward)")
-    parts.append(latency_table(results, args.methods))
-    acc_rows = [[m] + [f"{a:.2f}" for a in acceptance_by_depth(results, m)] for m in args.methods if m in SPECULATIVE]
-    width = max((len(r) for r in acc_rows), default=1)
-    parts.append("### Per-position acceptance (temperature 0, all datasets): P(a step accepts at least k drafts)")
-    parts.append(table(["method", *[f"k={k}" for k in range(1, width)]], [r + ["–"] * (width - len(r)) for r in acc_rows]))
-    ablations = ablation_tables(results)
-    if ablations:
-        parts.append("### Ablations")
-        parts.append(ablations)
-    if figure_lines:
-        parts.append("### Figures")
-        parts.append("\n\n".join(figure_lines))
-    return "\n\n".join(parts) + "\n"
+    lines += [f"- {s}" for s in (peer_ratios(r) for r in shown) if s]
+    return "\n".join(lines).rstrip() + "\n"
 
 
-def _rel(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(ROOT))
-    except ValueError:
-        return str(path)
+def env_table(run: Run) -> str:
+    e = run.env
+    rows = [["CPU", f"{e['cpu']} (kind `{e.get('cpu_kind', '?')}`), {e['threads']} threads"], ["kernels", e.get("kernels", "–")]]
+    choice = e.get("weights_choice") or {}
+    rows.append(["weights", choice.get("reason") or e.get("weights") or e["dtype"]])
+    for m, size in (e.get("tree_sizes") or {}).items():
+        rows.append([f"{LABELS.get(m, m)} tree size", size.get("reason", str(size.get("max_nodes")))])
+    mem = e.get("memory")
+    if mem:
+        rows.append(["memory", f"a one-token step streams {mem['step_weight_bytes']:,} bytes of weights; read bandwidth measured in the run "
+                               f"{mem['read_gb_s']} GB/s, so a step takes at least {mem['streaming_limit_ms']} ms"])  # fmt: skip
+    peer = e.get("llamacpp")
+    if peer:
+        rows.append(["llama.cpp", f"{peer_label(e)} of {peer.get('version', '?')}, the same GGUF"])
+    rows.append(["prompts", f"first {e['limit']} of each of {', '.join(Path(d).stem for d in e['dataset'])}; {e['max_new_tokens']} new tokens; "
+                            f"temperature {e['temperature']:g}"])  # fmt: skip
+    rows.append(["software", f"torch {e['torch']}, transformers {e['transformers']}, python {e['python']}"])
+    rows.append(["code, date", f"{e.get('git_commit', '?')}, {e['date'].replace('T', ' ')}"])
+    return table(["", ""], rows)
 
 
-HEADER = """# Benchmarks
-
-Generated by `scripts/benchmark_report.py` from runs of the bench CLI (`python -m dart_core.bench`);
-every number below was measured, in the run this section describes, on the machine it names.
-Speed-ups are ratios to plain decoding (`ar`: our loop drafting nothing) measured in the same run,
-prompt by prompt interleaved. `hf` is transformers' `generate`, `pld` its prompt-lookup decoding.
-Prompts are the first N of each file of `../shared/data/bench` (first turn only).
-"""
-
-
-def write_document(path: Path, tag: str, body: str) -> None:
-    start, end = f"<!-- report:{tag}:start -->", f"<!-- report:{tag}:end -->"
-    text = path.read_text() if path.exists() else HEADER
-    block = f"{start}\n{body}{end}"
-    if start in text and end in text:
-        text = text[: text.index(start)] + block + text[text.index(end) + len(end) :]
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    path.write_text(text)
-
-
-def readme_block(results: dict[Cell, dict], args: argparse.Namespace) -> str:
-    env = next(iter(results.values()))["env"]
-    main0 = [c for c in results if c.group == "main" and c.temperature == 0.0]
+def totals_table(run: Run) -> str:
     rows = []
-    for m in args.methods:
-        if m == "ar":
-            continue
-        rows.append([m, fmt(mean([results[c]["methods"][m]["speedup_vs_ar"] for c in main0])) + "x",
-                     fmt(mean([results[c]["methods"][m]["tau"] for c in main0]))])  # fmt: skip
+    for method, r in run.data["methods"].items():
+        split = " / ".join(fmt(r.get(k)) for k in ("draft_ms", "prune_ms", "verify_ms", "other_ms"))
+        rows.append([
+            ("llama.cpp " if is_peer(method) else "") + method_label(run, method), fmt(r["tokens_per_s"], ".1f"),
+            fmt(r.get("decode_tokens_per_s"), ".1f"), fmt(r.get("prefill_s"), ".2f"), fmt(r["speedup_vs_ar"]) + "x", fmt(r["tau"]),
+            str(r["new_tokens"]), str(r.get("steps") or "–"), split, str(r.get("same_as_ar", "–")),
+        ])  # fmt: skip
+    header = ["method", "tokens/s", "decode tokens/s", "prefill s", "vs plain", "τ", "new tokens", "target forwards",
+              "draft / prune / verify / other ms a step", "ids = plain's"]  # fmt: skip
+    return table(header, rows)
+
+
+def per_set_table(run: Run) -> str:
+    sets = run.data.get("datasets") or {}
+    if len(sets) < 2:
+        return ""
+    methods = [m for m in run.data["methods"] if m != "ar"]
+    rows = []
+    for name, res in sets.items():
+        rows.append([name, fmt(res["ar"]["tokens_per_s"], ".1f")]
+                    + [f"{fmt(res[m]['speedup_vs_ar'])}x / {fmt(res[m]['tau'])}" if m in res else "–" for m in methods])  # fmt: skip
+    header = ["set", "plain tokens/s"] + [("llama.cpp " if is_peer(m) else "") + method_label(run, m) for m in methods]
+    return "Per set, speed-up over plain decoding / τ:\n\n" + table(header, rows)
+
+
+def acceptance_table(run: Run) -> str:
+    rows = [[method_label(run, m)] + [f"{p:.2f}" for p in r["acceptance_by_depth"]]
+            for m, r in run.data["methods"].items() if r.get("acceptance_by_depth")]  # fmt: skip
+    if not rows:
+        return ""
+    width = max(len(r) for r in rows)
+    rows = [r + ["–"] * (width - len(r)) for r in rows]
+    return "P(a step accepts at least k drafts):\n\n" + table(["method", *[f"k = {k}" for k in range(1, width)]], rows)
+
+
+def calibration_table(run: Run) -> str:
+    """The target's forward cost by rows on each weights path the run measured, and DART's expected
+    tokens/s at the tree size that verifies that many rows: what --dtype auto and the tree size were
+    chosen from."""
+    e = run.env
+    dart = (e.get("tree_sizes") or {}).get("dart")
+    paths = (e.get("weights_choice") or {}).get("paths") or []
+    if not paths and not (dart and dart.get("table")):
+        return ""
+    if not paths:  # the weights were given: the tree-size table alone has the verify costs
+        weights = (e.get("weights") or e["dtype"]).split(" (")[0]
+        paths = [{"dtype": weights, "chosen": True, "dart": dart, "forward_ms": {str(t["nodes"] + 1): t["verify_ms"] for t in dart["table"]}}]
+    rows_n = sorted({int(k) for p in paths for k in p["forward_ms"]})
+    taus = {t["nodes"]: t for p in paths for t in (p.get("dart") or {}).get("table", [])}
+    rows = []
+    for k in rows_n:
+        n = k - 1
+        row = [str(k), str(n) if n else "– (plain)", fmt(taus[n]["tau"]) if n in taus else "–", fmt(taus[n]["draft_ms"]) if n in taus else "–"]
+        for p in paths:
+            ms = p["forward_ms"].get(str(k))
+            exp = next((t["tokens_per_s"] for t in (p.get("dart") or {}).get("table", []) if t["nodes"] == n), None)
+            if n == 0:
+                exp = p.get("plain_tokens_per_s") or (1000 / ms if ms else None)
+            chosen = p.get("chosen") and (p.get("dart") or {}).get("max_nodes") == n
+            cell = fmt(exp, ".1f")
+            row += [fmt(ms), f"**{cell}**" if chosen else cell]
+        rows.append(row)
+    header = ["rows", "DART nodes", "DART τ", "drafting ms"]
+    for p in paths:
+        name = p["dtype"] + (" (chosen)" if p.get("chosen") and len(paths) > 1 else "")
+        header += [f"{name}: forward ms", f"{name}: expected tokens/s"]
     return (
-        f"Greedy, mean over {len(main0)} datasets x {args.limit} prompts x ≤{args.max_new_tokens} tokens, "
-        f"{env['gpu'] or env['cpu']}, {env['threads']} threads, {env['dtype']}, {datetime.date.today().isoformat()} "
-        f"(full report: [docs/benchmarks.md](docs/benchmarks.md); reproduce: `python scripts/benchmark_report.py --readme`):\n\n"
-        + table(["method", "speed-up vs plain decoding", "τ"], rows)
-        + "\n"
+        "The calibration the run chose its weights and DART's tree size from (median ms of one forward after 200 cached "
+        "tokens; DART's τ by tree size from its `tree_sizes.json`, its drafting timed by replay; expected tokens/s = "
+        "τ / (forward + drafting), bold where chosen):\n\n" + table(header, rows)
     )
 
 
-def update_readme(block: str) -> None:
-    path = ROOT / "README.md"
-    text = path.read_text()
-    if README_START not in text or README_END not in text:
-        raise SystemExit(f"README.md lacks the markers {README_START} ... {README_END}")
-    text = re.sub(re.escape(README_START) + ".*?" + re.escape(README_END), lambda _: f"{README_START}\n{block}{README_END}", text, flags=re.S)
-    path.write_text(text)
+def run_section(run: Run) -> str:
+    e = run.env
+    title = f"## {kernel_label(e)} kernels, {weights_label(e)} weights (`{RESULTS}/{run.name}.json`)"
+    parts = [title, "    " + run.command().replace("\n", "\n    ")]
+    if run.entry.get("note"):
+        parts.append(run.entry["note"])
+    parts.append(env_table(run))
+    parts.append(totals_table(run))
+    by_error: dict[str, list[str]] = {}
+    for method, errors in (run.data.get("peer_errors") or {}).items():
+        for error in errors:
+            by_error.setdefault(error.split(": ", 1)[0] + ": " + re.sub(r"^llama-[\w-]+", "llama.cpp", error.split(": ", 1)[-1]), []).append(method)
+    for error, methods in by_error.items():
+        whose = "their totals leave" if len(methods) > 1 else "its totals leave"
+        parts.append(f"Not run by {', '.join(f'`{m}`' for m in methods)} ({whose} it out): {error}.")
+    parts += [x for x in (per_set_table(run), acceptance_table(run), calibration_table(run)) if x]
+    return "\n\n".join(parts)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--model", default="default")
-    p.add_argument("--limit", type=int, default=4, help="prompts per dataset")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads for every cell except the threads ablation")
-    p.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
-    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-    p.add_argument("--temperatures", nargs="+", type=float, default=list(TEMPERATURES))
-    p.add_argument("--no-ablations", action="store_true")
-    p.add_argument("--data", type=Path, default=DATA, help="directory of the benchmark .jsonl files")
-    p.add_argument("--work", type=Path, default=None, help="cell cache (default runs/report/<device>-<dtype>-n<limit>-t<tokens>-nodes<default tree size>)")
-    p.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
-    p.add_argument("--readme", action="store_true", help="also replace the README's headline table")
+def doc_block(runs: list[Run]) -> str:
+    intro = (
+        f"Generated by `{COMMAND}` from the result files in `{RESULTS}/` (the commands below wrote them; "
+        f"`{RESULTS}/runs.json` lists them); rerunning it rewrites everything up to the changelog. Every number here is one "
+        "a run recorded, on the machine its section names.\n\n"
+        "How to read the tables: *tokens/s* is new tokens over wall time, the prompt's prefill included; *decode tokens/s* "
+        "leaves the prefill and the first token out; *τ* is new tokens per target forward (the bonus token included); "
+        "*vs plain* is the ratio to the run's own plain decoding (`ar`, our loop drafting nothing); *ids = plain's* counts "
+        "prompts whose output ids equal plain decoding's (at temperature 0 a lossless method scores n/n; llama.cpp computes "
+        "otherwise and promises no bit-exactness, so its count is a report, not a check: [peers.md](peers.md)). A method's tree "
+        "size is in brackets (drafted nodes besides the root). The draft / prune / verify / other split is ms per target forward."
+    )
+    parts = [intro, "## Summary (the README's table)", readme_block(runs).rstrip()]
+    parts += [run_section(r) for r in runs]
+    return "\n\n".join(parts) + "\n"
+
+
+# ------------------------------------------------------------------------------------------- files
+
+
+def replace_block(text: str, marks: tuple[str, str], block: str, where: Path) -> str:
+    start, end = marks
+    if start not in text or end not in text:
+        raise SystemExit(f"{where} lacks the markers {start} ... {end}")
+    return text[: text.index(start)] + f"{start}\n{block}{end}" + text[text.index(end) + len(end) :]
+
+
+def rendered(root: Path) -> dict[Path, str]:
+    """The README and docs/benchmarks.md as the kept results give them."""
+    runs = load_runs(root)
+    out = {}
+    for rel, marks, block in ((README, README_MARKS, readme_block(runs)), (DOC, DOC_MARKS, doc_block(runs))):
+        path = root / rel
+        out[path] = replace_block(path.read_text(), marks, block, rel)
+    return out
+
+
+def measure(root: Path, name: str) -> None:
+    """Run one runs.json entry's bench command again; its result file is replaced only when it finishes."""
+    manifest = json.loads((root / RESULTS / "runs.json").read_text())
+    entry = next((e for e in manifest["runs"] if e["name"] == name), None)
+    if entry is None:
+        raise SystemExit(f"no run named {name!r} in {RESULTS / 'runs.json'} (runs: {', '.join(e['name'] for e in manifest['runs'])})")
+    out = root / RESULTS / f"{name}.json"
+    tmp = out.with_suffix(".tmp")
+    args = [os.path.expanduser(a) for a in entry["args"]]
+    cmd = [sys.executable, "-m", "dart_core.bench", *args, "--out", str(tmp)]
+    print(f"[{name}] {Run(name, entry, {}).command()}", file=sys.stderr, flush=True)
+    subprocess.run(cmd, check=True, cwd=root, env={**os.environ, **entry.get("env", {})})
+    tmp.replace(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])  # fmt: skip
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 if README.md or docs/benchmarks.md differ from what the results give")
+    p.add_argument("--measure", nargs="+", metavar="NAME", default=[], help="run these runs.json entries' bench commands again first (minutes each)")
     args = p.parse_args(argv)
-    if "ar" not in args.methods:
-        args.methods = ["ar", *args.methods]  # speed-ups are ratios to it
-    args.methods = [m for m in METHODS if m in args.methods]
-    # the default tree size is part of every cell's setting: a new default must not reuse old cells
-    from dart_core.drafters import default_max_nodes
-
-    nodes = args.tree_nodes = default_max_nodes(args.device.split(":")[0])
-    args.work = args.work or ROOT / "runs" / "report" / f"{args.device}-{args.dtype}-n{args.limit}-t{args.max_new_tokens}-nodes{nodes}"
-    return args
-
-
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    args.work.mkdir(parents=True, exist_ok=True)
-    results = {cell: run_cell(cell, args, args.work) for cell in plan(args)}
-    tag = args.device.split(":")[0]
-    figure_lines = figures(results, args.methods, args.out.parent / "figures", tag)
-    write_document(args.out, tag, section(results, args, tag, figure_lines))
-    print(f"wrote {args.out}", file=sys.stderr)
-    if args.readme:
-        update_readme(readme_block(results, args))
-        print("updated README.md's headline table", file=sys.stderr)
+    for name in args.measure:
+        measure(ROOT, name)
+    texts = rendered(ROOT)
+    stale = [path for path, text in texts.items() if path.read_text() != text]
+    if args.check:
+        for path in stale:
+            print(f"{path.relative_to(ROOT)} is not what {RESULTS}/ gives: run {COMMAND}", file=sys.stderr)
+        return 1 if stale else 0
+    for path in stale:
+        path.write_text(texts[path])
+        print(f"wrote {path.relative_to(ROOT)}", file=sys.stderr)
+    if not stale:
+        print("README.md and docs/benchmarks.md are up to date", file=sys.stderr)
     return 0
 
 

