@@ -42,7 +42,7 @@ import torch
 
 # Best first: each build needs the CPU features listed.
 PATHS = {
-    "avx512bf16": ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512bf16", "avx2", "fma"),
+    "avx512bf16": ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512bf16", "avx512vnni", "avx2", "fma"),
     "avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma"),
     "avx2": ("avx2", "fma"),
     "generic": (),
@@ -99,6 +99,9 @@ WEIGHT_FORMATS = {"float32": 0, "bfloat16": 1, "float16": 2, "Q4_0": 3, "Q4_1": 
 # batches; longer runs (prompt prefill) go to torch's GEMMs, which no exactness argument needs.
 MAX_ROWS = 64
 BLOCK_FORMATS = ("Q8_0", "Q4_0", "Q4_1")
+# How block weights meet activations: "float" (exact: the fp32 values of the GGUF's dequantization) or
+# "int8" (activations quantized per block of 32 as llama.cpp does; integer dot products).
+ACTIVATIONS = ("float", "int8")
 
 
 @dataclass(frozen=True)
@@ -111,10 +114,16 @@ class BlockWeight:
     rows: int
     cols: int
     data: torch.Tensor
+    # "float": activations enter in fp32 against the exact dequantized values; "int8": activations are
+    # quantized to int8 blocks and meet the codes in integer dot products (faster, not exact; see
+    # ACTIVATIONS and the int8 section of cpu_kernels.cpp).
+    activations: str = "float"
 
     def __post_init__(self):
         if self.fmt not in BLOCK_FORMATS:
             raise ValueError(f"block format {self.fmt!r}: supported are Q8_0, Q4_0, Q4_1")
+        if self.activations not in ACTIVATIONS:
+            raise ValueError(f"activations {self.activations!r}: supported are {', '.join(ACTIVATIONS)}")
         if self.cols % 32:
             raise ValueError(f"a {self.fmt} row holds whole blocks of 32 elements, got {self.cols}")
         per_block = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}[self.fmt]
@@ -144,10 +153,23 @@ class BlockWeight:
         """Rows of several weights of one format and width stacked (q|k|v, gate|up), as torch.cat on dim 0."""
         if len({(p.fmt, p.cols) for p in parts}) != 1:
             raise ValueError("only weights of one block format and width stack")
-        return BlockWeight(parts[0].fmt, sum(p.rows for p in parts), parts[0].cols, torch.cat([p.data for p in parts]))
+        if len({p.activations for p in parts}) != 1:
+            raise ValueError("only weights of one activation mode stack")
+        return BlockWeight(parts[0].fmt, sum(p.rows for p in parts), parts[0].cols, torch.cat([p.data for p in parts]),
+                           parts[0].activations)
 
     def select_rows(self, index: torch.Tensor) -> "BlockWeight":
-        return BlockWeight(self.fmt, int(index.numel()), self.cols, self.data.index_select(0, index.cpu()).contiguous())
+        return BlockWeight(self.fmt, int(index.numel()), self.cols, self.data.index_select(0, index.cpu()).contiguous(),
+                           self.activations)
+
+    def with_activations(self, activations: str) -> "BlockWeight":
+        """The same blocks (shared storage) multiplied against `activations` ("float" or "int8")."""
+        return BlockWeight(self.fmt, self.rows, self.cols, self.data, activations)
+
+    @property
+    def code(self) -> int:
+        """The extension's format code: the block format, with the int8-activation flag."""
+        return WEIGHT_FORMATS[self.fmt] | (_ext.Q8_ACTIVATIONS if self.activations == "int8" else 0)
 
     def dequantize(self, rows: torch.Tensor | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """(n, cols) fp32 values of `rows` (int64 indices; None: all), exactly; then cast to dtype."""
@@ -204,7 +226,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor | BlockWeight, bias: torch.Tens
     code = _code(x)
     M, K = x.shape
     if isinstance(weight, BlockWeight):
-        N, fmt, w, row_bytes = weight.rows, WEIGHT_FORMATS[weight.fmt], weight.data, weight.data.shape[1]
+        N, fmt, w, row_bytes = weight.rows, weight.code, weight.data, weight.data.shape[1]
         if weight.cols != K:
             raise ValueError(f"{weight.fmt} weight of width {weight.cols} against x of width {K}")
     else:
@@ -348,7 +370,7 @@ class LayerStack:
             w = lin.weight
             keep.append(w.data)  # the storage, kept alive even if the module's tensor is replaced
             if isinstance(w, BlockWeight):
-                return [WEIGHT_FORMATS[w.fmt], w.data.data_ptr(), w.data.shape[1]]
+                return [w.code, w.data.data_ptr(), w.data.shape[1]]
             if w.dtype != dtype or not w.is_contiguous():
                 raise ValueError(f"LayerStack: weights must be contiguous {dtype} tensors or BlockWeights, got {w.dtype}")
             return [DTYPES[dtype], w.data_ptr(), w.shape[1] * w.element_size()]

@@ -32,7 +32,11 @@ _HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # The embedded default read in its own GGUF blocks: not a torch dtype, a way of reading the weights.
 GGUF = "gguf"
-DTYPE_CHOICES = (*DTYPES, GGUF)
+# The same blocks against activations quantized to int8 blocks, as llama.cpp computes: the fastest
+# one-token step, no longer exactly the fp32 copy's values (docs/engine.md says by how much).
+GGUF_INT8 = "gguf-int8"
+GGUF_PATHS = (GGUF, GGUF_INT8)
+DTYPE_CHOICES = (*DTYPES, *GGUF_PATHS)
 # The bench's, the app's and the calibration's default: the weights path calibrated on this machine
 # (dart_core/calibrate.py choose_weights) for the embedded default, bfloat16 for any other target.
 AUTO = "auto"

@@ -543,11 +543,14 @@ def default_prefill_dtype() -> torch.dtype:
     return torch.bfloat16 if kernels.PATH == "avx512bf16" else torch.float32
 
 
-def load_gguf_transformer(gguf_path: Path, model_dir: Path, prefill_dtype: torch.dtype | None = None) -> Transformer:
+def load_gguf_transformer(gguf_path: Path, model_dir: Path, prefill_dtype: torch.dtype | None = None,
+                          activations: str = "float") -> Transformer:
     """A Transformer whose linears and embedding read the GGUF's blocks as they are (no unpacked copy)
     and whose norms are its F32 tensors; config and RoPE from the HF directory `model_dir` that was
     converted from the same file. Activations and the KV cache are fp32, so every forward on the
-    kernels is bit-identical to the same forward on the file's dequantized fp32 copy."""
+    kernels is bit-identical to the same forward on the file's dequantized fp32 copy; with
+    activations="int8" the kernels' linears quantize their inputs to int8 blocks (kernels.ACTIVATIONS)
+    and are no longer exact, still batch-invariant. Prefill's GEMMs are the same either way."""
     import gguf
     from transformers import AutoConfig
 
@@ -569,11 +572,14 @@ def load_gguf_transformer(gguf_path: Path, model_dir: Path, prefill_dtype: torch
         used.add(name)
         return _gguf_rows(tensors[name], name)
 
+    if activations not in kernels.ACTIVATIONS:
+        raise ValueError(f"activations {activations!r}: choose one of {', '.join(kernels.ACTIVATIONS)}")
+
     def block(name: str, perm: torch.Tensor | None = None) -> kernels.BlockWeight:
         w = get(name)
         if not isinstance(w, kernels.BlockWeight):
             raise ValueError(f"{name}: expected a block format, got {tensors[name].tensor_type.name}")
-        return w if perm is None else w.select_rows(perm)
+        return (w if perm is None else w.select_rows(perm)).with_activations(activations)
 
     with torch.device("meta"):
         model = Transformer(args, torch.empty(args.head_dim // 2), rope_scale)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .loading import AUTO, DEFAULT_MODEL, GGUF, embedded_gguf_path, parse_dtype, resolve_model_dir
+from .loading import AUTO, DEFAULT_MODEL, GGUF, GGUF_PATHS, embedded_gguf_path, parse_dtype, resolve_model_dir
 from .model import BlockLinear, ForwardOutput, KVCache, Transformer, load_gguf_transformer, load_transformer
 from .tree import DraftTree
 
@@ -137,7 +137,8 @@ def load_target(
     """Load a target: "default" (embedded SmolLM2-135M-Instruct), a local directory or a hub id.
 
     dtype: float32 | bfloat16 | float16, or "gguf" for the embedded default read in its own GGUF
-    blocks (Q4_1 layers, Q8_0 embedding) on the CPU kernels, exactly its fp32 values; or "auto": the
+    blocks (Q4_1 layers, Q8_0 embedding) on the CPU kernels, exactly its fp32 values; "gguf-int8" for
+    the same blocks against int8-quantized activations (llama.cpp's arithmetic); or "auto": the
     path the calibration finds fastest for DART on this machine (dart_core/calibrate.py choose_weights:
     measured once, cached; bfloat16 for any other target).
 
@@ -152,16 +153,19 @@ def load_target(
         from .calibrate import choose_weights  # it loads each candidate with this function, never with "auto"
 
         return choose_weights(model, device, kernels)[0]
-    if dtype == GGUF:
-        # The embedded default's own GGUF blocks on the CPU kernels; activations and the cache in fp32.
+    if dtype in GGUF_PATHS:
+        # The embedded default's own GGUF blocks on the CPU kernels; activations and the cache in fp32
+        # (gguf-int8: each linear's input quantized to int8 blocks inside the kernel).
         if name != DEFAULT_MODEL:
-            raise ValueError(f"--dtype {GGUF} reads the GGUF the embedded default ships; for {name!r} use float32, bfloat16 or float16")
+            raise ValueError(f"--dtype {dtype} reads the GGUF the embedded default ships; for {name!r} use float32, bfloat16 or float16")
         if device.type != "cpu" or not kernels:
-            raise ValueError(f"--dtype {GGUF} runs on the CPU kernels (device cpu, kernels on)")
+            raise ValueError(f"--dtype {dtype} runs on the CPU kernels (device cpu, kernels on)")
         model_dir = resolve_model_dir(model)
-        transformer = load_gguf_transformer(embedded_gguf_path(), model_dir)
+        activations = "int8" if dtype != GGUF else "float"
+        transformer = load_gguf_transformer(embedded_gguf_path(), model_dir, activations=activations)
         formats = sorted({m.weight.fmt for m in transformer.modules() if isinstance(m, BlockLinear)})
-        dtype, weights = torch.float32, f"{GGUF} ({', '.join(formats)})"
+        weights = f"{dtype} ({', '.join(formats)}{'; int8 activations' if activations == 'int8' else ''})"
+        dtype = torch.float32
     else:
         dtype = parse_dtype(dtype)
         model_dir = resolve_model_dir(model)

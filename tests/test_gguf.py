@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dart_core import kernels
-from dart_core.loading import GGUF, embedded_gguf_path, ensure_embedded_model
+from dart_core.loading import GGUF, GGUF_INT8, embedded_gguf_path, ensure_embedded_model
 from dart_core.model import BlockEmbedding, BlockLinear, load_gguf_transformer
 from test_kernels import FP32_CONTRACT, _node_logits_equal_steps
 from test_model import random_tree
@@ -108,6 +108,50 @@ def test_gguf_generation_is_lossless(gguf_target):
             s = complete(gguf_target, ids, d, GenerationParams(64))
             assert s.output_ids == ar.output_ids, (prompt, type(d).__name__)
             assert sum(s.accepted) > 0
+
+
+@pytest.fixture(scope="module")
+def gguf_int8_target():
+    from dart_core import load_target
+
+    return load_target("default", "cpu", GGUF_INT8)
+
+
+@pytest.mark.parametrize("path", FAST_PATHS)
+def test_gguf_int8_verify_equals_steps(gguf_int8_target, path):
+    """With int8 activations the forward is no longer the fp32 copy's, but every node of a verified
+    tree still gets the bits of the one-token steps along its path (on each fast kernel build)."""
+    previous = kernels.use_path(path)
+    try:
+        prompt = gguf_int8_target.encode("Name three rivers in Europe.")
+        tree = random_tree(random.Random(5), 9, gguf_int8_target.vocab_size)
+        assert _node_logits_equal_steps(gguf_int8_target, prompt, tree) == []
+    finally:
+        kernels.use_path(previous)
+
+
+def test_gguf_int8_generation_is_lossless(gguf_int8_target, fp32_target):
+    """DART's and EAGLE3's greedy ids equal plain decoding's on the int8-activation path, and plain
+    decoding stays close to the fp32 copy's (teacher-forced top-1 on its greedy text)."""
+    from dart_core import ARDrafter, GenerationParams, complete
+    from dart_core.drafters import DEFAULT_DART_HEAD, DEFAULT_EAGLE3_HEAD, DEFAULT_NGRAM
+    from dart_core.drafters.dart import load_dart_drafter
+    from dart_core.drafters.eagle3 import load_eagle3_drafter
+    from dart_core.fidelity import teacher_forced_agreement
+
+    t = gguf_int8_target
+    assert t.weights == "gguf-int8 (Q4_1, Q8_0; int8 activations)"
+    assert all(m.weight.activations == "int8" for m in t.model.modules() if isinstance(m, BlockLinear))
+    drafters = [load_dart_drafter(DEFAULT_DART_HEAD, t, DEFAULT_NGRAM), load_eagle3_drafter(DEFAULT_EAGLE3_HEAD, t)]
+    ids = t.encode("List three uses of a paperclip.")
+    ar = complete(t, ids, ARDrafter(), GenerationParams(64))
+    for d in drafters:
+        s = complete(t, ids, d, GenerationParams(64))
+        assert s.output_ids == ar.output_ids, type(d).__name__
+        assert sum(s.accepted) > 0
+    ref = complete(fp32_target, ids, ARDrafter(), GenerationParams(64)).output_ids
+    agree = teacher_forced_agreement(fp32_target, t, ids, ref)
+    assert agree.positions == len(ref) and agree.top1 >= 0.95
 
 
 def test_bad_gguf_files_are_clear_errors(tmp_path):

@@ -206,6 +206,65 @@ def test_block_linear_is_the_fp32_linear_of_its_values(fmt, K, N, kpath):
     assert kernels.linear(x.bfloat16(), w).dtype == torch.bfloat16
 
 
+def _q8_reference(x: torch.Tensor, w: kernels.BlockWeight) -> torch.Tensor:
+    """x against w's exact values after x's int8 block quantization (amax / 127 per block of 32,
+    ties to even), in float64: what the int8-activation linear computes up to its fp32 sums."""
+    xb = x.double().view(x.shape[0], -1, 32)
+    d = (xb.abs().amax(-1, keepdim=True).float() / 127).double()
+    inv = torch.where(d > 0, (1 / d.float()).double(), torch.zeros_like(d))
+    q = torch.round((xb.float() * inv.float()).double()).clamp(-127, 127)
+    return (q * d).view_as(x.double()) @ w.dequantize().double().T
+
+
+@pytest.mark.parametrize("fmt", kernels.BLOCK_FORMATS)
+@pytest.mark.parametrize("K,N", [(576, 963), (1536, 64), (96, 5), (32, 7)])
+def test_int8_activations_are_row_invariant_and_quantize_as_described(fmt, K, N, kpath):
+    """Block weights against int8 activations: a row's bits never depend on the other rows (1..20 rows,
+    every row-block shape), the result is the product of the quantized activations with the weights'
+    exact values (up to fp32 sums), and within int8 rounding of the exact fp32 linear."""
+    w = _random_blocks(fmt, N, K, seed=K + N + 1).with_activations("int8")
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(20, K, generator=g)
+    x[3, : K // 2] *= 40  # an outlier block: its scale must not leak into the other blocks
+    x[5] = 0  # all-zero blocks have scale 0
+    out = kernels.linear(x, w)
+    rows = torch.cat([kernels.linear(x[i : i + 1], w) for i in range(20)])
+    for M in range(1, 21):
+        assert torch.equal(kernels.linear(x[:M], w), rows[:M]), f"rows differ at M={M}"
+    assert torch.equal(out, rows) and torch.equal(out[5], torch.zeros(N))
+    ref = _q8_reference(x, w)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5 * ref.abs().max().item(), rtol=1e-5)
+    exact = x.double() @ w.dequantize().double().T
+    assert ((out.double() - exact).norm() / exact.norm()).item() < 0.05  # 8-bit activations: ~1% typical
+    assert kernels.linear(x.bfloat16(), w).dtype == torch.bfloat16
+
+
+@pytest.mark.skipif(len(PATHS) < 2, reason="one build on this CPU: nothing to compare")
+@pytest.mark.parametrize("fmt", kernels.BLOCK_FORMATS)
+def test_int8_activations_give_the_same_bits_on_every_build(fmt):
+    """The integer sums are exact and land in the same lanes on every build (VNNI or not), so every
+    build, avx512bf16 included, gives the same bits for int8 activations."""
+    w = _random_blocks(fmt, 70, 1536 + 32, seed=8).with_activations("int8")  # 49 blocks: an odd tail
+    x = torch.randn(11, w.cols, generator=torch.Generator().manual_seed(3))
+    previous = kernels.PATH
+    try:
+        results = {}
+        for p in PATHS:
+            kernels.use_path(p)
+            results[p] = kernels.linear(x, w)
+    finally:
+        kernels.use_path(previous)
+    for p in PATHS[1:]:
+        assert torch.equal(results[p], results[PATHS[0]]), f"{p} != {PATHS[0]}"
+
+
+def test_int8_activations_reject_float_weights_and_bad_modes():
+    with pytest.raises(ValueError, match="activations"):
+        _random_blocks("Q4_1", 4, 64, seed=1).with_activations("int4")
+    with pytest.raises(ValueError, match="activation mode"):
+        kernels.BlockWeight.cat([_random_blocks("Q4_1", 4, 64, seed=1), _random_blocks("Q4_1", 4, 64, seed=2).with_activations("int8")])
+
+
 @pytest.mark.skipif(len(FP32_CONTRACT) < 2, reason="one fp32-contract build on this CPU: nothing to compare")
 @pytest.mark.parametrize("weights", ["float32", "bfloat16", "float16", *kernels.BLOCK_FORMATS])
 def test_builds_give_the_same_bits(weights):
@@ -352,11 +411,12 @@ EXACT_NEW_TOKENS = 128
 @pytest.fixture(scope="module")
 def embedded_drafters(embedded_bf16):
     """DART and EAGLE3 built as the bench builds them by default (embedded heads, CPU tree size)."""
-    from dart_core.bench import parse_args
+    from dart_core.cli.bench import parse_args
+    from dart_core.cli.options import drafter_configs
     from dart_core.drafters.registry import build_drafter
 
-    args = parse_args(["--methods", "ar,dart,eagle3", "--dataset", *map(str, EXACT_FILES)])
-    return {m: build_drafter(m, embedded_bf16, args, default_target=True) for m in ("dart", "eagle3")}
+    configs = drafter_configs(parse_args(["--methods", "ar,dart,eagle3", "--dataset", *map(str, EXACT_FILES)]), default_target=True)
+    return {m: build_drafter(m, embedded_bf16, configs[m]) for m in ("dart", "eagle3")}
 
 
 @pytest.mark.parametrize("path", EXACT_FILES, ids=[p.stem for p in EXACT_FILES])
