@@ -3,7 +3,7 @@
 Per step the head sees the tokens committed since its last forward (their target hidden states and,
 shifted by one, their embeddings; the last one is paired with the root's embedding), followed by D
 copies of the learned mask vector. One forward gives D+1 rows of logits: row j predicts depth j+1
-of the tree ("shifted logits", facts §3.3). Each row's top-k (softmaxed within the top-k, as upstream)
+of the tree (upstream's "shifted logits"). Each row's top-k (softmaxed within the top-k, as upstream)
 goes to the C++ beam search, which keeps the best `max_nodes` as the tree to verify.
 """
 
@@ -45,7 +45,7 @@ class ScoreWeights:
     context_max_candidates: int  # context-only candidates per parent
 
 
-# The public pruner's values (ngram_cpp.PruneParams) with the context n-gram of docs/benchmarks.md:
+# The public pruner's values (ngram_cpp.PruneParams) with the context n-gram's (docs/drafters.md):
 # the default for targets other than the embedded one (their heads were made with these).
 UPSTREAM_WEIGHTS = ScoreWeights(top_k=25, level_exponent=-0.7, logit_decay=0.9, ngram_weight=0.5,
                                 ngram_on_first_level=False, context_weight=0.8, context_max_candidates=4)
@@ -120,9 +120,9 @@ def with_fitted_ranking(prune: ngram_cpp.PruneParams, ranking: FittedRanking) ->
 
 def pruner_eos(target) -> int:
     """The EOS id the pruner never extends a branch past: upstream's, the tokenizer's eos_token_id
-    (facts doc §4.1; for Qwen3 <|im_end|> 151645, where the lowest of the target's stop ids would be
-    <|endoftext|> 151643); without one, the lowest stop id; -1 without any. Only the pruner uses one
-    id: the generation loop stops at every id of target.eos_ids."""
+    (upstream's tree_search.py passes it; for Qwen3 <|im_end|> 151645, where the lowest of the
+    target's stop ids would be <|endoftext|> 151643); without one, the lowest stop id; -1 without
+    any. Only the pruner uses one id: the generation loop stops at every id of target.eos_ids."""
     tok = getattr(target.tokenizer, "eos_token_id", None)
     if tok is not None:
         return int(tok)

@@ -3,7 +3,7 @@
 A head reads three hidden states of the frozen target (concatenated, 3·Ht wide), projects them to H
 with `fc`, and runs ONE Llama-style decoder layer whose attention input is 2H wide: the normed token
 embedding (taken from the target) next to the normed hidden stream. DART adds `midlayer.mask_rep`, a
-learned vector standing in for the not-yet-known future positions (facts doc §3); EAGLE3 has none.
+learned vector standing in for the not-yet-known future positions; EAGLE3 has none.
 
 Checkpoint: a directory (or hub repo) with config.json and model.safetensors (or, as EAGLE3 heads
 such as AngelSlim's often ship, pytorch_model.bin) holding
