@@ -208,13 +208,13 @@ def setting(runs: list[Run]) -> str:
     return ", ".join(parts)
 
 
-def readme_block(runs: list[Run]) -> str:
+def readme_block(runs: list[Run], details: str = "in [docs/benchmarks.md](docs/benchmarks.md)") -> str:
     shown = [r for r in runs if r.entry.get("readme")]
     lines = [
         f"One bench run per group of rows: {setting(shown)}. Every method of a run ran on the same prompts, interleaved "
         "prompt by prompt; *vs our plain* is against the plain row of the same run, *ids = plain's* counts the prompts "
         f"whose output ids equal our plain decoding's. Written by `{COMMAND}` from `{RESULTS}/`; the commands, "
-        "environments and per-set tables are in [docs/benchmarks.md](docs/benchmarks.md).",
+        f"environments and per-set tables are {details}.",
         "",
         summary_table(shown),
         "",
@@ -350,7 +350,7 @@ def doc_block(runs: list[Run]) -> str:
         "otherwise and promises no bit-exactness, so its count is a report, not a check: [peers.md](peers.md)). A method's tree "
         "size is in brackets (drafted nodes besides the root). The draft / prune / verify / other split is ms per target forward."
     )
-    parts = [intro, "## Summary (the README's table)", readme_block(runs).rstrip()]
+    parts = [intro, "## Summary (the README's table)", readme_block(runs, details="below").rstrip()]
     parts += [run_section(r) for r in runs]
     return "\n\n".join(parts) + "\n"
 
