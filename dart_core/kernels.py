@@ -172,14 +172,17 @@ class BlockWeight:
         return WEIGHT_FORMATS[self.fmt] | (_ext.Q8_ACTIVATIONS if self.activations == "int8" else 0)
 
     def dequantize(self, rows: torch.Tensor | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """(n, cols) fp32 values of `rows` (int64 indices; None: all), exactly; then cast to dtype."""
+        """(n, cols) values of `rows` (int64 indices; None: all): the exact fp32 values, rounded once
+        to `dtype` (float32, bfloat16, float16) in the same pass."""
         _need_ext()
+        if dtype not in DTYPES:
+            raise TypeError(f"dequantize to float32, bfloat16 or float16, not {dtype}")
         idx = None if rows is None else rows.reshape(-1).to("cpu", torch.long).contiguous()
         n = self.rows if idx is None else idx.numel()
-        out = torch.empty(n, self.cols, dtype=torch.float32)
+        out = torch.empty(n, self.cols, dtype=dtype)
         _ext.dequantize(WEIGHT_FORMATS[self.fmt], self.data.data_ptr(), self.data.shape[1], self.cols, self.rows,
-                        0 if idx is None else idx.data_ptr(), n, out.data_ptr(), self.cols)
-        return out if dtype == torch.float32 else out.to(dtype)
+                        0 if idx is None else idx.data_ptr(), n, out.data_ptr(), self.cols, DTYPES[dtype])
+        return out
 
 
 def use_path(path: str | None) -> str | None:

@@ -146,7 +146,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in fp32 and cast back before scaling, as HF does (one fused op instead of five).
-        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+        # (the product cast back too: a GGUF model's fp32 norm weights must not widen a bf16 prefill)
+        return (self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)).to(x.dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -180,6 +181,8 @@ class Attention(nn.Module):
         k = apply_rope(k.transpose(1, 2), cos, sin)  # (B, nkv, T, hd)
         v = v.view(B, T, a.n_kv_heads, a.head_dim).transpose(1, 2)
         k_all, v_all = cache.write(layer, k, v)  # (B, nkv, P+T, hd)
+        if k_all.dtype != q.dtype:  # a prefill in Transformer.prefill_dtype against a cache in the model's dtype
+            k_all, v_all = k_all.to(q.dtype), v_all.to(q.dtype)
         # mask None: one new token, or a causal forward into an empty cache (Transformer._attention_mask),
         # where SDPA's own causal masking is exact and skips the masked half of the work
         out = F.scaled_dot_product_attention(
@@ -241,6 +244,10 @@ class Transformer(nn.Module):
         self.capture = args.capture_layers() if args.n_layers >= 7 else ()
         self.use_kernels = use_kernels
         self.use_layer_stack = True  # False: the per-op loop (tests compare the two)
+        # The eager path's activation dtype where it differs from the cache's (None: the same): a GGUF
+        # model's prompt prefill runs in bf16 where the CPU multiplies bf16 in hardware (BlockLinear),
+        # its keys and values stored in the fp32 cache; every kernel-path forward stays fp32.
+        self.prefill_dtype: torch.dtype | None = None
         self._stack: kernels.LayerStack | None = None
         self._rope_table: kernels.RopeTable | None = None  # fp32 angles for the kernel path, built on first use
 
@@ -277,6 +284,9 @@ class Transformer(nn.Module):
             return self._forward_kernels(tokens, positions, cache, parents, logits_at, capture, final, logits)
         P = cache.length
         x = self.tok_embeddings(tokens[None])  # (1, T, H)
+        out_dtype = x.dtype
+        if self.prefill_dtype is not None:
+            x = x.to(self.prefill_dtype)
         cos, sin = self.rope(positions, x.dtype)
         mask = self._attention_mask(tree_mask, P, T, x.device)
         captured = []
@@ -284,12 +294,12 @@ class Transformer(nn.Module):
             if capture and i in self.capture:
                 captured.append(x[0])
             x = layer(x, cos, sin, cache, i, mask)
-        x = x[0]
+        x = x[0].to(out_dtype)
         if logits_at is not None:
             x = x[logits_at]
         normed = self.norm(x)
         out_logits = self.output(normed).float() if logits else None
-        hidden = torch.cat(captured, dim=-1) if capture else None
+        hidden = torch.cat(captured, dim=-1).to(out_dtype) if capture else None
         return ForwardOutput(logits=out_logits, hidden=hidden, final=normed if final else None)
 
     def kernel_path(self, T: int, device: torch.device) -> bool:
@@ -614,4 +624,5 @@ def load_gguf_transformer(gguf_path: Path, model_dir: Path, prefill_dtype: torch
     if leftover:
         raise ValueError(f"no GGUF tensor for {leftover[:5]}")
     model.inv_freq = inv_freq.float()
+    model.prefill_dtype = gemm if gemm != torch.float32 else None
     return model.eval()

@@ -52,6 +52,7 @@ def test_blocks_are_the_fp32_copy(gguf_target, fp32_target):
     assert gguf_target.weights == "gguf (Q4_1, Q8_0)" and gguf_target.dtype == torch.float32
     # prompt prefill multiplies in bf16 exactly where the CPU has bf16 arithmetic
     assert g.output.gemm_dtype == (torch.bfloat16 if kernels.PATH == "avx512bf16" else torch.float32)
+    assert g.prefill_dtype == (torch.bfloat16 if kernels.PATH == "avx512bf16" else None)
     block_bytes = sum(m.weight.nbytes for m in g.modules() if isinstance(m, BlockLinear) and m is not g.output)
     assert block_bytes + g.tok_embeddings.weight.nbytes < 0.4 * sum(t.numel() for t in f.state_dict().values()) * 4
 
@@ -63,12 +64,14 @@ def fp32_prefill(gguf_target):
     from dart_core.model import BlockLinear
 
     mods = [m for m in gguf_target.model.modules() if isinstance(m, BlockLinear)]
-    saved = [m.gemm_dtype for m in mods]
+    saved, saved_prefill = [m.gemm_dtype for m in mods], gguf_target.model.prefill_dtype
     for m in mods:
         m.gemm_dtype = torch.float32
+    gguf_target.model.prefill_dtype = None
     yield gguf_target
     for m, d in zip(mods, saved):
         m.gemm_dtype = d
+    gguf_target.model.prefill_dtype = saved_prefill
 
 
 @pytest.mark.parametrize("path", FAST_PATHS)

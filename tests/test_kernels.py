@@ -189,6 +189,8 @@ def test_blocks_dequantize_as_gguf_does(fmt):
     assert torch.equal(w.dequantize(), torch.from_numpy(np.ascontiguousarray(ref, dtype=np.float32)))
     rows = torch.tensor([5, 0, 5])
     assert torch.equal(w.dequantize(rows), w.dequantize()[rows])
+    for dt in (torch.bfloat16, torch.float16):  # rounded once from the exact values, in one pass
+        assert torch.equal(w.dequantize(dtype=dt), w.dequantize().to(dt))
 
 
 @pytest.mark.parametrize("fmt", kernels.BLOCK_FORMATS)

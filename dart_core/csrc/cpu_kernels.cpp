@@ -1454,13 +1454,36 @@ void linear(int dtype, uintptr_t x, int64_t x_stride, int64_t M, int64_t K, int 
     throw std::invalid_argument("linear: unknown dtype code " + std::to_string(dtype));
 }
 
-// rows (n,) int64 row indices of w (0: rows 0..n-1) -> out (n, K) fp32 rows out_stride apart.
-template <class F> void dequantize_impl(const uint8_t* w, int64_t rb, int64_t K, const int64_t* rows, int64_t n, float* out, int64_t out_stride) {
-#pragma omp parallel for schedule(static) if (n * K > 65536)
-    for (int64_t i = 0; i < n; ++i) dequant_row<F>(w + (rows ? rows[i] : i) * rb, K, out + i * out_stride);
+// rows (n,) int64 row indices of w (0: rows 0..n-1) -> out (n, K) rows out_stride apart, in fp32 or
+// rounded to TO (bf16 for a prefill GEMM: one pass, without an fp32 copy of the whole weight).
+template <class F, class TO> void dequantize_impl(const uint8_t* w, int64_t rb, int64_t K, const int64_t* rows, int64_t n, TO* out, int64_t out_stride) {
+#pragma omp parallel if (n * K > 65536)
+    {
+        std::vector<float> row(std::is_same_v<TO, float> ? 0 : static_cast<size_t>(K));
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < n; ++i) {
+            const uint8_t* src = w + (rows ? rows[i] : i) * rb;
+            if constexpr (std::is_same_v<TO, float>) {
+                dequant_row<F>(src, K, out + i * out_stride);
+            } else {
+                dequant_row<F>(src, K, row.data());
+                for (int64_t k = 0; k < K; ++k) out[i * out_stride + k] = from_f32<TO>(row[k]);
+            }
+        }
+    }
 }
 
-void dequantize(int wfmt, uintptr_t w, int64_t rb, int64_t K, int64_t n_rows, uintptr_t rows, int64_t n, uintptr_t out, int64_t out_stride) {
+template <class F> void dequantize_to(int out_dtype, const uint8_t* w, int64_t rb, int64_t K, const int64_t* rows, int64_t n, uintptr_t out, int64_t out_stride) {
+    switch (static_cast<DType>(out_dtype)) {
+        case DType::F32: return dequantize_impl<F>(w, rb, K, rows, n, ptr<float>(out), out_stride);
+        case DType::BF16: return dequantize_impl<F>(w, rb, K, rows, n, ptr<uint16_t>(out), out_stride);
+        case DType::F16: return dequantize_impl<F>(w, rb, K, rows, n, ptr<_Float16>(out), out_stride);
+    }
+    throw std::invalid_argument("dequantize: unknown output dtype code " + std::to_string(out_dtype));
+}
+
+void dequantize(int wfmt, uintptr_t w, int64_t rb, int64_t K, int64_t n_rows, uintptr_t rows, int64_t n, uintptr_t out, int64_t out_stride,
+                int out_dtype) {
     if (rb != row_bytes(wfmt, K)) throw std::invalid_argument("dequantize: weight rows of " + std::to_string(rb) + " bytes do not hold K elements");
     const int64_t* r = ptr<const int64_t>(rows);
     if (r)
@@ -1469,14 +1492,13 @@ void dequantize(int wfmt, uintptr_t w, int64_t rb, int64_t K, int64_t n_rows, ui
     if (!r && n > n_rows) throw std::invalid_argument("dequantize: more rows than the weight has");
     py::gil_scoped_release release;
     const uint8_t* wp = ptr<const uint8_t>(w);
-    float* o = ptr<float>(out);
     switch (static_cast<WFormat>(wfmt)) {
-        case WFormat::F32: return dequantize_impl<FmtF32>(wp, rb, K, r, n, o, out_stride);
-        case WFormat::BF16: return dequantize_impl<FmtBF16>(wp, rb, K, r, n, o, out_stride);
-        case WFormat::F16: return dequantize_impl<FmtF16>(wp, rb, K, r, n, o, out_stride);
-        case WFormat::Q4_0: return dequantize_impl<FmtQ4_0>(wp, rb, K, r, n, o, out_stride);
-        case WFormat::Q4_1: return dequantize_impl<FmtQ4_1>(wp, rb, K, r, n, o, out_stride);
-        case WFormat::Q8_0: return dequantize_impl<FmtQ8_0>(wp, rb, K, r, n, o, out_stride);
+        case WFormat::F32: return dequantize_to<FmtF32>(out_dtype, wp, rb, K, r, n, out, out_stride);
+        case WFormat::BF16: return dequantize_to<FmtBF16>(out_dtype, wp, rb, K, r, n, out, out_stride);
+        case WFormat::F16: return dequantize_to<FmtF16>(out_dtype, wp, rb, K, r, n, out, out_stride);
+        case WFormat::Q4_0: return dequantize_to<FmtQ4_0>(out_dtype, wp, rb, K, r, n, out, out_stride);
+        case WFormat::Q4_1: return dequantize_to<FmtQ4_1>(out_dtype, wp, rb, K, r, n, out, out_stride);
+        case WFormat::Q8_0: return dequantize_to<FmtQ8_0>(out_dtype, wp, rb, K, r, n, out, out_stride);
     }
     throw std::invalid_argument("dequantize: unknown weight format code " + std::to_string(wfmt));
 }
