@@ -353,12 +353,14 @@ def argparse_copy(args, **overrides):
 
 # ------------------------------------------------------------------------------ the weights path
 
-# The paths --dtype auto chooses between for the embedded default: its own GGUF blocks (the fewest
-# bytes a step, fp32 FMAs a verify row) and bf16 (2.8x the bytes, but bf16 pair products a row where
-# the CPU has them). float32 is not a candidate: it streams twice bf16's bytes a step and its verify
-# rows cost fp32 FMAs as GGUF's do, so it cannot beat both; and its head would run in fp32 (head_dtype),
-# so its drafting would need timing of its own on every first start.
-WEIGHTS_CANDIDATES = ("gguf", "bfloat16")
+# The paths --dtype auto chooses between for the embedded default: its own GGUF blocks against fp32
+# activations (exactly the fp32 copy: the fewest bytes a step, fp32 FMAs a verify row), the same blocks
+# against int8 activations (llama.cpp's arithmetic: integer dot products, the cheapest step and on AVX2
+# the cheapest verify rows too; docs/engine.md gives its agreement with the fp32 copy), and bf16 (2.8x
+# the bytes, but bf16 pair products a row where the CPU has them). float32 is not a candidate: it
+# streams twice bf16's bytes a step and its verify rows cost fp32 FMAs as GGUF's do, so it cannot beat
+# both; and its head would run in fp32 (head_dtype), so its drafting would need timing of its own.
+WEIGHTS_CANDIDATES = ("gguf", "gguf-int8", "bfloat16")
 AUTO_FALLBACK = "bfloat16"  # --dtype auto where nothing is measured: the default before auto existed
 
 
