@@ -157,6 +157,15 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
+def _linear(mod: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """mod(x); a float weight of another dtype than x (a prefill in Transformer.prefill_dtype) is
+    converted for the call: a bf16 model's prompt runs fp32 GEMMs where the CPU has no bf16 arithmetic."""
+    w = mod.weight
+    if isinstance(w, torch.Tensor) and w.dtype != x.dtype:
+        return F.linear(x, w.to(x.dtype), None if mod.bias is None else mod.bias.to(x.dtype))
+    return mod(x)
+
+
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -172,7 +181,7 @@ class Attention(nn.Module):
         a = self.args
         B, T, _ = x.shape
         q_out, kv_out = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
-        q, k, v = self.wqkv(x).split([q_out, kv_out, kv_out], dim=-1)
+        q, k, v = _linear(self.wqkv, x).split([q_out, kv_out, kv_out], dim=-1)
         q = q.view(B, T, a.n_heads, a.head_dim)
         k = k.view(B, T, a.n_kv_heads, a.head_dim)
         if a.qk_norm:
@@ -188,7 +197,7 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(
             q, k_all, v_all, attn_mask=mask, is_causal=mask is None and T > 1, enable_gqa=a.n_heads != a.n_kv_heads
         )
-        return self.wo(out.transpose(1, 2).reshape(B, T, q_out))
+        return _linear(self.wo, out.transpose(1, 2).reshape(B, T, q_out))
 
 
 class MLP(nn.Module):
@@ -198,8 +207,8 @@ class MLP(nn.Module):
         self.w2 = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.w13(x).chunk(2, dim=-1)
-        return self.w2(F.silu(gate) * up)
+        gate, up = _linear(self.w13, x).chunk(2, dim=-1)
+        return _linear(self.w2, F.silu(gate) * up)
 
 
 class Block(nn.Module):
@@ -246,7 +255,8 @@ class Transformer(nn.Module):
         self.use_layer_stack = True  # False: the per-op loop (tests compare the two)
         # The eager path's activation dtype where it differs from the cache's (None: the same): a GGUF
         # model's prompt prefill runs in bf16 where the CPU multiplies bf16 in hardware (BlockLinear),
-        # its keys and values stored in the fp32 cache; every kernel-path forward stays fp32.
+        # a bf16 model's in fp32 where it does not (`_linear`), the keys and values stored in the
+        # cache's dtype; every kernel-path forward keeps the model's dtype.
         self.prefill_dtype: torch.dtype | None = None
         self._stack: kernels.LayerStack | None = None
         self._rope_table: kernels.RopeTable | None = None  # fp32 angles for the kernel path, built on first use
@@ -480,7 +490,12 @@ def load_transformer(model_dir: Path, dtype: torch.dtype, device: torch.device |
     if args.tie_word_embeddings:
         model.output.weight = model.tok_embeddings.weight  # one tensor, as in the checkpoint
     model.inv_freq = inv_freq.float()
-    return model.to(device).eval()
+    model = model.to(device).eval()
+    if dtype == torch.bfloat16 and model.inv_freq.device.type == "cpu" and default_prefill_dtype() == torch.float32:
+        # without bf16 arithmetic torch's bf16 GEMMs are emulated (a 769-token prompt took 5.3 s on
+        # AVX2 against ~1.1 s for fp32 GEMMs): the prompt runs in fp32, converting each weight per call
+        model.prefill_dtype = torch.float32
+    return model
 
 
 # ---------------------------------------------------------------------------------------------------

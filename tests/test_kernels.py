@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import tiny_target
+from conftest import TINY_VOCAB, tiny_target
 from dart_core import kernels
 from dart_core.tree import DraftTree
 from test_model import random_tree
@@ -500,3 +500,26 @@ def test_layer_stack_follows_a_dtype_change(tmp_path):
     cache = KVCache(args.n_layers, args.n_kv_heads, args.head_dim, 32, torch.bfloat16, "cpu")
     out = model(tree.tokens, tree.depths, cache, parents=tree.parents)
     assert model._stack is not first and model._stack.dtype == torch.bfloat16 and torch.isfinite(out.logits).all()
+
+
+def test_bf16_prompt_prefill_in_fp32(tiny_ckpt):
+    """Where the CPU has no bf16 arithmetic a bf16 model's prompt runs in fp32 (weights converted per
+    call, keys and values stored in the bf16 cache): close to the bf16 prefill, and verifies after it
+    still equal the one-token steps bit for bit."""
+    from dart_core.model import default_prefill_dtype
+
+    _, path = tiny_ckpt
+    target = tiny_target(path, torch.bfloat16)
+    want = torch.float32 if default_prefill_dtype() == torch.float32 else None
+    assert target.model.prefill_dtype == want
+    prompt = [(7 * i + 3) % (TINY_VOCAB - 5) + 5 for i in range(kernels.MAX_ROWS + 40)]  # past the kernels' rows: the eager prefill
+    outs = {}
+    for pdt in (None, torch.float32):
+        target.model.prefill_dtype = pdt
+        cache = target.new_cache(len(prompt) + 4)
+        out = target.prefill(prompt, cache, capture=True)
+        assert cache.k.dtype == torch.bfloat16 and out.logits.dtype == torch.float32 and out.hidden.dtype == torch.bfloat16
+        outs[pdt] = out.logits
+    torch.testing.assert_close(outs[torch.float32], outs[None], atol=0.15, rtol=0.05)
+    tree = random_tree(random.Random(3), 7, TINY_VOCAB)
+    assert _node_logits_equal_steps(target, prompt, tree) == []
