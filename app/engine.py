@@ -27,12 +27,11 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, TypeVar
 
 from dart_core import ARDrafter, Drafter, DraftTree, GenerationParams, SamplingParams, StepEvent, Summary, generate
+from dart_core.methods import METHODS
 from dart_core.peers import PeerError, PeerRun, split_peer_method
 from dart_core.target import Target
 
-METHOD_ORDER = ("dart", "eagle3", "ar")  # compare mode runs them in this order
-METHOD_LABELS = {"dart": "DART", "eagle3": "EAGLE3", "ar": "AR"}
-PEER_NAMES = {"llamacpp": "llama.cpp"}  # other llama.cpp methods: "llama.cpp <what follows llamacpp->"
+METHOD_ORDER = ("dart", "eagle3", "ar")  # the methods the app runs (dart_core.methods), in compare mode's order
 PEER_TIMEOUT_S = 300.0  # a llama.cpp run longer than this is killed and shown as failed (Stop cannot end it sooner)
 MAX_PROMPT_CHARS = 20_000  # rejects pasted novels before tokenising them
 MIN_REFERENCE_TOKENS = 16  # an AR run shorter than this is mostly prefill: a poor speed reference
@@ -127,7 +126,7 @@ class Run:
 
     @property
     def label(self) -> str:
-        return METHOD_LABELS.get(self.method, self.method)
+        return method_label(self.method)
 
     @property
     def done(self) -> bool:
@@ -175,11 +174,15 @@ class Run:
         return min(steps, key=lambda s: abs(s.index - index))
 
 
+def method_label(method: str) -> str:
+    """How the page names a method: its label in the one method table (dart_core.methods)."""
+    return METHODS[method].label if method in METHODS else method
+
+
 def peer_label(method: str, gguf_note: str = "same GGUF") -> str:
     """'llamacpp' -> 'llama.cpp (same GGUF)'; 'llamacpp-lookup@4' -> 'llama.cpp lookup@4 (same GGUF)'."""
     base, size = split_peer_method(method)
-    name = PEER_NAMES.get(base) or "llama.cpp " + base.removeprefix("llamacpp-")
-    return f"{name}{'' if size is None else f'@{size}'} ({gguf_note})"
+    return f"{METHODS[base].label}{'' if size is None else f'@{size}'} ({gguf_note})"
 
 
 @dataclass(frozen=True)
@@ -279,7 +282,7 @@ class Engine:
 
     def label(self, method: str) -> str:
         """A method's or a peer's name on the page."""
-        return self.peers[method].label if method in self.peers else METHOD_LABELS.get(method, method)
+        return self.peers[method].label if method in self.peers else method_label(method)
 
     @property
     def context_limit(self) -> int:
@@ -287,7 +290,7 @@ class Engine:
 
     def request(self, messages: list[dict], method, max_new_tokens, temperature, top_p, top_k) -> Request:
         """Validate a request before it runs; raises RequestError naming the offending field."""
-        if method not in METHOD_LABELS:
+        if method not in METHOD_ORDER:
             raise RequestError(f"unknown method {method!r}: choose one of {', '.join(self.methods)}")
         if method not in self.drafters:
             raise RequestError(f"method {method!r} is not loaded in this app (available: {', '.join(self.methods)})")

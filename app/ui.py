@@ -20,7 +20,7 @@ import gradio as gr
 from dart_core import kernels
 
 from . import plots, render
-from .engine import METHOD_LABELS, Engine, PeerResult, RequestError, Run
+from .engine import Engine, PeerResult, RequestError, Run, method_label
 
 CSS_PATH = Path(__file__).with_name("style.css")
 ENGINE_QUEUE = "engine"  # the one concurrency group every generation joins
@@ -162,7 +162,7 @@ class DemoApp:
             f"{html.escape(str(target.device))} · weights {html.escape(target.weights or str(target.dtype).removeprefix('torch.'))}"
             + (f" · {html.escape(kernels.describe())}" if target.device.type == "cpu" else "")
             + (f" · {s.threads} engine thread{'s' if s.threads != 1 else ''}" if s.threads else ""),
-            "methods " + ", ".join(METHOD_LABELS[m] for m in e.methods)
+            "methods " + ", ".join(method_label(m) for m in e.methods)
             + "".join(f" · compare mode adds {html.escape(p.label)}" for p in e.peers.values()),
         ]
         if s.pruner:
@@ -179,7 +179,7 @@ class DemoApp:
 
     def _controls(self) -> None:
         methods = self.engine.methods
-        self.method = gr.Radio([(METHOD_LABELS[m], m) for m in methods], value=self.default_method, label="Method", elem_id="method")
+        self.method = gr.Radio([(method_label(m), m) for m in methods], value=self.default_method, label="Method", elem_id="method")
         can_compare = len(methods) + len(self.engine.peers) > 1
         self.compare = gr.Checkbox(self.settings.compare and can_compare, label="Compare methods (one after another)", visible=can_compare, elem_id="compare")
         self.include_ar = gr.Checkbox(True, label="…including plain decoding (AR)", visible=self.settings.compare and can_compare and bool(self.drafted))
@@ -219,7 +219,7 @@ class DemoApp:
                 self.tree_plot = gr.Plot(label="Draft tree", elem_id="tree-plot")
             with gr.Column(scale=1, min_width=260):
                 self.step = gr.Slider(0, 1, value=0, step=1, label="Step (scrub through the verified trees)", elem_id="step")
-                self.tree_of = gr.Radio([(METHOD_LABELS[m], m) for m in self.drafted], value=self.default_method if self.drafted else None, label="Tree of", visible=len(self.drafted) > 1, elem_id="tree-of")
+                self.tree_of = gr.Radio([(method_label(m), m) for m in self.drafted], value=self.default_method if self.drafted else None, label="Tree of", visible=len(self.drafted) > 1, elem_id="tree-of")
                 self.colour_by = gr.Radio(
                     list(plots.COLOUR_BY), value=plots.COLOUR_BY[0], label="Colour nodes by",
                     info="tree score: DART's pruner score (draft + n-gram), EAGLE3's cumulative log-probability",

@@ -1,59 +1,40 @@
-"""Benchmark CLI: every method on the same prompts, interleaved prompt by prompt.
-
-    python -m dart_core.bench --methods ar,hf --dataset ../shared/data/bench/mt_bench.jsonl \\
-        --limit 5 --max-new-tokens 64 --out results.json
+"""The benchmark: every method on the same prompts, interleaved prompt by prompt. Its command line
+is dart_core/cli/bench.py (`python -m dart_core.cli.bench`, also `python -m dart_core.bench`).
 
 Methods run on the same target weights. `ar` (and every drafter) go through our one generation
 loop; `hf` is transformers' own `generate` and `pld` its prompt-lookup decoding, i.e. what a user
 would run instead. `llamacpp*` run llama.cpp's binaries on the GGUF the target came from (the peers:
-see dart_core/peers.py and docs/peers.md; skipped with a message where they are not built).
-Interleaving methods per prompt cancels slow machine drift; a warm-up run of each method precedes
-the timed ones. Progress goes to stderr, the markdown table to stdout.
+see dart_core/peers.py and docs/peers.md). Every method's run is a `Summary` (dart_core/generate.py),
+summed per method by `Totals`. Interleaving methods per prompt cancels slow machine drift; a warm-up
+run of each method precedes the timed ones.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import json
-import platform
-import subprocess
-import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from . import calibrate, kernels, peers
+from . import peers
+from .drafters.config import DrafterConfigs
+from .drafters.registry import build_drafter
 from .generate import ARDrafter, Drafter, GenerationParams, StageTimes, Summary, complete
-from .drafters.registry import DRAFTERS, add_drafter_flags, build_drafter, check_drafter_flags
-from .loading import AUTO, DEFAULT_MODEL, TARGET_DTYPE_CHOICES
+from .methods import HF, LOOP, METHODS, PEER, split_method
 from .sampling import SamplingParams
-from .target import Target, load_target
+from .target import Target
 
 WARMUP_NEW_TOKENS = 16
 PLD_NUM_TOKENS = 10  # transformers' documented default for prompt_lookup_num_tokens
 
 
 @dataclass
-class Run:
-    """One method on one prompt."""
-
-    output_ids: list[int]
-    wall_s: float
-    steps: int | None = None  # target forwards; None where the method does not report them
-    times: StageTimes | None = None
-    accepted: list[int] = field(default_factory=list)  # drafted tokens accepted per step
-    prefill_s: float | None = None  # the part of wall_s spent on the prompt (it yields the first token)
-    new_tokens: int | None = None  # where the engine's own count differs from len(output_ids) (the peers)
-    drafted: int | None = None  # totals, where an engine reports only totals (the peers)
-    accepted_drafts: int | None = None
-
-
-@dataclass
 class Totals:
+    """One method's Summaries summed (a dataset's, or every prompt's), and its report."""
+
     new_tokens: int = 0
     wall_s: float = 0.0
     steps: int = 0
@@ -68,9 +49,9 @@ class Totals:
     accepted_drafts: int = 0
     has_drafts: bool = True
 
-    def add(self, run: Run) -> None:
+    def add(self, run: Summary) -> None:
         self.runs += 1
-        self.new_tokens += len(run.output_ids) if run.new_tokens is None else run.new_tokens
+        self.new_tokens += run.new_tokens
         self.wall_s += run.wall_s
         if run.prefill_s is None:
             self.has_prefill = False
@@ -127,26 +108,25 @@ class Totals:
         return [sum(self.accept_hist[k:]) / total for k in range(1, len(self.accept_hist))] if total else []
 
 
-Runner = Callable[[list[int], GenerationParams], Run]
+Runner = Callable[[list[int], GenerationParams], Summary]
 
 
 def loop_runner(target: Target, drafter: Drafter) -> Runner:
-    def run(ids: list[int], params: GenerationParams) -> Run:
-        s: Summary = complete(target, ids, drafter, params)
-        return Run(s.output_ids, s.wall_s, s.steps, s.times, s.accepted, prefill_s=s.prefill_s)
+    def run(ids: list[int], params: GenerationParams) -> Summary:
+        return complete(target, ids, drafter, params)
 
     return run
 
 
 def hf_runner(target: Target, prompt_lookup: bool) -> Runner:
-    """transformers' generate on the same checkpoint, dtype and device."""
+    """transformers' generate on the same checkpoint, dtype and device (it reports no steps)."""
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(str(target.model_dir), dtype=target.dtype).to(target.device).eval()
     eos = sorted(target.eos_ids)
     pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else eos[0]
 
-    def run(ids: list[int], params: GenerationParams) -> Run:
+    def run(ids: list[int], params: GenerationParams) -> Summary:
         sp = params.sampling
         kwargs: dict = dict(max_new_tokens=params.max_new_tokens, eos_token_id=eos, pad_token_id=pad)
         if sp.greedy:
@@ -164,7 +144,7 @@ def hf_runner(target: Target, prompt_lookup: bool) -> Runner:
         with torch.inference_mode():
             out = hf.generate(x, attention_mask=torch.ones_like(x), **kwargs)
         sync()
-        return Run(out[0, len(ids) :].tolist(), time.perf_counter() - t0)
+        return Summary(len(ids), out[0, len(ids) :].tolist(), None, time.perf_counter() - t0, None, None, None)
 
     return run
 
@@ -173,89 +153,70 @@ def peer_runner(name: str, target: Target, gguf: Path, bin_dir: Path, threads: i
     """A llama.cpp method (dart_core/peers.py) on the same prompt ids, measured by llama.cpp's own timers."""
     peer = peers.LlamaCppPeer(name, bin_dir, gguf, threads, target.tokenizer, target.eos_ids, draft=draft)
 
-    def run(ids: list[int], params: GenerationParams) -> Run:
+    def run(ids: list[int], params: GenerationParams) -> Summary:
         r = peer.generate(ids, params.max_new_tokens, params.sampling)
-        return Run(r.output_ids, r.wall_s, r.target_forwards, None, [], prefill_s=r.timings.prefill_s, new_tokens=r.new_tokens,
-                   drafted=r.timings.drafted, accepted_drafts=r.accepted)
+        stop = "eos" if r.stop == "eos" else "max_new_tokens"
+        return Summary(len(ids), r.output_ids, r.target_forwards, r.wall_s, r.timings.prefill_s, None, stop, [],
+                       counted_tokens=r.new_tokens, drafted=r.timings.drafted, accepted_drafts=r.accepted)
 
     return run
 
 
-def peer_gguf(args: argparse.Namespace) -> Path | None:
-    """--gguf, else the GGUF the embedded target was converted from; None for another target."""
-    if args.gguf:
-        return args.gguf
-    if args.model == DEFAULT_MODEL:
-        from .loading import embedded_gguf_path
+@dataclass(frozen=True)
+class PeerSetup:
+    """What the llama.cpp methods run with: their binaries, the target's GGUF (None: there is none)
+    and the EAGLE3 head llamacpp-eagle3 drafts with."""
 
-        try:
-            return embedded_gguf_path()
-        except (FileNotFoundError, ImportError):
+    bin_dir: Path
+    gguf: Path | None
+    eagle3_head: str | Path
+
+    def draft(self, name: str) -> Path | None:
+        """The draft GGUF of a llama.cpp method that reads one (llamacpp-eagle3): the EAGLE3 head
+        exported for the peer's GGUF, cached (export_gguf); None for the other methods, or when there
+        is no GGUF to export against."""
+        if not peers.needs_draft(name) or self.gguf is None or not Path(self.gguf).is_file():
             return None
-    return None
+        from .export_gguf import cached_eagle3_gguf
+
+        return cached_eagle3_gguf(self.eagle3_head, self.gguf)
 
 
-def peer_draft(name: str, args: argparse.Namespace) -> Path | None:
-    """The draft GGUF of a llama.cpp method that reads one (llamacpp-eagle3): the bench's EAGLE3 head
-    (--eagle3-model, else the default head) exported for the peer's GGUF, cached (export_gguf); None
-    for the other methods, or when there is no GGUF to export against."""
-    if not peers.needs_draft(name):
+def embedded_gguf_or_none() -> Path | None:
+    """The GGUF the embedded target was converted from (None where it cannot be found)."""
+    from .loading import embedded_gguf_path
+
+    try:
+        return embedded_gguf_path()
+    except (FileNotFoundError, ImportError):
         return None
-    gguf = peer_gguf(args)
-    if gguf is None or not Path(gguf).is_file():
-        return None
-    from .drafters.registry import DEFAULT_EAGLE3_HEAD
-    from .export_gguf import cached_eagle3_gguf
-
-    return cached_eagle3_gguf(args.eagle3_model or DEFAULT_EAGLE3_HEAD, gguf)
 
 
-def split_method(name: str) -> tuple[str, int | None]:
-    """'dart@16' -> ('dart', 16): a drafter method at another tree size (max_nodes); 'dart' -> ('dart', None).
-    llama.cpp methods take a draft length the same way ('llamacpp-lookup@4')."""
-    if name.partition("@")[0] in peers.PEER_METHODS:
-        return peers.split_peer_method(name)
-    base, at, size = name.partition("@")
-    if base not in METHODS:
-        raise ValueError(f"unknown method {base!r}: choose from {', '.join(METHODS)}")
-    if not at:
-        return base, None
-    if base not in SIZED_METHODS:
-        raise ValueError(f"{name!r}: only {', '.join(SIZED_METHODS)} take a tree size (@N)")
-    if not size.isdigit() or int(size) < 1:
-        raise ValueError(f"{name!r}: the tree size after @ must be a positive integer (drafted nodes besides the root)")
-    return base, int(size)
-
-
-def method_drafter(name: str, target: Target, args: argparse.Namespace) -> Drafter:
+def method_drafter(name: str, target: Target, configs: DrafterConfigs) -> Drafter:
     """The drafter of one of the loop's methods ('ar', 'dart', 'dart-noctx', 'eagle3', each maybe @N)."""
-    name, size = split_method(name)
-    if size is not None:  # this method's own tree size; the other methods keep the flags'
-        args = argparse.Namespace(**{**vars(args), "max_nodes": size, "eagle3_max_nodes": size})
-    default_target = args.model == DEFAULT_MODEL
-    if name == "ar":
+    base, size = split_method(name)
+    method = METHODS[base]
+    if method.engine != LOOP:
+        raise ValueError(f"{name!r} is not a method of the generation loop")
+    if method.drafter is None:
         return ARDrafter()
-    if name in DRAFTERS:
-        return build_drafter(name, target, args, default_target)
-    if name == "dart-noctx":
-        return build_drafter("dart", target, args, default_target, context=False)
-    raise ValueError(f"{name!r} is not a method of the generation loop")
+    config = configs[method.drafter]
+    if not method.context:
+        config = replace(config, context=False)
+    if size is not None:  # this method's own tree size; the other methods keep their configs'
+        config = replace(config, max_nodes=size)
+    return build_drafter(method.drafter, target, config)
 
 
-def build_runner(name: str, target: Target, args: argparse.Namespace) -> Runner:
-    base, _ = split_method(name)
-    if base == "hf":
-        return hf_runner(target, prompt_lookup=False)
-    if base == "pld":
-        return hf_runner(target, prompt_lookup=True)
-    if base in peers.PEER_METHODS:
-        return peer_runner(name, target, peer_gguf(args), peers.resolve_bin_dir(args.llamacpp_bin), torch.get_num_threads(),
-                           peer_draft(name, args))
-    return loop_runner(target, method_drafter(name, target, args))
-
-
-METHODS = ("ar", "hf", "pld", "dart", "dart-noctx", "eagle3") + peers.PEER_METHODS
-SIZED_METHODS = ("dart", "dart-noctx", "eagle3")  # method@N runs it with N drafted nodes (a tree-size sweep in one run)
+def build_runner(name: str, target: Target, configs: DrafterConfigs, peer: PeerSetup | None = None) -> Runner:
+    method = METHODS[split_method(name)[0]]
+    if method.engine == HF:
+        return hf_runner(target, prompt_lookup=method.prompt_lookup)
+    if method.engine == PEER:
+        if peer is None:
+            raise ValueError(f"{name}: a llama.cpp method needs its binaries and GGUF (a PeerSetup)")
+        return peer_runner(name, target, peer.gguf, peer.bin_dir, torch.get_num_threads(), peer.draft(name))
+    return loop_runner(target, method_drafter(name, target, configs))
 
 
 def read_questions(path: Path, limit: int | None) -> list[dict]:
@@ -292,39 +253,6 @@ def held_out_questions(paths: list[Path], skip: int, limit: int) -> list[tuple[s
             raise ValueError(f"{path} has no prompts after the first {skip}")
         out += [(name, q) for q in rows]
     return out
-
-
-def environment(args: argparse.Namespace, target: Target) -> dict:
-    cpu = calibrate.cpu_model()
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = None
-    import transformers
-
-    return {
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "cpu": cpu,
-        "threads": torch.get_num_threads(),
-        "device": str(target.device),
-        "gpu": torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else None,
-        "dtype": str(target.dtype).removeprefix("torch."),
-        "weights": target.weights,
-        "kernels": kernels.describe(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-        "model": target.name,
-        "dataset": [str(d) for d in args.dataset],
-        "limit": args.limit,
-        "max_new_tokens": args.max_new_tokens,
-        "temperature": args.temperature,
-        "top_p": args.top_p,
-        "top_k": args.top_k,
-        "git_commit": commit,
-        "target_path": "eager" if args.eager or not target.model.kernel_path(1, target.device) else "kernels",
-        "cpu_kind": peers.cpu_kind(),
-    }
 
 
 def same_as_ar(samples: list[dict], methods: list[str]) -> dict[str, str]:
@@ -374,165 +302,61 @@ def dataset_table(datasets: dict[str, dict[str, dict]]) -> str:
     return "\n".join(lines)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m dart_core.bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--methods", default="ar,hf", help=f"comma-separated, from: {', '.join(METHODS)} (default: ar,hf); "
-                   f"{', '.join(SIZED_METHODS)} take a tree size as method@N (e.g. dart@8,dart@16: a sweep in one run)")
-    p.add_argument("--dataset", type=Path, nargs="+", required=True,
-                   help="question.jsonl file(s) (first turn of each row is used); with several, the report has a section per file")
-    p.add_argument("--limit", type=int, default=None, help="use the first N questions of each file")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (per prompt: seed + question index)")
-    p.add_argument("--dtype", choices=TARGET_DTYPE_CHOICES, default=AUTO,
-                   help="float32/bfloat16/float16, or gguf: the embedded default in its own GGUF blocks on the CPU kernels. "
-                        "Default auto: for the embedded default on the CPU kernels, the path (gguf or bfloat16) whose DART is "
-                        "expected fastest from this machine's measured costs (dart_core/calibrate.py, cached); else (and with --no-calibration) bfloat16. "
-                        "Every method runs on the one path chosen; env.weights_choice records it and why"),
-    p.add_argument(
-        "--eager",
-        action="store_true",
-        help="run the target on the eager torch path instead of the batch-invariant CPU kernels (dart_core/kernels.py)",
-    )
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda (default: cuda if available)")
-    p.add_argument("--model", default=DEFAULT_MODEL, help="target: 'default' (embedded SmolLM2-135M-Instruct), a local dir or a hub id")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--out", type=Path, default=None, help="write results JSON here")
-    g = p.add_argument_group("llama.cpp peers (the llamacpp* methods; see docs/peers.md)")
-    g.add_argument("--llamacpp-bin", default=None,
-                   help=f"directory of llama.cpp's binaries (default: ${peers.BIN_ENV}, else what `make peers` builds: "
-                        "~/.cache/dart-demo/llamacpp/<cpu kind>/bin)")
-    g.add_argument("--gguf", type=Path, default=None,
-                   help="the GGUF llama.cpp runs (default: the one the embedded target came from; needed for another target)")
-    add_drafter_flags(p)
-    return p.parse_args(argv)
+@dataclass
+class BenchRun:
+    """Every method's Summaries on every prompt, summed per method and per dataset."""
+
+    totals: dict[str, Totals]
+    by_set: dict[str, dict[str, Totals]]
+    samples: list[dict] = field(default_factory=list)  # per run: dataset, question_id, method, output_ids
+    peer_errors: dict[str, list[str]] = field(default_factory=dict)  # peer method -> prompts it could not run, with the reason
+
+    def reports(self) -> tuple[dict, dict]:
+        """(per method, per dataset and method) reports, speed-ups against ar where it ran; with ar,
+        each method's `same_as_ar`: how many prompts give exactly ar's output ids."""
+        def reports(tot: dict) -> dict:
+            ar_tps = tot["ar"].report(None)["tokens_per_s"] if "ar" in tot else None
+            return {m: t.report(ar_tps) for m, t in tot.items()}
+
+        report = reports(self.totals)
+        if "ar" in self.totals:
+            same = same_as_ar(self.samples, list(self.totals))
+            for m in self.totals:
+                report[m]["same_as_ar"] = same[m]
+        return report, {d: reports(t) for d, t in self.by_set.items()}
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if not methods:
-        raise SystemExit(f"no method given: choose from {', '.join(METHODS)}")
-    if len(set(methods)) != len(methods):
-        raise SystemExit(f"a method is named twice in {args.methods!r}")
-    try:
-        for m in methods:
-            split_method(m)
-    except ValueError as e:
-        raise SystemExit(str(e)) from None
-    try:
-        check_drafter_flags(args)
-    except ValueError as e:
-        raise SystemExit(str(e)) from None
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    names = dataset_names(args.dataset)
-    questions = [(name, q) for name, path in zip(names, args.dataset) for q in read_questions(path, args.limit)]
-    sampling = SamplingParams(args.temperature, args.top_p, args.top_k)
-    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-
-    skipped = {}
-    for m in methods:  # a peer that cannot run here is skipped with the reason; the other methods still run
-        if split_method(m)[0] in peers.PEER_METHODS:
-            bin_dir = peers.resolve_bin_dir(args.llamacpp_bin)
-            draft = None
-            if peers.needs_draft(m) and (bin_dir / peers.binary_for(m)).is_file():  # no export where llama.cpp is absent
-                try:
-                    draft = peer_draft(m, args)
-                except (ValueError, FileNotFoundError) as e:  # a head that cannot be exported is the user's error
-                    raise SystemExit(f"{m}: cannot export the EAGLE3 head for llama.cpp: {e}") from None
-            reason = peers.unavailable(m, bin_dir, peer_gguf(args), draft)
-            if reason:
-                skipped[m] = reason
-                log(f"skipping {reason}")
-    methods = [m for m in methods if m not in skipped]
-    if not methods:
-        raise SystemExit("no method left to run: " + "; ".join(skipped.values()))
-
-    log(f"loading target {args.model!r} ({args.dtype}, {args.device})")
-    known = {}
-    if args.dtype == AUTO:  # one weights path for every method: losslessness is per path (ids equal plain decoding's on it)
-        target, weights, dart_size = calibrate.choose_weights(args.model, args.device, not args.eager, args, log=log)
-        if weights.paths:
-            log(calibrate.weights_table(weights))
-        if dart_size is not None:
-            known["dart"] = dart_size  # timed on this target with these flags while choosing: not timed again
-    else:
-        target = load_target(args.model, args.device, args.dtype, kernels=not args.eager)
-        weights = calibrate.WeightsChoice(args.dtype, f"{args.dtype} (given: --dtype {args.dtype})")
-    # the tree sizes of the drafters run at the flags' size (not method@N) and left unset: this machine's
-    unsized = {"eagle3" if base == "eagle3" else "dart" for base, size in map(split_method, methods) if size is None and base in ("dart", "dart-noctx", "eagle3")}
-    sizes = calibrate.calibrate_unset_sizes(target, args, unsized, args.model == DEFAULT_MODEL, log, known)
-    runners = {m: build_runner(m, target, args) for m in methods}
-    prompts = [target.encode([{"role": "user", "content": q["turns"][0]}]) for _, q in questions]
-
+def run_interleaved(runners: dict[str, Runner], questions: list[tuple[str, dict]], prompts: list[list[int]], max_new_tokens: int,
+                    sampling: SamplingParams, log: Callable[[str], None]) -> BenchRun:
+    """A warm-up run of each method, then every prompt through every method in turn. Prompt i is
+    sampled with seed sampling.seed + i. A llama.cpp method that cannot run a prompt (peers.PeerError)
+    leaves it out of its totals, with the reason in peer_errors."""
     log("warm-up")
-    for name, run in runners.items():
-        run(prompts[0], GenerationParams(WARMUP_NEW_TOKENS, sampling=sampling))
-
-    totals = {m: Totals() for m in methods}
-    by_set = {d: {m: Totals() for m in methods} for d in names}
-    samples = []
-    peer_errors: dict[str, list[str]] = {}  # peer method -> prompts it could not run, with the reason
+    for run in runners.values():
+        run(prompts[0], GenerationParams(WARMUP_NEW_TOKENS, sampling=replace(sampling, seed=None)))
+    datasets = list(dict.fromkeys(d for d, _ in questions))
+    result = BenchRun({m: Totals() for m in runners}, {d: {m: Totals() for m in runners} for d in datasets})
     for i, ((dataset, q), ids) in enumerate(zip(questions, prompts)):
         for name, run in runners.items():
-            sp = SamplingParams(args.temperature, args.top_p, args.top_k, seed=args.seed + i)
+            sp = replace(sampling, seed=sampling.seed + i)
             try:
-                r = run(ids, GenerationParams(args.max_new_tokens, sampling=sp))
+                r = run(ids, GenerationParams(max_new_tokens, sampling=sp))
             except peers.PeerError as e:  # e.g. llama.cpp tokenized the rendered prompt otherwise: that prompt is not compared
-                peer_errors.setdefault(name, []).append(f"{dataset} {q.get('question_id', i)}: {e}")
+                result.peer_errors.setdefault(name, []).append(f"{dataset} {q.get('question_id', i)}: {e}")
                 log(f"[{i + 1}/{len(questions)}] {dataset} {name:>10}: not run ({e})")
                 continue
-            totals[name].add(r)
-            by_set[dataset][name].add(r)
-            samples.append({"dataset": dataset, "question_id": q.get("question_id", i), "method": name, "output_ids": r.output_ids})
-            n = len(r.output_ids) if r.new_tokens is None else r.new_tokens
+            result.totals[name].add(r)
+            result.by_set[dataset][name].add(r)
+            result.samples.append({"dataset": dataset, "question_id": q.get("question_id", i), "method": name, "output_ids": r.output_ids})
+            n = r.new_tokens
             tau = f" τ {n / r.steps:.2f}" if r.steps else ""
             log(f"[{i + 1}/{len(questions)}] {dataset} {name:>10}: {n:4d} tokens {n / r.wall_s:7.2f} tok/s{tau}")
-
-    def reports(tot: dict) -> dict:
-        ar_tps = tot["ar"].report(None)["tokens_per_s"] if "ar" in tot else None
-        return {m: t.report(ar_tps) for m, t in tot.items()}
-
-    report = reports(totals)
-    datasets = {d: reports(t) for d, t in by_set.items()}
-    if "ar" in methods:  # lossless check: how many prompts give exactly ar's output ids
-        same = same_as_ar(samples, methods)
-        for m in methods:
-            report[m]["same_as_ar"] = same[m]
-    result = {"env": environment(args, target), "methods": report, "datasets": datasets, "samples": samples}
-    if target.device.type == "cpu":  # a step's memory limit: the bytes it streams over the bandwidth measured now
-        step_bytes, gb_s = target.model.step_weight_bytes(), kernels.read_bandwidth()
-        result["env"]["memory"] = {"step_weight_bytes": step_bytes, "read_gb_s": round(gb_s, 2),
-                                   "streaming_limit_ms": round(step_bytes / gb_s / 1e6, 3)}
-        log(f"a step streams {step_bytes / 1e6:.1f} MB of weights; read bandwidth {gb_s:.1f} GB/s: "
-            f"memory limit {step_bytes / gb_s / 1e6:.2f} ms a step")
-    result["env"]["weights_choice"] = weights.as_dict()  # the --dtype the run used, why, and (auto) each path's measured costs
-    if sizes:
-        result["env"]["tree_sizes"] = {m: c.as_dict() for m, c in sizes.items()}
-    if any(split_method(m)[0] in peers.PEER_METHODS for m in methods):
-        result["env"]["llamacpp"] = peers.describe(peers.resolve_bin_dir(args.llamacpp_bin), peer_gguf(args))
-        drafted_by_head = [m for m in methods if peers.needs_draft(m)]
-        if drafted_by_head:  # which head llama.cpp drafted with, as the file it read
-            result["env"]["llamacpp"]["draft_gguf"] = str(peer_draft(drafted_by_head[0], args))
-    if skipped:
-        result["skipped"] = skipped
-    if peer_errors:
-        result["peer_errors"] = peer_errors
-    if len(names) > 1:
-        print(dataset_table(datasets) + "\n\nAll prompts:\n")
-    print(markdown_table(report))
-    for reason in skipped.values():
-        print(f"\nskipped {reason}")
-    for m, errs in peer_errors.items():
-        print(f"\n{m}: {len(errs)} of {len(prompts)} prompts not run (its totals leave them out), e.g. {errs[0]}")
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=1))
-        log(f"wrote {args.out}")
-    return 0
+    return result
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # the old command name, kept: python -m dart_core.bench is python -m dart_core.cli.bench
+    import sys
+
+    from .cli.bench import main
+
     sys.exit(main())

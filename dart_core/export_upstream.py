@@ -1,6 +1,6 @@
 """Export a DART head trained here so that upstream's loader (fvliang/DART) runs it right.
 
-    python -m dart_core.export_upstream --head assets/dart --out dart-upstream [--dtype float32]
+    python -m dart_core.cli.export_upstream --head assets/dart --out dart-upstream [--dtype float32]
 
 Upstream's draft path applies the final RMSNorm twice (the head's forward, then `compute_logits`;
 facts doc §3.1), and its config has no switch for that. Heads trained here apply it once (their
@@ -27,7 +27,6 @@ target's embedding into the head at load). Our loader reads the export too (`dar
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -85,20 +84,7 @@ def export_upstream(head: str | os.PathLike, out: str | os.PathLike, dtype: str 
     return fold
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dart_core.export_upstream", description=__doc__.split("\n\n")[0])
-    p.add_argument("--head", required=True, help="DART head directory (or hub id) to export")
-    p.add_argument("--out", type=Path, required=True, help="output directory (config.json + model.safetensors)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32", help="tensor dtype written (default float32)")
-    args = p.parse_args(argv)
-    try:
-        folded = export_upstream(args.head, args.out, args.dtype)
-    except (OSError, ValueError) as e:
-        p.exit(1, f"error: {e}\n")
-    what = "final norm folded into lm_head" if folded else "already twice-normed, written unchanged"
-    print(f"exported {args.head} -> {args.out} ({what})", file=sys.stderr)
-    return 0
+if __name__ == "__main__":  # the old command name, kept: python -m dart_core.export_upstream is python -m dart_core.cli.export_upstream
+    from .cli.export_upstream import main
 
-
-if __name__ == "__main__":
     sys.exit(main())

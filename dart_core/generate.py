@@ -111,23 +111,30 @@ class StepEvent:
 
 @dataclass
 class Summary:
+    """One generation's result: what the loop yields last, and what the bench's other engines
+    (transformers' generate, llama.cpp) report in the same terms, with None where they report nothing."""
+
     prompt_tokens: int
     output_ids: list[int]
-    steps: int  # target forwards, the prefill included
+    steps: int | None  # target forwards, the prefill included
     wall_s: float
-    prefill_s: float
-    times: StageTimes  # totals over the steps after prefill
-    stop_reason: str  # "eos" | "max_new_tokens" | "context"
+    prefill_s: float | None  # the part of wall_s spent on the prompt (it yields the first token)
+    times: StageTimes | None  # totals over the steps after prefill
+    stop_reason: str | None  # "eos" | "max_new_tokens" | "context"
     accepted: list[int] = field(default_factory=list)  # drafted tokens accepted at each step after prefill
+    counted_tokens: int | None = None  # the engine's own count of new tokens, where it differs from len(output_ids) (llama.cpp)
+    drafted: int | None = None  # drafted and accepted tokens in all, where an engine reports only totals (llama.cpp)
+    accepted_drafts: int | None = None
 
     @property
     def new_tokens(self) -> int:
-        return len(self.output_ids)
+        return len(self.output_ids) if self.counted_tokens is None else self.counted_tokens
 
     @property
-    def tau(self) -> float:
-        """Mean tokens per target forward (the mean accepted length, bonus included)."""
-        return self.new_tokens / max(self.steps, 1)
+    def tau(self) -> float | None:
+        """Mean tokens per target forward (the mean accepted length, bonus included); None where the
+        engine does not count its forwards."""
+        return None if self.steps is None else self.new_tokens / max(self.steps, 1)
 
     @property
     def tokens_per_s(self) -> float:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from dart_core.corpus import main
+from dart_core.cli.corpus import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 
-from dart_core.train_cli import main
+from dart_core.cli.train import main
 
 if __name__ == "__main__":
     sys.exit(main("dart", __doc__, sys.argv[1:]))

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from conftest import EMBEDDED_DART_HEAD, eagle3_fixture_head
-from dart_core import bench
+from dart_core.cli import bench
 
 pytestmark = pytest.mark.skipif(not (EMBEDDED_DART_HEAD / "config.json").exists(), reason="the embedded DART head is missing")
 

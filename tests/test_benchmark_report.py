@@ -1,21 +1,15 @@
-"""scripts/benchmark_report.py: the README's results table and docs/benchmarks.md are what the kept
+"""python -m dart_core.cli.report: the README's results table and docs/benchmarks.md are what the kept
 bench results (docs/results/) give; both are rewritten between their markers only, from stored
 result files (the bench runs themselves are covered by tests/test_bench.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-spec = importlib.util.spec_from_file_location("benchmark_report", ROOT / "scripts" / "benchmark_report.py")
-report = importlib.util.module_from_spec(spec)
-sys.modules["benchmark_report"] = report  # dataclasses look their module up
-spec.loader.exec_module(report)
+from dart_core.cli import report
 
 SETS = ["../shared/data/bench/mt_bench.jsonl", "../shared/data/bench/sum.jsonl"]
 
@@ -103,7 +97,7 @@ def test_measure_runs_the_listed_command_then_rewrites(repo, monkeypatch):
     monkeypatch.setattr(report.subprocess, "run", fake_run)
     assert report.main(["--measure", "forced"]) == 0
     (cmd, env), = calls
-    assert cmd[1:5] == ["-m", "dart_core.bench", "--methods", "ar,dart"] and env["DART_CPU_KERNELS"] == "avx2"
+    assert cmd[1:5] == ["-m", "dart_core.cli.bench", "--methods", "ar,dart"] and env["DART_CPU_KERNELS"] == "avx2"
     assert not (repo / "docs" / "results" / "forced.tmp").exists()
     assert "| DART (1 node) | 120.0 |" in (repo / "docs" / "benchmarks.md").read_text()
     report.main(["--measure", "fast"])

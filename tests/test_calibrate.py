@@ -9,9 +9,10 @@ import json
 import pytest
 
 from dart_core import calibrate
-from dart_core.bench import parse_args
+from dart_core.cli.bench import parse_args
 from dart_core.drafters import DEFAULT_DART_HEAD, DEFAULT_EAGLE3_HEAD
-from dart_core.drafters.registry import build_drafter, drafter_args
+from dart_core.cli.options import drafter_args, drafter_configs
+from dart_core.drafters.registry import build_drafter
 from dart_core.replay import record_greedy, replay
 
 PROMPTS = ["Write a short poem about a lighthouse keeper.", "List the planets of the solar system in order."]
@@ -40,9 +41,9 @@ def records(embedded_bf16):
 
 @pytest.mark.parametrize("method", ["dart", "eagle3"])
 def test_capped_drafter_replays_as_the_drafter_built_at_that_size(embedded_bf16, records, method):
-    big = build_drafter(method, embedded_bf16, drafter_args(max_nodes=12, eagle3_max_nodes=12), True)
+    big = build_drafter(method, embedded_bf16, drafter_configs(drafter_args(max_nodes=12), True)[method])
     for n in (1, 3, 5, 8):
-        built = build_drafter(method, embedded_bf16, drafter_args(max_nodes=n, eagle3_max_nodes=n), True)
+        built = build_drafter(method, embedded_bf16, drafter_configs(drafter_args(max_nodes=n), True)[method])
         for rec in records:
             a, b = replay(calibrate.SizeCapped(big, n), rec), replay(built, rec)
             assert a.accepted == b.accepted and a.tree_sizes == b.tree_sizes, (method, n)

@@ -212,17 +212,18 @@ def test_embedded_fitted_ranking_and_adaptive_size(embedded_target, tmp_path, mo
     """The embedded head's fitted ranking (assets/dart/acceptance.json) is the registry's default, and
     with --adaptive-tree the tree size follows this machine's costs: both lossless (fp32)."""
     from dart_core import calibrate
-    from dart_core.drafters.registry import build_drafter, drafter_args
+    from dart_core.drafters.config import DartConfig
+    from dart_core.drafters.registry import build_drafter
 
     if not (EMBEDDED_DART_HEAD / "acceptance.json").exists():
         pytest.skip("no fitted ranking in assets/dart")
     monkeypatch.setattr(calibrate, "calibration_dir", lambda: tmp_path)  # a fresh timing, not the machine's cache
     monkeypatch.setattr(calibrate, "REPEATS", 1)
-    fitted = build_drafter("dart", embedded_target, drafter_args(max_nodes=8), True)
+    fitted = build_drafter("dart", embedded_target, DartConfig.embedded(max_nodes=8))
     assert fitted.params.prune.acceptance and not fitted.params.prune.row_costs
-    score = build_drafter("dart", embedded_target, drafter_args(max_nodes=8, dart_ranking="score"), True)
+    score = build_drafter("dart", embedded_target, DartConfig.embedded(max_nodes=8, ranking="score"))
     assert not score.params.prune.acceptance
-    adaptive = build_drafter("dart", embedded_target, drafter_args(max_nodes=8, adaptive_tree=True), True)
+    adaptive = build_drafter("dart", embedded_target, DartConfig.embedded(max_nodes=8, adaptive=True))
     assert len(adaptive.params.prune.row_costs) == calibrate.MAX_CALIBRATED_ROWS
     ids = embedded_target.encode("List three uses of a paperclip.")
     ar = complete(embedded_target, ids, ARDrafter(), GenerationParams(32))

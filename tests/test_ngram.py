@@ -332,13 +332,9 @@ class CharTokenizer:
 
 
 def build_script(monkeypatch, tok):
-    """scripts/build_ngram.py as a module, loading `tok` for any tokenizer name."""
-    import importlib.util
-    from pathlib import Path
+    """python -m dart_core.cli.ngram's module, loading `tok` for any tokenizer name."""
+    from dart_core.cli import ngram as script
 
-    spec = importlib.util.spec_from_file_location("build_ngram", Path(__file__).resolve().parent.parent / "scripts" / "build_ngram.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
     monkeypatch.setattr(script, "load_tokenizer", lambda name: tok)
     return script
 

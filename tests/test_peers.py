@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import fake_bin_dir
 
-from dart_core import bench, peers
+from dart_core import peers
+from dart_core.cli import bench
+from dart_core.methods import split_method
 
 FIXTURES = Path(__file__).parent / "fixtures" / "llamacpp"
 # The fixtures' prompt: the chat template applied to this message by the embedded target's tokenizer
@@ -54,7 +56,7 @@ def test_cpu_kind_from_flags():
 def test_method_names_and_draft_lengths():
     assert peers.split_peer_method("llamacpp") == ("llamacpp", None)
     assert peers.split_peer_method("llamacpp-lookup@4") == ("llamacpp-lookup", 4)
-    assert bench.split_method("llamacpp-lookup@2") == ("llamacpp-lookup", 2)
+    assert split_method("llamacpp-lookup@2") == ("llamacpp-lookup", 2)
     for bad in ("llamacpp@2", "llamacpp-lookup@0", "llamacpp-lookup@x", "llamacpp-foo", "llamacpp-ngram-mod@3"):
         with pytest.raises(ValueError):
             peers.split_peer_method(bad)

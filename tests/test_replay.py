@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from dart_core import GenerationParams, complete
-from dart_core.bench import method_drafter, parse_args
+from dart_core.bench import method_drafter
+from dart_core.drafters.config import DartConfig, DrafterConfigs
 from dart_core.replay import record_greedy, replay
 
 PROMPTS = [
@@ -23,8 +24,7 @@ def records(embedded_bf16):
 
 @pytest.mark.parametrize("method", ["dart", "dart-noctx", "dart@12", "eagle3"])
 def test_replay_takes_the_steps_of_the_loop(embedded_bf16, records, method):
-    args = parse_args(["--methods", f"ar,{method}", "--dataset", "unused.jsonl"])
-    drafter = method_drafter(method, embedded_bf16, args)
+    drafter = method_drafter(method, embedded_bf16, DrafterConfigs())  # the bench's defaults on the embedded target
     for prompt, rec in zip(PROMPTS, records):
         real = complete(embedded_bf16, prompt, drafter, GenerationParams(NEW_TOKENS))
         assert real.output_ids == rec.output_ids  # lossless, and the record is plain decoding's
@@ -45,31 +45,30 @@ def test_record_is_plain_decoding(embedded_bf16, records):
 
 
 def test_tune_scoring_searches_by_replay(tmp_path, embedded_bf16):
-    """scripts/tune_scoring.py: records once (then reads its cache), every setting's τ is a replay,
-    the search keeps the best, and --sizes replays both weights at each size."""
-    import importlib.util
+    """python -m dart_core.cli.tune scoring: records once (then reads its cache), every setting's τ is a
+    replay, the search keeps the best, and --sizes replays both weights at each size."""
     import json
     from pathlib import Path
 
+    from dart_core.cli.tune import scoring_main
+    from dart_core.tuning import load_records
+
     root = Path(__file__).resolve().parent.parent
-    spec = importlib.util.spec_from_file_location("tune_scoring", root / "scripts" / "tune_scoring.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     argv = ["--dataset", str(root / "assets" / "eval_prompts.jsonl"), "--skip", "0", "--limit", "2", "--max-new-tokens", "24",
             "--params", "ngram_weight", "level_exponent", "--rounds", "1", "--sizes", "3,8", "--records", str(tmp_path / "rec.pt"),
             "--out", str(tmp_path / "out.json")]
-    assert mod.main(argv) == 0
+    assert scoring_main(argv) == 0
     out = json.loads((tmp_path / "out.json").read_text())
     taus = [s["tau"] for s in out["settings"]]
     assert taus == sorted(taus, reverse=True) and len(taus) >= 5
     start = next(s for s in out["settings"] if s["setting"] == out["start"])
-    rec = mod.load_records(tmp_path / "rec.pt")
+    rec = load_records(tmp_path / "rec.pt")
     # the script tunes the score's weights, so it replays the score's ranking (the bench's default is the fitted one)
-    drafter = method_drafter("dart", embedded_bf16, parse_args(["--methods", "dart", "--dataset", "unused.jsonl", "--dart-ranking", "score"]))
+    drafter = method_drafter("dart", embedded_bf16, DrafterConfigs(dart=DartConfig.embedded(ranking="score")))
     steps = sum(replay(drafter, r).steps for _, r in rec)
     assert start["tau"] == pytest.approx(sum(len(r.output_ids) for _, r in rec) / steps)
     sizes = {(s["weights"], s["max_nodes"]) for s in out["by_size"]}
     assert {("the flags'", 3), ("the flags'", 8)} <= sizes
-    assert mod.main(argv[:-2] + ["--rounds", "0"]) == 0  # the cached records are read back
+    assert scoring_main(argv[:-2] + ["--rounds", "0"]) == 0  # the cached records are read back
     with pytest.raises(SystemExit, match="--sizes"):
-        mod.main(argv[:-2] + ["--sizes", "5,x"])
+        scoring_main(argv[:-2] + ["--sizes", "5,x"])

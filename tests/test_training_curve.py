@@ -1,21 +1,16 @@
-"""scripts/training_curve.py: the curve tables from a run's history and bench points, and the README block."""
+"""python -m dart_core.cli.curve: the curve tables from a run's history and bench points, and the README block."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from dart_core.cli import curve as mod
 
 
 @pytest.fixture()
 def curve(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("training_curve", ROOT / "scripts" / "training_curve.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     monkeypatch.setattr(mod, "CURVE_DIR", tmp_path / "training")
     monkeypatch.setattr(mod, "POINTS", tmp_path / "training" / "points.jsonl")
     monkeypatch.setattr(mod, "README", tmp_path / "README.md")

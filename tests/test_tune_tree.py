@@ -1,11 +1,10 @@
-"""scripts/tune_tree.py: the cut of a logged tree by size and score floor, the acceptance it implies
-(checked against real steps of the embedded model), and the CLI end to end."""
+"""dart_core/tuning.py's tree sizes (python -m dart_core.cli.tune tree): the cut of a logged tree by size
+and score floor, the acceptance it implies (checked against real steps of the embedded model), and the
+CLI end to end."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,12 +16,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def tune():
-    spec = importlib.util.spec_from_file_location("tune_tree", ROOT / "scripts" / "tune_tree.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    yield mod
-    del sys.modules[spec.name]
+    from dart_core import tuning
+
+    return tuning
 
 
 def test_cut_and_acceptance_by_hand(tune):
@@ -74,11 +70,13 @@ def test_a_smaller_tree_accepts_what_the_logged_cut_predicts(tune, embedded_targ
 
 
 @pytest.mark.skipif(not (EMBEDDED_DART_HEAD / "config.json").exists(), reason="the embedded DART head is missing")
-def test_cli_end_to_end(tune, tmp_path, capsys):
+def test_cli_end_to_end(tmp_path, capsys):
+    from dart_core.cli.tune import tree_main
+
     q = tmp_path / "q.jsonl"
     q.write_text("".join(json.dumps({"question_id": i, "turns": [t]}) + "\n" for i, t in enumerate(["skip me", "Name two colours."])))
     out = tmp_path / "tune.json"
-    assert tune.main(["--dataset", str(q), "--skip", "1", "--limit", "1", "--cap", "2", "--max-new-tokens", "8",
+    assert tree_main(["--dataset", str(q), "--skip", "1", "--limit", "1", "--cap", "2", "--max-new-tokens", "8",
                       "--dtype", "float32", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["cap"] == 2 and result["steps"] >= 1
@@ -87,4 +85,4 @@ def test_cli_end_to_end(tune, tmp_path, capsys):
     assert {tuple(sorted(r["setting"])) for r in result["settings"]} >= {("max_nodes",), ("max_nodes", "min_nodes", "min_score")}
     assert "--max-nodes 2" in capsys.readouterr().out
     with pytest.raises(SystemExit):
-        tune.main(["--dataset", str(q), "--skip", "5"])
+        tree_main(["--dataset", str(q), "--skip", "5"])

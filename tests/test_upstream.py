@@ -33,7 +33,8 @@ from conftest import TINY_VOCAB, build_tiny_checkpoint, tiny_target
 from dart_core import ARDrafter, GenerationParams, complete
 from dart_core.drafters.dart import DartDrafter, DartParams
 from dart_core.drafters.head import load_head
-from dart_core.drafters.registry import UPSTREAM_NGRAM, add_drafter_flags, ngram_choice, resolve_ngram
+from dart_core.cli.options import add_drafter_flags, dart_config
+from dart_core.drafters.registry import UPSTREAM_NGRAM, ngram_choice, resolve_ngram
 from dart_core.export_upstream import export_upstream
 from dart_core.target import load_target
 from dart_core.training import new_head_from_target
@@ -90,11 +91,12 @@ def random_head(target, draft_ids: torch.Tensor, draft_length: int | None, seed:
 
 
 def parse(*argv):
+    """DART's config from its flags, for a target other than the embedded default."""
     import argparse
 
     p = argparse.ArgumentParser()
     add_drafter_flags(p)
-    return p.parse_args(list(argv))
+    return dart_config(p.parse_args(list(argv)), default_target=False)
 
 
 # ---------------------------------------------------------------------------------------------- HF cache
@@ -165,7 +167,7 @@ def test_ngram_hub_id_resolves_from_the_hf_cache_and_offline_names_the_id(hf_cac
     small, n_nodes = upstream_trie_bytes(TRIE_SEQUENCES)
     snapshot = put_in_hf_cache(hf_cache, UPSTREAM_NGRAM, {"small.trie": small})
     # upstream's own spelling of the flag, as in its qwen3_*_app.sh
-    path = resolve_ngram(parse("--ngram-model-name-or-path", UPSTREAM_NGRAM, "--use-small-ngram"), False)
+    path = resolve_ngram(parse("--ngram-model-name-or-path", UPSTREAM_NGRAM, "--use-small-ngram"))
     assert path == snapshot / "small.trie"
     model = ngram_cpp.load(path, expected_vocab_size=qwen3.vocab_size)
     assert model.num_nodes == n_nodes
@@ -173,28 +175,28 @@ def test_ngram_hub_id_resolves_from_the_hf_cache_and_offline_names_the_id(hf_cac
     assert model.prob(TRIE_SEQUENCES[0][:2], TRIE_SEQUENCES[0][2]) == follow.count(TRIE_SEQUENCES[0][2]) / len(follow)
     # full.trie is not cached, and offline the hub cannot supply it: the error names the id and the file
     with pytest.raises(FileNotFoundError, match=f"{UPSTREAM_NGRAM}.*full.trie"):
-        resolve_ngram(parse("--ngram-model-name-or-path", UPSTREAM_NGRAM), False)
+        resolve_ngram(parse("--ngram-model-name-or-path", UPSTREAM_NGRAM))
     with pytest.raises(FileNotFoundError, match="'someone/not-cached'"):
-        resolve_ngram(parse("--ngram-model", "someone/not-cached", "--use-small-ngram"), False)
+        resolve_ngram(parse("--ngram-model", "someone/not-cached", "--use-small-ngram"))
     # a local path still wins, and one that does not exist is not taken for a hub id
     with pytest.raises(FileNotFoundError, match="no n-gram file"):
-        resolve_ngram(parse("--ngram-model", "./fvliang/dart-qwen3-ngram"), False)
+        resolve_ngram(parse("--ngram-model", "./fvliang/dart-qwen3-ngram"))
 
 
 def test_default_trie_for_a_named_head_on_a_qwen3_target(hf_cache, qwen3, tiny_llama):
     """Upstream's app defaults to fvliang/dart-qwen3-ngram: so do we for a Qwen3 target with a named
     head, from the HF cache (or the hub); when it is not to be had, no trie, and the note says why."""
     named = ("--dart-model-name-or-path", "some/head", "--use-small-ngram")
-    missing = ngram_choice(parse(*named), False, qwen3)
+    missing = ngram_choice(parse(*named), qwen3)
     assert missing.path is None and UPSTREAM_NGRAM in missing.note and "small.trie" in missing.note
     snapshot = put_in_hf_cache(hf_cache, UPSTREAM_NGRAM, {"small.trie": upstream_trie_bytes(TRIE_SEQUENCES)[0]})
-    found = ngram_choice(parse(*named), False, qwen3)
+    found = ngram_choice(parse(*named), qwen3)
     assert found.path == snapshot / "small.trie" and UPSTREAM_NGRAM in found.note
     # another tokenizer's target: upstream's trie would be nonsense there
-    other = ngram_choice(parse(*named), False, tiny_llama)
+    other = ngram_choice(parse(*named), tiny_llama)
     assert other.path is None and "Qwen3 token ids" in other.note
-    assert ngram_choice(parse(*named, "--no-ngram"), False, qwen3).path is None
-    assert ngram_choice(parse("--use-small-ngram"), False, qwen3).path is None  # the embedded head: no default fetch
+    assert ngram_choice(parse(*named, "--no-ngram"), qwen3).path is None
+    assert ngram_choice(parse("--use-small-ngram"), qwen3).path is None  # the embedded head: no default fetch
 
 
 # ---------------------------------------------------------------------------------------------- EOS

@@ -49,7 +49,7 @@ class ScoreWeights:
 # the default for targets other than the embedded one (their heads were made with these).
 UPSTREAM_WEIGHTS = ScoreWeights(top_k=25, level_exponent=-0.7, logit_decay=0.9, ngram_weight=0.5,
                                 ngram_on_first_level=False, context_weight=0.8, context_max_candidates=4)
-# The embedded head on the CPU default tree, chosen by exact greedy replay (scripts/tune_scoring.py,
+# The embedded head on the CPU default tree, chosen by exact greedy replay (python -m dart_core.cli.tune scoring,
 # coordinate ascent over 9 fields at 5 nodes on prompts 11-20 of the six bench sets: τ 2.306 ->
 # 2.351); on the bench's own first 10 prompts τ 2.241 -> 2.287 at 5 nodes, 2.424 -> 2.473 at 8.
 EMBEDDED_WEIGHTS = ScoreWeights(top_k=10, level_exponent=0.0, logit_decay=1.0, ngram_weight=0.5,
@@ -71,7 +71,7 @@ def with_context(prune: ngram_cpp.PruneParams, on: bool, weight: float, extend: 
     return replace(prune, context_weight=weight, context_extend=extend, context_extend_min_match=CONTEXT_EXTEND_MIN_MATCH)
 
 
-ACCEPTANCE_FILE = "acceptance.json"  # beside a DART head: the pruner's fitted ranking (scripts/fit_acceptance.py)
+ACCEPTANCE_FILE = "acceptance.json"  # beside a DART head: the pruner's fitted ranking (python -m dart_core.cli.fit)
 ACCEPTANCE_FORMAT = "dart-acceptance/1"
 
 
@@ -109,7 +109,7 @@ def load_fitted_ranking(head_dir: str | os.PathLike | None) -> FittedRanking | N
         t = data["tree"]
         return FittedRanking(weights, str(data["trie"]), int(t["top_k"]), int(t["context_max_candidates"]), int(t["context_extend"]), int(t["context_order"]), path)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f"{path}: not a fitted ranking ({e}); refit it with scripts/fit_acceptance.py") from None
+        raise ValueError(f"{path}: not a fitted ranking ({e}); refit it with python -m dart_core.cli.fit") from None
 
 
 def with_fitted_ranking(prune: ngram_cpp.PruneParams, ranking: FittedRanking) -> ngram_cpp.PruneParams:
@@ -257,7 +257,7 @@ def ranked_params(params: DartParams, ranking: str | None, head_dir: str | os.Pa
     fitted = load_fitted_ranking(head_dir)
     if fitted is None:
         if ranking == "fitted":
-            raise ValueError(f"the DART head {head_dir} has no fitted ranking ({ACCEPTANCE_FILE}; scripts/fit_acceptance.py writes one)")
+            raise ValueError(f"the DART head {head_dir} has no fitted ranking ({ACCEPTANCE_FILE}; python -m dart_core.cli.fit writes one)")
         return params
     same_inputs = ngram_path is not None and Path(ngram_path).name == fitted.trie and params.prune.context_weight > 0
     if ranking is None and not same_inputs:

@@ -1,0 +1,419 @@
+"""The benchmark report: docs/benchmarks.md and the README's results table, written from the bench
+result files the repository keeps (docs/results/NAME.json, listed with their commands in
+docs/results/runs.json).
+
+    python -m dart_core.cli.report                   # rewrite both from docs/results/
+    python -m dart_core.cli.report --check           # exit 1 if either is not what the results give
+    python -m dart_core.cli.report --measure NAME    # run NAME's bench command again, then rewrite
+
+Each result file is one run of the bench CLI (`python -m dart_core.bench ... --out FILE`): every
+method on the same prompts, interleaved prompt by prompt, so a run's speed-ups are ratios to its own
+plain decoding (`ar`). The report writes, between its markers, the README's table (every run marked
+"readme", one group of rows per CPU kind) and docs/benchmarks.md's report: per run, the command that
+made it, its environment, totals, per-set speed-ups, acceptance by depth and the forward costs its
+calibration measured. Text outside the markers (docs/benchmarks.md's changelog) is kept. To add a run:
+an entry in runs.json (its bench arguments without --out, environment variables, a note), then
+`--measure NAME`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository: the report reads and writes files named from it
+RESULTS = Path("docs") / "results"  # relative to ROOT, as the commands name it
+README = Path("README.md")
+DOC = Path("docs") / "benchmarks.md"
+README_MARKS = ("<!-- bench:start -->", "<!-- bench:end -->")
+DOC_MARKS = ("<!-- report:start -->", "<!-- report:end -->")
+# How the generated documents name this command and the bench's. They are the old names (thin aliases,
+# scripts/benchmark_report.py and dart_core/bench.py) until the documents are regenerated with the new ones.
+COMMAND = "python scripts/benchmark_report.py"
+BENCH_MODULE = "dart_core.bench"
+
+# how the tables name the bench's methods (method@N adds its size)
+LABELS = {
+    "ar": "plain", "hf": "transformers generate", "pld": "transformers prompt lookup", "eagle3": "EAGLE3", "dart": "DART",
+    "dart-noctx": "DART, no context n-gram", "llamacpp": "plain", "llamacpp-lookup": "lookup", "llamacpp-eagle3": "EAGLE3 chain",
+    "llamacpp-ngram-simple": "ngram-simple", "llamacpp-ngram-map-k": "ngram-map-k", "llamacpp-ngram-mod": "ngram-mod",
+}  # fmt: skip
+
+
+@dataclass
+class Run:
+    name: str
+    entry: dict  # the runs.json entry
+    data: dict  # the bench's result JSON
+
+    @property
+    def env(self) -> dict:
+        return self.data["env"]
+
+    def command(self) -> str:
+        """The shell command that writes this run's file, as the documents show it."""
+        env = [f"{k}={v}" for k, v in self.entry.get("env", {}).items()]
+        words = [*env, ".venv/bin/python", "-m", BENCH_MODULE, *shell_args([*self.entry["args"], "--out", str(RESULTS / f"{self.name}.json")])]
+        chunks: list[str] = []  # an option with its values, or a word before the first option
+        for w in words:
+            if chunks and not w.startswith("--") and chunks[-1].startswith("--"):
+                chunks[-1] += " " + w
+            else:
+                chunks.append(w)
+        lines = [""]
+        for c in chunks:  # lines of at most ~100 characters, broken before an option
+            if lines[-1].strip() and len(lines[-1]) + len(c) > 100 and c.startswith("--"):
+                lines.append("    ")
+            lines[-1] += (" " if lines[-1].strip() else "") + c
+        return " \\\n".join(lines)
+
+
+def load_runs(root: Path) -> list[Run]:
+    manifest = json.loads((root / RESULTS / "runs.json").read_text())
+    runs = []
+    for entry in manifest["runs"]:
+        path = root / RESULTS / f"{entry['name']}.json"
+        if not path.is_file():
+            raise SystemExit(f"{path} is listed in runs.json but missing (measure it: {COMMAND} --measure {entry['name']})")
+        runs.append(Run(entry["name"], entry, json.loads(path.read_text())))
+    return runs
+
+
+def shell_args(args: list[str]) -> list[str]:
+    """Arguments as shell words; files of one directory and suffix in a row become dir/{a,b}.suffix."""
+    out, i = [], 0
+    while i < len(args):
+        j = i
+        while j < len(args) and not args[j].startswith("-") and Path(args[j]).parent == Path(args[i]).parent and Path(args[j]).suffix == Path(args[i]).suffix and Path(args[i]).suffix:
+            j += 1
+        if j - i >= 2:
+            d, suffix = Path(args[i]).parent, Path(args[i]).suffix
+            out.append(f"{d}/{{{','.join(Path(a).stem for a in args[i:j])}}}{suffix}")
+            i = j
+            continue
+        a = args[i]
+        out.append(a if re.fullmatch(r"[\w@%+=:,./~-]+", a) else shlex.quote(a))
+        i += 1
+    return out
+
+
+# ------------------------------------------------------------------------------------------ labels
+
+
+def fmt(v, spec: str = ".2f") -> str:
+    return "–" if v is None else format(v, spec)
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def is_peer(method: str) -> bool:
+    return method.startswith("llamacpp")
+
+
+def method_label(run: Run, method: str) -> str:
+    base, _, at = method.partition("@")
+    label = LABELS.get(base, base)
+    if base.startswith("llamacpp"):
+        return f"{label}, draft length {at}" if at else label
+    nodes = int(at) if at else (run.env.get("tree_sizes") or {}).get(base, {}).get("max_nodes")
+    if nodes is None or base == "ar":
+        return label
+    return f"{label} ({nodes} node{'s' if nodes != 1 else ''})"
+
+
+def kernel_label(env: dict) -> str:
+    """The kernel build a run used, and the CPU kind when the build was forced below it."""
+    if env.get("device", "cpu") != "cpu":
+        return env.get("gpu") or env["device"]
+    build = (env.get("kernels") or "eager").split()[0]
+    forced = "forced" in (env.get("kernels") or "")
+    return f"`{build}`" + (f" (forced on an `{env['cpu_kind']}` CPU)" if forced and env.get("cpu_kind") else "")
+
+
+def weights_label(env: dict) -> str:
+    weights = (env.get("weights") or env["dtype"]).split(" (")[0]
+    name = {"gguf": "GGUF", "bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}.get(weights, weights)
+    choice = env.get("weights_choice") or {}
+    return f"{name} (auto)" if choice.get("calibrated") else name
+
+
+def peer_label(env: dict) -> str:
+    bin_dir = Path((env.get("llamacpp") or {}).get("bin_dir", ""))
+    kind = bin_dir.parent.name if bin_dir.name == "bin" else ""
+    return f"llama.cpp (`{kind}` build)" if kind else "llama.cpp"
+
+
+# ------------------------------------------------------------------------------------------ tables
+
+
+def summary_table(runs: list[Run]) -> str:
+    """One row per method of each run; the CPU kind and the engine are named where they change."""
+    rows, last_kind, last_engine = [], None, None
+    for run in runs:
+        for method, r in run.data["methods"].items():
+            kind = kernel_label(run.env)
+            engine = peer_label(run.env) if is_peer(method) else f"ours, {weights_label(run.env)}"
+            rows.append([
+                kind if kind != last_kind else "", engine if (kind, engine) != last_engine else "", method_label(run, method),
+                fmt(r["tokens_per_s"], ".1f"), fmt(r.get("decode_tokens_per_s"), ".1f"), fmt(r["speedup_vs_ar"]) + "x",
+                fmt(r["tau"]), str(r.get("same_as_ar", "–")),
+            ])  # fmt: skip
+            last_kind, last_engine = kind, (kind, engine)
+    header = ["CPU kind (kernels)", "engine, weights", "method", "tokens/s", "decode tokens/s", "vs our plain", "τ", "ids = plain's"]
+    return table(header, rows)
+
+
+def peer_ratios(run: Run) -> str | None:
+    """Our DART and plain decoding against llama.cpp's plain decoding in the same run."""
+    m = run.data["methods"]
+    if "dart" not in m or "llamacpp" not in m:
+        return None
+    peer = m["llamacpp"]
+
+    def ratios(r: dict) -> str:
+        text = f"{r['tokens_per_s'] / peer['tokens_per_s']:.2f}x"
+        if r.get("decode_tokens_per_s") and peer.get("decode_tokens_per_s"):
+            text += f" / {r['decode_tokens_per_s'] / peer['decode_tokens_per_s']:.2f}x"
+        return text
+
+    return (f"{kernel_label(run.env)}, against the plain decoding of {peer_label(run.env)} on the same GGUF (end to end / "
+            f"decode-only): our DART {ratios(m['dart'])}, our plain decoding {ratios(m['ar'])}.")  # fmt: skip
+
+
+def setting(runs: list[Run]) -> str:
+    """The prompts, tokens and threads the runs share, in words."""
+    envs = [r.env for r in runs]
+    sets = {tuple(Path(d).stem for d in e.get("dataset") or []) for e in envs}
+    parts = []
+    if len(sets) == 1:
+        names = next(iter(sets))
+        where = f"`{Path(envs[0]['dataset'][0]).parent}`"
+        parts.append(f"the bench sets of {where} ({', '.join(names)})")
+    for key, say in (("limit", "first {} prompts each (first turn)"), ("max_new_tokens", "{} new tokens"), ("threads", "{} threads")):
+        values = {e.get(key) for e in envs}
+        if len(values) == 1 and None not in values:
+            parts.append(say.format(values.pop()))
+    temps = {e.get("temperature") for e in envs}
+    if temps == {0.0}:
+        parts.append("greedy")
+    cpus = {e.get("cpu") for e in envs}
+    if len(cpus) == 1:
+        parts.append(f"CPU: {cpus.pop()}")
+    return ", ".join(parts)
+
+
+def readme_block(runs: list[Run], details: str = "in [docs/benchmarks.md](docs/benchmarks.md)") -> str:
+    shown = [r for r in runs if r.entry.get("readme")]
+    lines = [
+        f"One bench run per group of rows: {setting(shown)}. Every method of a run ran on the same prompts, interleaved "
+        "prompt by prompt; *vs our plain* is against the plain row of the same run, *ids = plain's* counts the prompts "
+        f"whose output ids equal our plain decoding's. Written by `{COMMAND}` from `{RESULTS}/`; the commands, "
+        f"environments and per-set tables are {details}.",
+        "",
+        summary_table(shown),
+        "",
+    ]
+    lines += [f"- {s}" for s in (peer_ratios(r) for r in shown) if s]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def env_table(run: Run) -> str:
+    e = run.env
+    rows = [["CPU", f"{e['cpu']} (kind `{e.get('cpu_kind', '?')}`), {e['threads']} threads"], ["kernels", e.get("kernels", "–")]]
+    choice = e.get("weights_choice") or {}
+    rows.append(["weights", choice.get("reason") or e.get("weights") or e["dtype"]])
+    for m, size in (e.get("tree_sizes") or {}).items():
+        rows.append([f"{LABELS.get(m, m)} tree size", size.get("reason", str(size.get("max_nodes")))])
+    mem = e.get("memory")
+    if mem:
+        rows.append(["memory", f"a one-token step streams {mem['step_weight_bytes']:,} bytes of weights; read bandwidth measured in the run "
+                               f"{mem['read_gb_s']} GB/s, so a step takes at least {mem['streaming_limit_ms']} ms"])  # fmt: skip
+    peer = e.get("llamacpp")
+    if peer:
+        rows.append(["llama.cpp", f"{peer_label(e)} of {peer.get('version', '?')}, the same GGUF"])
+    rows.append(["prompts", f"first {e['limit']} of each of {', '.join(Path(d).stem for d in e['dataset'])}; {e['max_new_tokens']} new tokens; "
+                            f"temperature {e['temperature']:g}"])  # fmt: skip
+    rows.append(["software", f"torch {e['torch']}, transformers {e['transformers']}, python {e['python']}"])
+    rows.append(["code, date", f"{e.get('git_commit', '?')}, {e['date'].replace('T', ' ')}"])
+    return table(["", ""], rows)
+
+
+def totals_table(run: Run) -> str:
+    rows = []
+    for method, r in run.data["methods"].items():
+        split = " / ".join(fmt(r.get(k)) for k in ("draft_ms", "prune_ms", "verify_ms", "other_ms"))
+        rows.append([
+            ("llama.cpp " if is_peer(method) else "") + method_label(run, method), fmt(r["tokens_per_s"], ".1f"),
+            fmt(r.get("decode_tokens_per_s"), ".1f"), fmt(r.get("prefill_s"), ".2f"), fmt(r["speedup_vs_ar"]) + "x", fmt(r["tau"]),
+            str(r["new_tokens"]), str(r.get("steps") or "–"), split, str(r.get("same_as_ar", "–")),
+        ])  # fmt: skip
+    header = ["method", "tokens/s", "decode tokens/s", "prefill s", "vs plain", "τ", "new tokens", "target forwards",
+              "draft / prune / verify / other ms a step", "ids = plain's"]  # fmt: skip
+    return table(header, rows)
+
+
+def per_set_table(run: Run) -> str:
+    sets = run.data.get("datasets") or {}
+    if len(sets) < 2:
+        return ""
+    methods = [m for m in run.data["methods"] if m != "ar"]
+    rows = []
+    for name, res in sets.items():
+        rows.append([name, fmt(res["ar"]["tokens_per_s"], ".1f")]
+                    + [f"{fmt(res[m]['speedup_vs_ar'])}x / {fmt(res[m]['tau'])}" if m in res else "–" for m in methods])  # fmt: skip
+    header = ["set", "plain tokens/s"] + [("llama.cpp " if is_peer(m) else "") + method_label(run, m) for m in methods]
+    return "Per set, speed-up over plain decoding / τ:\n\n" + table(header, rows)
+
+
+def acceptance_table(run: Run) -> str:
+    rows = [[method_label(run, m)] + [f"{p:.2f}" for p in r["acceptance_by_depth"]]
+            for m, r in run.data["methods"].items() if r.get("acceptance_by_depth")]  # fmt: skip
+    if not rows:
+        return ""
+    width = max(len(r) for r in rows)
+    rows = [r + ["–"] * (width - len(r)) for r in rows]
+    return "P(a step accepts at least k drafts):\n\n" + table(["method", *[f"k = {k}" for k in range(1, width)]], rows)
+
+
+def calibration_table(run: Run) -> str:
+    """The target's forward cost by rows on each weights path the run measured, and DART's expected
+    tokens/s at the tree size that verifies that many rows: what --dtype auto and the tree size were
+    chosen from."""
+    e = run.env
+    dart = (e.get("tree_sizes") or {}).get("dart")
+    paths = (e.get("weights_choice") or {}).get("paths") or []
+    if not paths and not (dart and dart.get("table")):
+        return ""
+    if not paths:  # the weights were given: the tree-size table alone has the verify costs
+        weights = (e.get("weights") or e["dtype"]).split(" (")[0]
+        paths = [{"dtype": weights, "chosen": True, "dart": dart, "forward_ms": {str(t["nodes"] + 1): t["verify_ms"] for t in dart["table"]}}]
+    rows_n = sorted({int(k) for p in paths for k in p["forward_ms"]})
+    taus = {t["nodes"]: t for p in paths for t in (p.get("dart") or {}).get("table", [])}
+    rows = []
+    for k in rows_n:
+        n = k - 1
+        row = [str(k), str(n) if n else "– (plain)", fmt(taus[n]["tau"]) if n in taus else "–", fmt(taus[n]["draft_ms"]) if n in taus else "–"]
+        for p in paths:
+            ms = p["forward_ms"].get(str(k))
+            exp = next((t["tokens_per_s"] for t in (p.get("dart") or {}).get("table", []) if t["nodes"] == n), None)
+            if n == 0:
+                exp = p.get("plain_tokens_per_s") or (1000 / ms if ms else None)
+            chosen = p.get("chosen") and (p.get("dart") or {}).get("max_nodes") == n
+            cell = fmt(exp, ".1f")
+            row += [fmt(ms), f"**{cell}**" if chosen else cell]
+        rows.append(row)
+    header = ["rows", "DART nodes", "DART τ", "drafting ms"]
+    for p in paths:
+        name = p["dtype"] + (" (chosen)" if p.get("chosen") and len(paths) > 1 else "")
+        header += [f"{name}: forward ms", f"{name}: expected tokens/s"]
+    return (
+        "The calibration the run chose its weights and DART's tree size from (median ms of one forward after 200 cached "
+        "tokens; DART's τ by tree size from its `tree_sizes.json`, its drafting timed by replay; expected tokens/s = "
+        "τ / (forward + drafting), bold where chosen):\n\n" + table(header, rows)
+    )
+
+
+def run_section(run: Run) -> str:
+    e = run.env
+    title = f"## {kernel_label(e)} kernels, {weights_label(e)} weights (`{RESULTS}/{run.name}.json`)"
+    parts = [title, "    " + run.command().replace("\n", "\n    ")]
+    if run.entry.get("note"):
+        parts.append(run.entry["note"])
+    parts.append(env_table(run))
+    parts.append(totals_table(run))
+    by_error: dict[str, list[str]] = {}
+    for method, errors in (run.data.get("peer_errors") or {}).items():
+        for error in errors:
+            by_error.setdefault(error.split(": ", 1)[0] + ": " + re.sub(r"^llama-[\w-]+", "llama.cpp", error.split(": ", 1)[-1]), []).append(method)
+    for error, methods in by_error.items():
+        whose = "their totals leave" if len(methods) > 1 else "its totals leave"
+        parts.append(f"Not run by {', '.join(f'`{m}`' for m in methods)} ({whose} it out): {error}.")
+    parts += [x for x in (per_set_table(run), acceptance_table(run), calibration_table(run)) if x]
+    return "\n\n".join(parts)
+
+
+def doc_block(runs: list[Run]) -> str:
+    intro = (
+        f"Generated by `{COMMAND}` from the result files in `{RESULTS}/` (the commands below wrote them; "
+        f"`{RESULTS}/runs.json` lists them); rerunning it rewrites everything from here to the changelog. Every number here "
+        "is one a run recorded, on the machine its section names.\n\n"
+        "How to read the tables: *tokens/s* is new tokens over wall time, the prompt's prefill included; *decode tokens/s* "
+        "leaves the prefill and the first token out; *τ* is new tokens per target forward (the bonus token included); "
+        "*vs plain* is the ratio to the run's own plain decoding (`ar`, our loop drafting nothing); *ids = plain's* counts "
+        "prompts whose output ids equal plain decoding's (at temperature 0 a lossless method scores n/n; llama.cpp computes "
+        "otherwise and promises no bit-exactness, so its count is a report, not a check: [peers.md](peers.md)). A method's tree "
+        "size is in brackets (drafted nodes besides the root). The draft / prune / verify / other split is ms per target forward."
+    )
+    parts = [intro, "## Summary (the README's table)", readme_block(runs, details="below").rstrip()]
+    parts += [run_section(r) for r in runs]
+    return "\n\n".join(parts) + "\n"
+
+
+# ------------------------------------------------------------------------------------------- files
+
+
+def replace_block(text: str, marks: tuple[str, str], block: str, where: Path) -> str:
+    start, end = marks
+    if start not in text or end not in text:
+        raise SystemExit(f"{where} lacks the markers {start} ... {end}")
+    return text[: text.index(start)] + f"{start}\n{block}{end}" + text[text.index(end) + len(end) :]
+
+
+def rendered(root: Path) -> dict[Path, str]:
+    """The README and docs/benchmarks.md as the kept results give them."""
+    runs = load_runs(root)
+    out = {}
+    for rel, marks, block in ((README, README_MARKS, readme_block(runs)), (DOC, DOC_MARKS, doc_block(runs))):
+        path = root / rel
+        out[path] = replace_block(path.read_text(), marks, block, rel)
+    return out
+
+
+def measure(root: Path, name: str) -> None:
+    """Run one runs.json entry's bench command again; its result file is replaced only when it finishes."""
+    manifest = json.loads((root / RESULTS / "runs.json").read_text())
+    entry = next((e for e in manifest["runs"] if e["name"] == name), None)
+    if entry is None:
+        raise SystemExit(f"no run named {name!r} in {RESULTS / 'runs.json'} (runs: {', '.join(e['name'] for e in manifest['runs'])})")
+    out = root / RESULTS / f"{name}.json"
+    tmp = out.with_suffix(".tmp")
+    args = [os.path.expanduser(a) for a in entry["args"]]
+    cmd = [sys.executable, "-m", "dart_core.cli.bench", *args, "--out", str(tmp)]
+    print(f"[{name}] {Run(name, entry, {}).command()}", file=sys.stderr, flush=True)
+    subprocess.run(cmd, check=True, cwd=root, env={**os.environ, **entry.get("env", {})})
+    tmp.replace(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dart_core.cli.report", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])  # fmt: skip
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 if README.md or docs/benchmarks.md differ from what the results give")
+    p.add_argument("--measure", nargs="+", metavar="NAME", default=[], help="run these runs.json entries' bench commands again first (minutes each)")
+    args = p.parse_args(argv)
+    for name in args.measure:
+        measure(ROOT, name)
+    texts = rendered(ROOT)
+    stale = [path for path, text in texts.items() if path.read_text() != text]
+    if args.check:
+        for path in stale:
+            print(f"{path.relative_to(ROOT)} is not what {RESULTS}/ gives: run {COMMAND}", file=sys.stderr)
+        return 1 if stale else 0
+    for path in stale:
+        path.write_text(texts[path])
+        print(f"wrote {path.relative_to(ROOT)}", file=sys.stderr)
+    if not stale:
+        print("README.md and docs/benchmarks.md are up to date", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
