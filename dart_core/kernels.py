@@ -102,6 +102,8 @@ BLOCK_FORMATS = ("Q8_0", "Q4_0", "Q4_1")
 # How block weights meet activations: "float" (exact: the fp32 values of the GGUF's dequantization) or
 # "int8" (activations quantized per block of 32 as llama.cpp does; integer dot products).
 ACTIVATIONS = ("float", "int8")
+X16_FORMATS = ("Q4_0", "Q4_1")  # block formats that interleave 16 rows (BlockWeight.interleaved)
+X16_CODE_OFFSET = 3  # Q4_0 -> Q4_0X16 (6), Q4_1 -> Q4_1X16 (7) in the extension's format codes
 
 
 @dataclass(frozen=True)
@@ -118,12 +120,20 @@ class BlockWeight:
     # quantized to int8 blocks and meet the codes in integer dot products (faster, not exact; see
     # ACTIVATIONS and the int8 section of cpu_kernels.cpp).
     activations: str = "float"
+    # "gguf": rows as the file stores them; "x16": 16 rows interleaved per block (Q4_0/Q4_1 against
+    # int8 activations: one integer lane per weight row, see `interleaved` and cpu_kernels.cpp).
+    layout: str = "gguf"
 
     def __post_init__(self):
         if self.fmt not in BLOCK_FORMATS:
             raise ValueError(f"block format {self.fmt!r}: supported are Q8_0, Q4_0, Q4_1")
         if self.activations not in ACTIVATIONS:
             raise ValueError(f"activations {self.activations!r}: supported are {', '.join(ACTIVATIONS)}")
+        if self.layout not in ("gguf", "x16"):
+            raise ValueError(f"layout {self.layout!r}: 'gguf' or 'x16'")
+        if self.layout == "x16" and (self.fmt not in X16_FORMATS or self.rows % 16 or self.activations != "int8"):
+            raise ValueError(f"an interleaved weight is Q4_0/Q4_1 in whole groups of 16 rows against int8 activations, "
+                             f"got {self.fmt} {self.rows} rows, {self.activations} activations")
         if self.cols % 32:
             raise ValueError(f"a {self.fmt} row holds whole blocks of 32 elements, got {self.cols}")
         per_block = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}[self.fmt]
@@ -155,21 +165,43 @@ class BlockWeight:
             raise ValueError("only weights of one block format and width stack")
         if len({p.activations for p in parts}) != 1:
             raise ValueError("only weights of one activation mode stack")
+        if any(p.layout != "gguf" for p in parts):
+            raise ValueError("interleaved weights do not stack: stack first, then interleave")
         return BlockWeight(parts[0].fmt, sum(p.rows for p in parts), parts[0].cols, torch.cat([p.data for p in parts]),
                            parts[0].activations)
 
     def select_rows(self, index: torch.Tensor) -> "BlockWeight":
+        if self.layout != "gguf":
+            raise ValueError("select rows before interleaving")
         return BlockWeight(self.fmt, int(index.numel()), self.cols, self.data.index_select(0, index.cpu()).contiguous(),
                            self.activations)
 
     def with_activations(self, activations: str) -> "BlockWeight":
         """The same blocks (shared storage) multiplied against `activations` ("float" or "int8")."""
-        return BlockWeight(self.fmt, self.rows, self.cols, self.data, activations)
+        return BlockWeight(self.fmt, self.rows, self.cols, self.data, activations, self.layout)
+
+    def interleaved(self) -> "BlockWeight":
+        """The same bytes with every 16 rows interleaved block by block (layout "x16"), for int8
+        activations: per group of 16 rows and block, the 16 fp16 scales, Q4_1's 16 minimums, then 4
+        chunks of 64 bytes, chunk j holding code bytes 4j..4j+3 of each row in turn."""
+        if self.layout != "gguf" or self.fmt not in X16_FORMATS or self.rows % 16:
+            raise ValueError(f"interleave Q4_0/Q4_1 weights of whole groups of 16 rows as stored, got {self.fmt} "
+                             f"{self.rows} rows ({self.layout})")
+        head = 4 if self.fmt == "Q4_1" else 2  # bytes of scale (+ minimum) before a block's 16 code bytes
+        nb, per = self.cols // 32, head + 16
+        blocks = self.data.view(self.rows // 16, 16, nb, per).permute(0, 2, 1, 3)  # (G, nb, 16 rows, per)
+        parts = [blocks[..., 0:2].reshape(-1, nb, 32)]
+        if head == 4:
+            parts.append(blocks[..., 2:4].reshape(-1, nb, 32))
+        codes = blocks[..., head:].reshape(-1, nb, 16, 4, 4).permute(0, 1, 3, 2, 4).reshape(-1, nb, 256)  # chunk, row, byte
+        data = torch.cat(parts + [codes], dim=-1).reshape(self.rows, -1).contiguous()
+        return BlockWeight(self.fmt, self.rows, self.cols, data, "int8", "x16")
 
     @property
     def code(self) -> int:
-        """The extension's format code: the block format, with the int8-activation flag."""
-        return WEIGHT_FORMATS[self.fmt] | (_ext.Q8_ACTIVATIONS if self.activations == "int8" else 0)
+        """The extension's format code: the block format and layout, with the int8-activation flag."""
+        base = WEIGHT_FORMATS[self.fmt] + (X16_CODE_OFFSET if self.layout == "x16" else 0)
+        return base | (_ext.Q8_ACTIVATIONS if self.activations == "int8" else 0)
 
     def dequantize(self, rows: torch.Tensor | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """(n, cols) values of `rows` (int64 indices; None: all): the exact fp32 values, rounded once
@@ -180,7 +212,7 @@ class BlockWeight:
         idx = None if rows is None else rows.reshape(-1).to("cpu", torch.long).contiguous()
         n = self.rows if idx is None else idx.numel()
         out = torch.empty(n, self.cols, dtype=dtype)
-        _ext.dequantize(WEIGHT_FORMATS[self.fmt], self.data.data_ptr(), self.data.shape[1], self.cols, self.rows,
+        _ext.dequantize(self.code & ~_ext.Q8_ACTIVATIONS, self.data.data_ptr(), self.data.shape[1], self.cols, self.rows,
                         0 if idx is None else idx.data_ptr(), n, out.data_ptr(), self.cols, DTYPES[dtype])
         return out
 

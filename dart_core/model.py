@@ -606,6 +606,12 @@ def load_gguf_transformer(gguf_path: Path, model_dir: Path, prefill_dtype: torch
             raise ValueError(f"{name}: expected a block format, got {tensors[name].tensor_type.name}")
         return (w if perm is None else w.select_rows(perm)).with_activations(activations)
 
+    def layer_weight(w: kernels.BlockWeight) -> kernels.BlockWeight:
+        # int8 activations: Q4 rows interleaved in 16s (the same bytes), one integer lane a row
+        if activations == "int8" and w.fmt in kernels.X16_FORMATS and w.rows % 16 == 0:
+            return w.interleaved()
+        return w
+
     with torch.device("meta"):
         model = Transformer(args, torch.empty(args.head_dim // 2), rope_scale)
     H, hd = args.hidden_size, args.head_dim
@@ -619,10 +625,11 @@ def load_gguf_transformer(gguf_path: Path, model_dir: Path, prefill_dtype: torch
     for i, layer in enumerate(model.layers):
         p = f"blk.{i}."
         wqkv = kernels.BlockWeight.cat([block(p + "attn_q.weight", q_perm), block(p + "attn_k.weight", k_perm), block(p + "attn_v.weight")])
-        layer.attention.wqkv = BlockLinear(wqkv, gemm)
-        layer.attention.wo = BlockLinear(block(p + "attn_output.weight"), gemm)
-        layer.feed_forward.w13 = BlockLinear(kernels.BlockWeight.cat([block(p + "ffn_gate.weight"), block(p + "ffn_up.weight")]), gemm)
-        layer.feed_forward.w2 = BlockLinear(block(p + "ffn_down.weight"), gemm)
+        layer.attention.wqkv = BlockLinear(layer_weight(wqkv), gemm)
+        layer.attention.wo = BlockLinear(layer_weight(block(p + "attn_output.weight")), gemm)
+        w13 = kernels.BlockWeight.cat([block(p + "ffn_gate.weight"), block(p + "ffn_up.weight")])
+        layer.feed_forward.w13 = BlockLinear(layer_weight(w13), gemm)
+        layer.feed_forward.w2 = BlockLinear(layer_weight(block(p + "ffn_down.weight")), gemm)
         layer.attention_norm.weight = nn.Parameter(get(p + "attn_norm.weight"), requires_grad=False)
         layer.ffn_norm.weight = nn.Parameter(get(p + "ffn_norm.weight"), requires_grad=False)
         expect = {"wqkv": ((args.n_heads + 2 * args.n_kv_heads) * hd, H), "wo": (H, args.n_heads * hd),

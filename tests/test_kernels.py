@@ -260,6 +260,57 @@ def test_int8_activations_give_the_same_bits_on_every_build(fmt):
         assert torch.equal(results[p], results[PATHS[0]]), f"{p} != {PATHS[0]}"
 
 
+@pytest.mark.parametrize("fmt", kernels.X16_FORMATS)
+@pytest.mark.parametrize("K,N", [(576, 48), (1536, 32), (96, 16)])
+def test_interleaved_rows_are_the_same_weights(fmt, K, N, kpath):
+    """Rows interleaved in 16s ("x16"): the same values (dequantized bit for bit), a row's bits never
+    depend on the other rows (1..19 rows: every row-block shape), and the product equals the stored
+    layout's against the same int8 activations up to fp32 summation order."""
+    w = _random_blocks(fmt, N, K, seed=N + K).with_activations("int8")
+    wx = w.interleaved()
+    assert wx.nbytes == w.nbytes and wx.layout == "x16"
+    assert torch.equal(wx.dequantize(), w.dequantize())
+    rows = torch.tensor([17 % N, 0, N - 1])
+    assert torch.equal(wx.dequantize(rows, torch.bfloat16), w.dequantize(rows).bfloat16())
+    x = torch.randn(19, K, generator=torch.Generator().manual_seed(4))
+    x[2] = 0
+    out = kernels.linear(x, wx)
+    for M in range(1, 20):
+        assert torch.equal(kernels.linear(x[:M], wx), out[:M]), f"rows differ at M={M}"
+    torch.testing.assert_close(out, kernels.linear(x, w), atol=1e-5 * out.abs().max().item(), rtol=1e-5)
+    ref = _q8_reference(x, w)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5 * ref.abs().max().item(), rtol=1e-5)
+
+
+@pytest.mark.skipif(len(PATHS) < 2, reason="one build on this CPU: nothing to compare")
+@pytest.mark.parametrize("fmt", kernels.X16_FORMATS)
+def test_interleaved_rows_give_the_same_bits_on_every_build(fmt):
+    wx = _random_blocks(fmt, 64, 1536 + 32, seed=9).with_activations("int8").interleaved()
+    x = torch.randn(13, wx.cols, generator=torch.Generator().manual_seed(5))
+    previous = kernels.PATH
+    try:
+        results = {}
+        for p in PATHS:
+            kernels.use_path(p)
+            results[p] = kernels.linear(x, wx)
+    finally:
+        kernels.use_path(previous)
+    for p in PATHS[1:]:
+        assert torch.equal(results[p], results[PATHS[0]]), f"{p} != {PATHS[0]}"
+
+
+def test_interleaving_is_checked():
+    with pytest.raises(ValueError, match="groups of 16"):
+        _random_blocks("Q4_1", 20, 64, seed=1).interleaved()
+    with pytest.raises(ValueError, match="Q4_0/Q4_1"):
+        _random_blocks("Q8_0", 16, 64, seed=1).interleaved()
+    wx = _random_blocks("Q4_0", 16, 64, seed=1).interleaved()
+    with pytest.raises(ValueError, match="before interleaving"):
+        wx.select_rows(torch.tensor([0]))
+    with pytest.raises(ValueError, match="int8 activations"):
+        wx.with_activations("float")
+
+
 def test_int8_activations_reject_float_weights_and_bad_modes():
     with pytest.raises(ValueError, match="activations"):
         _random_blocks("Q4_1", 4, 64, seed=1).with_activations("int4")

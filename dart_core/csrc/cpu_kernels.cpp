@@ -75,7 +75,8 @@ constexpr int LANES = 16;
 
 enum class DType : int { F32 = 0, BF16 = 1, F16 = 2 };
 // Weight formats (dart_core/kernels.py WEIGHT_FORMATS): the three float dtypes, then GGUF blocks.
-enum class WFormat : int { F32 = 0, BF16 = 1, F16 = 2, Q4_0 = 3, Q4_1 = 4, Q8_0 = 5 };
+// Q4_0X16 / Q4_1X16: the same blocks with 16 weight rows interleaved (int8 activations only; see below).
+enum class WFormat : int { F32 = 0, BF16 = 1, F16 = 2, Q4_0 = 3, Q4_1 = 4, Q8_0 = 5, Q4_0X16 = 6, Q4_1X16 = 7 };
 
 // ------------------------------------------------------------------------------------- conversions
 
@@ -957,6 +958,209 @@ void linear_q8_impl(const TX* x, int64_t x_stride, int64_t M, int64_t K, const u
 #endif
 }
 
+// ------------------------------------------------------------------------------------- int8 activations, rows interleaved
+// Q4_0 / Q4_1 weights re-laid out for int8 activations: the same bytes, the blocks of 16 consecutive
+// weight rows interleaved so that one integer lane holds one weight row ("x16"). Per group of 16 rows
+// and block b: the 16 scales (fp16, 32 bytes), Q4_1's 16 minimums (32 bytes), then 4 chunks of 64
+// bytes: chunk j holds bytes 4j..4j+3 of each row's 16 code bytes, row after row. A chunk's low
+// nibbles are elements 4j..4j+3 of the 16 rows, its high nibbles elements 16+4j..16+4j+3, so one
+// integer dot product against 4 activation bytes broadcast to every lane advances 16 rows by 4
+// elements, and 8 of them give each row's whole block sum in its own lane: per block and input row
+// 8 dot products, one conversion and 2-3 float ops for 16 outputs, against ~5 instructions per output
+// in the layout as stored (whose lanes are elements, reduced at the end). The weights stream as
+// many bytes as before.
+//
+// Contract (q8x16), per output (weight row n, input row m): acc = 0; for each block b in order:
+// acc = fma(d_nb * dx_mb, float(sum_e code * q), acc); then acc = fma(o_nb, sx_mb, acc) with o = m
+// (Q4_1) or -8 d (Q4_0, its codes taken unsigned). No lane reduction; every build the same bits.
+
+constexpr int64_t X16 = 16;  // weight rows per interleaved group
+constexpr int64_t X16_PREFETCH_GROUPS = 2;  // groups ahead (6-15 KB each), into L2
+template <class F> constexpr int64_t x16_codes_at() { return std::is_same_v<F, FmtQ4_1> ? 64 : 32; }  // bytes of scales (+ minimums)
+template <class F> constexpr int64_t x16_block_bytes() { return X16 * F::BYTES; }
+
+// Weight row `lane` of an interleaved group's block as its 32 unsigned codes, scale and offset term.
+template <class F> inline void x16_block_scalar(const uint8_t* gb, int lane, int32_t* c, float& d, float& o) {
+    d = f16_at(gb + 2 * lane);
+    o = std::is_same_v<F, FmtQ4_1> ? f16_at(gb + 32 + 2 * lane) : -8.0f * d;
+    const uint8_t* codes = gb + x16_codes_at<F>();
+    for (int j = 0; j < 4; ++j)
+        for (int t = 0; t < 4; ++t) {
+            const uint8_t byte = codes[j * 64 + lane * 4 + t];
+            c[4 * j + t] = byte & 15, c[16 + 4 * j + t] = byte >> 4;
+        }
+}
+
+// Elements [0, K) of weight row `lane` of a group as fp32 (the prefill's dequantization): the values
+// dequant_row gives for the same block in the layout as stored.
+template <class F> void dequant_row_x16(const uint8_t* group, int lane, int64_t K, float* out) {
+    for (int64_t b = 0; b < K / 32; ++b) {
+        int32_t c[32];
+        float d, o;
+        x16_block_scalar<F>(group + b * x16_block_bytes<F>(), lane, c, d, o);
+        for (int e = 0; e < 32; ++e)
+            out[b * 32 + e] = std::is_same_v<F, FmtQ4_1> ? std::fma(d, static_cast<float>(c[e]), o) : d * static_cast<float>(c[e] - 8);
+    }
+}
+
+template <class F> float x16_dot_ref(const Q8Rows& x, int64_t m, const uint8_t* group, int lane) {
+    float acc = 0.0f;
+    const int8_t* xq = x.qrow(m);
+    for (int64_t b = 0; b < x.nb; ++b) {
+        int32_t c[32];
+        float d, o;
+        x16_block_scalar<F>(group + b * x16_block_bytes<F>(), lane, c, d, o);
+        int32_t p = 0;
+        for (int e = 0; e < 32; ++e) p += c[e] * xq[b * 32 + e];
+        acc = std::fma(d * x.dxrow(m)[(b / 2) * 16 + (b % 2) * 8], static_cast<float>(p), acc);
+        acc = std::fma(o, x.sxrow(m)[b], acc);
+    }
+    return acc;
+}
+
+#ifdef DART_V16
+inline float q8_dx(const Q8Rows& x, int64_t m, int64_t b) { return x.dxrow(m)[(b / 2) * 16 + (b % 2) * 8]; }
+
+#if defined(DART_V16_AVX512)
+constexpr int64_t X16_MB = 16;  // input rows per pass: 16 accumulators + 8 code registers + scales of 32
+// R input rows against one group of 16 weight rows; out rows out_stride apart (16 outputs each).
+template <class F, int R>
+void x16_group(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, const uint8_t* pf) {
+    __m512 acc[R];
+    for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int64_t b = 0; b < x.nb; ++b) {
+        const uint8_t* gb = group + b * x16_block_bytes<F>();
+        if (pf)  // the same block of a group PREFETCH_BLOCKS ahead, a line at a time between the arithmetic
+            for (int64_t o = 0; o < x16_block_bytes<F>(); o += 64) prefetch_l2(pf + b * x16_block_bytes<F>() + o);
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb)));
+        const __m512 o = std::is_same_v<F, FmtQ4_1> ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + 32)))
+                                                      : _mm512_mul_ps(d, _mm512_set1_ps(-8.0f));
+        const uint8_t* codes = gb + x16_codes_at<F>();
+        __m512i lo[4], hi[4];
+        for (int j = 0; j < 4; ++j) {
+            const __m512i c = _mm512_loadu_si512(codes + j * 64);
+            lo[j] = _mm512_and_si512(c, m4);
+            hi[j] = _mm512_and_si512(_mm512_srli_epi16(c, 4), m4);
+        }
+#pragma GCC unroll 16
+        for (int i = 0; i < R; ++i) {
+            const int8_t* xq = x.qrow(m0 + i) + b * 32;
+            int32_t xw[8];
+            std::memcpy(xw, xq, 32);
+            __m512i p = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; ++j) {
+#ifdef __AVX512VNNI__
+                p = _mm512_dpbusd_epi32(p, lo[j], _mm512_set1_epi32(xw[j]));
+                p = _mm512_dpbusd_epi32(p, hi[j], _mm512_set1_epi32(xw[4 + j]));
+#else
+                const __m512i one = _mm512_set1_epi16(1);
+                p = _mm512_add_epi32(p, _mm512_madd_epi16(_mm512_add_epi16(_mm512_maddubs_epi16(lo[j], _mm512_set1_epi32(xw[j])),
+                                                                            _mm512_maddubs_epi16(hi[j], _mm512_set1_epi32(xw[4 + j]))), one));
+#endif
+            }
+            acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(q8_dx(x, m0 + i, b))), _mm512_cvtepi32_ps(p), acc[i]);
+            acc[i] = _mm512_fmadd_ps(o, _mm512_set1_ps(x.sxrow(m0 + i)[b]), acc[i]);
+        }
+    }
+    for (int i = 0; i < R; ++i) _mm512_storeu_ps(res + i * X16, acc[i]);
+}
+#else  // AVX2: the group as two halves of 8 rows, one after the other
+constexpr int64_t X16_MB = 6;  // 6 accumulators + 8 code registers + scales of 16 ymm
+template <class F, int R>
+void x16_group(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, const uint8_t* pf) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi16(1);
+    for (int half = 0; half < 2; ++half) {
+        __m256 acc[R];
+        for (int i = 0; i < R; ++i) acc[i] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < x.nb; ++b) {
+            const uint8_t* gb = group + b * x16_block_bytes<F>();
+            if (pf && half == 0)
+                for (int64_t o = 0; o < x16_block_bytes<F>(); o += 64) prefetch_l2(pf + b * x16_block_bytes<F>() + o);
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * half)));
+            const __m256 o = std::is_same_v<F, FmtQ4_1> ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 32 + 16 * half)))
+                                                          : _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
+            const uint8_t* codes = gb + x16_codes_at<F>() + 32 * half;
+            __m256i lo[4], hi[4];
+            for (int j = 0; j < 4; ++j) {
+                const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * 64));
+                lo[j] = _mm256_and_si256(c, m4);
+                hi[j] = _mm256_and_si256(_mm256_srli_epi16(c, 4), m4);
+            }
+#pragma GCC unroll 6
+            for (int i = 0; i < R; ++i) {
+                const int8_t* xq = x.qrow(m0 + i) + b * 32;
+                int32_t xw[8];
+                std::memcpy(xw, xq, 32);
+                // 16-bit sums of the 8 products pairs: at most 8 * 2 * 15 * 127 = 30480, no saturation
+                __m256i s = _mm256_maddubs_epi16(lo[0], _mm256_set1_epi32(xw[0]));
+                s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[0], _mm256_set1_epi32(xw[4])));
+#pragma GCC unroll 3
+                for (int j = 1; j < 4; ++j) {
+                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(lo[j], _mm256_set1_epi32(xw[j])));
+                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[j], _mm256_set1_epi32(xw[4 + j])));
+                }
+                const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(s, one));
+                acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(q8_dx(x, m0 + i, b))), p, acc[i]);
+                acc[i] = _mm256_fmadd_ps(o, _mm256_set1_ps(x.sxrow(m0 + i)[b]), acc[i]);
+            }
+        }
+        for (int i = 0; i < R; ++i) _mm256_storeu_ps(res + i * X16 + 8 * half, acc[i]);
+    }
+}
+#endif
+
+template <class F>
+void x16_dispatch(int64_t mb, const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, const uint8_t* pf) {
+    switch (mb) {
+#define DART_X16_CASE(r) \
+    case r:              \
+        if constexpr (r <= X16_MB) return x16_group<F, r>(x, m0, group, res, pf);
+        DART_X16_CASE(1) DART_X16_CASE(2) DART_X16_CASE(3) DART_X16_CASE(4) DART_X16_CASE(5) DART_X16_CASE(6)
+        DART_X16_CASE(7) DART_X16_CASE(8) DART_X16_CASE(9) DART_X16_CASE(10) DART_X16_CASE(11) DART_X16_CASE(12)
+        DART_X16_CASE(13) DART_X16_CASE(14) DART_X16_CASE(15) DART_X16_CASE(16)
+#undef DART_X16_CASE
+    }
+    throw std::logic_error("linear (interleaved rows): bad row block");
+}
+#endif
+
+template <class TX, class F>
+void linear_q8x16_impl(const TX* x, int64_t x_stride, int64_t M, int64_t K, const uint8_t* w, int64_t rb, int64_t N, const TX* bias,
+                       TX* out, int64_t out_stride) {
+    if (N % X16) throw std::invalid_argument("linear: interleaved weights hold whole groups of 16 rows, got " + std::to_string(N));
+    Q8Rows xq;
+    quantize_q8(x, x_stride, M, K, xq);
+    const int64_t groups = N / X16;
+#ifdef DART_V16
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* group = w + g * X16 * rb;
+        const uint8_t* pf = g + X16_PREFETCH_GROUPS < groups ? w + (g + X16_PREFETCH_GROUPS) * X16 * rb : nullptr;
+        float res[X16_MB * X16];
+        for (int64_t m0 = 0, r = 0; m0 < M; m0 += row_block(M, r++, X16_MB)) {
+            const int64_t mb = row_block(M, r, X16_MB);
+            x16_dispatch<F>(mb, xq, m0, group, res, m0 == 0 ? pf : nullptr);
+            for (int64_t i = 0; i < mb; ++i)
+                for (int64_t l = 0; l < X16; ++l) {
+                    float v = res[i * X16 + l];
+                    if (bias) v = v + to_f32(bias[g * X16 + l]);
+                    out[(m0 + i) * out_stride + g * X16 + l] = from_f32<TX>(v);
+                }
+        }
+    }
+#else
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; ++n)
+        for (int64_t m = 0; m < M; ++m) {
+            float v = x16_dot_ref<F>(xq, m, w + (n / X16) * X16 * rb, static_cast<int>(n % X16));
+            if (bias) v = v + to_f32(bias[n]);
+            out[m * out_stride + n] = from_f32<TX>(v);
+        }
+#endif
+}
+
 #ifdef __AVX512BF16__
 // bf16 on CPUs with AVX512-BF16: vdpbf16ps multiplies bf16 pairs and adds them into fp32 lanes with
 // the ISA's fixed order and rounding (lane l of a 32-element chunk takes elements 2l and 2l+1), twice
@@ -1403,6 +1607,8 @@ void linear_fmt(int wfmt, const TX* x, int64_t x_stride, int64_t M, int64_t K, c
             case WFormat::Q4_0: return linear_q8_impl<TX, FmtQ4_0>(x, x_stride, M, K, w, rb, N, bias, out, out_stride);
             case WFormat::Q4_1: return linear_q8_impl<TX, FmtQ4_1>(x, x_stride, M, K, w, rb, N, bias, out, out_stride);
             case WFormat::Q8_0: return linear_q8_impl<TX, FmtQ8_0>(x, x_stride, M, K, w, rb, N, bias, out, out_stride);
+            case WFormat::Q4_0X16: return linear_q8x16_impl<TX, FmtQ4_0>(x, x_stride, M, K, w, rb, N, bias, out, out_stride);
+            case WFormat::Q4_1X16: return linear_q8x16_impl<TX, FmtQ4_1>(x, x_stride, M, K, w, rb, N, bias, out, out_stride);
             default: throw std::invalid_argument("linear: int8 activations apply to GGUF block formats only, got format code " + std::to_string(wfmt & ~Q8_ACT));
         }
     }
@@ -1418,6 +1624,8 @@ void linear_fmt(int wfmt, const TX* x, int64_t x_stride, int64_t M, int64_t K, c
         case WFormat::Q4_0: return linear_impl<TX, FmtQ4_0>(x, x_stride, M, K, w, rb, N, bias, out, out_stride);
         case WFormat::Q4_1: return linear_impl<TX, FmtQ4_1>(x, x_stride, M, K, w, rb, N, bias, out, out_stride);
         case WFormat::Q8_0: return linear_impl<TX, FmtQ8_0>(x, x_stride, M, K, w, rb, N, bias, out, out_stride);
+        case WFormat::Q4_0X16:
+        case WFormat::Q4_1X16: throw std::invalid_argument("linear: interleaved weights multiply against int8 activations only");
     }
     throw std::invalid_argument("linear: unknown weight format code " + std::to_string(wfmt));
 }
@@ -1435,6 +1643,8 @@ int64_t row_bytes(int wfmt, int64_t K) {  // the Q8_ACT flag does not change how
         case WFormat::Q4_0: return format_row_bytes<FmtQ4_0>(K);
         case WFormat::Q4_1: return format_row_bytes<FmtQ4_1>(K);
         case WFormat::Q8_0: return format_row_bytes<FmtQ8_0>(K);
+        case WFormat::Q4_0X16: return format_row_bytes<FmtQ4_0>(K);
+        case WFormat::Q4_1X16: return format_row_bytes<FmtQ4_1>(K);
     }
     throw std::invalid_argument("unknown weight format code " + std::to_string(wfmt));
 }
@@ -1482,6 +1692,28 @@ template <class F> void dequantize_to(int out_dtype, const uint8_t* w, int64_t r
     throw std::invalid_argument("dequantize: unknown output dtype code " + std::to_string(out_dtype));
 }
 
+template <class F, class TO> void dequantize_x16_impl(const uint8_t* w, int64_t rb, int64_t K, const int64_t* rows, int64_t n, TO* out, int64_t out_stride) {
+#pragma omp parallel if (n * K > 65536)
+    {
+        std::vector<float> row(static_cast<size_t>(K));
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < n; ++i) {
+            const int64_t r = rows ? rows[i] : i;
+            dequant_row_x16<F>(w + (r / X16) * X16 * rb, static_cast<int>(r % X16), K, row.data());
+            for (int64_t k = 0; k < K; ++k) out[i * out_stride + k] = from_f32<TO>(row[k]);
+        }
+    }
+}
+
+template <class F> void dequantize_x16_to(int out_dtype, const uint8_t* w, int64_t rb, int64_t K, const int64_t* rows, int64_t n, uintptr_t out, int64_t out_stride) {
+    switch (static_cast<DType>(out_dtype)) {
+        case DType::F32: return dequantize_x16_impl<F>(w, rb, K, rows, n, ptr<float>(out), out_stride);
+        case DType::BF16: return dequantize_x16_impl<F>(w, rb, K, rows, n, ptr<uint16_t>(out), out_stride);
+        case DType::F16: return dequantize_x16_impl<F>(w, rb, K, rows, n, ptr<_Float16>(out), out_stride);
+    }
+    throw std::invalid_argument("dequantize: unknown output dtype code " + std::to_string(out_dtype));
+}
+
 void dequantize(int wfmt, uintptr_t w, int64_t rb, int64_t K, int64_t n_rows, uintptr_t rows, int64_t n, uintptr_t out, int64_t out_stride,
                 int out_dtype) {
     if (rb != row_bytes(wfmt, K)) throw std::invalid_argument("dequantize: weight rows of " + std::to_string(rb) + " bytes do not hold K elements");
@@ -1499,6 +1731,8 @@ void dequantize(int wfmt, uintptr_t w, int64_t rb, int64_t K, int64_t n_rows, ui
         case WFormat::Q4_0: return dequantize_to<FmtQ4_0>(out_dtype, wp, rb, K, r, n, out, out_stride);
         case WFormat::Q4_1: return dequantize_to<FmtQ4_1>(out_dtype, wp, rb, K, r, n, out, out_stride);
         case WFormat::Q8_0: return dequantize_to<FmtQ8_0>(out_dtype, wp, rb, K, r, n, out, out_stride);
+        case WFormat::Q4_0X16: return dequantize_x16_to<FmtQ4_0>(out_dtype, wp, rb, K, r, n, out, out_stride);
+        case WFormat::Q4_1X16: return dequantize_x16_to<FmtQ4_1>(out_dtype, wp, rb, K, r, n, out, out_stride);
     }
     throw std::invalid_argument("dequantize: unknown weight format code " + std::to_string(wfmt));
 }
