@@ -68,7 +68,7 @@ class DraftSession(Protocol):
 
     def propose(self, root: int, max_nodes: int) -> Proposal:
         """A tree rooted at `root` (the target's latest token) with at most `max_nodes` drafted nodes
-        besides it (the room left in the cache; may be lower than the drafter's own max_nodes)."""
+        besides it: the loop's budget for the step (step_budget), never above the drafter's max_nodes."""
 
 
 class Drafter(Protocol):
@@ -183,6 +183,12 @@ def context_limit(target: Target, max_length: int | None) -> int:
     return min(max_length or target.context_limit, target.context_limit)
 
 
+def step_budget(drafter: Drafter, capacity: int, cached: int) -> int:
+    """Drafted nodes the next tree may have: the drafter's max_nodes, cut to the room the cache has
+    left after the root. The one place a tree size is clamped: drafters draft exactly to it."""
+    return max(0, min(drafter.max_nodes, capacity - cached - 1))
+
+
 def cache_capacity(limit: int, prompt_len: int, max_new_tokens: int, max_nodes: int) -> int:
     """KV cache size for one generation. The cache holds prompt + output minus the pending root; a
     verify writes a tree of up to max_nodes drafted nodes and its root after that."""
@@ -214,7 +220,7 @@ def _loop(target, ids, drafter, params, limit, capacity) -> Iterator[StepEvent |
 
     while stop is None:
         t_step = clock()
-        max_nodes = capacity - cache.length - 1  # drafted nodes that fit after the root
+        max_nodes = step_budget(drafter, capacity, cache.length)
         proposal = session.propose(root, max_nodes)
         tree = proposal.tree.truncate(max_nodes + 1)
         t_verify = clock()

@@ -9,7 +9,7 @@ recorded continuation says which path of its tree the target accepts, and the dr
 was committed, as the generation loop would tell it. The accepted counts equal those of
 `generate` with the same drafter (tests/test_replay.py checks it on the embedded heads).
 
-Used to tune tree parameters (scripts/tune_scoring.py): τ of a setting in seconds of drafting
+Used to tune tree parameters (dart_core/tuning.py): τ of a setting in seconds of drafting
 instead of a bench run. It says nothing about time: a larger tree costs more to verify.
 """
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .generate import Drafter, GenerationParams, _ARSession, cache_capacity, context_limit, generate
+from .generate import Drafter, GenerationParams, _ARSession, cache_capacity, context_limit, generate, step_budget
 from .sampling import SamplingParams
 from .target import Prompt, Target
 
@@ -101,7 +101,7 @@ def replay(drafter: Drafter, rec: GreedyRecord) -> Replay:
     accepted, sizes = [], []
     pos = 0  # out[pos] is the root; out[:pos] is committed
     while pos < len(out) - 1:
-        max_nodes = capacity - (P + pos) - 1
+        max_nodes = step_budget(drafter, capacity, P + pos)  # as the loop does, with P + pos tokens cached
         tree = session.propose(out[pos], max_nodes).tree.truncate(max_nodes + 1)
         tokens = tree.tokens.tolist()
         node, path = 0, [0]

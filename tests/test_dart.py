@@ -149,7 +149,7 @@ def test_fewer_rows_are_the_first_rows_of_the_full_forward(qwen3):
         torch.testing.assert_close(session_after_prefix().draft_logits(int(tokens[6]), rows), full[:rows], atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="rows"):
         session_after_prefix().draft_logits(int(tokens[6]), D + 2)
-    proposal = session_after_prefix().propose(int(tokens[6]), 32)
+    proposal = session_after_prefix().propose(int(tokens[6]), drafter.max_nodes)  # the loop's budget: the drafter's 3 nodes
     assert len(proposal.info["topk_tokens"]) == 3  # a 3-node tree: three rows drafted
     vals, idx = full[:, :].float().topk(6, dim=-1)
     whole = ngram_cpp.prune(head.to_target_ids(idx).numpy(), vals.softmax(-1).numpy(), int(tokens[6]), tokens[:6].tolist(), None,
@@ -239,7 +239,7 @@ def test_draft_depth_limits_the_tree(tiny_llama):
     prompt = [5, 6, 7, 8]
     out = tiny_llama.prefill(prompt, tiny_llama.new_cache(64), capture=True)
     session.extend(prompt, out.hidden)
-    proposal = session.propose(9, 64)
+    proposal = session.propose(9, drafter.max_nodes)
     assert int(proposal.tree.depths.max()) <= 2 and len(proposal.info["topk_tokens"]) == 2
     ar = complete(tiny_llama, prompt, ARDrafter(), GenerationParams(20))
     assert complete(tiny_llama, prompt, drafter, GenerationParams(20)).output_ids == ar.output_ids

@@ -49,7 +49,7 @@ def proposer(drafter, target, capacity: int):
 def test_eagle3_tree_shape(tiny_llama):
     drafter = Eagle3Drafter(random_eagle3_head(tiny_llama, seed=2), tiny_llama, Eagle3Params(depth=3, top_k=5, max_nodes=19))
     propose = proposer(drafter, tiny_llama, 64)
-    tree = propose(64)
+    tree = propose(drafter.max_nodes)  # the loop's budget: the drafter's size when the cache has room
     assert len(tree) == 20 and tree.max_depth <= 4
     scores = tree.scores.tolist()
     assert all(scores[i] <= scores[int(tree.parents[i])] + 1e-6 for i in range(1, len(tree)))
@@ -87,9 +87,9 @@ def test_kernel_first_forward_matches_the_eager_head(tiny_llama):
     for d in (fast, eager):
         session = d.new_session(64)
         session.extend(ids[:4], out.hidden[:4])
-        session.propose(ids[4], 64)
+        session.propose(ids[4], params.max_nodes)
         session.extend(ids[4:], out.hidden[4:])  # the second step attends to the first's cached keys
-        trees.append(session.propose(11, 64).tree)
+        trees.append(session.propose(11, params.max_nodes).tree)
     assert trees[0].tokens.tolist() == trees[1].tokens.tolist() and trees[0].parents.tolist() == trees[1].parents.tolist()
     torch.testing.assert_close(trees[0].scores, trees[1].scores, atol=1e-4, rtol=0)
 
@@ -118,7 +118,7 @@ def test_training_time_test_matches_drafting(tiny_llama):
     out = tiny_llama.prefill(prefix, tiny_llama.new_cache(64), capture=True)
     session = drafter.new_session(64)
     session.extend(prefix, out.hidden)
-    tree = session.propose(root, 64).tree
+    tree = session.propose(root, drafter.max_nodes).tree
     chain = tree.tokens.tolist()[1:]
     assert len(chain) == K + 1 and tree.parents.tolist() == [-1] + list(range(K + 1))
 

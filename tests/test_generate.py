@@ -72,6 +72,38 @@ def test_context_limit_never_overflows(tiny_llama):
     assert summary.output_ids == ar[:9]
 
 
+def test_the_loop_clamps_the_tree_size(tiny_llama):
+    """The one clamp of a tree's size: each step's budget is the drafter's max_nodes, cut to the room
+    the cache has left; drafters draft to it as given."""
+    from dart_core.generate import cache_capacity, step_budget
+
+    budgets = []
+
+    class Recording(RandomTreeDrafter):
+        def new_session(self, capacity):
+            inner = super().new_session(capacity)
+
+            class Session:
+                def extend(self, ids, hidden):
+                    inner.extend(ids, hidden)
+
+                def propose(self, root, max_nodes):
+                    budgets.append(max_nodes)
+                    return inner.propose(root, max_nodes)
+
+            return Session()
+
+    prompt = PROMPTS[1]
+    run(tiny_llama, prompt, Recording(TINY_VOCAB, 6, 0), max_new_tokens=20)
+    assert budgets and set(budgets) == {6}  # room enough: the drafter's own size
+    budgets.clear()
+    limit = len(prompt) + 9
+    run(tiny_llama, prompt, Recording(TINY_VOCAB, 6, 0), max_new_tokens=100, max_length=limit)
+    assert budgets[0] == 6 and min(budgets) < 6  # near the context limit: what the cache still holds
+    capacity = cache_capacity(limit, len(prompt), 100, 6)
+    assert step_budget(Recording(TINY_VOCAB, 6), capacity, capacity - 1) == 0 and step_budget(ARDrafter(), capacity, 0) == 0
+
+
 def test_sampling_is_reproducible_with_a_seed(tiny_llama):
     sp = SamplingParams(temperature=0.9, top_p=0.95, top_k=20, seed=123)
     a = complete(tiny_llama, PROMPTS[0], RandomTreeDrafter(TINY_VOCAB), GenerationParams(20, sampling=sp))

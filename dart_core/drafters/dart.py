@@ -220,7 +220,6 @@ class _DartSession:
         sync = torch.cuda.synchronize if self.d.target.device.type == "cuda" else (lambda: None)
         t0 = time.perf_counter()
         p = self.d.params.prune
-        max_nodes = max(0, min(p.max_nodes, max_nodes))  # the drafter's size, cut to what the loop allows
         # a tree of `max_nodes` nodes is at most that deep: deeper rows could not change it
         rows = max(1, min(self.d.head.config.draft_length + 1, self.d.params.depth or max_nodes, max_nodes))
         logits = self.draft_logits(root, rows).float()

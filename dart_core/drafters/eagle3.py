@@ -31,7 +31,7 @@ from ..tree import DraftTree
 from .head import DraftHead, KernelHead, load_head
 
 
-ACCEPTANCE_FILE = "acceptance.json"  # beside an EAGLE3 head: its fitted ranking (scripts/fit_acceptance.py --method eagle3)
+ACCEPTANCE_FILE = "acceptance.json"  # beside an EAGLE3 head: its fitted ranking (python -m dart_core.cli.fit --method eagle3)
 ACCEPTANCE_FORMAT = "eagle3-acceptance/1"
 # The fitted ranking's features of a pool node: what the head said of it and of its siblings, and its
 # parent's fitted value (eagle3_features computes them).
@@ -91,7 +91,7 @@ def load_fitted_ranking(head_dir: str | os.PathLike | None) -> tuple | None:
             raise ValueError("weights must be rows of one weight per feature")
         return tuple(float(w) for row in data["weights"] for w in row)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f"{path}: not a fitted EAGLE3 ranking ({e}); refit it with scripts/fit_acceptance.py --method eagle3") from None
+        raise ValueError(f"{path}: not a fitted EAGLE3 ranking ({e}); refit it with python -m dart_core.cli.fit --method eagle3") from None
 
 
 class Eagle3Drafter:
@@ -111,11 +111,23 @@ class Eagle3Drafter:
         return _Eagle3Session(self, capacity)
 
 
+@dataclass
+class _Pool:
+    """The search's drafted nodes, in the order drafted (a parent before its children)."""
+
+    tokens: list[int]  # target ids
+    parents: list[int]  # pool index of each node's parent (-1: the root)
+    scores: torch.Tensor  # cumulative log-probability
+    own: list[float]  # the node's own log-probability
+    ranks: list[int]  # its place among its parent's top-k children
+    sib_top: list[float]  # the log-probability of that parent's top child
+
+
 class _Eagle3Session:
     def __init__(self, drafter: Eagle3Drafter, capacity: int):
         self.d = drafter
         c, p = drafter.head.config, drafter.params
-        self.collect = False  # keep last_pool (scripts/fit_acceptance.py sets it)
+        self.collect = False  # keep last_pool (dart_core/fitting.py sets it)
         scratch = p.top_k * p.depth
         self.cache = KVCache(1, c.num_key_value_heads, c.head_dim, capacity + scratch + 1, drafter.head.fc.weight.dtype, drafter.target.device)
         self.pending_ids: list[int] = []
@@ -137,10 +149,21 @@ class _Eagle3Session:
 
     @torch.inference_mode()
     def propose(self, root: int, max_nodes: int) -> Proposal:
-        head, target, p = self.d.head, self.d.target, self.d.params
-        dev = target.device
+        """The step's three stages, named as SGLang's EAGLE names them: extend (the committed tokens
+        through the head: the state at the root), expand (the tree search) and rank (the best
+        `max_nodes` nodes of the pool, as a tree)."""
         t0 = time.perf_counter()
-        # 1. the committed tokens: hidden states of the target, embeddings shifted by one
+        h = self.extend_root(root)
+        pool = self.expand(h, max_nodes)
+        t1 = time.perf_counter()
+        tree = self.rank(root, pool, max_nodes)
+        return Proposal(tree, t1 - t0, time.perf_counter() - t1, {})
+
+    def extend_root(self, root: int) -> torch.Tensor:
+        """1. One forward over the tokens committed since the last step (the target's hidden states,
+        the embeddings shifted by one, the root's last) into the head's cache: the state at the root (1, H)."""
+        head, target = self.d.head, self.d.target
+        dev = target.device
         S = len(self.pending_ids)
         emb = target.model.tok_embeddings(torch.tensor(self.pending_ids[1:] + [root], device=dev)).to(head.fc.weight.dtype)
         fast = self.d.fast
@@ -155,38 +178,39 @@ class _Eagle3Session:
             h = self._forward(u, residual, torch.arange(P, P + S, device=dev), mask)[-1:]  # the state at the root
         self.cache.commit(S)
         self.pending_ids, self.pending_aux = [], []
-        committed = self.cache.length
+        return h
 
-        # the search a tree of `keep` nodes can use: every kept node's parent is among the best
-        # `keep` of its level and among the kept nodes' ancestors, so wider or deeper is wasted
-        keep = max(0, min(p.max_nodes, max_nodes))
+    def expand(self, h: torch.Tensor, keep: int) -> _Pool:
+        """2. The search a tree of `keep` nodes can use: the root's top-k are the first frontier; then
+        `depth` times the frontier is fed back (each node with its parent's output state and its own
+        embedding, attending to the committed prefix and its own ancestors), every node's top-k
+        children join the pool, and the best top-k of them are the next frontier. Every kept node's
+        parent is among the best `keep` of its level and among the kept nodes' ancestors, so a search
+        wider than top_k = min(top_k, keep) or deeper than keep - 1 is wasted. The frontier's entries
+        in the head's cache are scratch, rewound at the end."""
+        head, target, p = self.d.head, self.d.target, self.d.params
+        dev = target.device
+        committed = self.cache.length
         top_k, depth = max(1, min(p.top_k, keep)), min(p.depth, max(0, keep - 1))
-        # pool of drafted nodes: token (target id), parent pool index (-1 = root), cumulative log-prob
-        tokens: list[int] = []
-        parents: list[int] = []
-        scores = torch.empty(0, device=dev)
         logp = head.logits(h).float().log_softmax(-1)[0]
         top = logp.topk(top_k)
         frontier = list(range(top_k))  # pool indices
-        tokens += head.to_target_ids(top.indices).tolist()
-        parents += [-1] * top_k
-        scores = top.values
-        # per node: its own log-prob, its rank among its parent's children, the top child's log-prob
-        own, ranks, sib_top = top.values.tolist(), list(range(top_k)), [top.values[0].item()] * top_k
+        pool = _Pool(head.to_target_ids(top.indices).tolist(), [-1] * top_k, top.values,
+                     top.values.tolist(), list(range(top_k)), [top.values[0].item()] * top_k)
         frontier_h = h.expand(top_k, -1)  # the parent state each frontier node is fed with
         fed: list[int] = []  # pool index of each scratch cache entry, in order
         for level in range(depth):
             n = len(frontier)
-            ids = torch.tensor([tokens[i] for i in frontier], device=dev)
+            ids = torch.tensor([pool.tokens[i] for i in frontier], device=dev)
             u, residual = head.inputs(None, frontier_h, target.model.tok_embeddings(ids).to(frontier_h.dtype))
             # each frontier node sees the committed prefix, its fed ancestors and itself
             anc = torch.zeros(n, len(fed) + n, dtype=torch.bool, device=dev)
-            where = {pool: j for j, pool in enumerate(fed)}
+            where = {node: j for j, node in enumerate(fed)}
             for r, node in enumerate(frontier):
-                a = parents[node]
+                a = pool.parents[node]
                 while a >= 0:
                     anc[r, where[a]] = True
-                    a = parents[a]
+                    a = pool.parents[a]
                 anc[r, len(fed) + r] = True
             mask = torch.cat((torch.ones(n, committed, dtype=torch.bool, device=dev), anc), dim=1)
             positions = torch.full((n,), committed + level, device=dev)
@@ -195,26 +219,31 @@ class _Eagle3Session:
             fed += frontier
             child_logp = head.logits(out).float().log_softmax(-1)
             top = child_logp.topk(top_k, dim=-1)
-            cand = (scores[frontier][:, None] + top.values).reshape(-1)  # (n*k,)
-            base = len(tokens)
-            tokens += head.to_target_ids(top.indices.reshape(-1)).tolist()
-            parents += [f for f in frontier for _ in range(top_k)]
-            scores = torch.cat((scores, cand))
-            own += top.values.reshape(-1).tolist()
-            ranks += list(range(top_k)) * n
-            sib_top += [v for v in top.values[:, 0].tolist() for _ in range(top_k)]
+            cand = (pool.scores[frontier][:, None] + top.values).reshape(-1)  # (n*k,)
+            base = len(pool.tokens)
+            pool.tokens += head.to_target_ids(top.indices.reshape(-1)).tolist()
+            pool.parents += [f for f in frontier for _ in range(top_k)]
+            pool.scores = torch.cat((pool.scores, cand))
+            pool.own += top.values.reshape(-1).tolist()
+            pool.ranks += list(range(top_k)) * n
+            pool.sib_top += [v for v in top.values[:, 0].tolist() for _ in range(top_k)]
             best = cand.topk(min(top_k, cand.numel())).indices.sort().values
             frontier = (base + best).tolist()
             frontier_h = out[best // top_k]
         self.cache.rewind(committed)
-        t1 = time.perf_counter()
+        return pool
 
-        sc = scores.tolist()
+    def rank(self, root: int, pool: _Pool, keep: int) -> DraftTree:
+        """3. The tree: the pool's best `keep` nodes by cumulative log-probability (EAGLE's rule) or by
+        the fitted ln P(accepted), ties parent-first, in pool order so parents precede children."""
+        p = self.d.params
+        tokens, parents = pool.tokens, pool.parents
+        sc = pool.scores.tolist()
         depth = [0] * len(tokens)
         for i, par in enumerate(parents):
             depth[i] = 1 if par < 0 else depth[par] + 1
         if p.ranking or self.collect:
-            feats = eagle3_features(sc, parents, own, ranks, sib_top)
+            feats = eagle3_features(sc, parents, pool.own, pool.ranks, pool.sib_top)
             if self.collect:
                 self.last_pool = (list(tokens), list(parents), list(depth), feats)
             if p.ranking:  # rank by the fitted ln P(accepted) (never above the parent's: the kept set stays closed)
@@ -225,14 +254,12 @@ class _Eagle3Session:
             if parents[i] < 0 or parents[i] in chosen:
                 chosen.add(i)
         kept = sorted(chosen)
-        index = {pool: j + 1 for j, pool in enumerate(kept)}
-        tree = DraftTree.from_parents(
+        index = {node: j + 1 for j, node in enumerate(kept)}
+        return DraftTree.from_parents(
             [root] + [tokens[i] for i in kept],
             [-1] + [index.get(parents[i], 0) for i in kept],
             [0.0] + [sc[i] for i in kept],
         )
-        t2 = time.perf_counter()
-        return Proposal(tree, t1 - t0, t2 - t1, {})
 
 
 RANKINGS = ("fitted", "score")
