@@ -31,8 +31,8 @@ OBJECTIVES = {
 }
 
 
-def main(objective: str, description: str, argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(objective: str, description: str, argv: list[str] | None = None, prog: str | None = None) -> int:
+    p = argparse.ArgumentParser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_flag(p, help="target: 'default', a local dir or a hub id")
     p.add_argument("--data", nargs="+", required=True, help="training files (.json/.jsonl/.txt, see dart_core.data)")
     p.add_argument("--work", type=Path, required=True, help="work dir: cache/, train/ (checkpoints, history)")
@@ -143,7 +143,7 @@ def cli(argv: list[str] | None = None) -> int:
     if not argv or argv[0] not in OBJECTIVES:
         print(f"usage: python -m dart_core.cli.train {{{','.join(OBJECTIVES)}}} [flags] (-h after the objective for its flags)", file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
-    return main(argv[0], OBJECTIVES[argv[0]], argv[1:])
+    return main(argv[0], OBJECTIVES[argv[0]], argv[1:], prog=f"python -m dart_core.cli.train {argv[0]}")
 
 
 if __name__ == "__main__":
