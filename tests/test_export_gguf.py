@@ -19,7 +19,8 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 from gguf.quants import dequantize
 from safetensors.torch import load_file, save_file
 
-from dart_core.export_gguf import cached_eagle3_gguf, export_eagle3_gguf, main
+from dart_core.cli.export_gguf import main
+from dart_core.export_gguf import cached_eagle3_gguf, export_eagle3_gguf
 from dart_core.loading import cache_root, embedded_gguf_path, ensure_embedded_model
 from dart_core.model import ModelArgs, apply_rope
 
