@@ -28,7 +28,8 @@ import torch  # noqa: E402
 from dart_core import calibrate, load_target, peers  # noqa: E402
 from dart_core.drafters import DEFAULT_DART_HEAD as DEFAULT_DART  # noqa: E402
 from dart_core.drafters import DEFAULT_EAGLE3_HEAD as DEFAULT_EAGLE3  # noqa: E402
-from dart_core.cli.options import add_drafter_flags, add_dtype_flag, add_model_flag, add_threads_flag, drafter_configs  # noqa: E402
+from dart_core.cli.options import (add_drafter_flags, add_dtype_flag, add_model_flag, add_threads_flag,  # noqa: E402
+                                   drafter_configs, unset_sizes)
 from dart_core.drafters.config import DartConfig, DrafterConfigs, Eagle3Config  # noqa: E402
 from dart_core.drafters.registry import build_drafter, embedded_head_exists, ngram_choice  # noqa: E402
 from dart_core.loading import AUTO, DEFAULT_MODEL, EMBEDDED_NAME, TARGET_DTYPE_CHOICES  # noqa: E402
@@ -185,8 +186,9 @@ def load_weights(args, device, notes: list[str], progress: Progress):
         return target, choice, None, f"Weights {choice.reason}."
     progress(f"loading the target {args.base_model_name_or_path} ({device}) on the weights path chosen for this machine (--dtype auto)")
     try:
-        target, choice, dart = calibrate.choose_weights(args.base_model_name_or_path, device, True, args,
-                                                        log=lambda m: log.warning("%s", m))
+        config = drafter_configs(args, args.base_model_name_or_path == DEFAULT_MODEL).dart
+        target, choice, dart = calibrate.choose_weights(args.base_model_name_or_path, device, True, config,
+                                                        log=lambda m: log.warning("%s", m), enabled=not args.no_calibration)
     except (ValueError, OSError, RuntimeError) as e:  # e.g. a damaged τ table: start on the old default, and say so
         notes.append(f"The weights path was not calibrated ({e}); {calibrate.AUTO_FALLBACK} is used.")
         target = load_target(args.base_model_name_or_path, device, calibrate.AUTO_FALLBACK)
@@ -232,26 +234,28 @@ def cost_view(target, weights, dart_nodes: int | None, dart_size) -> tuple[CostV
     return CostView(tuple(paths), caption), why
 
 
-def calibrate_sizes(args, target, default_target: bool, notes: list[str], progress: Progress,
-                    known=None) -> tuple[str | None, dict]:
-    """Set the tree sizes the command line left unset to the ones calibrated on this machine
-    (dart_core/calibrate.py; a few seconds on first start, the forward costs cached after); returns the
+def calibrate_sizes(args, target, configs: DrafterConfigs, notes: list[str], progress: Progress,
+                    known=None) -> tuple[DrafterConfigs, str | None, dict]:
+    """The configs with the tree sizes the command line left unset calibrated on this machine
+    (dart_core/calibrate.py; a few seconds on first start, the forward costs cached after), the
     header's line saying what was chosen and why, and the choices by drafter. `known`: DART's size
     timed already while choosing the weights path (not timed again). A head that cannot be read here is left to its
     loader below, which reports it; the calibration then notes that it did not run."""
-    wanted = {m for m in ("dart", "eagle3") if head_named(m, args) or embedded_head_exists(m)}
+    wanted = {m for m in ("dart", "eagle3") if head_named(m, args) or embedded_head_exists(m)} & unset_sizes(args)
     if not wanted:
-        return None, {}
+        return configs, None, {}
     progress("calibrating the tree sizes on this machine")
     try:
-        choices = calibrate.calibrate_unset_sizes(target, args, wanted, default_target, log=lambda m: log.warning("%s", m), known=known)
+        configs, choices = calibrate.calibrate_unset_sizes(target, configs, wanted, log=lambda m: log.warning("%s", m), known=known,
+                                                           enabled=not args.no_calibration)
     except (ValueError, OSError, RuntimeError) as e:
         notes.append(f"Tree sizes not calibrated ({e}); the device default is used.")
-        return None, {}
+        return configs, None, {}
     if not choices:
-        return None, {}
+        return configs, None, {}
     names = {"dart": "DART", "eagle3": "EAGLE3"}
-    return "Tree size " + "; ".join(f"{names[m]}: {c.reason}" for m, c in choices.items()) + " (--max-nodes N overrides).", choices
+    line = "Tree size " + "; ".join(f"{names[m]}: {c.reason}" for m, c in choices.items()) + " (--max-nodes N overrides)."
+    return configs, line, choices
 
 
 def llamacpp_gguf(args, default_target: bool) -> tuple[Path | None, str]:
@@ -333,8 +337,8 @@ def load_models(args, compute: ComputeThread) -> Loaded:
     if args.template_name:
         notes.append(f"--template-name {args.template_name} ignored: the tokenizer's own chat template is used.")
     default_target = args.base_model_name_or_path == DEFAULT_MODEL
-    tree_line, sizes = calibrate_sizes(args, target, default_target, notes, progress, known={"dart": dart_size} if dart_size else None)
-    configs = drafter_configs(args, default_target)  # the flags, with the tree sizes calibrated above
+    configs, tree_line, sizes = calibrate_sizes(args, target, drafter_configs(args, default_target), notes, progress,
+                                                known={"dart": dart_size} if dart_size else None)
     dart_nodes = configs.dart.tree_size(device.type) if embedded_head_exists("dart") or head_named("dart", args) else None
     costs, costs_note = cost_view(target, weights, dart_nodes, sizes.get("dart", dart_size))
     drafters = {}

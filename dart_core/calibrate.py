@@ -32,11 +32,12 @@ import os
 import platform
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 
+from .drafters.config import DartConfig, DrafterConfigs
 from .generate import Drafter, DraftSession, Proposal
 from .replay import GreedyRecord, record_greedy, replay
 from .target import Target
@@ -304,51 +305,40 @@ def calibrate_drafter(target: Target, drafter: Drafter, head_dir: str | os.PathL
     return choose_max_nodes(costs.ms, tau, drafting_ms(drafter, record, sizes))
 
 
-# flag dest of each drafter's tree size, and its default head
-SIZE_FLAGS = {"dart": ("max_nodes", "dart_model"), "eagle3": ("eagle3_max_nodes", "eagle3_model")}
-
-
-def calibrate_unset_sizes(target: Target, args, methods, default_target: bool, log=None,
-                          known: dict[str, SizeChoice] | None = None) -> dict[str, SizeChoice]:
-    """For each drafter in `methods` whose tree size the command line left unset (--max-nodes,
-    --eagle3-max-nodes), set it on `args` to the calibrated size, and return the choices (with their
-    reasons) by drafter. Only on the CPU kernel path: elsewhere (CUDA, eager) the device default stays.
-    --no-calibration keeps the device default everywhere. `known`: choices already made on this
-    target with these flags (choose_weights makes DART's), used instead of timing the drafter again."""
+def calibrate_unset_sizes(target: Target, configs: DrafterConfigs, unset, log=None,
+                          known: dict[str, SizeChoice] | None = None,
+                          enabled: bool = True) -> tuple[DrafterConfigs, dict[str, SizeChoice]]:
+    """For each drafter in `unset` (whose tree size the user left unset), the size calibrated on this
+    machine: returns the configs with those sizes and the choices (with their reasons) by drafter.
+    An EAGLE3 without a τ table follows DART's size, so both verify trees of one size. Only on the CPU
+    kernel path and when `enabled` (--no-calibration turns it off): elsewhere the configs come back as
+    they were. `known`: choices already made on this target with these configs (choose_weights makes
+    DART's), used instead of timing the drafter again."""
     from .drafters import DEFAULT_DART_HEAD, DEFAULT_EAGLE3_HEAD, default_max_nodes
     from .drafters.head import resolve_head_dir
     from .drafters.registry import build_drafter
 
-    if getattr(args, "no_calibration", False) or not target.model.kernel_path(MAX_CALIBRATED_ROWS, target.device):
-        return {}
+    if not enabled or not target.model.kernel_path(MAX_CALIBRATED_ROWS, target.device):
+        return configs, {}
     defaults = {"dart": DEFAULT_DART_HEAD, "eagle3": DEFAULT_EAGLE3_HEAD}
     fallback = default_max_nodes(target.device.type)
     choices = {}
-    for method in [m for m in SIZE_FLAGS if m in methods]:
-        size_dest, head_dest = SIZE_FLAGS[method]
-        if getattr(args, size_dest) is not None:
-            continue
+    for method in [m for m in ("dart", "eagle3") if m in unset]:  # DART first: an uncalibrated EAGLE3 follows it
+        config = configs[method]
         if known and method in known:
             choice = known[method]
         else:
-            named = getattr(args, head_dest)
-            head_dir = resolve_head_dir(named) if named is not None else defaults[method]
-            probe = argparse_copy(args, max_nodes=MAX_CALIBRATED_ROWS - 1, eagle3_max_nodes=MAX_CALIBRATED_ROWS - 1)
-            drafter = build_drafter(method, target, probe, default_target)
+            head_dir = resolve_head_dir(config.head) if config.head is not None else defaults[method]
+            drafter = build_drafter(method, target, replace(config, max_nodes=MAX_CALIBRATED_ROWS - 1))
             choice = calibrate_drafter(target, drafter, head_dir, fallback)
-        if choice.calibrated or method == "dart":  # an uncalibrated EAGLE3 keeps following DART's size, as before
-            setattr(args, size_dest, choice.max_nodes)
+        if choice.calibrated or method == "dart":
+            configs = replace(configs, **{method: replace(config, max_nodes=choice.max_nodes)})
+        else:
+            configs = replace(configs, eagle3=replace(config, max_nodes=configs.dart.max_nodes))
         choices[method] = choice
         if log is not None:
             log(f"{method} tree size: {choice.reason}")
-    return choices
-
-
-def argparse_copy(args, **overrides):
-    """A copy of a flags namespace with some values replaced."""
-    import argparse
-
-    return argparse.Namespace(**{**vars(args), **overrides})
+    return configs, choices
 
 
 # ------------------------------------------------------------------------------ the weights path
@@ -405,15 +395,10 @@ def fixed_weights(model, device, use_kernels: bool, no_calibration: bool = False
     return WeightsChoice(AUTO_FALLBACK, f"{AUTO_FALLBACK} ({why})")
 
 
-def _dart_flag_values(args) -> dict:
-    """DART's flags as given (but the tree size and --no-calibration, keyed apart): the drafting cost
-    and τ depend on them, so they key the cached weights choice."""
-    import argparse
-
-    from .drafters.registry import add_drafter_flags
-
-    group = add_drafter_flags(argparse.ArgumentParser(add_help=False))["dart"]
-    return {a.dest: str(getattr(args, a.dest, None)) for a in group._group_actions if a.dest not in ("max_nodes", "no_calibration")}
+def _config_key(config: DartConfig) -> dict:
+    """DART's settings but its tree size (keyed apart): the drafting cost and τ depend on them, so
+    they key the cached weights choice."""
+    return {k: str(v) for k, v in asdict(config).items() if k != "max_nodes"}
 
 
 def rank_weights(entries: list[dict], rule: str, why_plain: str | None = None) -> WeightsChoice:
@@ -439,8 +424,9 @@ def rank_weights(entries: list[dict], rule: str, why_plain: str | None = None) -
     return WeightsChoice(best["dtype"], reason, paths, calibrated=True, rule=rule, measured_at=time.strftime("%Y-%m-%d %H:%M:%S"))
 
 
-def choose_weights(model=None, device="cpu", use_kernels: bool = True, args=None, threads: int | None = None,
-                   refresh: bool = False, log=None) -> tuple[Target, WeightsChoice, SizeChoice | None]:
+def choose_weights(model=None, device="cpu", use_kernels: bool = True, config: DartConfig | None = None,
+                   threads: int | None = None, refresh: bool = False, log=None,
+                   enabled: bool = True) -> tuple[Target, WeightsChoice, SizeChoice | None]:
     """--dtype auto: the target loaded on the weights path that makes DART fastest on this machine,
     the choice (with every candidate's costs), and DART's tree size on that path (None where it was not
     calibrated: the bench and the app pass it to calibrate_unset_sizes, which then does not time DART again).
@@ -449,23 +435,23 @@ def choose_weights(model=None, device="cpu", use_kernels: bool = True, args=None
     costs measured (forward_costs: cached as before); DART's drafting cost is timed once, beside the
     first path, and used for both (its head runs in bf16 beside either: head_dtype; drafting reads none
     of the target's weights), and the head's τ table is the one it ships. Each path is ranked by DART's
-    expected tokens/s at its best tree size (--max-nodes N: at N); without a τ table, by the one-token
-    step. The choice is cached beside the forward costs, keyed by the host, the τ table and DART's flags;
-    a later start loads only the chosen path. Elsewhere: fixed_weights."""
+    expected tokens/s at its best tree size (config.max_nodes N: at N); without a τ table, by the
+    one-token step. The choice is cached beside the forward costs, keyed by the host, the τ table and
+    DART's config; a later start loads only the chosen path. Elsewhere, or not `enabled`: fixed_weights."""
     from .drafters import DEFAULT_DART_HEAD
     from .drafters.head import resolve_head_dir
-    from .drafters.registry import build_drafter, drafter_args
+    from .drafters.registry import build_drafter
     from .loading import DEFAULT_MODEL, resolve_model_dir
     from .target import load_target
 
     model = model or DEFAULT_MODEL
-    args = args if args is not None else drafter_args()
+    config = config if config is not None else DartConfig()
     say = log or (lambda msg: None)
-    fixed = fixed_weights(model, device, use_kernels, getattr(args, "no_calibration", False))
+    fixed = fixed_weights(model, device, use_kernels, not enabled)
     if fixed is not None:
         return load_target(model, device, fixed.dtype, kernels=use_kernels), fixed, None
     threads = threads or torch.get_num_threads()
-    head_dir = resolve_head_dir(args.dart_model) if args.dart_model is not None else DEFAULT_DART_HEAD
+    head_dir = resolve_head_dir(config.head) if config.head is not None else DEFAULT_DART_HEAD
     tau, why_plain = None, None
     if not (Path(head_dir) / "config.json").is_file():
         why_plain = f"no DART head at {head_dir}"
@@ -474,12 +460,12 @@ def choose_weights(model=None, device="cpu", use_kernels: bool = True, args=None
         if tau is None:
             why_plain = f"the DART head has no {TAU_FILE}"
     sizes = sorted(n for n in (tau or {}) if n + 1 <= MAX_CALIBRATED_ROWS)
-    if args.max_nodes is not None and tau is not None:
-        sizes = [args.max_nodes] if args.max_nodes in sizes else []
+    if config.max_nodes is not None and tau is not None:
+        sizes = [config.max_nodes] if config.max_nodes in sizes else []
         if not sizes:
-            why_plain = f"--max-nodes {args.max_nodes} is not a calibrated size (1-{MAX_CALIBRATED_ROWS - 1} with a τ)"
+            why_plain = f"--max-nodes {config.max_nodes} is not a calibrated size (1-{MAX_CALIBRATED_ROWS - 1} with a τ)"
     key = {**host_key(threads), "kind": "weights", "model_dir": str(resolve_model_dir(model)), "candidates": list(WEIGHTS_CANDIDATES),
-           "tau": {str(n): tau[n] for n in sizes} if sizes else None, "dart_flags": _dart_flag_values(args), "max_nodes": args.max_nodes}
+           "tau": {str(n): tau[n] for n in sizes} if sizes else None, "dart_config": _config_key(config), "max_nodes": config.max_nodes}
     path = _cache_path("weights", key)
     if not refresh and path.is_file():
         try:
@@ -503,7 +489,7 @@ def choose_weights(model=None, device="cpu", use_kernels: bool = True, args=None
         if sizes and draft_ms is None and why_plain is None:
             say(f"timing DART's drafting by replay beside {dtype} (once: the head runs the same beside every path)")
             try:
-                drafter = build_drafter("dart", target, argparse_copy(args, max_nodes=max(sizes)), True)
+                drafter = build_drafter("dart", target, replace(config, max_nodes=max(sizes)))
                 record = record_greedy(target, [{"role": "user", "content": OVERHEAD_PROMPT}], OVERHEAD_TOKENS)
                 draft_ms = drafting_ms(drafter, record, sizes)
                 del drafter, record  # they hold this path's target: let it go if another path wins
@@ -540,85 +526,7 @@ def weights_table(choice: WeightsChoice) -> str:
     return "\n".join(lines)
 
 
-# ------------------------------------------------------------------------------ command line
+if __name__ == "__main__":  # python -m dart_core.calibrate: the command line is dart_core/cli/calibrate.py
+    from .cli.calibrate import main
 
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-    import sys
-
-    from .bench import held_out_questions
-    from .drafters import DEFAULT_DART_HEAD, DEFAULT_EAGLE3_HEAD, default_max_nodes
-    from .drafters.registry import build_drafter, drafter_args
-    from .loading import AUTO, DEFAULT_MODEL, TARGET_DTYPE_CHOICES
-
-    p = argparse.ArgumentParser(prog="python -m dart_core.calibrate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--dtype", choices=TARGET_DTYPE_CHOICES, default=AUTO,
-                   help="the target's weights, as the bench's --dtype (default auto: measure each path, "
-                        f"{', '.join(WEIGHTS_CANDIDATES)}, and print which one makes DART fastest here)")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--write-tau", nargs="*", choices=["dart", "eagle3"], default=None, metavar="METHOD",
-                   help=f"measure τ by tree size for the default heads of these methods by exact replay and write {TAU_FILE} beside each")
-    p.add_argument("--dataset", type=Path, nargs="+", default=None, help="--write-tau: question files (first turns)")
-    p.add_argument("--skip", type=int, default=10, help="--write-tau: prompts skipped per file (the bench reports on the first 10)")
-    p.add_argument("--limit", type=int, default=10, help="--write-tau: prompts per file after --skip")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--sizes", default="1-16", help="--write-tau: tree sizes, e.g. 1-16 or 2,5,8")
-    p.add_argument("--refresh", action="store_true", help="measure the forward costs (and, with --dtype auto, the weights choice) again and save them, instead of reading the calibration cache")
-    args = p.parse_args(argv)
-    if args.write_tau is not None and args.dtype == AUTO:
-        p.error("--write-tau measures τ on one weights path, which the file records: give --dtype (the shipped tables used gguf)")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    from .target import load_target
-
-    heads = {"dart": DEFAULT_DART_HEAD, "eagle3": DEFAULT_EAGLE3_HEAD}
-    known = {}
-    if args.dtype == AUTO:
-        log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-        target, weights, dart = choose_weights(DEFAULT_MODEL, "cpu", True, drafter_args(), args.threads, args.refresh, log)
-        when = f" (cached {weights.measured_at}; --refresh measures again)" if weights.from_cache else " (measured now)" if weights.calibrated else ""
-        print(f"weights (--dtype auto): {weights.reason}{when}")
-        if weights.paths:
-            print(weights_table(weights))
-        if dart is not None:
-            known["dart"] = dart
-    else:
-        target = load_target(DEFAULT_MODEL, "cpu", args.dtype)
-    if args.write_tau is not None:
-        if not args.dataset:
-            raise SystemExit("--write-tau needs --dataset (held-out prompts: not the ones the bench reports on)")
-        lo, _, hi = args.sizes.partition("-")
-        sizes = list(range(int(lo), int(hi) + 1)) if hi else [int(x) for x in args.sizes.split(",")]
-        questions = held_out_questions(args.dataset, args.skip, args.limit)
-        t0 = time.perf_counter()
-        records = [record_greedy(target, [{"role": "user", "content": q["turns"][0]}], args.max_new_tokens) for _, q in questions]
-        print(f"recorded {len(records)} greedy decodes in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-        for method in args.write_tau or ["dart", "eagle3"]:
-            drafter = build_drafter(method, target, drafter_args(max_nodes=max(sizes)), True)
-            tau = tau_by_size(drafter, records, sizes)
-            out = heads[method] / TAU_FILE
-            out.write_text(json.dumps({
-                "method": method, "tau": {str(n): round(t, 4) for n, t in tau.items()},
-                "prompts": f"{len(records)}: prompts {args.skip + 1}-{args.skip + args.limit} of " + ", ".join(d.name for d in args.dataset),
-                "max_new_tokens": args.max_new_tokens, "weights": target.weights,
-                "command": "python -m dart_core.calibrate " + " ".join(argv if argv is not None else sys.argv[1:]),
-            }, indent=1) + "\n")
-            print(f"{method}: " + "  ".join(f"{n}:{t:.3f}" for n, t in tau.items()) + f"  -> {out}")
-        return 0
-    costs = forward_costs(target, args.threads, refresh=args.refresh and args.dtype != AUTO)  # auto measured them just now
-    print(f"{target.weights}, {costs.key['kernels']}, {costs.key['threads']} threads, {costs.key['cpu']}"
-          f" ({'cached ' + costs.measured_at if costs.from_cache else 'measured now'})")
-    print("forward ms by rows: " + "  ".join(f"{k}:{v:.2f} ({costs.ratio(k):.2f}x)" for k, v in costs.ms.items()))
-    for method, head in heads.items():
-        if method in known:  # timed while choosing the weights, on this very target and flags
-            choice = known[method]
-        else:
-            drafter = build_drafter(method, target, drafter_args(max_nodes=MAX_CALIBRATED_ROWS - 1), True)
-            choice = calibrate_drafter(target, drafter, head, fallback=default_max_nodes(target.device.type), threads=args.threads)
-        print(f"{method}: {choice.reason}")
-    return 0
-
-
-if __name__ == "__main__":
     raise SystemExit(main())

@@ -3,7 +3,7 @@ per tree level for DART's pruner (ngram_cpp/src/pruner.h), per depth for EAGLE3'
 (dart_core/drafters/eagle3.py). Its command line is `python -m dart_core.cli.fit`.
 
 1. Greedy records (dart_core/replay.py) of training prompts: the first prompts of the self-distilled
-   corpus's pool (dart_core.corpus.prompt_pool, the bench sets excluded, seed 0), which are its
+   corpus's pool (dart_core.training.corpus.prompt_pool, the bench sets excluded, seed 0), which are its
    validation split: no head was trained on them, and no bench prompt is among them.
 2. Replay of the drafter on every record (`collect`): at every step DART's search is run again in the
    Python reference (ngram_cpp/reference.py pool_features, the executable copy of pruner.cpp,
@@ -48,7 +48,7 @@ def record_training_prompts(target, data: list[str], exclude: list[str], n: int,
                             log: Callable[[str], None] = _quiet):
     """Greedy records of the first `n` pool prompts (of the first `pool_size`: the corpus's
     validation split) that fit `max_prompt_tokens`."""
-    from .corpus import prompt_pool
+    from .training.corpus import prompt_pool
 
     records = []
     for i, pp in enumerate(prompt_pool(data, exclude, seed=0)[:pool_size]):

@@ -15,7 +15,7 @@ and writes the cache itself.
     add_rmsnorm(x, delta, w)     x + delta and RMSNorm of it (the residual add fused with the next norm)
     tree_attention(...)          one layer's attention for T new rows, see the function
     TreeAttention(...)           the same, its geometry checked once for a forward's layers
-    decode_attention(...)        one query row for each of B sequences with their own caches (batched generation)
+    RowsAttention(...)           one new row for each of B sequences with their own caches (batched generation)
 
 Weights are float32/bfloat16/float16 tensors or `BlockWeight`s: GGUF blocks (Q8_0, Q4_0, Q4_1) read
 as stored and dequantized in registers to the exact fp32 values of the GGUF's own dequantization, so
@@ -57,7 +57,8 @@ def _import(path: str):
         return None
 
 
-def _features() -> dict[str, bool]:
+def cpu_features() -> dict[str, bool]:
+    """The CPU features the builds need, as this CPU has them (empty without a generic build)."""
     generic = _import("generic")
     return dict(generic.cpu_features()) if generic is not None else {}
 
@@ -69,7 +70,7 @@ def built_paths() -> list[str]:
 
 def runnable_paths() -> list[str]:
     """The builds present that this CPU can run, best first."""
-    feats = _features()
+    feats = cpu_features()
     return [p for p in built_paths() if all(feats.get(f, False) for f in PATHS[p])]
 
 
@@ -80,7 +81,7 @@ def _choose():
             raise ImportError(f"{ENV}={forced!r}: choose one of {', '.join(PATHS)} or auto")
         if forced not in runnable_paths():
             why = "was not built" if forced not in built_paths() else "needs CPU features this CPU lacks: " + ", ".join(
-                f for f in PATHS[forced] if not _features().get(f, False))
+                f for f in PATHS[forced] if not cpu_features().get(f, False))
             raise ImportError(f"{ENV}={forced}: the {forced} kernels {why}")
         return _import(forced)
     for p in runnable_paths():
@@ -441,11 +442,12 @@ class LayerStack:
         pointer): the model's own code never does that; `Transformer.reset_layer_stack()` rebuilds."""
         return self._end_pointers() != self._ends
 
-    def __call__(self, x: torch.Tensor, attention: "TreeAttention", k_cache: torch.Tensor, v_cache: torch.Tensor,
+    def __call__(self, x: torch.Tensor, attention: "TreeAttention | RowsAttention", k_cache: torch.Tensor, v_cache: torch.Tensor,
                  capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """x (T, H) embeddings; k_cache, v_cache (L, nkv, capacity, hd) views whose layers are a fixed
-        stride apart. Returns (residual before the last MLP output, that output, the residual at the
-        input of each layer in `capture`, concatenated (T, len(capture) * H), or None)."""
+        """x (T, H) embeddings; k_cache, v_cache (L, *attention.cache_shape) views whose layers are a
+        fixed stride apart: (L, nkv, capacity, hd) for a tree over one cache, (L, B, nkv, capacity, hd)
+        for rows of separate sequences. Returns (residual before the last MLP output, that output, the
+        residual at the input of each layer in `capture`, concatenated (T, len(capture) * H), or None)."""
         T, H = x.shape
         if x.dtype != self.dtype or T != attention.T or attention.dtype != self.dtype:
             raise ValueError(f"LayerStack: x must be ({attention.T}, H) {self.dtype}, got {tuple(x.shape)} {x.dtype}")
@@ -456,6 +458,7 @@ class LayerStack:
                 raise ValueError(f"LayerStack: caches must be ({shape}) {self.dtype} with contiguous layers")
         if k_cache.stride() != v_cache.stride():
             raise ValueError("LayerStack: the k and v caches must have one layout")
+        tree = isinstance(attention, TreeAttention)
         x = x.contiguous().clone()
         pending = torch.empty_like(x)
         capture = tuple(sorted(capture))  # columns in layer order, as the per-op loop appends them
@@ -464,9 +467,9 @@ class LayerStack:
         _ext.layers_forward(
             self.code, self.plan.data_ptr(), L, T, H, self.intermediate, attention.n_heads, attention.n_kv_heads, attention.hd,
             self.eps, attention.rope.cos.data_ptr(), attention.rope.sin.data_ptr(), attention.positions.data_ptr(),
-            attention.parents.data_ptr(), attention.committed, k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0),
-            attention.capacity, x.data_ptr(), pending.data_ptr(), cap_idx.data_ptr(), len(capture),
-            0 if captured is None else captured.data_ptr(),
+            attention.parents.data_ptr() if tree else 0, attention.committed if tree else 0, k_cache.data_ptr(),
+            v_cache.data_ptr(), k_cache.stride(0), 0 if tree else k_cache.stride(1), attention.capacity, x.data_ptr(),
+            pending.data_ptr(), cap_idx.data_ptr(), len(capture), 0 if captured is None else captured.data_ptr(),
         )
         return x, pending, captured
 
@@ -498,28 +501,50 @@ def tree_attention(
     return plan(q, k, v, k_cache, v_cache)
 
 
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """One layer's attention for one new row of each of B sequences (continuous batching).
+class RowsAttention:
+    """One forward's attention for B separate sequences, one new row each (continuous batching,
+    `Transformer.decode_rows`), its geometry checked once for all layers.
 
-    q (B, nh*hd) with contiguous rows, RoPE applied; k_cache / v_cache (B, nkv, capacity, hd)
-    contiguous, the new rows' keys and values already written; lengths (B,) int64, the keys visible to
-    each sequence (its new row's included). Returns (B, nh*hd). Each sequence reads only its own
-    lengths[b] keys (no padding to the longest, no copy of the cache)."""
-    code = _code(q)
-    B, nkv, cap, hd = k_cache.shape
-    if not (q.dtype == k_cache.dtype == v_cache.dtype):
-        raise TypeError("q and the caches must share one dtype")
-    if v_cache.shape != k_cache.shape or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError("k_cache and v_cache must be contiguous (B, nkv, capacity, head_dim) tensors")
-    if q.shape != (B, n_heads * hd) or n_heads % nkv:
-        raise ValueError(f"q {tuple(q.shape)} does not match the cache {tuple(k_cache.shape)} with {n_heads} heads")
-    if lengths.shape != (B,) or lengths.dtype != torch.long:
-        raise ValueError("lengths must be a (B,) int64 tensor")
-    lengths = lengths.contiguous().cpu()
-    out = torch.empty(B, n_heads * hd, dtype=q.dtype)
-    _ext.decode_attention(code, q.data_ptr(), _rows(q, "q"), k_cache.data_ptr(), v_cache.data_ptr(), cap, lengths.data_ptr(),
-                          B, n_heads, nkv, hd, 1.0 / math.sqrt(hd), out.data_ptr(), n_heads * hd)
-    return out
+    committed (B,) int64: sequence b's committed length, which is also its new row's position and
+    cache slot; caches of `cache_shape` (B, nkv, capacity, hd) and `dtype`, sequence b's in [b].
+    Calling it runs one layer: q (B, nh*hd), k and v (B, nkv*hd), before RoPE; row b's key and value
+    are written at slot committed[b] of cache b. Row b runs exactly the arithmetic of a one-token
+    `TreeAttention` call on cache b alone (the C++ shares the code), so a sequence decoded beside
+    others gets the bits plain decoding gives it, and no padding to the longest one is computed."""
+
+    def __init__(self, rope: RopeTable, committed: torch.Tensor, n_heads: int, n_kv_heads: int,
+                 cache_shape: tuple[int, int, int, int], dtype: torch.dtype):
+        B, nkv, self.capacity, hd = cache_shape
+        if committed.shape != (B,) or committed.dtype != torch.long:
+            raise ValueError(f"committed must be a ({B},) int64 tensor, one length per cache row")
+        if nkv != n_kv_heads or n_heads % nkv:
+            raise ValueError(f"the cache holds {nkv} KV heads; the model has {n_heads} query and {n_kv_heads} KV heads")
+        self.positions = committed.contiguous().cpu()
+        if B and (int(self.positions.min()) < 0 or int(self.positions.max()) >= self.capacity):
+            raise ValueError(f"every sequence needs a free cache slot: lengths {self.positions.tolist()}, capacity {self.capacity}")
+        self.code = _code(torch.empty(0, dtype=dtype))
+        self.dtype, self.cache_shape = dtype, tuple(cache_shape)
+        self.T, self.n_heads, self.n_kv_heads, self.hd = B, n_heads, n_kv_heads, hd
+        self.q_shape, self.kv_shape = (B, n_heads * hd), (B, nkv * hd)
+        rope.ensure(int(self.positions.max()) + 1 if B else 1)
+        self.rope = rope
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        dt = self.dtype
+        if not (q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype == dt):
+            raise TypeError(f"q, k, v and the caches must all be {dt}")
+        if q.shape != self.q_shape or k.shape != self.kv_shape or v.shape != self.kv_shape:
+            raise ValueError(f"q/k/v shapes {tuple(q.shape)}/{tuple(k.shape)}/{tuple(v.shape)}: expected {self.q_shape}/{self.kv_shape}/{self.kv_shape}")
+        if k_cache.shape != self.cache_shape or v_cache.shape != self.cache_shape or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+            raise ValueError(f"k_cache and v_cache must be contiguous {self.cache_shape} tensors")
+        nh, hd = self.n_heads, self.hd
+        out = torch.empty(self.T, nh * hd, dtype=dt)
+        _ext.rows_attention(
+            self.code, q.data_ptr(), _rows(q, "q"), k.data_ptr(), _rows(k, "k"), v.data_ptr(), _rows(v, "v"),
+            self.rope.cos.data_ptr(), self.rope.sin.data_ptr(), self.positions.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+            k_cache.stride(0), self.capacity, self.T, nh, self.n_kv_heads, hd, 1.0 / math.sqrt(hd), out.data_ptr(), nh * hd,
+        )
+        return out
 
 
 def read_bandwidth(mib: int = 256, repeats: int = 9) -> float:
@@ -573,31 +598,7 @@ def time_forwards(dtype: str, rows: list[int], repeats: int = 15, prefix: int = 
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    import argparse
+if __name__ == "__main__":  # python -m dart_core.kernels: the command line is dart_core/cli/kernels.py
+    from .cli.kernels import main
 
-    from .loading import DTYPE_CHOICES
-
-    p = argparse.ArgumentParser(description="The CPU kernel builds this machine has, and optionally the embedded target's forward cost by rows.")
-    p.add_argument("--time", nargs="*", choices=DTYPE_CHOICES, metavar="DTYPE",
-                   help="time forwards of the embedded target in these weight dtypes (e.g. gguf bfloat16) on the build in use")
-    p.add_argument("--rows", default="1,2,4,6,9,16", help="row counts to time (default 1,2,4,6,9,16)")
-    p.add_argument("--threads", type=int, default=None)
-    args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    feats = _features()
-    print("CPU features:", ", ".join(f for f, on in sorted(feats.items()) if on) or "unknown (no generic build)")
-    print("builds present:", ", ".join(built_paths()) or "none")
-    print("builds this CPU runs:", ", ".join(runnable_paths()) or "none")
-    print("in use:", describe(), f"({torch.get_num_threads()} threads)")
-    rows = [int(r) for r in args.rows.split(",")]
-    for dtype in args.time or []:
-        ms = time_forwards(dtype, rows)
-        cells = "  ".join(f"{m} rows {v:.2f} ms ({v / ms[rows[0]]:.2f}x)" for m, v in ms.items())
-        print(f"{dtype:9s} {cells}")
-    return 0
-
-
-if __name__ == "__main__":
     raise SystemExit(main())

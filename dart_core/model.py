@@ -138,6 +138,58 @@ class KVCache:
         self.length = length
 
 
+class RowCache:
+    """Keys/values of B separate sequences, one cache row each (continuous batching, `decode_rows`).
+
+    k, v (L, B, nkv, capacity, hd); row b holds lengths[b] committed tokens. A forward writes each
+    row's new token at slot lengths[b] of its row without moving the lengths; `commit` keeps them. A
+    row is filled from a prefilled one-sequence KVCache (`load`) and emptied by `clear`."""
+
+    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, rows: int, capacity: int, dtype: torch.dtype,
+                 device: torch.device | str):
+        if rows <= 0 or capacity <= 0:
+            raise ValueError(f"a row cache needs rows and capacity, got {rows} rows of {capacity}")
+        shape = (n_layers, rows, n_kv_heads, capacity, head_dim)
+        # zeros, not empty: a row's unused slots are never read, but the eager path's padded attention
+        # multiplies them by a zero weight, and 0 * NaN would not be 0
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.lengths = torch.zeros(rows, dtype=torch.long, device=device)
+        self.rows, self.capacity = rows, capacity
+
+    def load(self, row: int, cache: KVCache) -> None:
+        """Row `row` takes the committed entries of a one-sequence cache (a prompt prefilled alone)."""
+        n = cache.length
+        if n >= self.capacity:
+            raise RuntimeError(f"a prompt of {n} tokens leaves no room in cache rows of {self.capacity}")
+        self.k[:, row, :, :n] = cache.k[:, 0, :, :n]
+        self.v[:, row, :, :n] = cache.v[:, 0, :, :n]
+        self.lengths[row] = n
+
+    def clear(self, row: int) -> None:
+        self.lengths[row] = 0
+
+    def commit(self) -> None:
+        """Keep every row's pending token."""
+        self.lengths += 1
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The eager path: store k, v (B, nkv, 1, hd) at each row's slot; return the layer's keys and
+        values (B, nkv, end, hd) up to the longest row's new slot (see `attention_mask`)."""
+        if int(self.lengths.max()) >= self.capacity:
+            raise RuntimeError(f"a sequence fills its cache row of {self.capacity} entries")
+        rows = torch.arange(self.rows, device=self.k.device)
+        self.k[layer, rows, :, self.lengths] = k[:, :, 0]
+        self.v[layer, rows, :, self.lengths] = v[:, :, 0]
+        end = int(self.lengths.max()) + 1
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def attention_mask(self) -> torch.Tensor:
+        """(B, 1, 1, end) bool: row b sees its own lengths[b] + 1 keys of the padded `write` result."""
+        end = int(self.lengths.max()) + 1
+        return (torch.arange(end, device=self.k.device)[None, :] <= self.lengths[:, None])[:, None, None]
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -291,20 +343,54 @@ class Transformer(nn.Module):
         if self.kernel_path(T, tokens.device) and (parents is not None or tree_mask is None):
             if parents is None:
                 parents = torch.arange(-1, T - 1)
-            return self._forward_kernels(tokens, positions, cache, parents, logits_at, capture, final, logits)
-        P = cache.length
+            cache.check_room(T)
+            attention = kernels.TreeAttention(
+                self._rope_table_for_kernels(), positions, parents, cache.length, self.args.n_heads, self.args.n_kv_heads,
+                tuple(cache.k.shape[2:]), cache.k.dtype,
+            )
+            return self._forward_kernels(tokens, attention, cache.k[:, 0], cache.v[:, 0], logits_at, capture, final, logits)
         x = self.tok_embeddings(tokens[None])  # (1, T, H)
+        dtype = x.dtype if self.prefill_dtype is None else self.prefill_dtype
+        cos, sin = self.rope(positions, dtype)
+        mask = self._attention_mask(tree_mask, cache.length, T, x.device)
+        return self._forward_eager(x, cos, sin, cache, mask, logits_at, capture, final, logits)
+
+    @torch.inference_mode()
+    def decode_rows(self, tokens: torch.Tensor, cache: RowCache, capture: bool = False, final: bool = False,
+                    logits: bool = True) -> ForwardOutput:
+        """One new token for each of B separate sequences (continuous batching): tokens (B,) int64,
+        token b at position and slot cache.lengths[b] of row b. Returns logits (B, V), the captured
+        states (B, 3H) and final states (B, H) as `forward` does. Leaves the lengths (cache.commit()).
+
+        On the kernels (B <= kernels.MAX_ROWS on a CPU) row b's results are bit-identical to the
+        one-token step of plain decoding of sequence b alone; elsewhere the eager path pads each row's
+        keys to the longest and masks them."""
+        B = tokens.shape[0]
+        if tokens.shape != (cache.rows,):
+            raise ValueError(f"one token per cache row: got {tuple(tokens.shape)} for {cache.rows} rows")
+        if self.kernel_path(B, tokens.device):
+            attention = kernels.RowsAttention(
+                self._rope_table_for_kernels(), cache.lengths, self.args.n_heads, self.args.n_kv_heads,
+                tuple(cache.k.shape[1:]), cache.k.dtype,
+            )
+            return self._forward_kernels(tokens, attention, cache.k, cache.v, None, capture, final, logits)
+        x = self.tok_embeddings(tokens)[:, None]  # (B, 1, H)
+        cos, sin = self.rope(cache.lengths, x.dtype)
+        return self._forward_eager(x, cos[:, None, None], sin[:, None, None], cache, cache.attention_mask(), None, capture,
+                                   final, logits)
+
+    def _forward_eager(self, x, cos, sin, cache, mask, logits_at, capture, final, logits) -> ForwardOutput:
+        """The torch path of `forward` and `decode_rows`: x (B, T, H) embeddings with B == 1 or T == 1;
+        cos / sin broadcast against (B, heads, T, hd). The outputs are (B*T, ...) rows."""
         out_dtype = x.dtype
         if self.prefill_dtype is not None:
             x = x.to(self.prefill_dtype)
-        cos, sin = self.rope(positions, x.dtype)
-        mask = self._attention_mask(tree_mask, P, T, x.device)
         captured = []
         for i, layer in enumerate(self.layers):
             if capture and i in self.capture:
-                captured.append(x[0])
+                captured.append(x.flatten(0, 1))
             x = layer(x, cos, sin, cache, i, mask)
-        x = x[0].to(out_dtype)
+        x = x.flatten(0, 1).to(out_dtype)
         if logits_at is not None:
             x = x[logits_at]
         normed = self.norm(x)
@@ -316,23 +402,21 @@ class Transformer(nn.Module):
         """Whether a forward of T new tokens runs the batch-invariant kernels."""
         return self.use_kernels and T <= kernels.MAX_ROWS and kernels.supports(self.output.weight.dtype, device)
 
-    def _forward_kernels(self, tokens, positions, cache: KVCache, parents, logits_at, capture, final, logits) -> ForwardOutput:
-        """The kernel path of `forward` (same contract). Every op here is row-wise, so a row's result
-        depends on its own inputs only (attention: on its own key sequence)."""
-        a = self.args
+    def _rope_table_for_kernels(self) -> kernels.RopeTable:
         if self._rope_table is None:
             self._rope_table = kernels.RopeTable(self.inv_freq, self.rope_scale)
-        T, P = tokens.shape[0], cache.length
-        cache.check_room(T)
-        attention = kernels.TreeAttention(
-            self._rope_table, positions, parents, P, a.n_heads, a.n_kv_heads, tuple(cache.k.shape[2:]), cache.k.dtype
-        )
+        return self._rope_table
+
+    def _forward_kernels(self, tokens, attention, k_cache, v_cache, logits_at, capture, final, logits) -> ForwardOutput:
+        """The kernel path of `forward` and `decode_rows` (same contract): attention is the forward's
+        TreeAttention or RowsAttention, k_cache / v_cache (L, *attention.cache_shape). Every op here is
+        row-wise, so a row's result depends on its own inputs only (attention: on its own key sequence)."""
         x = self.tok_embeddings(tokens)  # (T, H)
         stack = self._layer_stack()
         if stack is not None:
-            x, pending, hidden = stack(x, attention, cache.k[:, 0], cache.v[:, 0], self.capture if capture else ())
+            x, pending, hidden = stack(x, attention, k_cache, v_cache, self.capture if capture else ())
         else:
-            x, pending, hidden = self._layers_per_op(x, attention, cache, capture)
+            x, pending, hidden = self._layers_per_op(x, attention, k_cache, v_cache, capture)
         if logits_at is not None:
             x, pending = x[logits_at].contiguous(), pending[logits_at].contiguous()
         _, normed = kernels.add_rmsnorm(x, pending, self.norm.weight, self.norm.eps)
@@ -363,7 +447,7 @@ class Transformer(nn.Module):
         """Forget the LayerStack's plan (its raw weight pointers): call after replacing a single weight."""
         self._stack = None
 
-    def _layers_per_op(self, x, attention, cache: KVCache, capture: bool):
+    def _layers_per_op(self, x, attention, k_cache, v_cache, capture: bool):
         """The decoder layers one kernel call at a time (the reference LayerStack reproduces bit for
         bit, and the path of models it does not cover). Returns (x, pending, captured or None)."""
         a = self.args
@@ -381,7 +465,7 @@ class Transformer(nn.Module):
             if a.qk_norm:
                 q = att.q_norm(q.reshape(T, a.n_heads, a.head_dim)).reshape(T, q_out)
                 k = att.k_norm(k.reshape(T, a.n_kv_heads, a.head_dim)).reshape(T, kv_out)
-            o = attention(q, k, v, cache.k[i, 0], cache.v[i, 0])
+            o = attention(q, k, v, k_cache[i], v_cache[i])
             x, h = kernels.add_rmsnorm(x, kernels.linear(o, att.wo.weight), layer.ffn_norm.weight, layer.ffn_norm.eps)
             pending = kernels.linear(kernels.silu_mul(kernels.linear(h, ffn.w13.weight)), ffn.w2.weight)
         return x, pending, (torch.cat(captured, dim=-1) if capture else None)

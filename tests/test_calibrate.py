@@ -9,9 +9,11 @@ import json
 import pytest
 
 from dart_core import calibrate
+from dart_core.cli import calibrate as calibrate_cli
 from dart_core.cli.bench import parse_args
 from dart_core.drafters import DEFAULT_DART_HEAD, DEFAULT_EAGLE3_HEAD
-from dart_core.cli.options import drafter_args, drafter_configs
+from dart_core.cli.options import drafter_args, drafter_configs, unset_sizes
+from dart_core.drafters.config import DartConfig, DrafterConfigs
 from dart_core.drafters.registry import build_drafter
 from dart_core.replay import record_greedy, replay
 
@@ -91,22 +93,24 @@ def test_unset_sizes_are_calibrated_and_set_ones_kept(embedded_bf16, tmp_path, m
     monkeypatch.setattr(calibrate, "REPEATS", 2)
     monkeypatch.setattr(calibrate, "OVERHEAD_TOKENS", 16)
     args = parse_args(["--methods", "ar,dart,eagle3", "--dataset", "unused.jsonl", "--max-nodes", "7"])
-    choices = calibrate.calibrate_unset_sizes(embedded_bf16, args, {"dart", "eagle3"}, True)
-    assert args.max_nodes == 7 and "dart" not in choices  # given on the command line: kept
-    assert choices["eagle3"].calibrated and args.eagle3_max_nodes == choices["eagle3"].max_nodes
-    assert 1 <= args.eagle3_max_nodes <= calibrate.MAX_CALIBRATED_ROWS - 1
+    assert unset_sizes(args) == {"eagle3"}
+    configs, choices = calibrate.calibrate_unset_sizes(embedded_bf16, drafter_configs(args, True), unset_sizes(args))
+    assert configs.dart.max_nodes == 7 and "dart" not in choices  # given on the command line: kept
+    assert choices["eagle3"].calibrated and configs.eagle3.max_nodes == choices["eagle3"].max_nodes
+    assert 1 <= configs.eagle3.max_nodes <= calibrate.MAX_CALIBRATED_ROWS - 1
 
-    args = parse_args(["--methods", "ar,dart", "--dataset", "unused.jsonl", "--no-calibration"])
-    assert calibrate.calibrate_unset_sizes(embedded_bf16, args, {"dart"}, True) == {} and args.max_nodes is None
+    unset = drafter_configs(drafter_args(), True)
+    assert calibrate.calibrate_unset_sizes(embedded_bf16, unset, {"dart"}, enabled=False) == (unset, {})  # --no-calibration
 
     # a head without a τ table keeps the device default, and says why; EAGLE3 then follows DART's size
     bare = tmp_path / "head"
     bare.mkdir()
     for f in ("config.json", "model.safetensors"):
         (bare / f).symlink_to(DEFAULT_EAGLE3_HEAD / f)
-    args = parse_args(["--methods", "ar,eagle3", "--dataset", "unused.jsonl", "--eagle3-model", str(bare)])
-    choice = calibrate.calibrate_unset_sizes(embedded_bf16, args, {"eagle3"}, True)["eagle3"]
-    assert not choice.calibrated and "no tree_sizes.json" in choice.reason and args.eagle3_max_nodes is None
+    args = parse_args(["--methods", "ar,eagle3", "--dataset", "unused.jsonl", "--eagle3-model", str(bare), "--max-nodes", "3"])
+    configs, choices = calibrate.calibrate_unset_sizes(embedded_bf16, drafter_configs(args, True), {"eagle3"})
+    choice = choices["eagle3"]
+    assert not choice.calibrated and "no tree_sizes.json" in choice.reason and configs.eagle3.max_nodes == 3
 
 
 # ------------------------------------------------------------------------------ the weights path (--dtype auto)
@@ -144,7 +148,7 @@ def test_auto_is_bfloat16_where_nothing_is_measured():
 
 def test_auto_needs_an_explicit_dtype_to_write_tau():
     with pytest.raises(SystemExit):
-        calibrate.main(["--write-tau", "dart", "--dataset", "unused.jsonl"])
+        calibrate_cli.main(["--write-tau", "dart", "--dataset", "unused.jsonl"])
     assert parse_args(["--dataset", "unused.jsonl"]).dtype == "auto"  # the bench's default
 
 
@@ -176,12 +180,11 @@ def test_auto_measures_each_path_once_and_caches_the_choice(tmp_path, monkeypatc
     assert again.from_cache and again.dtype == choice.dtype and again.paths == choice.paths
     assert loads == [choice.dtype] and again_target.weights == target.weights and again_dart == dart
     # other DART flags are another choice (its drafting costs differ): measured again
-    args = drafter_args(no_ngram=True)
-    assert not calibrate.choose_weights("default", "cpu", True, args, threads=1)[1].from_cache
+    no_ngram = DartConfig(use_ngram=False)
+    assert not calibrate.choose_weights("default", "cpu", True, no_ngram, threads=1)[1].from_cache
     # the tree size timed while choosing is DART's size, not timed again
-    args = parse_args(["--methods", "ar,dart", "--dataset", "unused.jsonl"])
-    sizes = calibrate.calibrate_unset_sizes(again_target, args, {"dart"}, True, known={"dart": again_dart})
-    assert sizes["dart"] is again_dart and args.max_nodes == dart.max_nodes
+    configs, sizes = calibrate.calibrate_unset_sizes(again_target, DrafterConfigs(), {"dart"}, known={"dart": again_dart})
+    assert sizes["dart"] is again_dart and configs.dart.max_nodes == dart.max_nodes
 
 
 def calibrate_load_target():

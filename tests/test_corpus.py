@@ -1,4 +1,4 @@
-"""The self-distilled corpus (dart_core.corpus) on a tiny target with a word tokenizer: the prompt
+"""The self-distilled corpus (dart_core.training.corpus) on a tiny target with a word tokenizer: the prompt
 pool, continuous batching against plain decoding, the captured states against a teacher-forced
 forward, resuming, the exported corpus, the draft vocabulary, and training on answers only."""
 
@@ -12,7 +12,7 @@ import torch
 
 from conftest import build_tiny_checkpoint
 from dart_core import GenerationParams, SamplingParams, Summary, generate, kernels
-from dart_core.corpus import (
+from dart_core.training.corpus import (
     CorpusConfig,
     ContinuousBatcher,
     _Job,
@@ -87,12 +87,20 @@ def plain_greedy(target, ids, max_new):
     return out
 
 
-@pytest.mark.parametrize("fused", [False, pytest.param(True, marks=pytest.mark.skipif(not kernels.AVAILABLE, reason="no C++ kernels"))])
-def test_continuous_batching_equals_plain_decoding_and_captures_the_states(word_target, fused):
+@pytest.fixture(params=[pytest.param(True, marks=pytest.mark.skipif(not kernels.AVAILABLE, reason="no C++ kernels")), False],
+                ids=["kernels", "eager"])
+def use_kernels(request, word_target):
+    """The target's forwards on the CPU kernels (decode_rows' rows exact) or on its eager torch path."""
+    word_target.model.use_kernels = request.param
+    yield request.param
+    word_target.model.use_kernels = True
+
+
+def test_continuous_batching_equals_plain_decoding_and_captures_the_states(word_target, use_kernels):
     g = torch.Generator().manual_seed(5)
     prompts = [word_target.encode(sentence(g, 2 + 3 * k)) for k in range(7)]
-    # fewer rows than prompts: rows are refilled; fused: attention through the batched C++ kernel
-    batcher = ContinuousBatcher(word_target, slots=3, capacity=128, temperature=0.7, capture=True, fused=fused)
+    # fewer rows than prompts: rows are refilled, and idle rows wait at the end
+    batcher = ContinuousBatcher(word_target, slots=3, capacity=128, temperature=0.7, capture=True)
     results = {r.index: r for r in run_batcher(batcher, (_Job(k, p, None) for k, p in enumerate(prompts)), max_new=20)}
     assert sorted(results) == list(range(7))
     for k, p in enumerate(prompts):
@@ -130,7 +138,7 @@ def corpus_cfg(prompt_files, out, **kw):
 
 
 def test_corpus_resumes_exports_and_rebuilds(word_target, prompt_files, tmp_path, monkeypatch):
-    import dart_core.corpus as corpus
+    import dart_core.training.corpus as corpus
 
     monkeypatch.setattr(corpus, "SHARD_TOKENS", 150)
     one = generate_corpus(word_target, corpus_cfg(prompt_files, tmp_path / "one"))
@@ -189,7 +197,7 @@ def test_corpus_resumes_exports_and_rebuilds(word_target, prompt_files, tmp_path
 def test_sigterm_keeps_the_finished_records_and_the_run_resumes(word_target, prompt_files, tmp_path, monkeypatch):
     import signal
 
-    import dart_core.corpus as corpus
+    import dart_core.training.corpus as corpus
 
     full = {r["index"]: r["ids"] for r in corpus_records(generate_corpus(word_target, corpus_cfg(prompt_files, tmp_path / "full")))}
     step, calls = corpus.ContinuousBatcher.step, []

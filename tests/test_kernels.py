@@ -145,25 +145,33 @@ def test_tree_attention_row_equals_one_token_call(dtype, nh, nkv, hd, kpath):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_decode_attention_matches_sdpa_and_is_batch_invariant(dtype, kpath):
+@pytest.mark.parametrize("nh,nkv,hd", [(6, 2, 32), (6, 3, 24)])
+def test_rows_attention_is_each_sequence_alone(dtype, nh, nkv, hd, kpath):
+    """Rows of separate sequences (continuous batching): row b's output and its cache writes are the
+    bits of a one-token tree_attention call on sequence b's cache alone, whatever the other rows."""
     torch.manual_seed(7)
-    B, nh, nkv, hd, cap = 5, 6, 2, 32, 40
-    lengths = torch.tensor([1, 7, 40, 16, 23])
+    B, cap = 5, 40
+    committed = torch.tensor([0, 7, 39, 16, 23])
     kc, vc = torch.randn(B, nkv, cap, hd).to(dtype), torch.randn(B, nkv, cap, hd).to(dtype)
-    q = torch.randn(B, nh * hd).to(dtype)
-    out = kernels.decode_attention(q, kc, vc, lengths, nh)
+    q, k, v = (torch.randn(B, n * hd).to(dtype) for n in (nh, nkv, nkv))
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, hd, 2).float() / hd))
+    rope = kernels.RopeTable(inv_freq, 1.0)
+    rows_k, rows_v = kc.clone(), vc.clone()
+    plan = kernels.RowsAttention(rope, committed, nh, nkv, (B, nkv, cap, hd), dtype)
+    out = plan(q, k, v, rows_k, rows_v)
+    root = torch.tensor([-1])
     for b in range(B):
-        L = int(lengths[b])
-        ref = F.scaled_dot_product_attention(q[b].view(1, nh, 1, hd).float(), kc[b : b + 1, :, :L].float(), vc[b : b + 1, :, :L].float(), enable_gqa=True)
-        torch.testing.assert_close(out[b].float(), ref.reshape(-1), atol=TOL[dtype] * 4, rtol=TOL[dtype])
-        one = kernels.decode_attention(q[b : b + 1], kc[b : b + 1].contiguous(), vc[b : b + 1].contiguous(), lengths[b : b + 1], nh)
-        assert torch.equal(one[0], out[b])  # a sequence's result does not depend on the others
+        P = int(committed[b])
+        one_k, one_v = kc[b].clone(), vc[b].clone()
+        one = kernels.tree_attention(q[b : b + 1], k[b : b + 1], v[b : b + 1], rope, committed[b : b + 1], one_k, one_v, P, root, nh, nkv)
+        assert torch.equal(one[0], out[b]), f"row {b} differs from its sequence alone"
+        assert torch.equal(one_k[:, : P + 1], rows_k[b, :, : P + 1]) and torch.equal(one_v[:, : P + 1], rows_v[b, :, : P + 1])
+    with pytest.raises(ValueError, match="free cache slot"):
+        kernels.RowsAttention(rope, torch.tensor([0, 7, 40, 16, 23]), nh, nkv, (B, nkv, cap, hd), dtype)  # a full row
+    with pytest.raises(ValueError, match="one length per cache row"):
+        kernels.RowsAttention(rope, committed[:-1], nh, nkv, (B, nkv, cap, hd), dtype)
     with pytest.raises(ValueError):
-        kernels.decode_attention(q, kc, vc, torch.tensor([1, 7, 41, 16, 23]), nh)  # past the capacity
-    with pytest.raises(ValueError):
-        kernels.decode_attention(q, kc, vc, torch.tensor([0, 7, 40, 16, 23]), nh)  # no key to attend to
-    with pytest.raises(ValueError):
-        kernels.decode_attention(q[:, :-1], kc, vc, lengths, nh)
+        plan(q[:, :-1], k, v, rows_k, rows_v)
 
 
 def _random_blocks(fmt: str, N: int, K: int, seed: int) -> kernels.BlockWeight:
@@ -520,6 +528,59 @@ def test_layer_stack_is_the_per_op_loop(tiny_ckpt, dtype, kpath):
         for x, y in zip(a, b):
             assert (x is None and y is None) or torch.equal(x, y), f"{arch} {dtype} {n} nodes"
     assert (target.model._stack is None) == (arch == "qwen3")
+
+
+def _decode_rows_against_alone(target, prompts, steps: int, capacity: int = 40):
+    """Decode `steps` tokens for every prompt at once with Transformer.decode_rows, and each prompt
+    alone with one-token steps; yields (row, batched output, alone output, row's cache, alone cache)."""
+    from dart_core.model import RowCache
+
+    model, a = target.model, target.model.args
+    rows = RowCache(a.n_layers, a.n_kv_heads, a.head_dim, len(prompts), capacity, target.dtype, "cpu")
+    alone = []
+    for b, p in enumerate(prompts):
+        cache = target.new_cache(capacity)
+        target.prefill(p, cache, capture=False)
+        cache.commit(len(p))
+        rows.load(b, cache)
+        alone.append(cache)
+    tokens = torch.tensor([p[-1] for p in prompts])
+    for _ in range(steps):
+        out = model.decode_rows(tokens, rows, capture=True, final=True)
+        for b, cache in enumerate(alone):
+            one = model(tokens[b : b + 1], torch.tensor([cache.length]), cache, capture=True, final=True, parents=torch.tensor([-1]))
+            yield b, out, one, rows, cache
+            cache.commit(1)
+        rows.commit()
+        tokens = out.logits.argmax(-1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_rows_are_one_sequence_steps(tiny_ckpt, dtype, kpath):
+    """Continuous batching's forward (Transformer.decode_rows: the corpus generator's): each row of
+    separate sequences of different lengths gets the bits of plain decoding's one-token step of that
+    sequence alone (logits, final states, the keys and values written), on the layer stack (Llama,
+    Qwen2) and the per-op loop (Qwen3's q/k norms)."""
+    arch, path = tiny_ckpt
+    target = tiny_target(path, dtype)
+    rng = random.Random(13)
+    prompts = [[rng.randrange(4, 96) for _ in range(n)] for n in (3, 9, 1, 14)]
+    for b, out, one, rows, cache in _decode_rows_against_alone(target, prompts, steps=4):
+        n = cache.length
+        assert torch.equal(out.logits[b], one.logits[0]) and torch.equal(out.final[b], one.final[0]), f"{arch} {dtype} row {b}"
+        assert torch.equal(rows.k[:, b, :, : n + 1], cache.k[:, 0, :, : n + 1]) and torch.equal(rows.v[:, b, :, : n + 1], cache.v[:, 0, :, : n + 1])
+
+
+def test_decode_rows_eager_path_agrees(tiny_ckpt):
+    """Without the kernels (use_kernels off: another device, no compiler) decode_rows pads every row
+    to the longest and masks: the same next tokens, logits within fp32 rounding."""
+    _, path = tiny_ckpt
+    target = tiny_target(path)
+    target.model.use_kernels = False
+    rng = random.Random(17)
+    prompts = [[rng.randrange(4, 96) for _ in range(n)] for n in (5, 2, 11)]
+    for b, out, one, _, _ in _decode_rows_against_alone(target, prompts, steps=3):
+        torch.testing.assert_close(out.logits[b], one.logits[0], atol=1e-4, rtol=1e-4)
 
 
 def test_layer_stack_on_the_embedded_gguf_with_capture(kpath):

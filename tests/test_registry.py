@@ -126,13 +126,11 @@ def test_tree_size_and_ngram_resolution(tmp_path):
         resolve_ngram(configs("--ngram-model", str(tmp_path / "empty")).dart)
 
 
-def test_calibrate_still_builds_from_flags():
-    """dart_core/calibrate.py passes its flags and whether the target is the embedded default to
-    build_drafter (a compatibility path until it passes configs): the same config either way."""
-    from dart_core.cli.options import config_from_flags, drafter_args
-    from dart_core.drafters import registry
+def test_build_drafter_takes_configs_only():
+    """The library builds drafters from typed configs; flags become configs at the edge only."""
+    from dart_core.drafters.registry import build_drafter
 
-    assert registry.drafter_args is drafter_args  # the helpers calibrate.py imports from the registry
-    args = drafter_args(max_nodes=4, eagle3_max_nodes=6)
-    assert config_from_flags("dart", args, True) == DartConfig.embedded(max_nodes=4)
-    assert config_from_flags("eagle3", args) == Eagle3Config(max_nodes=6)
+    with pytest.raises(TypeError, match="expected a DartConfig"):
+        build_drafter("dart", None, Eagle3Config())
+    with pytest.raises(ValueError, match="unknown drafter"):
+        build_drafter("medusa", None)

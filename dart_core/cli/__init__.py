@@ -2,7 +2,7 @@
 
     python -m dart_core.cli.bench            the benchmark: methods interleaved prompt by prompt (dart_core/bench.py)
     python -m dart_core.cli.train dart|eagle3   train a draft head (dart_core/training)
-    python -m dart_core.cli.corpus           generate the self-distilled corpus (dart_core/corpus.py)
+    python -m dart_core.cli.corpus           generate the self-distilled corpus (dart_core/training/corpus.py)
     python -m dart_core.cli.ngram            build an n-gram trie for the pruner (ngram_cpp)
     python -m dart_core.cli.tune tree|scoring   tree size or score weights by replay (dart_core/tuning.py)
     python -m dart_core.cli.fit              fit a drafter's ranking of tree nodes by replay (dart_core/fitting.py)

@@ -31,7 +31,8 @@ from ..loading import AUTO, DEFAULT_MODEL, TARGET_DTYPE_CHOICES
 from ..methods import METHODS, PEER, SIZED_METHODS, split_method
 from ..sampling import SamplingParams
 from ..target import Target, load_target
-from .options import add_device_flag, add_drafter_flags, add_dtype_flag, add_model_flag, add_threads_flag, apply_threads, drafter_configs
+from .options import (add_device_flag, add_drafter_flags, add_dtype_flag, add_model_flag, add_threads_flag, apply_threads,
+                      drafter_configs, unset_sizes)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -149,8 +150,10 @@ def main(argv: list[str] | None = None) -> int:
 
     log(f"loading target {args.model!r} ({args.dtype}, {args.device})")
     known = {}
+    configs = drafter_configs(args, default_target)
     if args.dtype == AUTO:  # one weights path for every method: losslessness is per path (ids equal plain decoding's on it)
-        target, weights, dart_size = calibrate.choose_weights(args.model, args.device, not args.eager, args, log=log)
+        target, weights, dart_size = calibrate.choose_weights(args.model, args.device, not args.eager, configs.dart, log=log,
+                                                              enabled=not args.no_calibration)
         if weights.paths:
             log(calibrate.weights_table(weights))
         if dart_size is not None:
@@ -160,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         weights = calibrate.WeightsChoice(args.dtype, f"{args.dtype} (given: --dtype {args.dtype})")
     # the tree sizes of the drafters run at the flags' size (not method@N) and left unset: this machine's
     unsized = {d for base, size in map(split_method, methods) if size is None and (d := METHODS[base].drafter)}
-    sizes = calibrate.calibrate_unset_sizes(target, args, unsized, default_target, log, known)  # sets the sizes on args
-    configs = drafter_configs(args, default_target)
+    configs, sizes = calibrate.calibrate_unset_sizes(target, configs, unsized & unset_sizes(args), log, known,
+                                                     enabled=not args.no_calibration)
     runners = {m: build_runner(m, target, configs, peer) for m in methods}
     prompts = [target.encode([{"role": "user", "content": q["turns"][0]}]) for _, q in questions]
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, seed=args.seed)

@@ -5,7 +5,7 @@ hidden states captured in the generating forward (a training cache), resumably.
         --exclude ../shared/data/bench/*.jsonl --out ~/.cache/dart-demo/runs/corpus-v1
 
 Re-running the same command resumes. `--export DIR` writes the compact corpus (token ids, offsets,
-provenance) that is committed under assets/corpus/; see dart_core/corpus.py. scripts/make_corpus.py
+provenance) that is committed under assets/corpus/; see dart_core/training/corpus.py. scripts/make_corpus.py
 is this command.
 """
 
@@ -17,13 +17,13 @@ import logging
 import sys
 from pathlib import Path
 
-from ..corpus import CACHE_META, CorpusConfig, choose_draft_vocab, corpus_to_cache, export_corpus, generate_corpus
+from ..training.corpus import CACHE_META, CorpusConfig, choose_draft_vocab, corpus_to_cache, export_corpus, generate_corpus
 from ..target import load_target
 from .options import add_device_flag, add_model_flag, add_threads_flag, apply_threads
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="Generate the self-distilled corpus (see dart_core/corpus.py).")
+    p = argparse.ArgumentParser(description="Generate the self-distilled corpus (see dart_core/training/corpus.py).")
     add_model_flag(p, help="target: 'default', a local dir or a hub id")
     p.add_argument("--data", nargs="+", required=True, help="prompt files (.json/.jsonl, see dart_core.data)")
     p.add_argument("--exclude", nargs="*", default=[], help="question.jsonl files whose prompts are held out (the bench sets)")

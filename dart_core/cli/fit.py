@@ -4,7 +4,7 @@
         --prompts 200 --dtype gguf --threads 1 --out assets/dart/acceptance.json
 
 1. Decodes training prompts greedily once (`--records FILE` caches them; dart_core/replay.py): the
-   first prompts of the self-distilled corpus's pool (dart_core.corpus.prompt_pool over `--data`,
+   first prompts of the self-distilled corpus's pool (dart_core.training.corpus.prompt_pool over `--data`,
    the bench sets excluded, seed 0), which are its validation split: no head was trained on them,
    and no bench prompt is among them. Prompts longer than `--max-prompt-tokens` are skipped.
 2. Replays DART on every record (the embedded head and trie, the hand-weighted score at

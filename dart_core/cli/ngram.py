@@ -6,7 +6,7 @@ Every record is rendered as the target sees it (chat template applied, see dart_
 tokenized with the target's tokenizer; n-grams never cross records. Like upstream, a document ends
 with the EOS id: plain-text documents get it appended, and chat-rendered records already end their
 last turn with the template's end-of-turn token (the EOS of the embedded SmolLM2, `<|im_end|>`).
-With --corpus, the training records of a self-distilled corpus (dart_core.corpus: prompt and the
+With --corpus, the training records of a self-distilled corpus (dart_core.training.corpus: prompt and the
 target's answer, already token ids, ending with EOS unless the answer hit its token limit) are added;
 its validation records are left out, as they are for the heads. The output is deterministic for the
 same inputs and tokenizer. Writes our compact format (.ngram,
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.data and args.corpus is None:
         p.error("give data files, --corpus, or both")
     if args.corpus is not None:
-        from ..corpus import CORPUS_META
+        from ..training.corpus import CORPUS_META
 
         corpus_target = json.loads((args.corpus / CORPUS_META).read_text())["target"]
         if corpus_target != args.tokenizer:
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                 stats["tokens"] += len(ids)
                 yield ids
         if args.corpus is not None:
-            from ..corpus import read_corpus
+            from ..training.corpus import read_corpus
 
             for record in tqdm(read_corpus(args.corpus), desc=args.corpus.name, unit=" rec", file=sys.stderr):
                 if record["split"] != "train":

@@ -134,8 +134,8 @@ def add_drafter_flags(parser: argparse.ArgumentParser) -> dict[str, argparse._Ar
 
 
 def drafter_args(**overrides) -> argparse.Namespace:
-    """Every drafter flag at its default, with `overrides` (dest names, e.g. max_nodes=16): what
-    dart_core/calibrate.py keys and builds its drafters with."""
+    """Every drafter flag at its default, with `overrides` (dest names, e.g. max_nodes=16), as the
+    command line would parse them."""
     parser = argparse.ArgumentParser(add_help=False)
     add_drafter_flags(parser)
     args = parser.parse_args([])
@@ -210,6 +210,8 @@ def drafter_configs(args: argparse.Namespace, default_target: bool) -> DrafterCo
     return DrafterConfigs(dart_config(args, default_target), eagle3_config(args))
 
 
-def config_from_flags(name: str, args: argparse.Namespace, default_target: bool = False):
-    """One drafter's config from the flags (registry.build_drafter's compatibility path)."""
-    return dart_config(args, default_target) if name == "dart" else eagle3_config(args)
+def unset_sizes(args: argparse.Namespace) -> set[str]:
+    """The drafters whose tree size the flags leave to the calibration: DART without --max-nodes,
+    EAGLE3 without --eagle3-max-nodes (calibrated on its own where its head has a τ table, else
+    following DART's size: calibrate.calibrate_unset_sizes)."""
+    return {name for name, dest in (("dart", "max_nodes"), ("eagle3", "eagle3_max_nodes")) if getattr(args, dest) is None}

@@ -287,36 +287,18 @@ template <class T> inline V16 v_load_tail(const T* p, int64_t rem) {  // lanes >
 // i+16 the high one. Each value is the one the GGUF's own dequantization gives in fp32 (gguf-py,
 // ggml): d*q and d*(q-8) are exact, and d*q + m rounds once, as fma does.
 
-struct FmtF32 {
-    using T = float;
-    static constexpr int64_t BLOCK = 1, BYTES = 4;
-    static constexpr bool QUANT = false;
+template <class T_, int64_t BLOCK_, int64_t BYTES_, bool QUANT_>
+struct Fmt {
+    using T = T_;
+    static constexpr int64_t BLOCK = BLOCK_, BYTES = BYTES_;
+    static constexpr bool QUANT = QUANT_;
 };
-struct FmtBF16 {
-    using T = uint16_t;
-    static constexpr int64_t BLOCK = 1, BYTES = 2;
-    static constexpr bool QUANT = false;
-};
-struct FmtF16 {
-    using T = _Float16;
-    static constexpr int64_t BLOCK = 1, BYTES = 2;
-    static constexpr bool QUANT = false;
-};
-struct FmtQ8_0 {
-    using T = uint8_t;
-    static constexpr int64_t BLOCK = 32, BYTES = 34;
-    static constexpr bool QUANT = true;
-};
-struct FmtQ4_0 {
-    using T = uint8_t;
-    static constexpr int64_t BLOCK = 32, BYTES = 18;
-    static constexpr bool QUANT = true;
-};
-struct FmtQ4_1 {
-    using T = uint8_t;
-    static constexpr int64_t BLOCK = 32, BYTES = 20;
-    static constexpr bool QUANT = true;
-};
+using FmtF32 = Fmt<float, 1, 4, false>;
+using FmtBF16 = Fmt<uint16_t, 1, 2, false>;
+using FmtF16 = Fmt<_Float16, 1, 2, false>;
+using FmtQ8_0 = Fmt<uint8_t, 32, 34, true>;
+using FmtQ4_0 = Fmt<uint8_t, 32, 18, true>;
+using FmtQ4_1 = Fmt<uint8_t, 32, 20, true>;
 
 // Elements [0, K) of one row as fp32 (the generic build, and `dequantize`).
 template <class F> void dequant_row(const uint8_t* row, int64_t K, float* out) {
@@ -1506,27 +1488,48 @@ void attend_group(const float* qf, int64_t rep, const T* kc, const T* vc, int64_
     }
 }
 
+// A new row's key, RoPE in fp32 rounded to the cache dtype, and its value, written at `slot` of every
+// KV group of one sequence's cache (nkv, cap, hd). c / s: the row's cos / sin (hd/2).
+template <class T>
+inline void store_key_value(const T* k, const T* v, const float* c, const float* s, T* k_cache, T* v_cache, int64_t cap,
+                            int64_t slot, int64_t nkv, int64_t hd) {
+    const int64_t half = hd / 2;
+    for (int64_t g = 0; g < nkv; ++g) {
+        const T* src = k + g * hd;
+        T* dst = k_cache + (g * cap + slot) * hd;
+        for (int64_t d = 0; d < half; ++d) {
+            const float x1 = to_f32(src[d]), x2 = to_f32(src[d + half]);
+            dst[d] = from_f32<T>(x1 * c[d] - x2 * s[d]);
+            dst[d + half] = from_f32<T>(x2 * c[d] + x1 * s[d]);
+        }
+        std::memcpy(v_cache + (g * cap + slot) * hd, v + g * hd, hd * sizeof(T));
+    }
+}
+
+// The `rep` query heads of one KV group (q: the group's first head), RoPE in fp32 and kept in fp32.
+template <class T>
+inline void rope_queries(const T* q, const float* c, const float* s, int64_t rep, int64_t hd, float* qf) {
+    const int64_t half = hd / 2;
+    for (int64_t r = 0; r < rep; ++r) {
+        const T* src = q + r * hd;
+        float* dst = qf + r * hd;
+        for (int64_t d = 0; d < half; ++d) {
+            const float x1 = to_f32(src[d]), x2 = to_f32(src[d + half]);
+            dst[d] = x1 * c[d] - x2 * s[d];
+            dst[d + half] = x2 * c[d] + x1 * s[d];
+        }
+    }
+}
+
 template <class T>
 void tree_attention_impl(const T* q, int64_t q_stride, const T* k, int64_t k_stride, const T* v, int64_t v_stride,
                          const float* cos, const float* sin, const int64_t* pos, T* k_cache, T* v_cache, int64_t cap,
                          int64_t P, int64_t T_, const int64_t* parents, int64_t nh, int64_t nkv, int64_t hd, float scale,
                          T* out, int64_t out_stride) {
     const int64_t half = hd / 2, rep = nh / nkv;
-    // Keys of the new rows: RoPE in fp32, rounded to the cache dtype, written at slot P+i.
-    for (int64_t i = 0; i < T_; ++i) {
-        const float* c = cos + pos[i] * half;
-        const float* s = sin + pos[i] * half;
-        for (int64_t g = 0; g < nkv; ++g) {
-            const T* src = k + i * k_stride + g * hd;
-            T* dst = k_cache + (g * cap + P + i) * hd;
-            for (int64_t d = 0; d < half; ++d) {
-                const float x1 = to_f32(src[d]), x2 = to_f32(src[d + half]);
-                dst[d] = from_f32<T>(x1 * c[d] - x2 * s[d]);
-                dst[d + half] = from_f32<T>(x2 * c[d] + x1 * s[d]);
-            }
-            std::memcpy(v_cache + (g * cap + P + i) * hd, v + i * v_stride + g * hd, hd * sizeof(T));
-        }
-    }
+    for (int64_t i = 0; i < T_; ++i)  // the new rows' keys and values at slots P+i
+        store_key_value(k + i * k_stride, v + i * v_stride, cos + pos[i] * half, sin + pos[i] * half, k_cache, v_cache, cap,
+                        P + i, nkv, hd);
     // Each row's ancestor slots (root first), from the parent links.
     std::vector<std::vector<int64_t>> tail(T_);
     for (int64_t i = 0; i < T_; ++i) {
@@ -1544,17 +1547,7 @@ void tree_attention_impl(const T* q, int64_t q_stride, const T* k, int64_t k_str
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; ++it) {
             const int64_t i = it / nkv, g = it % nkv;
-            const float* c = cos + pos[i] * half;
-            const float* s = sin + pos[i] * half;
-            for (int64_t r = 0; r < rep; ++r) {  // the group's query heads, RoPE in fp32
-                const T* src = q + i * q_stride + (g * rep + r) * hd;
-                float* dst = qf.data() + r * hd;
-                for (int64_t d = 0; d < half; ++d) {
-                    const float x1 = to_f32(src[d]), x2 = to_f32(src[d + half]);
-                    dst[d] = x1 * c[d] - x2 * s[d];
-                    dst[d + half] = x2 * c[d] + x1 * s[d];
-                }
-            }
+            rope_queries(q + i * q_stride + g * rep * hd, cos + pos[i] * half, sin + pos[i] * half, rep, hd, qf.data());
             const auto& tl = tail[i];
             attend_group(qf.data(), rep, k_cache + g * cap * hd, v_cache + g * cap * hd, P, tl, P + static_cast<int64_t>(tl.size()),
                          hd, scale, kf.data(), vf.data(), scores.data(), max_len, acc.data(), out + i * out_stride + g * rep * hd);
@@ -1562,31 +1555,39 @@ void tree_attention_impl(const T* q, int64_t q_stride, const T* k, int64_t k_str
     }
 }
 
-// ------------------------------------------------------------------------------------- batched decode attention
-// B independent sequences, one new query row each (continuous-batching generation, dart_core.corpus):
-//   q: (B, nh*hd) rows q_stride apart, RoPE already applied; k_cache / v_cache: (B, nkv, cap, hd)
-//   contiguous, the new row's key and value already written; lengths[b]: keys 0..lengths[b]-1 of
-//   sequence b are visible. out: (B, nh*hd) rows out_stride apart. Per (sequence, KV group) the same
-//   arithmetic as tree_attention's (one row, no tree), so no padding to the longest sequence is
-//   computed and no cache is copied.
+// ------------------------------------------------------------------------------------- rows of separate sequences
+// B independent sequences, one new row each (continuous-batching generation, Transformer.decode_rows):
+// row b's committed length P_b = committed[b] is also its position; its cache is the slab at
+// k_cache + b * seq_stride, (nkv, cap, hd). Row b is exactly a one-token tree_attention call on its own
+// slab (the same helpers and attend_group over the prefix and the one-slot tail {P_b}), so a sequence
+// decoded beside others gets the bits plain decoding gives it alone, and no padding is computed.
 template <class T>
-void decode_attention_impl(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, int64_t cap,
-                           const int64_t* lengths, int64_t B, int64_t nh, int64_t nkv, int64_t hd, float scale, T* out,
-                           int64_t out_stride) {
-    const int64_t rep = nh / nkv;
+void rows_attention_impl(const T* q, int64_t q_stride, const T* k, int64_t k_stride, const T* v, int64_t v_stride,
+                         const float* cos, const float* sin, const int64_t* committed, T* k_cache, T* v_cache,
+                         int64_t seq_stride, int64_t cap, int64_t B, int64_t nh, int64_t nkv, int64_t hd, float scale, T* out,
+                         int64_t out_stride) {
+    const int64_t half = hd / 2, rep = nh / nkv;
+    std::vector<std::vector<int64_t>> tail(B);
     int64_t max_len = 1;
-    for (int64_t b = 0; b < B; ++b) max_len = std::max(max_len, lengths[b]);
-    const std::vector<int64_t> no_tail;
+    for (int64_t b = 0; b < B; ++b) {
+        const int64_t P = committed[b];
+        store_key_value(k + b * k_stride, v + b * v_stride, cos + P * half, sin + P * half, k_cache + b * seq_stride,
+                        v_cache + b * seq_stride, cap, P, nkv, hd);
+        tail[b] = {P};
+        max_len = std::max(max_len, P + 1);
+    }
 #pragma omp parallel
     {
         std::vector<float> qf(static_cast<size_t>(rep * hd)), kf(hd), vf(hd), acc(static_cast<size_t>(rep * hd));
         std::vector<float> scores(static_cast<size_t>(rep * max_len));
 #pragma omp for schedule(dynamic, 4)
         for (int64_t it = 0; it < B * nkv; ++it) {
-            const int64_t b = it / nkv, g = it % nkv, L = lengths[b];
-            for (int64_t r = 0; r < rep; ++r) load_row(q + b * q_stride + (g * rep + r) * hd, qf.data() + r * hd, hd);
-            attend_group(qf.data(), rep, k_cache + (b * nkv + g) * cap * hd, v_cache + (b * nkv + g) * cap * hd, L, no_tail, L,
-                         hd, scale, kf.data(), vf.data(), scores.data(), max_len, acc.data(), out + b * out_stride + g * rep * hd);
+            const int64_t b = it / nkv, g = it % nkv, P = committed[b];
+            rope_queries(q + b * q_stride + g * rep * hd, cos + P * half, sin + P * half, rep, hd, qf.data());
+            const T* kc = k_cache + b * seq_stride + g * cap * hd;
+            const T* vc = v_cache + b * seq_stride + g * cap * hd;
+            attend_group(qf.data(), rep, kc, vc, P, tail[b], P + 1, hd, scale, kf.data(), vf.data(), scores.data(), max_len,
+                         acc.data(), out + b * out_stride + g * rep * hd);
         }
     }
 }
@@ -1785,24 +1786,25 @@ void tree_attention(int dtype, uintptr_t q, int64_t q_stride, uintptr_t k, int64
     throw std::invalid_argument("tree_attention: unknown dtype code " + std::to_string(dtype));
 }
 
-void decode_attention(int dtype, uintptr_t q, int64_t q_stride, uintptr_t k_cache, uintptr_t v_cache, int64_t cap,
-                      uintptr_t lengths, int64_t B, int64_t nh, int64_t nkv, int64_t hd, float scale, uintptr_t out,
-                      int64_t out_stride) {
-    if (nkv < 1 || nh % nkv) throw std::invalid_argument("decode_attention: nkv must divide nh");
-    const int64_t* len = ptr<const int64_t>(lengths);
+void rows_attention(int dtype, uintptr_t q, int64_t q_stride, uintptr_t k, int64_t k_stride, uintptr_t v, int64_t v_stride,
+                    uintptr_t cos, uintptr_t sin, uintptr_t committed, uintptr_t k_cache, uintptr_t v_cache, int64_t seq_stride,
+                    int64_t cap, int64_t B, int64_t nh, int64_t nkv, int64_t hd, float scale, uintptr_t out, int64_t out_stride) {
+    if (hd % 2 || nkv < 1 || nh % nkv) throw std::invalid_argument("rows_attention: head_dim must be even and nkv divide nh");
+    const int64_t* len = ptr<const int64_t>(committed);
     for (int64_t b = 0; b < B; ++b)
-        if (len[b] < 1 || len[b] > cap) throw std::invalid_argument("decode_attention: lengths must be in [1, capacity]");
+        if (len[b] < 0 || len[b] >= cap) throw std::invalid_argument("rows_attention: a sequence's cache is full");
     py::gil_scoped_release release;
-#define DART_DEC(TY)                                                                                                  \
-    return decode_attention_impl(ptr<const TY>(q), q_stride, ptr<const TY>(k_cache), ptr<const TY>(v_cache), cap, len, \
-                                 B, nh, nkv, hd, scale, ptr<TY>(out), out_stride)
+#define DART_ROWS(TY)                                                                                                   \
+    return rows_attention_impl(ptr<const TY>(q), q_stride, ptr<const TY>(k), k_stride, ptr<const TY>(v), v_stride,       \
+                               ptr<const float>(cos), ptr<const float>(sin), len, ptr<TY>(k_cache), ptr<TY>(v_cache),  \
+                               seq_stride, cap, B, nh, nkv, hd, scale, ptr<TY>(out), out_stride)
     switch (static_cast<DType>(dtype)) {
-        case DType::F32: DART_DEC(float);
-        case DType::BF16: DART_DEC(uint16_t);
-        case DType::F16: DART_DEC(_Float16);
+        case DType::F32: DART_ROWS(float);
+        case DType::BF16: DART_ROWS(uint16_t);
+        case DType::F16: DART_ROWS(_Float16);
     }
-#undef DART_DEC
-    throw std::invalid_argument("decode_attention: unknown dtype code " + std::to_string(dtype));
+#undef DART_ROWS
+    throw std::invalid_argument("rows_attention: unknown dtype code " + std::to_string(dtype));
 }
 
 
@@ -1816,6 +1818,9 @@ void decode_attention(int dtype, uintptr_t q, int64_t q_stride, uintptr_t k_cach
 // two norms' weights. x (T, H) is the residual stream in, and out: the last layer's residual before
 // its MLP output `pending` (T, H) is added (the final norm adds it). Captured residuals (the input of
 // each layer in `capture`, after its attention norm's add) go to captured (T, n_capture * H).
+// seq_stride 0: the T rows are one tree after P committed entries of one cache (tree_attention);
+// seq_stride > 0: they are T separate sequences, row b's cache the slab at b * seq_stride within each
+// layer and pos[b] its committed length and position (rows_attention).
 enum PlanField : int64_t {
     QKV_FMT, QKV_W, QKV_RB, QKV_B, O_FMT, O_W, O_RB, W13_FMT, W13_W, W13_RB, W2_FMT, W2_W, W2_RB, ATT_NORM, FFN_NORM, PLAN_FIELDS
 };
@@ -1823,8 +1828,8 @@ enum PlanField : int64_t {
 template <class T>
 void layers_forward_impl(const int64_t* plan, int64_t L, int64_t T_, int64_t H, int64_t I, int64_t nh, int64_t nkv,
                          int64_t hd, float eps, const float* cos, const float* sin, const int64_t* pos,
-                         const int64_t* parents, int64_t P, T* k_cache, T* v_cache, int64_t layer_stride, int64_t cap,
-                         T* x, T* pending, const int64_t* capture, int64_t n_capture, T* captured) {
+                         const int64_t* parents, int64_t P, T* k_cache, T* v_cache, int64_t layer_stride, int64_t seq_stride,
+                         int64_t cap, T* x, T* pending, const int64_t* capture, int64_t n_capture, T* captured) {
     const int64_t q_out = nh * hd, kv_out = nkv * hd, qkv_n = q_out + 2 * kv_out;
     std::vector<T> h(T_ * H), qkv(T_ * qkv_n), o(T_ * q_out), gu(T_ * 2 * I), act(T_ * I);
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));  // as Python's 1.0 / math.sqrt(hd), rounded once
@@ -1836,9 +1841,14 @@ void layers_forward_impl(const int64_t* plan, int64_t L, int64_t T_, int64_t H, 
             if (capture[c] == l)
                 for (int64_t t = 0; t < T_; ++t) std::memcpy(captured + t * n_capture * H + c * H, x + t * H, H * sizeof(T));
         linear_fmt<T>(p[QKV_FMT], h.data(), H, T_, H, ptr<const uint8_t>(p[QKV_W]), p[QKV_RB], qkv_n, ptr<const T>(p[QKV_B]), qkv.data(), qkv_n);
-        tree_attention_impl<T>(qkv.data(), qkv_n, qkv.data() + q_out, qkv_n, qkv.data() + q_out + kv_out, qkv_n, cos, sin, pos,
-                               k_cache + l * layer_stride, v_cache + l * layer_stride, cap, P, T_, parents, nh, nkv, hd, scale,
-                               o.data(), q_out);
+        if (seq_stride == 0)
+            tree_attention_impl<T>(qkv.data(), qkv_n, qkv.data() + q_out, qkv_n, qkv.data() + q_out + kv_out, qkv_n, cos, sin,
+                                   pos, k_cache + l * layer_stride, v_cache + l * layer_stride, cap, P, T_, parents, nh, nkv, hd,
+                                   scale, o.data(), q_out);
+        else
+            rows_attention_impl<T>(qkv.data(), qkv_n, qkv.data() + q_out, qkv_n, qkv.data() + q_out + kv_out, qkv_n, cos, sin,
+                                   pos, k_cache + l * layer_stride, v_cache + l * layer_stride, seq_stride, cap, T_, nh, nkv,
+                                   hd, scale, o.data(), q_out);
         linear_fmt<T>(p[O_FMT], o.data(), q_out, T_, q_out, ptr<const uint8_t>(p[O_W]), p[O_RB], H, nullptr, pending, H);
         add_rmsnorm_impl<T>(x, pending, ptr<const T>(p[FFN_NORM]), T_, H, eps, x, h.data());
         linear_fmt<T>(p[W13_FMT], h.data(), H, T_, H, ptr<const uint8_t>(p[W13_W]), p[W13_RB], 2 * I, nullptr, gu.data(), 2 * I);
@@ -1850,10 +1860,14 @@ void layers_forward_impl(const int64_t* plan, int64_t L, int64_t T_, int64_t H, 
 
 void layers_forward(int dtype, uintptr_t plan, int64_t L, int64_t T_, int64_t H, int64_t I, int64_t nh, int64_t nkv, int64_t hd,
                     float eps, uintptr_t cos, uintptr_t sin, uintptr_t pos, uintptr_t parents, int64_t P, uintptr_t k_cache,
-                    uintptr_t v_cache, int64_t layer_stride, int64_t cap, uintptr_t x, uintptr_t pending, uintptr_t capture,
-                    int64_t n_capture, uintptr_t captured) {
+                    uintptr_t v_cache, int64_t layer_stride, int64_t seq_stride, int64_t cap, uintptr_t x, uintptr_t pending,
+                    uintptr_t capture, int64_t n_capture, uintptr_t captured) {
     if (hd % 2 || nkv < 1 || nh % nkv) throw std::invalid_argument("layers_forward: head_dim must be even and nkv divide nh");
-    if (P + T_ > cap) throw std::invalid_argument("layers_forward: the cache is too small");
+    if (seq_stride == 0 && P + T_ > cap) throw std::invalid_argument("layers_forward: the cache is too small");
+    if (seq_stride != 0)
+        for (int64_t b = 0; b < T_; ++b)
+            if (ptr<const int64_t>(pos)[b] < 0 || ptr<const int64_t>(pos)[b] >= cap)
+                throw std::invalid_argument("layers_forward: a sequence's cache is full");
     const int64_t* pl = ptr<const int64_t>(plan);
     const int64_t q_out = nh * hd, widths[4][2] = {{H, q_out + 2 * nkv * hd}, {q_out, H}, {H, 2 * I}, {I, H}};
     for (int64_t l = 0; l < L; ++l)
@@ -1866,8 +1880,8 @@ void layers_forward(int dtype, uintptr_t plan, int64_t L, int64_t T_, int64_t H,
 #define DART_STACK(TY)                                                                                                      \
     return layers_forward_impl<TY>(pl, L, T_, H, I, nh, nkv, hd, eps, ptr<const float>(cos), ptr<const float>(sin),        \
                                    ptr<const int64_t>(pos), ptr<const int64_t>(parents), P, ptr<TY>(k_cache), ptr<TY>(v_cache), \
-                                   layer_stride, cap, ptr<TY>(x), ptr<TY>(pending), ptr<const int64_t>(capture), n_capture,     \
-                                   ptr<TY>(captured))
+                                   layer_stride, seq_stride, cap, ptr<TY>(x), ptr<TY>(pending), ptr<const int64_t>(capture),    \
+                                   n_capture, ptr<TY>(captured))
     switch (static_cast<DType>(dtype)) {
         case DType::F32: DART_STACK(float);
         case DType::BF16: DART_STACK(uint16_t);
@@ -1904,7 +1918,7 @@ PYBIND11_MODULE(DART_KERNELS_MODULE, m) {
     m.def("silu_mul", &silu_mul);
     m.def("add_rmsnorm", &add_rmsnorm);
     m.def("tree_attention", &tree_attention);
-    m.def("decode_attention", &decode_attention);
+    m.def("rows_attention", &rows_attention);
     m.def("layers_forward", &layers_forward);
     m.attr("PLAN_FIELDS") = static_cast<int64_t>(PLAN_FIELDS);
     m.attr("Q8_ACTIVATIONS") = Q8_ACT;

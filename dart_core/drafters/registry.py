@@ -136,25 +136,11 @@ def _build_eagle3(target, config: Eagle3Config):
 _BUILDERS = {"dart": _build_dart, "eagle3": _build_eagle3}
 
 
-def build_drafter(name: str, target, config: DrafterConfig | None = None, *flags_and_target):
+def build_drafter(name: str, target, config: DrafterConfig | None = None):
     """Build the drafter `name` ("dart" or "eagle3") for `target` from its config (None: the
     config's defaults, i.e. the embedded presets)."""
     if name not in _BUILDERS:
         raise ValueError(f"unknown drafter {name!r}: choose from {', '.join(_BUILDERS)}")
-    if flags_and_target or not isinstance(config, (CONFIG_TYPES[name], type(None))):
-        # Compatibility: dart_core/calibrate.py still passes its command-line flags and whether the
-        # target is the embedded default; they become a config here until it passes one itself.
-        from ..cli.options import config_from_flags
-
-        config = config_from_flags(name, config, *flags_and_target)
+    if not isinstance(config, (CONFIG_TYPES[name], type(None))):
+        raise TypeError(f"{name}: expected a {CONFIG_TYPES[name].__name__}, got {type(config).__name__}")
     return _BUILDERS[name](target, config if config is not None else CONFIG_TYPES[name]())
-
-
-def __getattr__(name: str):
-    """Compatibility: dart_core/calibrate.py imports the drafter flags' helpers from here (they live
-    in dart_core/cli/options.py now) until it builds its drafters from configs."""
-    if name in ("add_drafter_flags", "drafter_args"):
-        from ..cli import options
-
-        return getattr(options, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,12 +18,14 @@ Cache layout (a directory):
     {split}-{k:05d}.safetensors   tokens (N,) int32, offsets (R+1,) int64 record boundaries,
                                   aux (N, 3H) bf16, final (N, H) bf16, answer_start (R,) int64
                                   (where each record's answer begins: anchors are drawn from there on;
-                                  absent in older caches: 0); a self-distilled corpus (dart_core.corpus)
+                                  absent in older caches: 0); a self-distilled corpus (training/corpus.py)
                                   adds index, sampled and last, and keeps its draft vocabulary in
                                   draft_vocab.json
 
-Modules: `cache` (records, self-distillation, the state cache, the draft vocabulary), `objectives`
-(DART and EAGLE3 rows and their loss), `loop` (the shared training loop). Everything is re-exported here.
+Modules: `cache` (records, self-distillation, the state cache and its shards, the draft vocabulary),
+`corpus` (the self-distilled corpus: the target answers a prompt pool in continuous batches),
+`objectives` (DART and EAGLE3 rows and their loss), `loop` (the shared training loop). Everything but
+`corpus`, a tool of its own (dart_core.training.corpus), is re-exported here.
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ from .cache import (
     draft_vocabulary,
     load_split,
     mmap_safetensors,
+    record_tensors,
     vocab_mapping,
+    write_shard,
 )
 from .loop import (
     OBJECTIVES,
@@ -71,5 +75,6 @@ __all__ = [
     "CacheConfig", "CachedRecord", "TrainConfig", "adopt_vocabulary", "answer_start", "build_cache", "cache_meta", "cosine_lr",
     "dart_anchor_logits", "dart_attention_mask", "dart_record_loss", "draft_vocabulary", "eagle3_anchor_logits",
     "eagle3_record_loss", "evaluate", "load_split", "mmap_safetensors", "new_head_from_target", "rows_loss",
-    "sample_anchors", "target_argmax", "train_dart", "train_eagle3", "train_head", "vocab_mapping",
+    "record_tensors", "sample_anchors", "target_argmax", "train_dart", "train_eagle3", "train_head", "vocab_mapping",
+    "write_shard",
 ]

@@ -21,10 +21,12 @@ from ..target import Target
 
 log = logging.getLogger(__name__)
 
+# The cache's format, shared by build_cache and the self-distilled corpus (training/corpus.py)
 CACHE_META = "meta.json"
+DRAFT_VOCAB_FILE = "draft_vocab.json"  # a corpus cache's draft vocabulary (its meta.json is the generator's)
+SHARD_TOKENS = 24_000  # tokens per state shard (~110 MB at H=576): a resumable run loses at most one
 SELF_DISTILL_FILE = "self_distill.jsonl"
 MIN_RECORD_TOKENS = 8  # shorter records hold no useful prefix to draft from
-SHARD_TOKENS = 40_000  # tokens per cache shard (~180 MB at H=576)
 
 
 @dataclass
@@ -222,21 +224,35 @@ def build_cache(target: Target, cfg: CacheConfig) -> Path:
     return out
 
 
-def _write_shard(out: Path, split: str, buf, meta: dict, records_done: int) -> None:
-    name = f"{split}-{len(meta['shards'][split]):05d}.safetensors"
-    lengths = torch.tensor([0] + [len(b[0]) for b in buf])
+def record_tensors(records: list[list[int]], answer_starts: list[int], aux: list[torch.Tensor] | None,
+                   final: list[torch.Tensor] | None) -> dict[str, torch.Tensor]:
+    """The tensors of one shard of R records: tokens (N,) int32, offsets (R+1,) int64, answer_start (R,)
+    int64 and, with states, aux (N, 3H) and final (N, H), the records' rows concatenated."""
+    lengths = torch.tensor([0] + [len(r) for r in records])
     tensors = {
-        "tokens": torch.tensor([t for b in buf for t in b[0]], dtype=torch.int32),
+        "tokens": torch.tensor([t for r in records for t in r], dtype=torch.int32),
         "offsets": lengths.cumsum(0),
-        "aux": torch.cat([b[1] for b in buf]),
-        "final": torch.cat([b[2] for b in buf]),
-        "answer_start": torch.tensor([b[3] for b in buf], dtype=torch.int64),
+        "answer_start": torch.tensor(answer_starts, dtype=torch.int64),
     }
+    if aux is not None:
+        tensors["aux"], tensors["final"] = torch.cat(aux), torch.cat(final)
+    return tensors
+
+
+def write_shard(out: Path, meta: dict, split: str, tensors: dict[str, torch.Tensor]) -> str:
+    """Write `tensors` (see record_tensors) as the split's next shard, atomically, and list it and its
+    tokens in meta (which the caller saves). Returns the shard's file name."""
+    name = f"{split}-{len(meta['shards'][split]):05d}.safetensors"
     tmp = out / (name + ".tmp")
     save_file(tensors, str(tmp))
-    tmp.rename(out / name)
+    tmp.replace(out / name)
     meta["shards"][split].append(name)
-    meta["tokens"][split] += int(lengths.sum())
+    meta["tokens"][split] += int(tensors["offsets"][-1])
+    return name
+
+
+def _write_shard(out: Path, split: str, buf, meta: dict, records_done: int) -> None:
+    write_shard(out, meta, split, record_tensors([b[0] for b in buf], [b[3] for b in buf], [b[1] for b in buf], [b[2] for b in buf]))
     meta["records_done"][split] = records_done
 
 
@@ -295,16 +311,14 @@ def load_split(cache_dir: str | Path, split: str) -> list[CachedRecord]:
     return out
 
 
-DRAFT_VOCAB_FILE = "draft_vocab.json"  # a corpus cache's draft vocabulary (its meta.json is the generator's)
-
 
 def cache_meta(cache_dir: str | Path) -> dict:
-    """A cache's meta.json; for a self-distilled corpus (dart_core.corpus), the draft vocabulary
+    """A cache's meta.json; for a self-distilled corpus (training/corpus.py), the draft vocabulary
     chosen for it comes from draft_vocab.json beside it."""
     meta = json.loads((Path(cache_dir) / CACHE_META).read_text())
     vocab_file = Path(cache_dir) / DRAFT_VOCAB_FILE
     if "draft_ids" not in meta and vocab_file.exists():
         meta["draft_ids"] = json.loads(vocab_file.read_text())["draft_ids"]
     if "draft_ids" not in meta:
-        raise ValueError(f"{cache_dir} has no draft vocabulary yet: choose one with dart_core.corpus.choose_draft_vocab")
+        raise ValueError(f"{cache_dir} has no draft vocabulary yet: choose one with dart_core.training.corpus.choose_draft_vocab")
     return meta

@@ -7,8 +7,9 @@ forward*, so no second teacher-forced pass over the corpus is needed:
 
     prompt pool     first user turns of every training file (ShareGPT and the instruction sets),
                     deduplicated, the evaluation prompts (bench sets) removed, shuffled with a seed
-    generation      continuous batching on our own Transformer (`ContinuousBatcher`): `batch_size`
-                    sequences decode together, a finished one is replaced at once by the next prompt;
+    generation      continuous batching (`ContinuousBatcher`, which only schedules: the forwards are
+                    the model's prefill and `Transformer.decode_rows`): `batch_size` sequences decode
+                    together, a finished one is replaced at once by the next prompt;
                     a fixed share of prompts is answered by sampling at a temperature (so the heads
                     also serve sampling), the rest greedily. The dtype is the run's choice and may
                     change between resumes (each shard records the dtype that generated it)
@@ -41,20 +42,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
 
-from . import kernels
-from .data import iter_records
-from .target import Target
-from .training.cache import DRAFT_VOCAB_FILE
-from .training.loop import stop_on_sigterm
+from ..data import iter_records
+from ..model import RowCache
+from ..target import Target
+from .cache import CACHE_META, DRAFT_VOCAB_FILE, SHARD_TOKENS, mmap_safetensors, record_tensors, write_shard
+from .loop import stop_on_sigterm
 
 log = logging.getLogger(__name__)
 
 CORPUS_FORMAT = "dart-demo-corpus/1"
 CORPUS_META = "corpus.json"
-CACHE_META = "meta.json"  # same name as dart_core.training's cache meta
-SHARD_TOKENS = 24_000  # tokens per state shard (~110 MB at H=576): a checkpoint every ~minute
 
 
 @dataclass
@@ -145,32 +143,20 @@ class _Job:
 
 
 class ContinuousBatcher:
-    """Batched generation on our own Transformer with continuous batching: `slots` sequences decode
-    together, one token each per step, each in its own row of a preallocated KV cache; a sequence that
-    ends (EOS or its token limit) is replaced at once by the next prompt, prefilled alone into the
-    freed row. No padding is ever computed, no cache is copied, and greedy and sampled sequences
-    share the batch. States are captured in the same forwards.
+    """Batched generation with continuous batching: `slots` sequences decode together, one token each
+    per step, each in its own row of a `RowCache`; a sequence that ends (EOS or its token limit) is
+    replaced at once by the next prompt, prefilled alone into the freed row. The batcher only
+    schedules and picks tokens: the forwards are the model's (its prefill, then `decode_rows`, whose
+    rows on the kernels are bit for bit the one-token steps of plain decoding). Greedy and sampled
+    sequences share the batch; states are captured in the same forwards."""
 
-    Cache layout: k, v (L, slots, nkv, capacity, hd); row s holds lengths[s] committed tokens."""
-
-    def __init__(self, target: Target, slots: int, capacity: int, temperature: float, capture: bool, fused: bool | None = None):
-        """fused: attention through the C++ batched decode kernel (None: where it runs, in bf16/fp16:
-        there it measured 2x faster a step than torch's padded batched matmuls; in fp32 it did not)."""
-        if fused is None:
-            fused = target.dtype != torch.float32 and kernels.supports(target.dtype, target.device)
-        if fused and not kernels.supports(target.dtype, target.device):
-            raise ValueError(f"the fused decode attention needs the CPU kernels ({target.dtype} on {target.device})")
-        self.fused = fused
+    def __init__(self, target: Target, slots: int, capacity: int, temperature: float, capture: bool):
         a = target.model.args
-        self.target, self.model, self.args = target, target.model, a
+        self.target, self.model = target, target.model
         self.slots, self.capacity, self.temperature, self.capture = slots, capacity, temperature, capture
-        shape = (a.n_layers, slots, a.n_kv_heads, capacity, a.head_dim)
-        self.k = torch.zeros(shape, dtype=target.dtype, device=target.device)
-        self.v = torch.zeros(shape, dtype=target.dtype, device=target.device)
-        self.lengths = torch.zeros(slots, dtype=torch.long, device=target.device)
+        self.cache = RowCache(a.n_layers, a.n_kv_heads, a.head_dim, slots, capacity, target.dtype, target.device)
         self.jobs: list[_Job | None] = [None] * slots
         self.next_token = torch.zeros(slots, dtype=torch.long, device=target.device)
-        self.capture_layers = set(a.capture_layers())
 
     def _pick(self, job: _Job, logits: torch.Tensor) -> int:
         """The next token from logits (V,) fp32: argmax, or a draw at the temperature."""
@@ -182,22 +168,18 @@ class ContinuousBatcher:
     @torch.inference_mode()
     def start(self, slot: int, job: _Job) -> None:
         """Prefill job's prompt alone into row `slot` and pick its first answer token."""
-        from .model import KVCache
-
-        a = self.args
         T = len(job.prompt)
-        cache = KVCache(a.n_layers, a.n_kv_heads, a.head_dim, T, self.target.dtype, self.target.device)
+        cache = self.target.new_cache(T)
         out = self.model(
             torch.tensor(job.prompt, device=self.target.device), torch.arange(T, device=self.target.device), cache,
             capture=self.capture, final=self.capture, logits=not self.capture,
             logits_at=None if self.capture else slice(-1, None),
         )
+        cache.commit(T)
         # with capture the final states of every position are kept, but only the last one's logits
         # are needed: the LM head over all T would cost as much as the rest of the prefill
         last_logits = self.model.output(out.final[-1:]).float()[-1] if self.capture else out.logits[-1]
-        self.k[:, slot, :, :T] = cache.k[:, 0]
-        self.v[:, slot, :, :T] = cache.v[:, 0]
-        self.lengths[slot] = T
+        self.cache.load(slot, cache)
         if self.capture:
             job.aux.append(out.hidden.to(torch.bfloat16))
             job.final.append(out.final.to(torch.bfloat16))
@@ -208,63 +190,19 @@ class ContinuousBatcher:
 
     @torch.inference_mode()
     def step(self) -> None:
-        """Feed every row its last token: one forward of (slots, 1) tokens, then pick the next ones.
-        Rows without a job run a dummy token whose result is ignored."""
-        from .model import apply_rope
-
-        a, m = self.args, self.model
-        B = self.slots
-        rows = torch.arange(B, device=self.k.device)
-        pos = self.lengths.clone()  # the fed token's position == its cache slot
-        end = int(pos.max()) + 1
-        x = m.tok_embeddings(self.next_token)[:, None]  # (B, 1, H)
-        cos, sin = m.rope(pos, x.dtype)
-        cos, sin = cos[:, None, None], sin[:, None, None]  # (B, 1, 1, hd)
-        # the C++ kernel reads each row's own keys straight from the cache; torch's batched matmuls pad
-        # every row to the longest one, and in bf16 copy the sliced cache operands first
-        fused = self.fused
-        if not fused:
-            visible = torch.arange(end, device=x.device)[None, :] <= pos[:, None]  # (B, end)
-            bias = torch.zeros(B, 1, 1, end, device=x.device).masked_fill_(~visible[:, None, None], float("-inf"))  # fp32
-        group, scale = a.n_heads // a.n_kv_heads, a.head_dim**-0.5
-        q_out, kv_out = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
-        captured = []
-        for i, layer in enumerate(m.layers):
-            if i in self.capture_layers:
-                captured.append(x[:, 0])
-            att = layer.attention
-            q, k, v = att.wqkv(layer.attention_norm(x)).split([q_out, kv_out, kv_out], dim=-1)
-            q = q.view(B, 1, a.n_heads, a.head_dim)
-            k = k.view(B, 1, a.n_kv_heads, a.head_dim)
-            if a.qk_norm:
-                q, k = att.q_norm(q), att.k_norm(k)
-            q = apply_rope(q.transpose(1, 2), cos, sin)  # (B, nh, 1, hd)
-            k = apply_rope(k.transpose(1, 2), cos, sin)  # (B, nkv, 1, hd)
-            v = v.view(B, 1, a.n_kv_heads, a.head_dim).transpose(1, 2)
-            self.k[i, rows, :, pos] = k[:, :, 0]
-            self.v[i, rows, :, pos] = v[:, :, 0]
-            if fused:
-                out = kernels.decode_attention(q[:, :, 0].reshape(B, q_out), self.k[i], self.v[i], pos + 1, a.n_heads)
-            else:
-                # grouped-query attention as two batched matmuls: each key is read once for its query group
-                # (SDPA's enable_gqa path is ~2x slower here on a CPU at 64 rows x ~1k keys); softmax in fp32
-                scores = torch.matmul(q.view(B, a.n_kv_heads, group, a.head_dim), self.k[i, :, :, :end].transpose(-1, -2))
-                probs = torch.softmax(scores.float() * scale + bias, dim=-1)  # (B, nkv, group, end)
-                out = torch.matmul(probs.to(x.dtype), self.v[i, :, :, :end])  # (B, nkv, group, hd)
-            x = x + att.wo(out.reshape(B, 1, q_out))
-            x = x + layer.feed_forward(layer.ffn_norm(x))
-        normed = m.norm(x[:, 0])
-        logits = m.output(normed).float()  # (B, V)
-        self.lengths += 1
-        aux = torch.cat(captured, dim=-1).to(torch.bfloat16) if self.capture else None
-        greedy = logits.argmax(-1).tolist()
+        """Feed every row its last token (one `decode_rows` forward), then pick the next ones. Rows
+        without a job run a dummy token at slot 0 whose result is ignored."""
+        out = self.model.decode_rows(self.next_token, self.cache, capture=self.capture, final=self.capture)
+        self.cache.commit()
+        greedy = out.logits.argmax(-1).tolist()
         for s, job in enumerate(self.jobs):
             if job is None:
+                self.cache.clear(s)
                 continue
             if self.capture:
-                job.aux.append(aux[s : s + 1])
-                job.final.append(normed[s : s + 1].to(torch.bfloat16))
-            token = greedy[s] if job.generator is None else self._pick(job, logits[s])
+                job.aux.append(out.hidden[s : s + 1].to(torch.bfloat16))
+                job.final.append(out.final[s : s + 1].to(torch.bfloat16))
+            token = greedy[s] if job.generator is None else self._pick(job, out.logits[s])
             job.answer.append(token)
             self.next_token[s] = token
 
@@ -275,7 +213,7 @@ class ContinuousBatcher:
     def release(self, slot: int) -> Generated:
         job = self.jobs[slot]
         self.jobs[slot] = None
-        self.lengths[slot] = 0
+        self.cache.clear(slot)
         self.next_token[slot] = 0
         aux = torch.cat(job.aux) if self.capture else None
         final = torch.cat(job.final) if self.capture else None
@@ -363,26 +301,18 @@ def dtype_label(labels) -> str:
 
 def _write_shard(out: Path, meta: dict, split: str, recs: list[Generated], dtype: str) -> None:
     """Write recs, whose tokens were generated in `dtype` (e.g. "bfloat16"), as the split's next shard
-    (atomically) and count them in meta (not yet saved)."""
-    name = f"{split}-{len(meta['shards'][split]):05d}.safetensors"
-    lengths = torch.tensor([0] + [len(g.prompt) + len(g.answer) - 1 for g in recs])
-    tensors = {
-        "tokens": torch.tensor([t for g in recs for t in (g.prompt + g.answer)[:-1]], dtype=torch.int32),
-        "offsets": lengths.cumsum(0),
-        "answer_start": torch.tensor([len(g.prompt) for g in recs], dtype=torch.int64),
-        "last": torch.tensor([g.answer[-1] for g in recs], dtype=torch.int32),
-        "index": torch.tensor([g.index for g in recs], dtype=torch.int64),
-        "sampled": torch.tensor([g.sampled for g in recs], dtype=torch.bool),
-    }
-    if recs[0].aux is not None:
-        tensors["aux"] = torch.cat([g.aux for g in recs])
-        tensors["final"] = torch.cat([g.final for g in recs])
-    tmp = out / (name + ".tmp")
-    save_file(tensors, str(tmp))
-    tmp.replace(out / name)
-    meta["shards"][split].append(name)
+    (the training cache's shard, plus the corpus's per-record last token, pool index and sampled flag)
+    and count them in meta (not yet saved)."""
+    capture = recs[0].aux is not None
+    tensors = record_tensors(
+        [(g.prompt + g.answer)[:-1] for g in recs], [len(g.prompt) for g in recs],
+        [g.aux for g in recs] if capture else None, [g.final for g in recs] if capture else None,
+    )
+    tensors["last"] = torch.tensor([g.answer[-1] for g in recs], dtype=torch.int32)
+    tensors["index"] = torch.tensor([g.index for g in recs], dtype=torch.int64)
+    tensors["sampled"] = torch.tensor([g.sampled for g in recs], dtype=torch.bool)
+    name = write_shard(out, meta, split, tensors)
     meta["corpus"].setdefault("shard_dtype", {})[name] = dtype
-    meta["tokens"][split] += int(lengths.sum())
     meta["records_done"][split] += len(recs)
     meta["corpus"]["done"].extend(g.index for g in recs)
     meta["corpus"]["answer_tokens"] += sum(len(g.answer) for g in recs)
@@ -465,8 +395,6 @@ def corpus_records(run_dir: str | Path, split: str | None = None):
     """Token data of every finished record of a run directory, shard by shard, without its states:
     dicts of index, ids (prompt + answer, the last token included), answer_start, sampled, split and
     dtype (the dtype that generated it)."""
-    from .training import mmap_safetensors
-
     run_dir = Path(run_dir)
     meta = json.loads((run_dir / CACHE_META).read_text())
     for sp in ("val", "train") if split is None else (split,):

@@ -1,0 +1,37 @@
+"""python -m dart_core.cli.kernels (also python -m dart_core.kernels): the CPU kernel builds this
+machine has and runs, the one in use, and optionally the embedded target's forward cost by rows."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from .. import kernels
+from ..loading import DTYPE_CHOICES
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="The CPU kernel builds this machine has, and optionally the embedded target's forward cost by rows.")
+    p.add_argument("--time", nargs="*", choices=DTYPE_CHOICES, metavar="DTYPE",
+                   help="time forwards of the embedded target in these weight dtypes (e.g. gguf bfloat16) on the build in use")
+    p.add_argument("--rows", default="1,2,4,6,9,16", help="row counts to time (default 1,2,4,6,9,16)")
+    p.add_argument("--threads", type=int, default=None)
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    feats = kernels.cpu_features()
+    print("CPU features:", ", ".join(f for f, on in sorted(feats.items()) if on) or "unknown (no generic build)")
+    print("builds present:", ", ".join(kernels.built_paths()) or "none")
+    print("builds this CPU runs:", ", ".join(kernels.runnable_paths()) or "none")
+    print("in use:", kernels.describe(), f"({torch.get_num_threads()} threads)")
+    rows = [int(r) for r in args.rows.split(",")]
+    for dtype in args.time or []:
+        ms = kernels.time_forwards(dtype, rows)
+        cells = "  ".join(f"{m} rows {v:.2f} ms ({v / ms[rows[0]]:.2f}x)" for m, v in ms.items())
+        print(f"{dtype:9s} {cells}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
