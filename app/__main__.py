@@ -1,6 +1,6 @@
 """Start the demo:  python -m app   (the embedded default model at http://127.0.0.1:7860).
 
-Flag names follow the upstream DART app where it has them (facts doc §7); --dtype, --threads, the
+Flag names follow the upstream DART app where it has them (docs/upstream.md); --dtype, --threads, the
 tree parameters and the llama.cpp row's flags are ours. Models load here, once, before the server
 starts; importing the package loads nothing.
 

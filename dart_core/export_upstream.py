@@ -2,8 +2,8 @@
 
     python -m dart_core.cli.export_upstream --head assets/dart --out dart-upstream [--dtype float32]
 
-Upstream's draft path applies the final RMSNorm twice (the head's forward, then `compute_logits`;
-facts doc §3.1), and its config has no switch for that. Heads trained here apply it once (their
+Upstream's draft path applies the final RMSNorm twice (`LlamaForCausalLMDart.forward` in
+dart/model/llama3_dart.py, then `compute_logits`), and its config has no switch for that. Heads trained here apply it once (their
 config says `dart_double_norm: false`), so upstream's code would compute other logits from them.
 
 No weights make upstream's norm(norm(h)) equal our norm(h) exactly. Along any direction d of h
@@ -19,7 +19,7 @@ The folded lm_head is computed in float32 and written in `--dtype` (float32 by d
 would round the product; upstream casts the head to its target's dtype when it loads it anyway).
 
 A head that already applies the norm twice (a published upstream head, or an export) is written
-unchanged. The output is what upstream's `DartModel` reads (facts doc §1): config.json with the Llama
+unchanged. The output is what upstream's `DartModel` reads (dart/model/dart_configs.py): config.json with the Llama
 fields, draft_vocab_size, draft_length, target_hidden_size, head_dim, rope_theta, and
 model.safetensors with upstream's key names; `embed_tokens.weight` is left out (upstream copies the
 target's embedding into the head at load). Our loader reads the export too (`dart_double_norm: true`).

@@ -121,7 +121,7 @@ def put_in_hf_cache(hub_cache: Path, repo_id: str, files: dict[str, Path | bytes
 
 
 def upstream_trie_bytes(sequences, order: int = 3) -> tuple[bytes, int]:
-    """An upstream `.trie` file as its TrieNgram.add_conversation + save write it (facts doc §5):
+    """An upstream `.trie` file as its TrieNgram.add_conversation + save write it (upstream's ngram C++ sources; docs/upstream.md):
     every slice tokens[s:s+order] inserted from the root, +1 on each node of the path, root included;
     then order u64, node count u64, and per node token i32, parent u64, freq i32, n_children u64,
     (child token i32, child index u64)... Returns (bytes, node count)."""
@@ -258,7 +258,7 @@ def test_every_eos_id_stops_the_loop(qwen3_dir, tmp_path, eos):
 
 
 def upstream_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
-    """LlamaForCausalLMDart's parameters and persistent buffers (facts doc §1.3), sized from config.json
+    """LlamaForCausalLMDart's parameters and persistent buffers (dart/model/llama3_dart.py), sized from config.json
     with DartConfig's fallbacks (num_key_value_heads: the head count; head_dim: H / heads; fc input:
     3 x target_hidden_size, else 3 x H)."""
     H, I = cfg["hidden_size"], cfg["intermediate_size"]
@@ -305,7 +305,7 @@ def upstream_read(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
 
 
 def upstream_prefill_logits(cfg: dict, state: dict, embed: torch.Tensor, aux: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """Upstream's draft forward at prefill (facts doc §3), written from the doc in plain torch, fp32:
+    """Upstream's draft forward at prefill (dart/model/llama3_dart.py), written from its code in plain torch, fp32:
     S real positions (fc(aux), the embeddings of the ids shifted by one) then D mask slots, one causal
     Llama layer, the last D+1 rows, the final norm TWICE, lm_head. -> (D+1, Vd)."""
     H, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
