@@ -345,7 +345,32 @@ class RopeTable:
         self.sin = (freqs.sin() * self.scale).contiguous()
 
 
-class TreeAttention:
+class _AttentionPlan:
+    """What TreeAttention and RowsAttention share: a layer's call checks only what can differ between
+    layers (its tensors' dtypes and shapes) against the geometry checked once per forward."""
+
+    dtype: torch.dtype
+    cache_shape: tuple[int, ...]
+    q_shape: tuple[int, int]
+    kv_shape: tuple[int, int]
+    T: int
+    n_heads: int
+    hd: int
+
+    def _output(self, q, k, v, k_cache, v_cache) -> torch.Tensor:
+        """Check one layer's tensors; the (T, nh*hd) output to fill."""
+        dt = self.dtype
+        if not (q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype == dt):
+            raise TypeError(f"q, k, v and the caches must all be {dt}")
+        if q.shape != self.q_shape or k.shape != self.kv_shape or v.shape != self.kv_shape:
+            raise ValueError(f"q/k/v shapes {tuple(q.shape)}/{tuple(k.shape)}/{tuple(v.shape)}: "
+                             f"expected {self.q_shape}/{self.kv_shape}/{self.kv_shape}")
+        if k_cache.shape != self.cache_shape or v_cache.shape != self.cache_shape or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+            raise ValueError(f"k_cache and v_cache must be contiguous {self.cache_shape} tensors")
+        return torch.empty(self.T, self.n_heads * self.hd, dtype=dt)
+
+
+class TreeAttention(_AttentionPlan):
     """One forward's attention geometry, checked once for all its layers.
 
     positions (T,) int64 rope positions; parents (T,) int64, parents[i] < i (-1 for the root);
@@ -370,15 +395,8 @@ class TreeAttention:
         self.rope = rope
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        dt = self.dtype
-        if not (q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype == dt):
-            raise TypeError(f"q, k, v and the caches must all be {dt}")
-        if q.shape != self.q_shape or k.shape != self.kv_shape or v.shape != self.kv_shape:
-            raise ValueError(f"q/k/v shapes {tuple(q.shape)}/{tuple(k.shape)}/{tuple(v.shape)}: expected {self.q_shape}/{self.kv_shape}/{self.kv_shape}")
-        if k_cache.shape != self.cache_shape or v_cache.shape != self.cache_shape or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-            raise ValueError(f"k_cache and v_cache must be contiguous {self.cache_shape} tensors")
+        out = self._output(q, k, v, k_cache, v_cache)
         nh, hd = self.n_heads, self.hd
-        out = torch.empty(self.T, nh * hd, dtype=dt)
         _ext.tree_attention(
             self.code,
             q.data_ptr(), _rows(q, "q"), k.data_ptr(), _rows(k, "k"), v.data_ptr(), _rows(v, "v"),
@@ -501,7 +519,7 @@ def tree_attention(
     return plan(q, k, v, k_cache, v_cache)
 
 
-class RowsAttention:
+class RowsAttention(_AttentionPlan):
     """One forward's attention for B separate sequences, one new row each (continuous batching,
     `Transformer.decode_rows`), its geometry checked once for all layers.
 
@@ -530,15 +548,8 @@ class RowsAttention:
         self.rope = rope
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        dt = self.dtype
-        if not (q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype == dt):
-            raise TypeError(f"q, k, v and the caches must all be {dt}")
-        if q.shape != self.q_shape or k.shape != self.kv_shape or v.shape != self.kv_shape:
-            raise ValueError(f"q/k/v shapes {tuple(q.shape)}/{tuple(k.shape)}/{tuple(v.shape)}: expected {self.q_shape}/{self.kv_shape}/{self.kv_shape}")
-        if k_cache.shape != self.cache_shape or v_cache.shape != self.cache_shape or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-            raise ValueError(f"k_cache and v_cache must be contiguous {self.cache_shape} tensors")
+        out = self._output(q, k, v, k_cache, v_cache)
         nh, hd = self.n_heads, self.hd
-        out = torch.empty(self.T, nh * hd, dtype=dt)
         _ext.rows_attention(
             self.code, q.data_ptr(), _rows(q, "q"), k.data_ptr(), _rows(k, "k"), v.data_ptr(), _rows(v, "v"),
             self.rope.cos.data_ptr(), self.rope.sin.data_ptr(), self.positions.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
