@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.setup-stamp
 TORCH  ?= torch==2.13.0
 NATIVE := pyproject.toml $(wildcard setup.py) $(wildcard ngram_cpp/src/*.cpp ngram_cpp/src/*.h ngram_cpp/src/*.hpp dart_core/csrc/*.cpp)
 
-.PHONY: setup demo test bench peers clean space-check
+.PHONY: setup demo test lint bench peers clean space-check
 
 setup: $(STAMP)
 
@@ -27,8 +27,13 @@ $(STAMP): $(NATIVE)
 demo: setup
 	$(PY) -m app $(ARGS)
 
-test: setup
+# the style first (seconds): ruff's formatting and lint rules, configured in pyproject.toml
+test: setup lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: setup
+	$(PY) -m ruff format --check --quiet . || (echo "run: $(PY) -m ruff format ." && exit 1)
+	$(PY) -m ruff check --quiet .
 
 bench: setup
 	$(PY) -m dart_core.cli.bench --methods ar,hf --dataset ../shared/data/bench/mt_bench.jsonl --limit 5 --max-new-tokens 64 $(ARGS)

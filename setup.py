@@ -14,7 +14,9 @@ from setuptools import setup
 X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
 AVX2 = ["-mavx2", "-mfma", "-mf16c"]
 AVX512 = AVX2 + ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]
-KERNEL_PATHS = {"generic": [], "avx2": AVX2, "avx512": AVX512, "avx512bf16": AVX512 + ["-mavx512bf16", "-mavx512vnni"]} if X86 else {"generic": []}
+KERNEL_PATHS = (
+    {"generic": [], "avx2": AVX2, "avx512": AVX512, "avx512bf16": AVX512 + ["-mavx512bf16", "-mavx512vnni"]} if X86 else {"generic": []}
+)
 
 
 def cpu_kernel_builds():

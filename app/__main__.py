@@ -26,10 +26,16 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # the demo phones no
 import torch  # noqa: E402
 
 from dart_core import calibrate, load_target, peers  # noqa: E402
+from dart_core.cli.options import (
+    add_drafter_flags,
+    add_dtype_flag,
+    add_model_flag,
+    add_threads_flag,  # noqa: E402
+    drafter_configs,
+    unset_sizes,
+)
 from dart_core.drafters import DEFAULT_DART_HEAD as DEFAULT_DART  # noqa: E402
 from dart_core.drafters import DEFAULT_EAGLE3_HEAD as DEFAULT_EAGLE3  # noqa: E402
-from dart_core.cli.options import (add_drafter_flags, add_dtype_flag, add_model_flag, add_threads_flag,  # noqa: E402
-                                   drafter_configs, unset_sizes)
 from dart_core.drafters.config import DartConfig, DrafterConfigs, Eagle3Config  # noqa: E402
 from dart_core.drafters.registry import build_drafter, embedded_head_exists, ngram_choice  # noqa: E402
 from dart_core.loading import AUTO, DEFAULT_MODEL, EMBEDDED_NAME, TARGET_DTYPE_CHOICES  # noqa: E402
@@ -50,30 +56,54 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m app", description="DART speculative decoding demo (Gradio).")
     add_model_flag(p, "--base-model-name-or-path")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
-    add_dtype_flag(p, AUTO, TARGET_DTYPE_CHOICES,
-                   "float32/bfloat16/float16, or gguf: the embedded default read in its own GGUF blocks (Q4_1/Q8_0, fp32 arithmetic). "
-                   "Default auto: for the embedded default on the CPU kernels, the path (gguf or bfloat16) whose DART is expected "
-                   "fastest from this machine's measured costs (dart_core/calibrate.py; measured on the first start, cached); "
-                   "else (and with --no-calibration) bfloat16. The header says which and why. On a CPU with the C++ kernels every choice gives greedy texts "
-                   "identical to AR's on that path, bit for bit")
-    add_threads_flag(p, "torch CPU threads of the engine (default on the CPU: all cores but one, which serves the web page: see app/engine.py)")
+    add_dtype_flag(
+        p,
+        AUTO,
+        TARGET_DTYPE_CHOICES,
+        "float32/bfloat16/float16, or gguf: the embedded default read in its own GGUF blocks (Q4_1/Q8_0, fp32 arithmetic). "
+        "Default auto: for the embedded default on the CPU kernels, the path (gguf or bfloat16) whose DART is expected "
+        "fastest from this machine's measured costs (dart_core/calibrate.py; measured on the first start, cached); "
+        "else (and with --no-calibration) bfloat16. The header says which and why. On a CPU with the C++ kernels every choice gives "
+        "greedy texts "
+        "identical to AR's on that path, bit for bit",
+    )
+    add_threads_flag(
+        p, "torch CPU threads of the engine (default on the CPU: all cores but one, which serves the web page: see app/engine.py)"
+    )
     p.add_argument("--template-name", default=None, help="accepted for upstream compatibility; the tokenizer's own chat template is used")
     p.add_argument("--max-new-tokens", type=int, default=256, help="the most a request may ask for")
     p.add_argument("--max-length", type=int, default=2048, help="prompt + output limit in tokens (the conversation must fit)")
     add_drafter_flags(p)
     g = p.add_argument_group("compare")
-    g.add_argument("--compare-eagle3", action="store_true", help="start in compare mode: each prompt runs through DART, EAGLE3 and AR in turn")
-    g.add_argument("--compare-llamacpp", action=argparse.BooleanOptionalAction, default=None,
-                   help="compare mode ends with llama.cpp on the same prompt (its own binary, the same GGUF, the engine's thread count); "
-                        "the flag also starts in compare mode. Default: on where it can run (binaries built by `make peers`, and the "
-                        "embedded target or --gguf); --no-compare-llamacpp: off. Given but unable to run, the app starts anyway and its header says why")
-    g.add_argument("--llamacpp-bin", default=None,
-                   help=f"directory of llama.cpp's binaries (default: ${peers.BIN_ENV}, else what `make peers` builds: ~/.cache/dart-demo/llamacpp/<cpu kind>/bin)")
-    g.add_argument("--gguf", type=Path, default=None,
-                   help="the GGUF llama.cpp runs (default: the one the embedded target came from; another target needs it). Not --dtype gguf")
-    g.add_argument("--llamacpp-methods", default="llamacpp",
-                   help=f"comma-separated llama.cpp methods for the compare rows, run in this order (default: llamacpp, plain decoding; "
-                        f"choices as in the bench: {', '.join(peers.PEER_METHODS)})")
+    g.add_argument(
+        "--compare-eagle3", action="store_true", help="start in compare mode: each prompt runs through DART, EAGLE3 and AR in turn"
+    )
+    g.add_argument(
+        "--compare-llamacpp",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="compare mode ends with llama.cpp on the same prompt (its own binary, the same GGUF, the engine's thread count); "
+        "the flag also starts in compare mode. Default: on where it can run (binaries built by `make peers`, and the "
+        "embedded target or --gguf); --no-compare-llamacpp: off. Given but unable to run, the app starts anyway and its header says why",
+    )
+    g.add_argument(
+        "--llamacpp-bin",
+        default=None,
+        help=f"directory of llama.cpp's binaries (default: ${peers.BIN_ENV}, else what `make peers` builds: "
+        "~/.cache/dart-demo/llamacpp/<cpu kind>/bin)",
+    )
+    g.add_argument(
+        "--gguf",
+        type=Path,
+        default=None,
+        help="the GGUF llama.cpp runs (default: the one the embedded target came from; another target needs it). Not --dtype gguf",
+    )
+    g.add_argument(
+        "--llamacpp-methods",
+        default="llamacpp",
+        help=f"comma-separated llama.cpp methods for the compare rows, run in this order (default: llamacpp, plain decoding; "
+        f"choices as in the bench: {', '.join(peers.PEER_METHODS)})",
+    )
     g = p.add_argument_group("server")
     g.add_argument("--listen", action="store_true", help="bind 0.0.0.0 instead of 127.0.0.1")
     g.add_argument("--share", action="store_true", help="ask Gradio for a public link")
@@ -162,7 +192,10 @@ def load_eagle3(config: Eagle3Config, compare: bool, target, notes: list[str], p
     explicit = config.head is not None
     if not explicit and not embedded_head_exists("eagle3"):
         if compare:
-            notes.append("--compare-eagle3: no EAGLE3 head is available for this target (pass --eagle3-model-name-or-path); comparing DART with plain decoding.")
+            notes.append(
+                "--compare-eagle3: no EAGLE3 head is available for this target (pass --eagle3-model-name-or-path); comparing DART with "
+                "plain decoding."
+            )
         return None
     progress(f"loading the EAGLE3 head {config.head or DEFAULT_EAGLE3}")
     try:
@@ -187,8 +220,9 @@ def load_weights(args, device, notes: list[str], progress: Progress):
     progress(f"loading the target {args.base_model_name_or_path} ({device}) on the weights path chosen for this machine (--dtype auto)")
     try:
         config = drafter_configs(args, args.base_model_name_or_path == DEFAULT_MODEL).dart
-        target, choice, dart = calibrate.choose_weights(args.base_model_name_or_path, device, True, config,
-                                                        log=lambda m: log.warning("%s", m), enabled=not args.no_calibration)
+        target, choice, dart = calibrate.choose_weights(
+            args.base_model_name_or_path, device, True, config, log=lambda m: log.warning("%s", m), enabled=not args.no_calibration
+        )
     except (ValueError, OSError, RuntimeError) as e:  # e.g. a damaged τ table: start on the old default, and say so
         notes.append(f"The weights path was not calibrated ({e}); {calibrate.AUTO_FALLBACK} is used.")
         target = load_target(args.base_model_name_or_path, device, calibrate.AUTO_FALLBACK)
@@ -220,22 +254,28 @@ def cost_view(target, weights, dart_nodes: int | None, dart_size) -> tuple[CostV
     else:
         costs = calibrate.cached_forward_costs(target) if target.exact_verify(calibrate.MAX_CALIBRATED_ROWS) else None
         if costs is None:
-            why = ("No forward-cost table: the tree sizes were given or not calibrated here, and so was the weights path "
-                   "(python -m dart_core.calibrate measures it)." if target.exact_verify(1) else
-                   "No forward-cost table: the target is not on the CPU kernels, where the tree size is calibrated.")
+            why = (
+                "No forward-cost table: the tree sizes were given or not calibrated here, and so was the weights path "
+                "(python -m dart_core.calibrate measures it)."
+                if target.exact_verify(1)
+                else "No forward-cost table: the target is not on the CPU kernels, where the tree size is calibrated."
+            )
             return None, why
         table = dart_size.table if dart_size is not None else []
         paths.append(CostPath(target.weights, costs.ms, dart_nodes, expected(table, dart_nodes), True))
         why = f"Weights {weights.reason}: the one path measured."
     key = calibrate.host_key(torch.get_num_threads())
-    caption = (f"Median ms of one forward after {calibrate.PREFIX} cached tokens, measured by the calibration on {key['cpu']} "
-               f"({kernels.describe()}, {key['threads']} thread{'s' if key['threads'] != 1 else ''}) and cached in "
-               f"{calibrate.calibration_dir()}. DART's expected tokens/s = τ(n) / (verify(n + 1 rows) + drafting(n)).")
+    caption = (
+        f"Median ms of one forward after {calibrate.PREFIX} cached tokens, measured by the calibration on {key['cpu']} "
+        f"({kernels.describe()}, {key['threads']} thread{'s' if key['threads'] != 1 else ''}) and cached in "
+        f"{calibrate.calibration_dir()}. DART's expected tokens/s = τ(n) / (verify(n + 1 rows) + drafting(n))."
+    )
     return CostView(tuple(paths), caption), why
 
 
-def calibrate_sizes(args, target, configs: DrafterConfigs, notes: list[str], progress: Progress,
-                    known=None) -> tuple[DrafterConfigs, str | None, dict]:
+def calibrate_sizes(
+    args, target, configs: DrafterConfigs, notes: list[str], progress: Progress, known=None
+) -> tuple[DrafterConfigs, str | None, dict]:
     """The configs with the tree sizes the command line left unset calibrated on this machine
     (dart_core/calibrate.py; a few seconds on first start, the forward costs cached after), the
     header's line saying what was chosen and why, and the choices by drafter. `known`: DART's size
@@ -246,8 +286,9 @@ def calibrate_sizes(args, target, configs: DrafterConfigs, notes: list[str], pro
         return configs, None, {}
     progress("calibrating the tree sizes on this machine")
     try:
-        configs, choices = calibrate.calibrate_unset_sizes(target, configs, wanted, log=lambda m: log.warning("%s", m), known=known,
-                                                           enabled=not args.no_calibration)
+        configs, choices = calibrate.calibrate_unset_sizes(
+            target, configs, wanted, log=lambda m: log.warning("%s", m), known=known, enabled=not args.no_calibration
+        )
     except (ValueError, OSError, RuntimeError) as e:
         notes.append(f"Tree sizes not calibrated ({e}); the device default is used.")
         return configs, None, {}
@@ -298,8 +339,9 @@ def load_peers(args, target, default_target: bool, notes: list[str], progress: P
                 reason = f"{method}: the EAGLE3 head cannot be exported for llama.cpp: {e}"
         if reason is None:
             try:
-                runner = peers.LlamaCppPeer(method, bin_dir, gguf, threads, target.tokenizer, target.eos_ids, timeout_s=PEER_TIMEOUT_S,
-                                            draft=draft)
+                runner = peers.LlamaCppPeer(
+                    method, bin_dir, gguf, threads, target.tokenizer, target.eos_ids, timeout_s=PEER_TIMEOUT_S, draft=draft
+                )
             except Exception as e:  # noqa: BLE001 (a peer that cannot be set up is reported, the app still starts)
                 reason = f"{method}: {e}"
         if reason is not None:
@@ -337,8 +379,9 @@ def load_models(args, compute: ComputeThread) -> Loaded:
     if args.template_name:
         notes.append(f"--template-name {args.template_name} ignored: the tokenizer's own chat template is used.")
     default_target = args.base_model_name_or_path == DEFAULT_MODEL
-    configs, tree_line, sizes = calibrate_sizes(args, target, drafter_configs(args, default_target), notes, progress,
-                                                known={"dart": dart_size} if dart_size else None)
+    configs, tree_line, sizes = calibrate_sizes(
+        args, target, drafter_configs(args, default_target), notes, progress, known={"dart": dart_size} if dart_size else None
+    )
     dart_nodes = configs.dart.tree_size(device.type) if embedded_head_exists("dart") or head_named("dart", args) else None
     costs, costs_note = cost_view(target, weights, dart_nodes, sizes.get("dart", dart_size))
     drafters = {}
@@ -364,7 +407,9 @@ def warm_up(engine: Engine) -> None:
     """The first calls pay for lazy initialisation; make them before users arrive. The last AR run is
     long enough to give the speed that speed-ups are quoted against until a user runs AR."""
     for method in engine.methods:
-        engine.complete(engine.request([{"role": "user", "content": WARMUP_PROMPT}], method, min(WARMUP_TOKENS, engine.max_new_tokens), 0.0, 1.0, 0))
+        engine.complete(
+            engine.request([{"role": "user", "content": WARMUP_PROMPT}], method, min(WARMUP_TOKENS, engine.max_new_tokens), 0.0, 1.0, 0)
+        )
     n = min(2 * MIN_REFERENCE_TOKENS, engine.max_new_tokens)
     ar = engine.complete(engine.request([{"role": "user", "content": "Tell me about the moon."}], "ar", n, 0.0, 1.0, 0))
     log.warning("warm-up done: AR %.1f tok/s over %d tokens", ar.tokens_per_s, ar.new_tokens)

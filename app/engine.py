@@ -263,8 +263,15 @@ def _as_float(name: str, value) -> float:
 class Engine:
     """The loaded models and the compute thread that runs one generation step at a time."""
 
-    def __init__(self, target: Target, drafters: dict[str, Drafter], max_new_tokens: int, max_length: int | None = None,
-                 compute: ComputeThread | None = None, peers: list[Peer] = ()):
+    def __init__(
+        self,
+        target: Target,
+        drafters: dict[str, Drafter],
+        max_new_tokens: int,
+        max_length: int | None = None,
+        compute: ComputeThread | None = None,
+        peers: list[Peer] = (),
+    ):
         """compute: the thread that loaded `target` (app/__main__.py loads on it); None: a new one.
         peers: what compare mode runs after the engine's methods (llama.cpp), in this order."""
         self.target = target

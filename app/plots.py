@@ -24,7 +24,9 @@ LABEL_CHARS = 10
 TREE_ROW_PX = 17  # vertical room per leaf
 TREE_MIN_PX, TREE_MAX_PX = 340, 900
 SMALL = dict(
-    margin=dict(l=50, r=10, t=75, b=45), height=310, template="plotly_white",
+    margin=dict(l=50, r=10, t=75, b=45),
+    height=310,
+    template="plotly_white",
     legend=dict(orientation="h", x=0, y=1.0, xanchor="left", yanchor="bottom", font=dict(size=11)),
 )
 
@@ -146,29 +148,49 @@ def _tree_nodes(fig: go.Figure, depths, y, labels, probs, scores, values, value_
     colours = [values[i] if values[i] is not None else (min(known) if known else 0.0) for i in drafted]
     fig.add_trace(
         go.Scatter(
-            x=[depths[i] for i in drafted], y=[y[i] for i in drafted], mode="markers+text",
-            text=[labels[i] for i in drafted], textposition="middle right", textfont=dict(size=11, color="#343a40"),
+            x=[depths[i] for i in drafted],
+            y=[y[i] for i in drafted],
+            mode="markers+text",
+            text=[labels[i] for i in drafted],
+            textposition="middle right",
+            textfont=dict(size=11, color="#343a40"),
             marker=dict(
-                size=10, color=colours, colorscale="YlOrRd", line=dict(width=0.5, color="#495057"),
+                size=10,
+                color=colours,
+                colorscale="YlOrRd",
+                line=dict(width=0.5, color="#495057"),
                 symbol=[SOURCE_SYMBOLS[sources[i]] for i in drafted],
-                showscale=bool(known), colorbar=dict(title=dict(text=value_title, side="right"), thickness=12, len=0.8),
+                showscale=bool(known),
+                colorbar=dict(title=dict(text=value_title, side="right"), thickness=12, len=0.8),
             ),
-            hovertext=[hover(i) for i in drafted], hoverinfo="text",
+            hovertext=[hover(i) for i in drafted],
+            hoverinfo="text",
         )
     )
     path = sorted((i for i in on_path if i != 0), key=lambda i: depths[i])
     fig.add_trace(
         go.Scatter(
-            x=[depths[i] for i in path], y=[y[i] for i in path], mode="markers+text",
-            text=[f"<b>{labels[i]}</b>" for i in path], textposition="top center", textfont=dict(size=12, color=ACCEPTED),
+            x=[depths[i] for i in path],
+            y=[y[i] for i in path],
+            mode="markers+text",
+            text=[f"<b>{labels[i]}</b>" for i in path],
+            textposition="top center",
+            textfont=dict(size=12, color=ACCEPTED),
             marker=dict(size=14, color=ACCEPTED, symbol=[PATH_SYMBOLS[sources[i]] for i in path]),
-            hovertext=[hover(i) for i in path], hoverinfo="text",
+            hovertext=[hover(i) for i in path],
+            hoverinfo="text",
         )
     )
     fig.add_trace(
         go.Scatter(
-            x=[0], y=[y[0]], mode="markers+text", text=[f"<b>{labels[0]}</b>"], textposition="top center",
-            marker=dict(size=14, color=ROOT, symbol="square"), hovertext=[f"{labels[0]}<br>root: the target's last token"], hoverinfo="text",
+            x=[0],
+            y=[y[0]],
+            mode="markers+text",
+            text=[f"<b>{labels[0]}</b>"],
+            textposition="top center",
+            marker=dict(size=14, color=ROOT, symbol="square"),
+            hovertext=[f"{labels[0]}<br>root: the target's last token"],
+            hoverinfo="text",
         )
     )
 
@@ -189,7 +211,11 @@ def speed_figure(runs: list[Run]) -> go.Figure:
                 counts.append(n)
         fig.add_trace(
             go.Scatter(
-                x=xs, y=ys, customdata=counts, mode="lines", name=f"{run.label} {run.tokens_per_s:.1f} tok/s",
+                x=xs,
+                y=ys,
+                customdata=counts,
+                mode="lines",
+                name=f"{run.label} {run.tokens_per_s:.1f} tok/s",
                 line=dict(color=METHOD_COLOURS.get(run.method), width=2.5),
                 hovertemplate="%{y:.1f} tok/s after %{x:.2f} s (%{customdata} tokens)<extra></extra>",
             )
@@ -207,7 +233,12 @@ def accepted_figure(runs: list[Run]) -> go.Figure:
     for run in runs:
         steps = run.steps[1:]  # step 0 is the prefill
         fig.add_trace(
-            go.Bar(x=[s.index for s in steps], y=[len(s.tokens) for s in steps], name=f"{run.label} τ {run.tau:.2f}", marker_color=METHOD_COLOURS.get(run.method))
+            go.Bar(
+                x=[s.index for s in steps],
+                y=[len(s.tokens) for s in steps],
+                name=f"{run.label} τ {run.tau:.2f}",
+                marker_color=METHOD_COLOURS.get(run.method),
+            )
         )
     fig.update_layout(title="Tokens per target forward", xaxis_title="step", yaxis_title="tokens", barmode="group", bargap=0.1, **SMALL)
     return fig
@@ -224,8 +255,12 @@ def time_split_figure(runs: list[Run]) -> go.Figure:
         per_step = [1000 * t / max(1, len(r.steps) - 1) for t, r in zip(totals, runs)]
         fig.add_trace(
             go.Bar(
-                x=names, y=totals, name=stage, marker_color=colour,
-                customdata=per_step, hovertemplate=f"{stage}: %{{y:.2f}} s (%{{customdata:.1f}} ms/step)<extra></extra>",
+                x=names,
+                y=totals,
+                name=stage,
+                marker_color=colour,
+                customdata=per_step,
+                hovertemplate=f"{stage}: %{{y:.2f}} s (%{{customdata:.1f}} ms/step)<extra></extra>",
             )
         )
     fig.update_layout(title="Where the time went", yaxis_title="engine seconds", barmode="stack", **SMALL)
@@ -247,20 +282,38 @@ def verify_cost_figure(view: CostView | None) -> go.Figure:
     paths = sorted(view.paths, key=lambda p: not p.chosen)
     for colour, p in zip(PATH_COLOURS, paths):
         rows = sorted(p.ms)
-        fig.add_trace(go.Scatter(
-            x=rows, y=[p.ms[k] for k in rows], customdata=[p.ms[k] / p.ms[1] for k in rows], mode="lines+markers",
-            name=p.weights + (" (runs)" if p.chosen else ""), line=dict(color=colour, width=2.5 if p.chosen else 1.5, dash=None if p.chosen else "dot"),
-            marker=dict(size=5), hovertemplate="%{x} rows: %{y:.1f} ms (%{customdata:.2f}x one row)<extra></extra>",
-        ))
+        fig.add_trace(
+            go.Scatter(
+                x=rows,
+                y=[p.ms[k] for k in rows],
+                customdata=[p.ms[k] / p.ms[1] for k in rows],
+                mode="lines+markers",
+                name=p.weights + (" (runs)" if p.chosen else ""),
+                line=dict(color=colour, width=2.5 if p.chosen else 1.5, dash=None if p.chosen else "dot"),
+                marker=dict(size=5),
+                hovertemplate="%{x} rows: %{y:.1f} ms (%{customdata:.2f}x one row)<extra></extra>",
+            )
+        )
         if p.nodes is not None and p.nodes + 1 in p.ms:
             k = p.nodes + 1
-            fig.add_trace(go.Scatter(
-                x=[k], y=[p.ms[k]], mode="markers+text", text=[f"DART {p.nodes} node{'s' if p.nodes != 1 else ''}"],
-                textposition="top center", marker=dict(size=13, color=colour, symbol="star"), showlegend=False,
-                hovertemplate=f"DART's tree on {p.weights}: {p.nodes} drafted nodes, a {k}-row verify: %{{y:.1f}} ms<extra></extra>",
-            ))
-    fig.update_layout(title="Forward cost by rows on this machine", xaxis_title="rows in one forward (a tree of n nodes: n + 1)",
-                      yaxis_title="ms", **SMALL)
+            fig.add_trace(
+                go.Scatter(
+                    x=[k],
+                    y=[p.ms[k]],
+                    mode="markers+text",
+                    text=[f"DART {p.nodes} node{'s' if p.nodes != 1 else ''}"],
+                    textposition="top center",
+                    marker=dict(size=13, color=colour, symbol="star"),
+                    showlegend=False,
+                    hovertemplate=f"DART's tree on {p.weights}: {p.nodes} drafted nodes, a {k}-row verify: %{{y:.1f}} ms<extra></extra>",
+                )
+            )
+    fig.update_layout(
+        title="Forward cost by rows on this machine",
+        xaxis_title="rows in one forward (a tree of n nodes: n + 1)",
+        yaxis_title="ms",
+        **SMALL,
+    )
     fig.update_xaxes(dtick=2)
     fig.update_yaxes(rangemode="tozero")
     return fig

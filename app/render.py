@@ -19,7 +19,10 @@ PEER_FOOTNOTE = (
     "Its text is re-tokenized with the target's tokenizer; its time is its own timers' prefill + decode (process "
     "start and model load not counted); it ran after the engine's methods, with the engine's thread count."
 )
-PEER_SAMPLED = "sampled by llama.cpp's own sampler chain and random numbers (same temperature, top-p and top-k): its text is not expected to match ours"
+PEER_SAMPLED = (
+    "sampled by llama.cpp's own sampler chain and random numbers (same temperature, top-p and top-k): "
+    "its text is not expected to match ours"
+)
 
 
 def render_chunks(run: Run) -> str:
@@ -32,7 +35,9 @@ def render_chunks(run: Run) -> str:
         if stop <= start:
             continue
         shade = f"chunk c{i % 2}"
-        title = f"step {s.index}: " + (f"{s.accepted} drafted token(s) accepted + 1 from the target" if s.accepted else "1 token from the target")
+        title = f"step {s.index}: " + (
+            f"{s.accepted} drafted token(s) accepted + 1 from the target" if s.accepted else "1 token from the target"
+        )
         inner = html.escape(run.text[start:mid])
         if mid < stop:
             bonus_cls = "bonus" if s.accepted else "own"
@@ -122,7 +127,10 @@ def summary_html(runs: list[Run], speedups: list[float | None], greedy: bool, ex
         peer = isinstance(r, PeerResult)
         if peer and r.peer is None:  # failed: its pane has the whole message
             first = (r.error or "").strip().splitlines()[0] if (r.error or "").strip() else "no reason given"
-            rows.append(f'<tr class="peer-failed"><td>{html.escape(r.label)}</td><td colspan="{len(head) - 1}">{html.escape(PEER_FAILED)}: {html.escape(first)}</td></tr>')
+            rows.append(
+                f'<tr class="peer-failed"><td>{html.escape(r.label)}</td><td colspan="{len(head) - 1}">{html.escape(PEER_FAILED)}: '
+                f'{html.escape(first)}</td></tr>'
+            )
             continue
         cells = [
             r.label,
@@ -142,7 +150,10 @@ def summary_html(runs: list[Run], speedups: list[float | None], greedy: bool, ex
     note = ""
     ours = [r for r in runs if not isinstance(r, PeerResult)]
     if same_col and not exact and any(r.output_ids != ar.output_ids for r in ours):
-        note = '<p class="note">This target runs the eager path in reduced precision: a tree verify may round a near-tie differently from a one-token step. The CPU kernel path (built by make setup) or --dtype float32 gives identical texts.</p>'
+        note = (
+            '<p class="note">This target runs the eager path in reduced precision: a tree verify may round a near-tie '
+            "differently from a one-token step. The CPU kernel path (built by make setup) or --dtype float32 gives identical texts.</p>"
+        )
     if same_col and len(ours) < len(runs):
         note += f'<p class="note peer-note">{html.escape(PEER_FOOTNOTE)}</p>'
     return f'<table class="summary"><thead><tr>{th}</tr></thead><tbody>{"".join(rows)}</tbody></table>{note}'
@@ -164,11 +175,15 @@ def step_details_html(run: Run | None, step_index: int | None, tokenizer) -> str
     if tokens and probs:
         rows = []
         for depth, (ts, ps) in enumerate(zip(tokens, probs), start=1):
-            cands = ", ".join(f"<code>{html.escape(repr(tokenizer.decode([t]))[1:-1])}</code> {p:.2f}" for t, p in list(zip(ts, ps))[:PREVIEW_CANDIDATES])
+            cands = ", ".join(
+                f"<code>{html.escape(repr(tokenizer.decode([t]))[1:-1])}</code> {p:.2f}" for t, p in list(zip(ts, ps))[:PREVIEW_CANDIDATES]
+            )
             rows.append(f"<tr><td>depth {depth}</td><td>{cands}</td></tr>")
-        lines.append(f'<table class="topk"><thead><tr><th colspan="2">head candidates (top {PREVIEW_CANDIDATES} of each row, probability within the top-k)</th></tr></thead>{"".join(rows)}</table>')
+        lines.append(
+            f'<table class="topk"><thead><tr><th colspan="2">head candidates (top {PREVIEW_CANDIDATES} of each row, probability within '
+            f'the top-k)</th></tr></thead>{"".join(rows)}</table>'
+        )
     return f'<div class="details">{"".join(lines)}</div>'
-
 
 
 @dataclass(frozen=True)
@@ -212,7 +227,11 @@ def verify_cost_html(view: CostView | None, note: str) -> str:
         tr = '<tr class="chosen">' if p.chosen else "<tr>"
         rows.append(tr + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
     widest = max(max(p.ms) for p in view.paths)
-    th = "".join(f"<th>{html.escape(h)}</th>" for h in
-                 ("weights", "1 row (plain step)", "DART nodes", "its verify", f"{widest} rows", "DART expected"))
-    return (f'<div class="costs">{head}<table class="summary"><thead><tr>{th}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
-            f'<p class="note">{html.escape(view.caption)}</p></div>')
+    th = "".join(
+        f"<th>{html.escape(h)}</th>"
+        for h in ("weights", "1 row (plain step)", "DART nodes", "its verify", f"{widest} rows", "DART expected")
+    )
+    return (
+        f'<div class="costs">{head}<table class="summary"><thead><tr>{th}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+        f'<p class="note">{html.escape(view.caption)}</p></div>'
+    )

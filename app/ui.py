@@ -42,7 +42,8 @@ INTRO = (
 LEGEND = (
     '<div class="legend">'
     '<div><span class="chunk c0">one forward</span><span class="chunk c1">the next</span> each shaded chunk is one target forward</div>'
-    '<div><span class="chunk c0">accepted drafts<span class="bonus"> own</span></span> underlined: the target\'s own token after the drafts it accepted</div>'
+    '<div><span class="chunk c0">accepted drafts<span class="bonus"> own</span></span> underlined: '
+    "the target's own token after the drafts it accepted</div>"
     "<div>τ = tokens per target forward; speeds count engine time only</div>"
     "<div>draft tree: ● the head's guess, ★ a guess the conversation's own text also suggested, ■ a repeat of the "
     "conversation proposed by the context n-gram alone (green: accepted)</div>"
@@ -149,7 +150,9 @@ class DemoApp:
             self._analysis()
             self._wire()
             self._api()
-            demo.load(self._blank_plots, None, [self.tree_plot, self.speed_plot, self.accepted_plot, self.split_plot], api_visibility="private")
+            demo.load(
+                self._blank_plots, None, [self.tree_plot, self.speed_plot, self.accepted_plot, self.split_plot], api_visibility="private"
+            )
         return demo
 
     # ---- layout -------------------------------------------------------------------------------
@@ -162,7 +165,8 @@ class DemoApp:
             f"{html.escape(str(target.device))} · weights {html.escape(target.weights or str(target.dtype).removeprefix('torch.'))}"
             + (f" · {html.escape(kernels.describe())}" if target.device.type == "cpu" else "")
             + (f" · {s.threads} engine thread{'s' if s.threads != 1 else ''}" if s.threads else ""),
-            "methods " + ", ".join(method_label(m) for m in e.methods)
+            "methods "
+            + ", ".join(method_label(m) for m in e.methods)
             + "".join(f" · compare mode adds {html.escape(p.label)}" for p in e.peers.values()),
         ]
         if s.pruner:
@@ -181,18 +185,30 @@ class DemoApp:
         methods = self.engine.methods
         self.method = gr.Radio([(method_label(m), m) for m in methods], value=self.default_method, label="Method", elem_id="method")
         can_compare = len(methods) + len(self.engine.peers) > 1
-        self.compare = gr.Checkbox(self.settings.compare and can_compare, label="Compare methods (one after another)", visible=can_compare, elem_id="compare")
-        self.include_ar = gr.Checkbox(True, label="…including plain decoding (AR)", visible=self.settings.compare and can_compare and bool(self.drafted))
+        self.compare = gr.Checkbox(
+            self.settings.compare and can_compare, label="Compare methods (one after another)", visible=can_compare, elem_id="compare"
+        )
+        self.include_ar = gr.Checkbox(
+            True, label="…including plain decoding (AR)", visible=self.settings.compare and can_compare and bool(self.drafted)
+        )
         with gr.Accordion("Sampling", open=True):
             self.temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature (0 = greedy)")
             self.top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p (with temperature > 0)")
             self.top_k = gr.Slider(0, 200, value=0, step=1, label="Top-k (0 = off)")
-            self.max_new = gr.Slider(1, self.engine.max_new_tokens, value=self.settings.default_new_tokens, step=1, label="Max new tokens", elem_id="max-new")
+            self.max_new = gr.Slider(
+                1, self.engine.max_new_tokens, value=self.settings.default_new_tokens, step=1, label="Max new tokens", elem_id="max-new"
+            )
         gr.HTML(LEGEND)
 
     def _chat(self) -> None:
         self.chat = gr.Chatbot(
-            label="Chat", height=420, sanitize_html=False, render_markdown=False, feedback_options=None, buttons=[], elem_id="chat",
+            label="Chat",
+            height=420,
+            sanitize_html=False,
+            render_markdown=False,
+            feedback_options=None,
+            buttons=[],
+            elem_id="chat",
             placeholder="Ask something, or pick an example. The answer arrives one target forward at a time.",
         )
         with gr.Row():
@@ -219,9 +235,17 @@ class DemoApp:
                 self.tree_plot = gr.Plot(label="Draft tree", elem_id="tree-plot")
             with gr.Column(scale=1, min_width=260):
                 self.step = gr.Slider(0, 1, value=0, step=1, label="Step (scrub through the verified trees)", elem_id="step")
-                self.tree_of = gr.Radio([(method_label(m), m) for m in self.drafted], value=self.default_method if self.drafted else None, label="Tree of", visible=len(self.drafted) > 1, elem_id="tree-of")
+                self.tree_of = gr.Radio(
+                    [(method_label(m), m) for m in self.drafted],
+                    value=self.default_method if self.drafted else None,
+                    label="Tree of",
+                    visible=len(self.drafted) > 1,
+                    elem_id="tree-of",
+                )
                 self.colour_by = gr.Radio(
-                    list(plots.COLOUR_BY), value=plots.COLOUR_BY[0], label="Colour nodes by",
+                    list(plots.COLOUR_BY),
+                    value=plots.COLOUR_BY[0],
+                    label="Colour nodes by",
                     info="tree score: DART's pruner score (draft + n-gram), EAGLE3's cumulative log-probability",
                 )
                 self.details = gr.HTML(elem_id="details")
@@ -241,7 +265,19 @@ class DemoApp:
     # ---- events -------------------------------------------------------------------------------
 
     def _wire(self) -> None:
-        inputs = [self.turn, self.box, self.history, self.display, self.method, self.compare, self.include_ar, self.temperature, self.top_p, self.top_k, self.max_new]
+        inputs = [
+            self.turn,
+            self.box,
+            self.history,
+            self.display,
+            self.method,
+            self.compare,
+            self.include_ar,
+            self.temperature,
+            self.top_p,
+            self.top_k,
+            self.max_new,
+        ]
         queued = dict(concurrency_limit=1, concurrency_id=ENGINE_QUEUE, api_visibility="private", show_progress="hidden")
         arm = dict(fn=self.arm, inputs=None, outputs=self.turn, queue=False, api_visibility="private", show_progress="hidden")
         events = [
@@ -259,11 +295,20 @@ class DemoApp:
         self.clear.click(self.reset, None, self.outputs, api_visibility="private")
         self.compare.change(
             lambda c: (gr.update(visible=c and bool(self.drafted)), gr.update(interactive=not c), gr.update(visible=c)),
-            self.compare, [self.include_ar, self.method, self.compare_group], api_visibility="private",
+            self.compare,
+            [self.include_ar, self.method, self.compare_group],
+            api_visibility="private",
         )
         view = [self.runs, self.tree_of, self.step, self.colour_by]
         for trigger in (self.step.input, self.tree_of.input, self.colour_by.input):  # user input only, not our own updates
-            trigger(self.scrub, view, [self.tree_plot, self.details], api_visibility="private", show_progress="hidden", trigger_mode="always_last")
+            trigger(
+                self.scrub,
+                view,
+                [self.tree_plot, self.details],
+                api_visibility="private",
+                show_progress="hidden",
+                trigger_mode="always_last",
+            )
 
     @property
     def turn_inputs(self) -> list:
@@ -273,8 +318,21 @@ class DemoApp:
     @property
     def outputs(self) -> list:
         return [
-            self.chat, self.history, self.display, self.runs, self.stats, self.panes, self.summary, self.compare_group,
-            self.tree_plot, self.details, self.step, self.tree_of, self.speed_plot, self.accepted_plot, self.split_plot,
+            self.chat,
+            self.history,
+            self.display,
+            self.runs,
+            self.stats,
+            self.panes,
+            self.summary,
+            self.compare_group,
+            self.tree_plot,
+            self.details,
+            self.step,
+            self.tree_of,
+            self.speed_plot,
+            self.accepted_plot,
+            self.split_plot,
             *self.turn_inputs,
         ]
 
@@ -325,7 +383,9 @@ class DemoApp:
             last_text = last_plots = 0.0
             run = Run(m)
             if m in self.engine.peers:  # llama.cpp: one subprocess on the compute thread, its text when it ends
-                frame = self._frame(runs + [PeerResult(m, peer_label=self.engine.label(m))], order, messages, shown, greedy, with_plots=False, final=False)
+                frame = self._frame(
+                    runs + [PeerResult(m, peer_label=self.engine.label(m))], order, messages, shown, greedy, with_plots=False, final=False
+                )
                 yield {**frame, **self.locked()} if first_frame else frame
                 first_frame = False
                 runs.append(self.engine.run_peer(req, m))
@@ -361,9 +421,19 @@ class DemoApp:
     def reset(self) -> dict:
         blank = self._blank_plots()
         return {
-            self.chat: [], self.history: [], self.display: [], self.runs: [], self.stats: "", self.panes: "", self.summary: "",
-            self.tree_plot: blank[0], self.details: "", self.step: gr.update(value=0, maximum=1),
-            self.speed_plot: blank[1], self.accepted_plot: blank[2], self.split_plot: blank[3],
+            self.chat: [],
+            self.history: [],
+            self.display: [],
+            self.runs: [],
+            self.stats: "",
+            self.panes: "",
+            self.summary: "",
+            self.tree_plot: blank[0],
+            self.details: "",
+            self.step: gr.update(value=0, maximum=1),
+            self.speed_plot: blank[1],
+            self.accepted_plot: blank[2],
+            self.split_plot: blank[3],
         }
 
     def scrub(self, runs: list[Run], tree_of: str | None, step: float, colour_by: str):
@@ -379,7 +449,9 @@ class DemoApp:
         ours = [m for m in self.engine.methods if m != "ar" or include_ar or not self.drafted]
         return ours + list(self.engine.peers)  # the peers last: after every engine method, never beside one
 
-    def _frame(self, runs: list[Run], order: list[str], messages, shown, greedy: bool, with_plots: bool, final: bool, stopped: bool = False) -> dict:
+    def _frame(
+        self, runs: list[Run], order: list[str], messages, shown, greedy: bool, with_plots: bool, final: bool, stopped: bool = False
+    ) -> dict:
         """The outputs after a step: the chat and the panes every frame, the plots when `with_plots`."""
         ar = next((r for r in runs if r.method == "ar" and r.done), None)
         speedups = [self.engine.speedup(r, ar) for r in runs]
@@ -395,7 +467,9 @@ class DemoApp:
         if len(order) > 1:
             pending = [self.engine.label(m) for m in order[len(runs) :]]
             out[self.panes] = render.compare_html(runs, speedups, pending, stopped)
-            out[self.summary] = render.summary_html([r for r in runs if r.done], [s for r, s in zip(runs, speedups) if r.done], greedy, self.settings.exact)
+            out[self.summary] = render.summary_html(
+                [r for r in runs if r.done], [s for r, s in zip(runs, speedups) if r.done], greedy, self.settings.exact
+            )
         out[self.compare_group] = gr.update(visible=len(order) > 1)
         if with_plots:
             # A peer (llama.cpp) gives no per-step data, only its totals: the plots show the engine's
@@ -403,14 +477,16 @@ class DemoApp:
             runs = [r for r in runs if not isinstance(r, PeerResult)]
             tree_run = self._tree_run(runs, None if final or not runs else runs[-1].method)  # streaming: the live run's, if it drafts
             last = tree_run.steps[-1].index if tree_run and tree_run.steps else 0
-            out.update({
-                self.tree_plot: plots.tree_figure(tree_run, None, self.tok),
-                self.details: render.step_details_html(tree_run, None, self.tok),
-                self.step: gr.update(maximum=max(1, last), value=last),
-                self.speed_plot: plots.speed_figure(runs),
-                self.accepted_plot: plots.accepted_figure(runs),
-                self.split_plot: plots.time_split_figure(runs),
-            })
+            out.update(
+                {
+                    self.tree_plot: plots.tree_figure(tree_run, None, self.tok),
+                    self.details: render.step_details_html(tree_run, None, self.tok),
+                    self.step: gr.update(maximum=max(1, last), value=last),
+                    self.speed_plot: plots.speed_figure(runs),
+                    self.accepted_plot: plots.accepted_figure(runs),
+                    self.split_plot: plots.time_split_figure(runs),
+                }
+            )
             if final and tree_run is not None:
                 out[self.tree_of] = gr.update(value=tree_run.method)
         return out
@@ -427,7 +503,14 @@ class DemoApp:
     def _api(self) -> None:
         engine, default_method, default_new = self.engine, self.default_method, self.settings.default_new_tokens
 
-        def generate(message: str, method: str = default_method, max_new_tokens: int = default_new, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0) -> Iterator[dict]:
+        def generate(
+            message: str,
+            method: str = default_method,
+            max_new_tokens: int = default_new,
+            temperature: float = 0.0,
+            top_p: float = 1.0,
+            top_k: int = 0,
+        ) -> Iterator[dict]:
             """Generate a reply to one user message with method dart, eagle3 or ar. Streams dicts
             {text, new_tokens, tau, tokens_per_s, speedup_vs_ar, done}, at most one every TEXT_EVERY_S
             and always the last; `predict` returns the last one.

@@ -156,8 +156,19 @@ def peer_runner(name: str, target: Target, gguf: Path, bin_dir: Path, threads: i
     def run(ids: list[int], params: GenerationParams) -> Summary:
         r = peer.generate(ids, params.max_new_tokens, params.sampling)
         stop = "eos" if r.stop == "eos" else "max_new_tokens"
-        return Summary(len(ids), r.output_ids, r.target_forwards, r.wall_s, r.timings.prefill_s, None, stop, [],
-                       counted_tokens=r.new_tokens, drafted=r.timings.drafted, accepted_drafts=r.accepted)
+        return Summary(
+            len(ids),
+            r.output_ids,
+            r.target_forwards,
+            r.wall_s,
+            r.timings.prefill_s,
+            None,
+            stop,
+            [],
+            counted_tokens=r.new_tokens,
+            drafted=r.timings.drafted,
+            accepted_drafts=r.accepted,
+        )
 
     return run
 
@@ -276,7 +287,8 @@ def markdown_table(methods: dict[str, dict]) -> str:
         return f"{m['accepted_drafts']}/{m['drafted']}"
 
     lines = [
-        "| method | tokens/s | decode tokens/s | speed-up vs ar | τ | accepted/drafted | new tokens | draft ms/step | prune ms/step | verify ms/step | same ids as ar |",
+        "| method | tokens/s | decode tokens/s | speed-up vs ar | τ | accepted/drafted | new tokens | draft ms/step | prune ms/step | "
+        "verify ms/step | same ids as ar |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, m in methods.items():
@@ -314,6 +326,7 @@ class BenchRun:
     def reports(self) -> tuple[dict, dict]:
         """(per method, per dataset and method) reports, speed-ups against ar where it ran; with ar,
         each method's `same_as_ar`: how many prompts give exactly ar's output ids."""
+
         def reports(tot: dict) -> dict:
             ar_tps = tot["ar"].report(None)["tokens_per_s"] if "ar" in tot else None
             return {m: t.report(ar_tps) for m, t in tot.items()}
@@ -326,8 +339,14 @@ class BenchRun:
         return report, {d: reports(t) for d, t in self.by_set.items()}
 
 
-def run_interleaved(runners: dict[str, Runner], questions: list[tuple[str, dict]], prompts: list[list[int]], max_new_tokens: int,
-                    sampling: SamplingParams, log: Callable[[str], None]) -> BenchRun:
+def run_interleaved(
+    runners: dict[str, Runner],
+    questions: list[tuple[str, dict]],
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    sampling: SamplingParams,
+    log: Callable[[str], None],
+) -> BenchRun:
     """A warm-up run of each method, then every prompt through every method in turn. Prompt i is
     sampled with seed sampling.seed + i. A llama.cpp method that cannot run a prompt (peers.PeerError)
     leaves it out of its totals, with the reason in peer_errors."""

@@ -94,14 +94,26 @@ def host_key(threads: int) -> dict:
                 break
     except OSError:
         pass
-    return {"version": CALIBRATION_VERSION, "cpu": cpu, "cpu_flags": flags, "kernels": kernels.describe(),
-            "kernel_build": kernel_build_digest(), "threads": threads, "torch": torch.__version__}
+    return {
+        "version": CALIBRATION_VERSION,
+        "cpu": cpu,
+        "cpu_flags": flags,
+        "kernels": kernels.describe(),
+        "kernel_build": kernel_build_digest(),
+        "threads": threads,
+        "torch": torch.__version__,
+    }
 
 
 def machine_key(target: Target, threads: int) -> dict:
     """What a forward's cost depends on: the host (CPU, kernel build, threads), the model and its weights."""
-    return {**host_key(threads), "model": target.name, "model_dir": str(target.model_dir), "weights": target.weights,
-            "device": str(target.device)}
+    return {
+        **host_key(threads),
+        "model": target.name,
+        "model_dir": str(target.model_dir),
+        "weights": target.weights,
+        "device": str(target.device),
+    }
 
 
 def measure_forwards(target: Target, rows: range | list[int], repeats: int | None = None, prefix: int = PREFIX) -> dict[int, float]:
@@ -281,17 +293,22 @@ def choose_max_nodes(forward_ms: dict[int, float], tau: dict[int, float], draft_
     table = []
     for n in sizes:
         step = forward_ms[n + 1] + draft_ms[n]
-        table.append({"nodes": n, "tau": tau[n], "verify_ms": forward_ms[n + 1], "draft_ms": draft_ms[n], "tokens_per_s": 1e3 * tau[n] / step})
+        table.append(
+            {"nodes": n, "tau": tau[n], "verify_ms": forward_ms[n + 1], "draft_ms": draft_ms[n], "tokens_per_s": 1e3 * tau[n] / step}
+        )
     best = max(table, key=lambda r: r["tokens_per_s"])
     plain = 1e3 / forward_ms[1]
-    reason = (f"{best['nodes']} drafted nodes: expected {best['tokens_per_s']:.0f} tok/s (τ {best['tau']:.2f}, "
-              f"verify {best['verify_ms']:.1f} ms + drafting {best['draft_ms']:.1f} ms) against plain decoding's "
-              f"{plain:.0f} (one-token step {forward_ms[1]:.1f} ms)")
+    reason = (
+        f"{best['nodes']} drafted nodes: expected {best['tokens_per_s']:.0f} tok/s (τ {best['tau']:.2f}, "
+        f"verify {best['verify_ms']:.1f} ms + drafting {best['draft_ms']:.1f} ms) against plain decoding's "
+        f"{plain:.0f} (one-token step {forward_ms[1]:.1f} ms)"
+    )
     return SizeChoice(best["nodes"], reason, table, calibrated=True)
 
 
-def calibrate_drafter(target: Target, drafter: Drafter, head_dir: str | os.PathLike | None, fallback: int,
-                      threads: int | None = None) -> SizeChoice:
+def calibrate_drafter(
+    target: Target, drafter: Drafter, head_dir: str | os.PathLike | None, fallback: int, threads: int | None = None
+) -> SizeChoice:
     """The tree size for `drafter` (built at its largest size) on this machine: measured forward and
     drafting costs against the head's τ table. Without a table, `fallback`, with the reason."""
     tau = read_tau_table(head_dir)
@@ -300,14 +317,16 @@ def calibrate_drafter(target: Target, drafter: Drafter, head_dir: str | os.PathL
     costs = forward_costs(target, threads)
     sizes = sorted(n for n in tau if n + 1 in costs.ms and n <= drafter.max_nodes)
     if not sizes:
-        return SizeChoice(fallback, f"{fallback} drafted nodes (the device default: the head's {TAU_FILE} has no size up to {drafter.max_nodes})")
+        return SizeChoice(
+            fallback, f"{fallback} drafted nodes (the device default: the head's {TAU_FILE} has no size up to {drafter.max_nodes})"
+        )
     record = record_greedy(target, [{"role": "user", "content": OVERHEAD_PROMPT}], OVERHEAD_TOKENS)
     return choose_max_nodes(costs.ms, tau, drafting_ms(drafter, record, sizes))
 
 
-def calibrate_unset_sizes(target: Target, configs: DrafterConfigs, unset, log=None,
-                          known: dict[str, SizeChoice] | None = None,
-                          enabled: bool = True) -> tuple[DrafterConfigs, dict[str, SizeChoice]]:
+def calibrate_unset_sizes(
+    target: Target, configs: DrafterConfigs, unset, log=None, known: dict[str, SizeChoice] | None = None, enabled: bool = True
+) -> tuple[DrafterConfigs, dict[str, SizeChoice]]:
     """For each drafter in `unset` (whose tree size the user left unset), the size calibrated on this
     machine: returns the configs with those sizes and the choices (with their reasons) by drafter.
     An EAGLE3 without a τ table follows DART's size, so both verify trees of one size. Only on the CPU
@@ -414,19 +433,31 @@ def rank_weights(entries: list[dict], rule: str, why_plain: str | None = None) -
         return f"{1e3 / e['plain_tokens_per_s']:.1f} ms"
 
     if rule == "dart":
-        reason = (f"{best['weights']}: DART expected {says(best)}" + "".join(f", against {e['dtype']}'s {says(e)}" for e in others)
-                  + " (τ / (verify + drafting) from this machine's measured costs)")
+        reason = (
+            f"{best['weights']}: DART expected {says(best)}"
+            + "".join(f", against {e['dtype']}'s {says(e)}" for e in others)
+            + " (τ / (verify + drafting) from this machine's measured costs)"
+        )
     else:
-        reason = (f"{best['weights']}: the cheapest one-token step, {says(best)}"
-                  + "".join(f", against {e['dtype']}'s {says(e)}" for e in others)
-                  + f" (DART's speed cannot rank the paths: {why_plain or 'no τ table'})")
+        reason = (
+            f"{best['weights']}: the cheapest one-token step, {says(best)}"
+            + "".join(f", against {e['dtype']}'s {says(e)}" for e in others)
+            + f" (DART's speed cannot rank the paths: {why_plain or 'no τ table'})"
+        )
     paths = [{**e, "chosen": e is best} for e in entries]
     return WeightsChoice(best["dtype"], reason, paths, calibrated=True, rule=rule, measured_at=time.strftime("%Y-%m-%d %H:%M:%S"))
 
 
-def choose_weights(model=None, device="cpu", use_kernels: bool = True, config: DartConfig | None = None,
-                   threads: int | None = None, refresh: bool = False, log=None,
-                   enabled: bool = True) -> tuple[Target, WeightsChoice, SizeChoice | None]:
+def choose_weights(
+    model=None,
+    device="cpu",
+    use_kernels: bool = True,
+    config: DartConfig | None = None,
+    threads: int | None = None,
+    refresh: bool = False,
+    log=None,
+    enabled: bool = True,
+) -> tuple[Target, WeightsChoice, SizeChoice | None]:
     """--dtype auto: the target loaded on the weights path that makes DART fastest on this machine,
     the choice (with every candidate's costs), and DART's tree size on that path (None where it was not
     calibrated: the bench and the app pass it to calibrate_unset_sizes, which then does not time DART again).
@@ -464,8 +495,15 @@ def choose_weights(model=None, device="cpu", use_kernels: bool = True, config: D
         sizes = [config.max_nodes] if config.max_nodes in sizes else []
         if not sizes:
             why_plain = f"--max-nodes {config.max_nodes} is not a calibrated size (1-{MAX_CALIBRATED_ROWS - 1} with a τ)"
-    key = {**host_key(threads), "kind": "weights", "model_dir": str(resolve_model_dir(model)), "candidates": list(WEIGHTS_CANDIDATES),
-           "tau": {str(n): tau[n] for n in sizes} if sizes else None, "dart_config": _config_key(config), "max_nodes": config.max_nodes}
+    key = {
+        **host_key(threads),
+        "kind": "weights",
+        "model_dir": str(resolve_model_dir(model)),
+        "candidates": list(WEIGHTS_CANDIDATES),
+        "tau": {str(n): tau[n] for n in sizes} if sizes else None,
+        "dart_config": _config_key(config),
+        "max_nodes": config.max_nodes,
+    }
     path = _cache_path("weights", key)
     if not refresh and path.is_file():
         try:
@@ -484,8 +522,14 @@ def choose_weights(model=None, device="cpu", use_kernels: bool = True, config: D
         say(f"weights path {dtype}: loading and measuring its forward cost by rows")
         target = load_target(model, device, dtype, kernels=use_kernels)
         costs = forward_costs(target, threads, refresh=refresh)
-        entry = {"dtype": dtype, "weights": target.weights, "forward_ms": costs.ms, "measured_at": costs.measured_at,
-                 "plain_tokens_per_s": 1e3 / costs.ms[1], "dart": None}
+        entry = {
+            "dtype": dtype,
+            "weights": target.weights,
+            "forward_ms": costs.ms,
+            "measured_at": costs.measured_at,
+            "plain_tokens_per_s": 1e3 / costs.ms[1],
+            "dart": None,
+        }
         if sizes and draft_ms is None and why_plain is None:
             say(f"timing DART's drafting by replay beside {dtype} (once: the head runs the same beside every path)")
             try:

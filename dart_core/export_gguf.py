@@ -117,8 +117,9 @@ def read_gguf_target(path: str | os.PathLike) -> TargetInfo:
     if tokens is None:
         raise ValueError(f"{path}: GGUF has no tokenizer (tokenizer.ggml.tokens); llama.cpp needs one in the draft file")
     vocab = scalar(f"{arch}.vocab_size") if f"{arch}.vocab_size" in fields else len(tokens)
-    return TargetInfo(str(path), int(scalar(f"{arch}.block_count")), int(scalar(f"{arch}.embedding_length")),
-                      int(vocab), len(tokens), tokenizer)
+    return TargetInfo(
+        str(path), int(scalar(f"{arch}.block_count")), int(scalar(f"{arch}.embedding_length")), int(vocab), len(tokens), tokenizer
+    )
 
 
 def resolve_target(target: str | os.PathLike, tokenizer_gguf: str | os.PathLike | None = None) -> TargetInfo:
@@ -142,10 +143,12 @@ def resolve_target(target: str | os.PathLike, tokenizer_gguf: str | os.PathLike 
             raise ValueError(
                 f"target {str(target)!r} is a Hugging Face checkpoint: its tokenizer cannot be written as llama.cpp's "
                 "tokenizer metadata faithfully here; pass a GGUF of the same model (--tokenizer-gguf FILE, or give that "
-                "GGUF as --model)")
+                "GGUF as --model)"
+            )
         tok = read_gguf_target(tokenizer_gguf)
-        info = TargetInfo(str(target), int(cfg["num_hidden_layers"]), int(cfg["hidden_size"]), int(cfg["vocab_size"]),
-                          tok.n_tokens, tok.tokenizer)
+        info = TargetInfo(
+            str(target), int(cfg["num_hidden_layers"]), int(cfg["hidden_size"]), int(cfg["vocab_size"]), tok.n_tokens, tok.tokenizer
+        )
     return info
 
 
@@ -162,8 +165,10 @@ def read_eagle3_head(head_dir: str | os.PathLike) -> Eagle3Checkpoint:
     path = resolve_head_dir(head_dir)
     raw = json.loads((path / "config.json").read_text())
     if "draft_length" in raw:
-        raise ValueError(f"{path} is a DART head (config.json has draft_length): llama.cpp has no loader for DART heads, "
-                         "only EAGLE3 heads can be exported")
+        raise ValueError(
+            f"{path} is a DART head (config.json has draft_length): llama.cpp has no loader for DART heads, "
+            "only EAGLE3 heads can be exported"
+        )
     c = HeadConfig.from_dict(raw, dart=False)
     if c.double_norm:
         raise ValueError(f"{path}: dart_double_norm (final norm applied twice) has no llama.cpp equivalent")
@@ -223,8 +228,13 @@ def _weight_array(t: torch.Tensor, ggml_type: GGMLQuantizationType) -> np.ndarra
     return a
 
 
-def export_eagle3_gguf(head_dir: str | os.PathLike, target: str | os.PathLike, out_path: str | os.PathLike,
-                       dtype: str = "bf16", tokenizer_gguf: str | os.PathLike | None = None) -> Path:
+def export_eagle3_gguf(
+    head_dir: str | os.PathLike,
+    target: str | os.PathLike,
+    out_path: str | os.PathLike,
+    dtype: str = "bf16",
+    tokenizer_gguf: str | os.PathLike | None = None,
+) -> Path:
     """Write the EAGLE3 head at `head_dir`, trained for `target`, as a llama.cpp eagle3 GGUF at `out_path`.
 
     `target`: "default" (the embedded SmolLM2 GGUF: llama.cpp runs that file as -m), a target .gguf,
@@ -238,7 +248,9 @@ def export_eagle3_gguf(head_dir: str | os.PathLike, target: str | os.PathLike, o
     if c.target_hidden_size != tgt.hidden_size:
         raise ValueError(f"{head.path}: head expects target hidden size {c.target_hidden_size}, {tgt.source} has {tgt.hidden_size}")
     if c.hidden_size != tgt.hidden_size:
-        raise ValueError(f"{head.path}: head hidden size {c.hidden_size} differs from the target's {tgt.hidden_size} (the embedding is shared)")
+        raise ValueError(
+            f"{head.path}: head hidden size {c.hidden_size} differs from the target's {tgt.hidden_size} (the embedding is shared)"
+        )
     if c.vocab_size != tgt.vocab_size:
         raise ValueError(f"{head.path}: head was trained for a vocabulary of {c.vocab_size}, {tgt.source} has {tgt.vocab_size}")
     layers = tgt.target_layers

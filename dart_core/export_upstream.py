@@ -50,8 +50,10 @@ def export_upstream(head: str | os.PathLike, out: str | os.PathLike, dtype: str 
     src = resolve_head_dir(head)
     cfg = json.loads((src / "config.json").read_text())
     if "draft_length" not in cfg:
-        raise ValueError(f"{src}: config.json has no draft_length: not a DART head (EAGLE3 heads apply the final norm once, "
-                         "here and upstream, and need no export)")
+        raise ValueError(
+            f"{src}: config.json has no draft_length: not a DART head (EAGLE3 heads apply the final norm once, "
+            "here and upstream, and need no export)"
+        )
     c = HeadConfig.from_dict(cfg, dart=True)
     state = read_state(src)
     for k in IGNORED_KEYS:

@@ -35,8 +35,15 @@ def _quiet(_: str) -> None:
     pass
 
 
-TRAIN_DATA = ["code-alpaca-2k.json", "gpteacher-codegen.json", "gpteacher-roleplay.json", "gpteacher-toolformer.json",
-              "sharegpt.jsonl", "t0-prompts.jsonl", "user-oriented-instructions.jsonl"]
+TRAIN_DATA = [
+    "code-alpaca-2k.json",
+    "gpteacher-codegen.json",
+    "gpteacher-roleplay.json",
+    "gpteacher-toolformer.json",
+    "sharegpt.jsonl",
+    "t0-prompts.jsonl",
+    "user-oriented-instructions.jsonl",
+]
 BENCH_SETS = ["alpaca", "gsm8k", "humaneval", "mt_bench", "qa", "sum"]
 PARENT_FIT = FEATURE_NAMES.index("parent's fitted ln P")
 
@@ -44,8 +51,16 @@ PARENT_FIT = FEATURE_NAMES.index("parent's fitted ln P")
 # ------------------------------------------------------------------------------ the data
 
 
-def record_training_prompts(target, data: list[str], exclude: list[str], n: int, max_prompt_tokens: int, max_new: int, pool_size: int,
-                            log: Callable[[str], None] = _quiet):
+def record_training_prompts(
+    target,
+    data: list[str],
+    exclude: list[str],
+    n: int,
+    max_prompt_tokens: int,
+    max_new: int,
+    pool_size: int,
+    log: Callable[[str], None] = _quiet,
+):
     """Greedy records of the first `n` pool prompts (of the first `pool_size`: the corpus's
     validation split) that fit `max_prompt_tokens`."""
     from .training.corpus import prompt_pool
@@ -73,7 +88,7 @@ class _CollectingSession:
 
     def propose(self, root: int, max_nodes: int):
         prop = self.s.propose(root, max_nodes)
-        self.owner.collect(prop.info, root, list(self.s.committed), self.s.index, self.owner.output[self.pos + 1:])
+        self.owner.collect(prop.info, root, list(self.s.committed), self.s.index, self.owner.output[self.pos + 1 :])
         return prop
 
 
@@ -104,15 +119,21 @@ class Collector:
         acc = np.zeros(len(pool), dtype=bool)
         for n, (tok, parent, dep, _) in enumerate(pool):  # parents come before their children
             acc[n] = dep - 1 < len(truth) and tok == truth[dep - 1] and (parent < 0 or acc[parent])
-        self.steps.append((depth[kept], np.array([row[pool[n][1]] if pool[n][1] >= 0 else -1 for n in kept]),
-                           np.array([pool[n][3] for n in kept], dtype=np.float64), acc[kept].astype(np.float64)))
+        self.steps.append(
+            (
+                depth[kept],
+                np.array([row[pool[n][1]] if pool[n][1] >= 0 else -1 for n in kept]),
+                np.array([pool[n][3] for n in kept], dtype=np.float64),
+                acc[kept].astype(np.float64),
+            )
+        )
 
 
 class _Eagle3CollectingSession(_CollectingSession):
     def propose(self, root: int, max_nodes: int):
         self.s.collect = True
         prop = self.s.propose(root, max_nodes)
-        self.owner.collect_pool(self.s.last_pool, self.owner.output[self.pos + 1:])
+        self.owner.collect_pool(self.s.last_pool, self.owner.output[self.pos + 1 :])
         return prop
 
 
@@ -139,8 +160,14 @@ class Eagle3Collector:
         acc = np.zeros(len(tokens), dtype=bool)
         for n in range(len(tokens)):
             acc[n] = depth[n] - 1 < len(truth) and tokens[n] == truth[depth[n] - 1] and (parents[n] < 0 or acc[parents[n]])
-        self.steps.append((depth[kept], np.array([row[parents[n]] if parents[n] >= 0 else -1 for n in kept]),
-                           np.array([feats[n] for n in kept], dtype=np.float64), acc[kept].astype(np.float64)))
+        self.steps.append(
+            (
+                depth[kept],
+                np.array([row[parents[n]] if parents[n] >= 0 else -1 for n in kept]),
+                np.array([feats[n] for n in kept], dtype=np.float64),
+                acc[kept].astype(np.float64),
+            )
+        )
 
 
 def collect(drafter, feature_params, records, keep: int) -> list[tuple[str, list]]:
@@ -231,14 +258,26 @@ def report(table, W: np.ndarray, parent_col: int = PARENT_FIT) -> dict:
         if not m.any():
             continue
         base = np.clip(y[m].mean(), 1e-12, 1 - 1e-12)
-        out["per_row"].append({"row": r, "nodes": int(m.sum()), "accepted": int(y[m].sum()),
-                               "log_loss": float(-np.mean(y[m] * np.log(p[m]) + (1 - y[m]) * np.log(1 - p[m]))),
-                               "log_loss_constant": float(-np.mean(y[m] * np.log(base) + (1 - y[m]) * np.log(1 - base)))})
+        out["per_row"].append(
+            {
+                "row": r,
+                "nodes": int(m.sum()),
+                "accepted": int(y[m].sum()),
+                "log_loss": float(-np.mean(y[m] * np.log(p[m]) + (1 - y[m]) * np.log(1 - p[m]))),
+                "log_loss_constant": float(-np.mean(y[m] * np.log(base) + (1 - y[m]) * np.log(1 - base))),
+            }
+        )
     for lo, hi in [(0, 0.01), (0.01, 0.05), (0.05, 0.1), (0.1, 0.2), (0.2, 0.4), (0.4, 0.6), (0.6, 0.8), (0.8, 0.95), (0.95, 1.0001)]:
         m = (p >= lo) & (p < hi)
         if m.any():
-            out["reliability"].append({"predicted": [lo, min(hi, 1.0)], "nodes": int(m.sum()), "mean_predicted": round(float(p[m].mean()), 4),
-                                       "observed": round(float(y[m].mean()), 4)})
+            out["reliability"].append(
+                {
+                    "predicted": [lo, min(hi, 1.0)],
+                    "nodes": int(m.sum()),
+                    "mean_predicted": round(float(p[m].mean()), 4),
+                    "observed": round(float(y[m].mean()), 4),
+                }
+            )
     return out
 
 
@@ -263,16 +302,22 @@ def evaluate_eagle3(drafter, records, sizes: list[int], weights: tuple, log: Cal
             for name, r in runs:
                 tokens[name] = tokens.get(name, 0) + r.new_tokens
                 steps[name] = steps.get(name, 0) + r.steps
-            row = {"ranking": label, "max_nodes": n, "tau": sum(tokens.values()) / sum(steps.values()),
-                   "per_set": {k: tokens[k] / steps[k] for k in tokens}, "mean_nodes": float(n),
-                   "drafting_ms_per_step": 1e3 * (time.perf_counter() - t0) / sum(len(r.accepted) for _, r in runs)}
+            row = {
+                "ranking": label,
+                "max_nodes": n,
+                "tau": sum(tokens.values()) / sum(steps.values()),
+                "per_set": {k: tokens[k] / steps[k] for k in tokens},
+                "mean_nodes": float(n),
+                "drafting_ms_per_step": 1e3 * (time.perf_counter() - t0) / sum(len(r.accepted) for _, r in runs),
+            }
             out.append(row)
             log(f"  {label:16s} {n:3d} nodes: τ {row['tau']:.3f}")
     return out
 
 
-def evaluate(drafter, records, sizes: list[int], ranking, costs_ms: dict[int, float] | None, draft_ms: float,
-             log: Callable[[str], None] = _quiet) -> list[dict]:
+def evaluate(
+    drafter, records, sizes: list[int], ranking, costs_ms: dict[int, float] | None, draft_ms: float, log: Callable[[str], None] = _quiet
+) -> list[dict]:
     """τ (and the expected tokens/s from this machine's forward cost by rows, where given) of the
     score, the fitted ranking and the adaptive fitted tree at each size, by exact replay."""
     from .drafters.dart import DartParams, with_fitted_ranking
@@ -283,7 +328,9 @@ def evaluate(drafter, records, sizes: list[int], ranking, costs_ms: dict[int, fl
     if costs_ms:
         top = max(costs_ms)
         row_costs = tuple(costs_ms[r] + draft_ms for r in range(1, top + 1))
-        variants.append(("fitted+adaptive", dataclasses.replace(fitted_params, prune=dataclasses.replace(fitted_params.prune, row_costs=row_costs))))
+        variants.append(
+            ("fitted+adaptive", dataclasses.replace(fitted_params, prune=dataclasses.replace(fitted_params.prune, row_costs=row_costs)))
+        )
     out = []
     for label, params in variants:
         for n in sizes:
@@ -301,11 +348,18 @@ def evaluate(drafter, records, sizes: list[int], ranking, costs_ms: dict[int, fl
                 n_steps += len(r.tree_sizes)
                 if costs_ms:
                     ms += sum(costs_ms.get(k + 1, math.nan) + draft_ms for k in r.tree_sizes) + costs_ms[1]  # the prefill as a step
-            row = {"ranking": label, "max_nodes": n, "tau": sum(tokens.values()) / sum(steps.values()),
-                   "per_set": {k: tokens[k] / steps[k] for k in tokens}, "mean_nodes": nodes / max(n_steps, 1)}
+            row = {
+                "ranking": label,
+                "max_nodes": n,
+                "tau": sum(tokens.values()) / sum(steps.values()),
+                "per_set": {k: tokens[k] / steps[k] for k in tokens},
+                "mean_nodes": nodes / max(n_steps, 1),
+            }
             if costs_ms:
                 row["est_tokens_per_s"] = 1e3 * sum(tokens.values()) / ms
             out.append(row)
-            log(f"  {label:16s} {n:3d} nodes: τ {row['tau']:.3f}  mean tree {row['mean_nodes']:.1f}"
-                + (f"  est. {row['est_tokens_per_s']:.1f} tok/s" if costs_ms else ""))
+            log(
+                f"  {label:16s} {n:3d} nodes: τ {row['tau']:.3f}  mean tree {row['mean_nodes']:.1f}"
+                + (f"  est. {row['est_tokens_per_s']:.1f} tok/s" if costs_ms else "")
+            )
     return out

@@ -80,8 +80,11 @@ def _choose():
         if forced not in PATHS:
             raise ImportError(f"{ENV}={forced!r}: choose one of {', '.join(PATHS)} or auto")
         if forced not in runnable_paths():
-            why = "was not built" if forced not in built_paths() else "needs CPU features this CPU lacks: " + ", ".join(
-                f for f in PATHS[forced] if not cpu_features().get(f, False))
+            why = (
+                "was not built"
+                if forced not in built_paths()
+                else "needs CPU features this CPU lacks: " + ", ".join(f for f in PATHS[forced] if not cpu_features().get(f, False))
+            )
             raise ImportError(f"{ENV}={forced}: the {forced} kernels {why}")
         return _import(forced)
     for p in runnable_paths():
@@ -133,15 +136,19 @@ class BlockWeight:
         if self.layout not in ("gguf", "x16"):
             raise ValueError(f"layout {self.layout!r}: 'gguf' or 'x16'")
         if self.layout == "x16" and (self.fmt not in X16_FORMATS or self.rows % 16 or self.activations != "int8"):
-            raise ValueError(f"an interleaved weight is Q4_0/Q4_1 in whole groups of 16 rows against int8 activations, "
-                             f"got {self.fmt} {self.rows} rows, {self.activations} activations")
+            raise ValueError(
+                f"an interleaved weight is Q4_0/Q4_1 in whole groups of 16 rows against int8 activations, "
+                f"got {self.fmt} {self.rows} rows, {self.activations} activations"
+            )
         if self.cols % 32:
             raise ValueError(f"a {self.fmt} row holds whole blocks of 32 elements, got {self.cols}")
         per_block = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}[self.fmt]
         want = (self.rows, self.cols // 32 * per_block)
         if self.data.dtype != torch.uint8 or tuple(self.data.shape) != want or not self.data.is_contiguous():
-            raise ValueError(f"{self.fmt} weight of {self.rows}x{self.cols}: data must be contiguous uint8 {want}, "
-                             f"got {self.data.dtype} {tuple(self.data.shape)}")
+            raise ValueError(
+                f"{self.fmt} weight of {self.rows}x{self.cols}: data must be contiguous uint8 {want}, "
+                f"got {self.data.dtype} {tuple(self.data.shape)}"
+            )
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -168,14 +175,14 @@ class BlockWeight:
             raise ValueError("only weights of one activation mode stack")
         if any(p.layout != "gguf" for p in parts):
             raise ValueError("interleaved weights do not stack: stack first, then interleave")
-        return BlockWeight(parts[0].fmt, sum(p.rows for p in parts), parts[0].cols, torch.cat([p.data for p in parts]),
-                           parts[0].activations)
+        return BlockWeight(
+            parts[0].fmt, sum(p.rows for p in parts), parts[0].cols, torch.cat([p.data for p in parts]), parts[0].activations
+        )
 
     def select_rows(self, index: torch.Tensor) -> "BlockWeight":
         if self.layout != "gguf":
             raise ValueError("select rows before interleaving")
-        return BlockWeight(self.fmt, int(index.numel()), self.cols, self.data.index_select(0, index.cpu()).contiguous(),
-                           self.activations)
+        return BlockWeight(self.fmt, int(index.numel()), self.cols, self.data.index_select(0, index.cpu()).contiguous(), self.activations)
 
     def with_activations(self, activations: str) -> "BlockWeight":
         """The same blocks (shared storage) multiplied against `activations` ("float" or "int8")."""
@@ -186,8 +193,9 @@ class BlockWeight:
         activations: per group of 16 rows and block, the 16 fp16 scales, Q4_1's 16 minimums, then 4
         chunks of 64 bytes, chunk j holding code bytes 4j..4j+3 of each row in turn."""
         if self.layout != "gguf" or self.fmt not in X16_FORMATS or self.rows % 16:
-            raise ValueError(f"interleave Q4_0/Q4_1 weights of whole groups of 16 rows as stored, got {self.fmt} "
-                             f"{self.rows} rows ({self.layout})")
+            raise ValueError(
+                f"interleave Q4_0/Q4_1 weights of whole groups of 16 rows as stored, got {self.fmt} {self.rows} rows ({self.layout})"
+            )
         head = 4 if self.fmt == "Q4_1" else 2  # bytes of scale (+ minimum) before a block's 16 code bytes
         nb, per = self.cols // 32, head + 16
         blocks = self.data.view(self.rows // 16, 16, nb, per).permute(0, 2, 1, 3)  # (G, nb, 16 rows, per)
@@ -213,8 +221,18 @@ class BlockWeight:
         idx = None if rows is None else rows.reshape(-1).to("cpu", torch.long).contiguous()
         n = self.rows if idx is None else idx.numel()
         out = torch.empty(n, self.cols, dtype=dtype)
-        _ext.dequantize(self.code & ~_ext.Q8_ACTIVATIONS, self.data.data_ptr(), self.data.shape[1], self.cols, self.rows,
-                        0 if idx is None else idx.data_ptr(), n, out.data_ptr(), self.cols, DTYPES[dtype])
+        _ext.dequantize(
+            self.code & ~_ext.Q8_ACTIVATIONS,
+            self.data.data_ptr(),
+            self.data.shape[1],
+            self.cols,
+            self.rows,
+            0 if idx is None else idx.data_ptr(),
+            n,
+            out.data_ptr(),
+            self.cols,
+            DTYPES[dtype],
+        )
         return out
 
 
@@ -273,8 +291,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor | BlockWeight, bias: torch.Tens
     if bias is not None and (bias.dtype != x.dtype or bias.shape != (N,) or not bias.is_contiguous()):
         raise ValueError(f"bias must be a contiguous ({N},) {x.dtype} tensor")
     out = torch.empty(M, N, dtype=x.dtype)
-    _ext.linear(code, x.data_ptr(), _rows(x, "x"), M, K, fmt, w.data_ptr(), row_bytes, N,
-                0 if bias is None else bias.data_ptr(), out.data_ptr(), N)
+    _ext.linear(
+        code, x.data_ptr(), _rows(x, "x"), M, K, fmt, w.data_ptr(), row_bytes, N, 0 if bias is None else bias.data_ptr(), out.data_ptr(), N
+    )
     return out
 
 
@@ -318,7 +337,17 @@ def add_rmsnorm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tenso
         raise ValueError(f"weight must be a contiguous ({H},) {x.dtype} tensor")
     x_out = torch.empty_like(x)
     normed = torch.empty_like(x)
-    _ext.add_rmsnorm(code, x.data_ptr(), 0 if delta is None else delta.data_ptr(), weight.data_ptr(), M, H, float(eps), x_out.data_ptr(), normed.data_ptr())
+    _ext.add_rmsnorm(
+        code,
+        x.data_ptr(),
+        0 if delta is None else delta.data_ptr(),
+        weight.data_ptr(),
+        M,
+        H,
+        float(eps),
+        x_out.data_ptr(),
+        normed.data_ptr(),
+    )
     return x_out, normed
 
 
@@ -363,9 +392,14 @@ class _AttentionPlan:
         if not (q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype == dt):
             raise TypeError(f"q, k, v and the caches must all be {dt}")
         if q.shape != self.q_shape or k.shape != self.kv_shape or v.shape != self.kv_shape:
-            raise ValueError(f"q/k/v shapes {tuple(q.shape)}/{tuple(k.shape)}/{tuple(v.shape)}: "
-                             f"expected {self.q_shape}/{self.kv_shape}/{self.kv_shape}")
-        if k_cache.shape != self.cache_shape or v_cache.shape != self.cache_shape or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+            raise ValueError(
+                f"q/k/v shapes {tuple(q.shape)}/{tuple(k.shape)}/{tuple(v.shape)}: expected {self.q_shape}/{self.kv_shape}/{self.kv_shape}"
+            )
+        if (
+            k_cache.shape != self.cache_shape
+            or v_cache.shape != self.cache_shape
+            or not (k_cache.is_contiguous() and v_cache.is_contiguous())
+        ):
             raise ValueError(f"k_cache and v_cache must be contiguous {self.cache_shape} tensors")
         return torch.empty(self.T, self.n_heads * self.hd, dtype=dt)
 
@@ -378,8 +412,17 @@ class TreeAttention(_AttentionPlan):
     `dtype`. Calling it runs one layer (see `tree_attention`); a layer's call checks only what can
     differ between layers (its tensors' dtypes and shapes), so the per-layer cost is the C++ call."""
 
-    def __init__(self, rope: RopeTable, positions: torch.Tensor, parents: torch.Tensor, committed: int,
-                 n_heads: int, n_kv_heads: int, cache_shape: tuple[int, int, int], dtype: torch.dtype):
+    def __init__(
+        self,
+        rope: RopeTable,
+        positions: torch.Tensor,
+        parents: torch.Tensor,
+        committed: int,
+        n_heads: int,
+        n_kv_heads: int,
+        cache_shape: tuple[int, int, int],
+        dtype: torch.dtype,
+    ):
         T = positions.shape[0] if positions.dim() == 1 else -1
         if positions.shape != (T,) or parents.shape != (T,) or positions.dtype != torch.long or parents.dtype != torch.long:
             raise ValueError("positions and parents must be (T,) int64 tensors")
@@ -399,10 +442,27 @@ class TreeAttention(_AttentionPlan):
         nh, hd = self.n_heads, self.hd
         _ext.tree_attention(
             self.code,
-            q.data_ptr(), _rows(q, "q"), k.data_ptr(), _rows(k, "k"), v.data_ptr(), _rows(v, "v"),
-            self.rope.cos.data_ptr(), self.rope.sin.data_ptr(), self.positions.data_ptr(),
-            k_cache.data_ptr(), v_cache.data_ptr(), self.capacity, self.committed, self.T, self.parents.data_ptr(),
-            nh, self.n_kv_heads, hd, 1.0 / math.sqrt(hd), out.data_ptr(), nh * hd,
+            q.data_ptr(),
+            _rows(q, "q"),
+            k.data_ptr(),
+            _rows(k, "k"),
+            v.data_ptr(),
+            _rows(v, "v"),
+            self.rope.cos.data_ptr(),
+            self.rope.sin.data_ptr(),
+            self.positions.data_ptr(),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            self.capacity,
+            self.committed,
+            self.T,
+            self.parents.data_ptr(),
+            nh,
+            self.n_kv_heads,
+            hd,
+            1.0 / math.sqrt(hd),
+            out.data_ptr(),
+            nh * hd,
         )
         return out
 
@@ -439,8 +499,17 @@ class LayerStack:
                 if t is not None and (t.dtype != dtype or not t.is_contiguous()):
                     raise ValueError(f"LayerStack: biases and norm weights must be contiguous {dtype} tensors")
             keep.extend(t.data for t in norms)
-            rows.append([*weight(att.wqkv), 0 if bias is None else bias.data_ptr(), *weight(att.wo), *weight(ffn.w13),
-                         *weight(ffn.w2), norms[0].data_ptr(), norms[1].data_ptr()])
+            rows.append(
+                [
+                    *weight(att.wqkv),
+                    0 if bias is None else bias.data_ptr(),
+                    *weight(att.wo),
+                    *weight(ffn.w13),
+                    *weight(ffn.w2),
+                    norms[0].data_ptr(),
+                    norms[1].data_ptr(),
+                ]
+            )
         self.plan = torch.tensor(rows, dtype=torch.int64)
         if self.plan.shape[1] != _ext.PLAN_FIELDS:
             raise RuntimeError(f"LayerStack: the plan has {self.plan.shape[1]} fields, the extension wants {_ext.PLAN_FIELDS}")
@@ -460,8 +529,14 @@ class LayerStack:
         pointer): the model's own code never does that; `Transformer.reset_layer_stack()` rebuilds."""
         return self._end_pointers() != self._ends
 
-    def __call__(self, x: torch.Tensor, attention: "TreeAttention | RowsAttention", k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def __call__(
+        self,
+        x: torch.Tensor,
+        attention: "TreeAttention | RowsAttention",
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        capture: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """x (T, H) embeddings; k_cache, v_cache (L, *attention.cache_shape) views whose layers are a
         fixed stride apart: (L, nkv, capacity, hd) for a tree over one cache, (L, B, nkv, capacity, hd)
         for rows of separate sequences. Returns (residual before the last MLP output, that output, the
@@ -483,11 +558,31 @@ class LayerStack:
         cap_idx = torch.tensor(capture, dtype=torch.int64)
         captured = torch.empty(T, len(capture) * H, dtype=x.dtype) if capture else None
         _ext.layers_forward(
-            self.code, self.plan.data_ptr(), L, T, H, self.intermediate, attention.n_heads, attention.n_kv_heads, attention.hd,
-            self.eps, attention.rope.cos.data_ptr(), attention.rope.sin.data_ptr(), attention.positions.data_ptr(),
-            attention.parents.data_ptr() if tree else 0, attention.committed if tree else 0, k_cache.data_ptr(),
-            v_cache.data_ptr(), k_cache.stride(0), 0 if tree else k_cache.stride(1), attention.capacity, x.data_ptr(),
-            pending.data_ptr(), cap_idx.data_ptr(), len(capture), 0 if captured is None else captured.data_ptr(),
+            self.code,
+            self.plan.data_ptr(),
+            L,
+            T,
+            H,
+            self.intermediate,
+            attention.n_heads,
+            attention.n_kv_heads,
+            attention.hd,
+            self.eps,
+            attention.rope.cos.data_ptr(),
+            attention.rope.sin.data_ptr(),
+            attention.positions.data_ptr(),
+            attention.parents.data_ptr() if tree else 0,
+            attention.committed if tree else 0,
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            k_cache.stride(0),
+            0 if tree else k_cache.stride(1),
+            attention.capacity,
+            x.data_ptr(),
+            pending.data_ptr(),
+            cap_idx.data_ptr(),
+            len(capture),
+            0 if captured is None else captured.data_ptr(),
         )
         return x, pending, captured
 
@@ -530,8 +625,15 @@ class RowsAttention(_AttentionPlan):
     `TreeAttention` call on cache b alone (the C++ shares the code), so a sequence decoded beside
     others gets the bits plain decoding gives it, and no padding to the longest one is computed."""
 
-    def __init__(self, rope: RopeTable, committed: torch.Tensor, n_heads: int, n_kv_heads: int,
-                 cache_shape: tuple[int, int, int, int], dtype: torch.dtype):
+    def __init__(
+        self,
+        rope: RopeTable,
+        committed: torch.Tensor,
+        n_heads: int,
+        n_kv_heads: int,
+        cache_shape: tuple[int, int, int, int],
+        dtype: torch.dtype,
+    ):
         B, nkv, self.capacity, hd = cache_shape
         if committed.shape != (B,) or committed.dtype != torch.long:
             raise ValueError(f"committed must be a ({B},) int64 tensor, one length per cache row")
@@ -551,9 +653,27 @@ class RowsAttention(_AttentionPlan):
         out = self._output(q, k, v, k_cache, v_cache)
         nh, hd = self.n_heads, self.hd
         _ext.rows_attention(
-            self.code, q.data_ptr(), _rows(q, "q"), k.data_ptr(), _rows(k, "k"), v.data_ptr(), _rows(v, "v"),
-            self.rope.cos.data_ptr(), self.rope.sin.data_ptr(), self.positions.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-            k_cache.stride(0), self.capacity, self.T, nh, self.n_kv_heads, hd, 1.0 / math.sqrt(hd), out.data_ptr(), nh * hd,
+            self.code,
+            q.data_ptr(),
+            _rows(q, "q"),
+            k.data_ptr(),
+            _rows(k, "k"),
+            v.data_ptr(),
+            _rows(v, "v"),
+            self.rope.cos.data_ptr(),
+            self.rope.sin.data_ptr(),
+            self.positions.data_ptr(),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            k_cache.stride(0),
+            self.capacity,
+            self.T,
+            nh,
+            self.n_kv_heads,
+            hd,
+            1.0 / math.sqrt(hd),
+            out.data_ptr(),
+            nh * hd,
         )
         return out
 

@@ -96,11 +96,7 @@ def ensure_embedded_model() -> Path:
         if hasattr(config, "quantization_config"):
             del config.quantization_config
         config.architectures = [type(model).__name__]
-        state = {
-            k: v.contiguous()
-            for k, v in model.state_dict().items()
-            if not (config.tie_word_embeddings and k == "lm_head.weight")
-        }
+        state = {k: v.contiguous() for k, v in model.state_dict().items() if not (config.tie_word_embeddings and k == "lm_head.weight")}
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         config.save_pretrained(tmp)
         model.generation_config.save_pretrained(tmp)

@@ -34,15 +34,18 @@ def _peer_label(name: str) -> str:
     return "llama.cpp" if name == "llamacpp" else "llama.cpp " + name.removeprefix("llamacpp-")
 
 
-METHODS: dict[str, Method] = {m.name: m for m in (
-    Method("ar", "AR", LOOP),
-    Method("hf", "transformers", HF),
-    Method("pld", "transformers prompt lookup", HF, prompt_lookup=True),
-    Method("dart", "DART", LOOP, "dart"),
-    Method("dart-noctx", "DART without the context n-gram", LOOP, "dart", context=False),
-    Method("eagle3", "EAGLE3", LOOP, "eagle3"),
-    *(Method(p, _peer_label(p), PEER) for p in PEER_METHODS),
-)}
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in (
+        Method("ar", "AR", LOOP),
+        Method("hf", "transformers", HF),
+        Method("pld", "transformers prompt lookup", HF, prompt_lookup=True),
+        Method("dart", "DART", LOOP, "dart"),
+        Method("dart-noctx", "DART without the context n-gram", LOOP, "dart", context=False),
+        Method("eagle3", "EAGLE3", LOOP, "eagle3"),
+        *(Method(p, _peer_label(p), PEER) for p in PEER_METHODS),
+    )
+}
 SIZED_METHODS = tuple(name for name, m in METHODS.items() if m.sized)
 
 

@@ -57,8 +57,7 @@ class ModelArgs:
         arch = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:
             raise ValueError(
-                f"unsupported architecture {archs or cfg.get('model_type')!r}: "
-                f"supported are {sorted(SUPPORTED_ARCHITECTURES)}"
+                f"unsupported architecture {archs or cfg.get('model_type')!r}: supported are {sorted(SUPPORTED_ARCHITECTURES)}"
             )
         n_heads = cfg["num_attention_heads"]
         return cls(
@@ -145,8 +144,9 @@ class RowCache:
     row's new token at slot lengths[b] of its row without moving the lengths; `commit` keeps them. A
     row is filled from a prefilled one-sequence KVCache (`load`) and emptied by `clear`."""
 
-    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, rows: int, capacity: int, dtype: torch.dtype,
-                 device: torch.device | str):
+    def __init__(
+        self, n_layers: int, n_kv_heads: int, head_dim: int, rows: int, capacity: int, dtype: torch.dtype, device: torch.device | str
+    ):
         if rows <= 0 or capacity <= 0:
             raise ValueError(f"a row cache needs rows and capacity, got {rows} rows of {capacity}")
         shape = (n_layers, rows, n_kv_heads, capacity, head_dim)
@@ -345,8 +345,14 @@ class Transformer(nn.Module):
                 parents = torch.arange(-1, T - 1)
             cache.check_room(T)
             attention = kernels.TreeAttention(
-                self._rope_table_for_kernels(), positions, parents, cache.length, self.args.n_heads, self.args.n_kv_heads,
-                tuple(cache.k.shape[2:]), cache.k.dtype,
+                self._rope_table_for_kernels(),
+                positions,
+                parents,
+                cache.length,
+                self.args.n_heads,
+                self.args.n_kv_heads,
+                tuple(cache.k.shape[2:]),
+                cache.k.dtype,
             )
             return self._forward_kernels(tokens, attention, cache.k[:, 0], cache.v[:, 0], logits_at, capture, final, logits)
         x = self.tok_embeddings(tokens[None])  # (1, T, H)
@@ -356,8 +362,9 @@ class Transformer(nn.Module):
         return self._forward_eager(x, cos, sin, cache, mask, logits_at, capture, final, logits)
 
     @torch.inference_mode()
-    def decode_rows(self, tokens: torch.Tensor, cache: RowCache, capture: bool = False, final: bool = False,
-                    logits: bool = True) -> ForwardOutput:
+    def decode_rows(
+        self, tokens: torch.Tensor, cache: RowCache, capture: bool = False, final: bool = False, logits: bool = True
+    ) -> ForwardOutput:
         """One new token for each of B separate sequences (continuous batching): tokens (B,) int64,
         token b at position and slot cache.lengths[b] of row b. Returns logits (B, V), the captured
         states (B, 3H) and final states (B, H) as `forward` does. Leaves the lengths (cache.commit()).
@@ -370,14 +377,17 @@ class Transformer(nn.Module):
             raise ValueError(f"one token per cache row: got {tuple(tokens.shape)} for {cache.rows} rows")
         if self.kernel_path(B, tokens.device):
             attention = kernels.RowsAttention(
-                self._rope_table_for_kernels(), cache.lengths, self.args.n_heads, self.args.n_kv_heads,
-                tuple(cache.k.shape[1:]), cache.k.dtype,
+                self._rope_table_for_kernels(),
+                cache.lengths,
+                self.args.n_heads,
+                self.args.n_kv_heads,
+                tuple(cache.k.shape[1:]),
+                cache.k.dtype,
             )
             return self._forward_kernels(tokens, attention, cache.k, cache.v, None, capture, final, logits)
         x = self.tok_embeddings(tokens)[:, None]  # (B, 1, H)
         cos, sin = self.rope(cache.lengths, x.dtype)
-        return self._forward_eager(x, cos[:, None, None], sin[:, None, None], cache, cache.attention_mask(), None, capture,
-                                   final, logits)
+        return self._forward_eager(x, cos[:, None, None], sin[:, None, None], cache, cache.attention_mask(), None, capture, final, logits)
 
     def _forward_eager(self, x, cos, sin, cache, mask, logits_at, capture, final, logits) -> ForwardOutput:
         """The torch path of `forward` and `decode_rows`: x (B, T, H) embeddings with B == 1 or T == 1;
@@ -620,7 +630,10 @@ class BlockEmbedding(nn.Module):
 
 # The GGUF layout of a llama-family checkpoint (llama.cpp's names) -> ours.
 _GGUF_LAYER = {
-    "attn_norm": "attention_norm", "ffn_norm": "ffn_norm", "attn_output": "attention.wo", "ffn_down": "feed_forward.w2",
+    "attn_norm": "attention_norm",
+    "ffn_norm": "ffn_norm",
+    "attn_output": "attention.wo",
+    "ffn_down": "feed_forward.w2",
 }
 
 
@@ -652,8 +665,9 @@ def default_prefill_dtype() -> torch.dtype:
     return torch.bfloat16 if kernels.PATH == "avx512bf16" else torch.float32
 
 
-def load_gguf_transformer(gguf_path: Path, model_dir: Path, prefill_dtype: torch.dtype | None = None,
-                          activations: str = "float") -> Transformer:
+def load_gguf_transformer(
+    gguf_path: Path, model_dir: Path, prefill_dtype: torch.dtype | None = None, activations: str = "float"
+) -> Transformer:
     """A Transformer whose linears and embedding read the GGUF's blocks as they are (no unpacked copy)
     and whose norms are its F32 tensors; config and RoPE from the HF directory `model_dir` that was
     converted from the same file. Activations and the KV cache are fp32, so every forward on the
@@ -716,10 +730,18 @@ def load_gguf_transformer(gguf_path: Path, model_dir: Path, prefill_dtype: torch
         layer.feed_forward.w2 = BlockLinear(layer_weight(block(p + "ffn_down.weight")), gemm)
         layer.attention_norm.weight = nn.Parameter(get(p + "attn_norm.weight"), requires_grad=False)
         layer.ffn_norm.weight = nn.Parameter(get(p + "ffn_norm.weight"), requires_grad=False)
-        expect = {"wqkv": ((args.n_heads + 2 * args.n_kv_heads) * hd, H), "wo": (H, args.n_heads * hd),
-                  "w13": (2 * args.intermediate_size, H), "w2": (H, args.intermediate_size)}
-        got = {"wqkv": wqkv.shape, "wo": layer.attention.wo.weight.shape, "w13": layer.feed_forward.w13.weight.shape,
-               "w2": layer.feed_forward.w2.weight.shape}
+        expect = {
+            "wqkv": ((args.n_heads + 2 * args.n_kv_heads) * hd, H),
+            "wo": (H, args.n_heads * hd),
+            "w13": (2 * args.intermediate_size, H),
+            "w2": (H, args.intermediate_size),
+        }
+        got = {
+            "wqkv": wqkv.shape,
+            "wo": layer.attention.wo.weight.shape,
+            "w13": layer.feed_forward.w13.weight.shape,
+            "w2": layer.feed_forward.w2.weight.shape,
+        }
         for k, v in expect.items():
             if tuple(got[k]) != v:
                 raise ValueError(f"layer {i} {k}: GGUF gives {tuple(got[k])}, the config implies {v}")

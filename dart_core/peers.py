@@ -49,7 +49,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 BIN_ENV = "DART_LLAMACPP_BIN"
-BUILD_HINT = "build them with `make peers` (scripts/build_llamacpp.sh), or point --llamacpp-bin / $DART_LLAMACPP_BIN at a llama.cpp bin directory"
+BUILD_HINT = (
+    "build them with `make peers` (scripts/build_llamacpp.sh), or point --llamacpp-bin / $DART_LLAMACPP_BIN at a llama.cpp bin directory"
+)
 
 # method -> (binary, speculative type or None, what @N sets or None)
 _SPECS: dict[str, tuple[str, str | None, str | None]] = {

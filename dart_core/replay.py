@@ -30,7 +30,9 @@ class GreedyRecord:
 
     prompt_ids: list[int]
     output_ids: list[int]  # plain greedy decoding's output, as `generate` stops it
-    hidden: torch.Tensor  # (len(prompt_ids) + len(output_ids) - 2, 3H): the prompt's, then each output token's but the last two (never committed before the loop stops)
+    # (len(prompt_ids) + len(output_ids) - 2, 3H): the prompt's, then each output token's but the last
+    # two (never committed before the loop stops)
+    hidden: torch.Tensor
     limit: int  # the context limit the decode ran with
     max_new_tokens: int
 

@@ -97,9 +97,7 @@ def accept_greedy(tree: DraftTree, logits: torch.Tensor) -> Acceptance:
         path.append(node)
 
 
-def accept_sampling(
-    tree: DraftTree, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
-) -> Acceptance:
+def accept_sampling(tree: DraftTree, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> Acceptance:
     """Speculative rejection sampling over the tree (q = 1 drafts), see the module docstring. logits (N, V)."""
     tokens = tree.tokens.tolist()
     node, path = 0, [0]

@@ -72,19 +72,22 @@ class Target:
 
     def _apply_chat_template(self, messages: list[dict]) -> list[int]:
         for i, m in enumerate(messages):
-            if set(m) - {"role", "content"} or not isinstance(m.get("content"), str) or m.get("role") not in (
-                "system",
-                "user",
-                "assistant",
+            if (
+                set(m) - {"role", "content"}
+                or not isinstance(m.get("content"), str)
+                or m.get("role")
+                not in (
+                    "system",
+                    "user",
+                    "assistant",
+                )
             ):
                 raise ValueError(f"message {i} must be {{'role': system|user|assistant, 'content': str}}, got {m!r}")
         if not any(m["content"].strip() for m in messages if m["role"] == "user"):
             raise ValueError("the prompt is empty: no user message has any text")
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError(f"{self.name} has no chat template; pass token ids instead of messages")
-        text = self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True, enable_thinking=False
-        )
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=False)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def decode(self, ids: list[int]) -> str:

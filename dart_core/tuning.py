@@ -110,8 +110,7 @@ def log_steps(target, drafter, prompts: list[tuple[str, list[int]]], max_new: in
             if isinstance(ev, StepEvent) and ev.tree is not None:
                 scores, parents = ev.tree.scores.tolist(), ev.tree.parents.tolist()
                 t = ev.times
-                steps.append(LoggedStep(rank_nodes(scores, parents), scores, list(ev.path[1:]), t.draft + t.prune + t.other,
-                                        name, cached))
+                steps.append(LoggedStep(rank_nodes(scores, parents), scores, list(ev.path[1:]), t.draft + t.prune + t.other, name, cached))
             elif isinstance(ev, Summary):
                 break
             if isinstance(ev, StepEvent):
@@ -196,8 +195,13 @@ def evaluate(drafter: DartDrafter, records: list[tuple[str, GreedyRecord]], prun
     }
 
 
-def search_weights(drafter: DartDrafter, records: list[tuple[str, GreedyRecord]], fields: list[str], rounds: int,
-                   log: Callable[[str], None] = lambda _: None) -> tuple[dict[str, dict], object]:
+def search_weights(
+    drafter: DartDrafter,
+    records: list[tuple[str, GreedyRecord]],
+    fields: list[str],
+    rounds: int,
+    log: Callable[[str], None] = lambda _: None,
+) -> tuple[dict[str, dict], object]:
     """Coordinate ascent from the drafter's pruning parameters over `fields` of GRID, `rounds`
     passes (stopping early when a pass improves nothing). Returns every setting tried (by its GRID
     values, as JSON: {"setting", "tau", "per_set", "ms_per_step"}) and the best PruneParams."""

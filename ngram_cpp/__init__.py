@@ -167,10 +167,14 @@ def load(path, expected_fingerprint: str | None = None, expected_vocab_size: int
     except RuntimeError as e:
         if compact:
             raise
-        raise RuntimeError(f"{e}; the file does not start with the compact magic {COMPACT_MAGIC.decode()}, so it was read as an upstream .trie") from e
+        raise RuntimeError(
+            f"{e}; the file does not start with the compact magic {COMPACT_MAGIC.decode()}, so it was read as an upstream .trie"
+        ) from e
     model = NGram(impl)
     if expected_fingerprint and model.fingerprint and model.fingerprint != expected_fingerprint:
-        raise ValueError(f"{path} was built for another tokenizer (fingerprint {model.fingerprint[:12]}…, expected {expected_fingerprint[:12]}…)")
+        raise ValueError(
+            f"{path} was built for another tokenizer (fingerprint {model.fingerprint[:12]}…, expected {expected_fingerprint[:12]}…)"
+        )
     if expected_vocab_size is not None and model.vocab_size > expected_vocab_size:
         raise ValueError(f"{path} holds token ids up to {model.vocab_size - 1}, beyond the tokenizer's vocabulary of {expected_vocab_size}")
     return model
@@ -212,7 +216,9 @@ def convert(src, dst, fmt: str | None = None, vocab_size: int | None = None, fin
     if fmt is None:
         fmt = "upstream" if _is_compact(Path(src)) else "compact"
     if vocab_size is not None or fingerprint is not None:
-        model.set_metadata(model.vocab_size if vocab_size is None else vocab_size, model.fingerprint if fingerprint is None else fingerprint)
+        model.set_metadata(
+            model.vocab_size if vocab_size is None else vocab_size, model.fingerprint if fingerprint is None else fingerprint
+        )
     model.validate()
     model.save(dst, fmt)
     return model
@@ -246,7 +252,13 @@ class ContextIndex:
 
 
 def prune(
-    tokens, probs, root: int, context, model: NGram | None, params: PruneParams = PruneParams(), eos_id: int = -1,
+    tokens,
+    probs,
+    root: int,
+    context,
+    model: NGram | None,
+    params: PruneParams = PruneParams(),
+    eos_id: int = -1,
     index: ContextIndex | None = None,
 ) -> PrunedTree:
     """Turn per-depth top-k draft candidates into a draft tree (DART's n-gram guided beam search).

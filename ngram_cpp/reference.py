@@ -80,12 +80,38 @@ FROM_HEAD, HEAD_AND_CONTEXT, FROM_CONTEXT = 0, 1, 2
 MAX_CONTEXT_ORDER = 8
 ACCEPTANCE_FEATURES = 14
 FEATURE_FLOOR = 1e-6  # as pruner.cpp's kFeatureFloor
-FEATURE_NAMES = ("bias", "score", "increment", "ln head p", "in head top-k", "head rank 0", "ln(1 + head rank)", "ln row's top p",
-                 "ln trie q", "trie seen", "context match / max order", "ln context share", "context seen", "parent's fitted ln P")
+FEATURE_NAMES = (
+    "bias",
+    "score",
+    "increment",
+    "ln head p",
+    "in head top-k",
+    "head rank 0",
+    "ln(1 + head rank)",
+    "ln row's top p",
+    "ln trie q",
+    "trie seen",
+    "context match / max order",
+    "ln context share",
+    "context seen",
+    "parent's fitted ln P",
+)
 
 
-def acceptance_features(score: float, inc: float, head: bool, p: float, rank: int, head_row: bool, row_top: float, q: float, match: int,
-                        max_order: int, c: float, parent_fit: float) -> list[float]:
+def acceptance_features(
+    score: float,
+    inc: float,
+    head: bool,
+    p: float,
+    rank: int,
+    head_row: bool,
+    row_top: float,
+    q: float,
+    match: int,
+    max_order: int,
+    c: float,
+    parent_fit: float,
+) -> list[float]:
     """The fitted ranking's features of one node, as pruner.cpp's acceptance_features (pruner.h says
     what each argument is)."""
     return [
@@ -375,8 +401,21 @@ def _align(x: int) -> int:
     return (x + ALIGN - 1) // ALIGN * ALIGN
 
 
-def _children(tokens, probs, kk: int, level: int, root: int, context: list[int], path: list[int], model, params: PruneParams, index,
-              base: float, parent_fit: float, features: bool = False):
+def _children(
+    tokens,
+    probs,
+    kk: int,
+    level: int,
+    root: int,
+    context: list[int],
+    path: list[int],
+    model,
+    params: PruneParams,
+    index,
+    base: float,
+    parent_fit: float,
+    features: bool = False,
+):
     """The candidates one parent (the path root + `path`, at `level` = len(path), score `base`)
     expands into, in the pruner's order: (token, score increment, source, fitted ln P (0 without a
     fitted ranking), the fitted ranking's features if `features` or that ranking is on, else None)."""
@@ -418,8 +457,20 @@ def _children(tokens, probs, kk: int, level: int, root: int, context: list[int],
         inc = min(0.0, w * term)
         x, fit = None, 0.0
         if fitted or features:
-            x = acceptance_features(base + inc, inc, i < len(cand), p, i if i < len(cand) else -1, head_row, row_top, q[i] if ngram else 0.0,
-                                    match, index.max_order if use_context else 1, c, parent_fit)
+            x = acceptance_features(
+                base + inc,
+                inc,
+                i < len(cand),
+                p,
+                i if i < len(cand) else -1,
+                head_row,
+                row_top,
+                q[i] if ngram else 0.0,
+                match,
+                index.max_order if use_context else 1,
+                c,
+                parent_fit,
+            )
         if fitted:  # never more likely than the parent (pruner.h)
             fit = min(log_sigmoid(acceptance_logit(params.acceptance, level, x)), parent_fit if path else 0.0)
         out.append((tok, inc, source, fit, x))
@@ -451,8 +502,9 @@ def _search(tokens, probs, kk: int, root: int, context: list[int], model, params
             base = pool[parent][3] if parent >= 0 else 0.0
             parent_fit = pool[parent][5] if parent >= 0 else 0.0
             depth = pool[parent][2] + 1 if parent >= 0 else 1
-            for tok, inc, source, fit, x in _children(tokens, probs, kk, level, int(root), context, path, model, params, index, base, parent_fit,
-                                                      features):
+            for tok, inc, source, fit, x in _children(
+                tokens, probs, kk, level, int(root), context, path, model, params, index, base, parent_fit, features
+            ):
                 pool.append((tok, parent, depth, base + inc, source, fit, x))
                 nxt.append(len(pool) - 1)
         nxt.sort(key=lambda n: (pool[n][0] == eos_id, -pool[n][3], n))
@@ -495,7 +547,10 @@ def prune_reference(tokens, probs, root: int, context, model, params: PruneParam
     kk = min(k, params.top_k)
     if params.top_k < 1 or params.beam_width < 1 or params.max_nodes < 0:
         raise ValueError("top_k and beam_width must be >= 1, max_nodes >= 0")
-    if not all(math.isfinite(x) for x in (params.eps, params.level_exponent, params.logit_decay, params.ngram_weight)) or not params.eps > 0:
+    if (
+        not all(math.isfinite(x) for x in (params.eps, params.level_exponent, params.logit_decay, params.ngram_weight))
+        or not params.eps > 0
+    ):
         raise ValueError("score weights must be finite and eps > 0")
     if (kk + (params.context_max_candidates if index is not None and params.context_weight > 0 else 0)) * (
         1 + params.beam_width * (d - 1 + (params.context_extend if index is not None and params.context_weight > 0 else 0))
@@ -511,7 +566,12 @@ def prune_reference(tokens, probs, root: int, context, model, params: PruneParam
         raise ValueError("a token appears twice in one row")
     if not 0.0 <= params.context_weight <= 1.0:
         raise ValueError("context_weight must be in [0, 1]")
-    if params.context_min_match < 1 or params.context_extend < 0 or params.context_extend_min_match < 1 or params.context_max_candidates < 0:
+    if (
+        params.context_min_match < 1
+        or params.context_extend < 0
+        or params.context_extend_min_match < 1
+        or params.context_max_candidates < 0
+    ):
         raise ValueError("context_min_match and context_extend_min_match must be >= 1, context_extend and context_max_candidates >= 0")
     if math.isnan(params.min_score) or params.min_nodes < 0:
         raise ValueError("min_score must not be NaN and min_nodes must be >= 0")

@@ -1,4 +1,5 @@
-"""The benchmark report (docs/benchmarks.md and the README's results table) from the kept bench results: `python -m dart_core.cli.report`, same arguments."""
+"""The benchmark report (docs/benchmarks.md and the README's results table) from the kept bench
+results: `python -m dart_core.cli.report`, same arguments."""
 
 import sys
 

@@ -9,10 +9,11 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from conftest import build_tiny_checkpoint, tiny_target
 from dart_core import GenerationParams, SamplingParams, complete
 from dart_core.sampling import accept_greedy, accept_sampling, target_probs
 from dart_core.tree import DraftTree
+
+from conftest import build_tiny_checkpoint, tiny_target
 from drafters import RandomTreeDrafter
 
 V = 8

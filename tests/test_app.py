@@ -16,7 +16,6 @@ it (tests/test_app_llamacpp.py covers the rest of it); elsewhere the header says
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -29,9 +28,10 @@ from pathlib import Path
 import pytest
 
 from app.engine import MIN_REFERENCE_TOKENS
-from dart_core import kernels, peers
-from conftest import eagle3_fixture_head
 from app.screenshot import CHROMIUM, DONE_JS, LOCKED_JS, launch, open_app, send, send_and_wait
+from dart_core import kernels, peers
+
+from conftest import eagle3_fixture_head
 
 ROOT = Path(__file__).resolve().parent.parent
 DART_HEAD = ROOT / "assets" / "dart"
@@ -67,14 +67,27 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     port = free_port()
-    cmd = [sys.executable, "-m", "app", "--dtype", DTYPE, "--server-port", str(port), "--max-new-tokens", str(SERVER_MAX_NEW), "--no-warmup"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "app",
+        "--dtype",
+        DTYPE,
+        "--server-port",
+        str(port),
+        "--max-new-tokens",
+        str(SERVER_MAX_NEW),
+        "--no-warmup",
+    ]
     if HAVE_DART:
         if not HAVE_EAGLE3:  # the embedded EAGLE3 head is the app's default when it is there
             cmd += ["--eagle3-model-name-or-path", str(eagle3_fixture_head(tmp_path_factory.mktemp("heads") / "eagle3"))]
         cmd += ["--eagle3-depth", "4", "--eagle3-top-k", "4"]
     log_path = tmp_path_factory.mktemp("server") / "app.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"})
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
+        )
     url = f"http://127.0.0.1:{port}/"
     deadline = time.time() + START_TIMEOUT_S
     while True:
@@ -110,7 +123,9 @@ def test_generate_endpoint(client):
         assert set(r) == KEYS
         assert r["text"].strip() and 1 <= r["new_tokens"] <= MAX_NEW and r["tau"] >= 1.0 and r["tokens_per_s"] > 0 and r["done"]
     if len(METHODS) > 1:  # speed-ups are quoted against an AR run long enough not to be all prefill
-        assert generate(client, "Count from one to thirty in words.", "ar", max_new=MIN_REFERENCE_TOKENS)["new_tokens"] == MIN_REFERENCE_TOKENS
+        assert (
+            generate(client, "Count from one to thirty in words.", "ar", max_new=MIN_REFERENCE_TOKENS)["new_tokens"] == MIN_REFERENCE_TOKENS
+        )
         assert generate(client, "Name a colour.", METHODS[0])["speedup_vs_ar"] > 0
 
 

@@ -16,11 +16,12 @@ from argparse import Namespace
 from pathlib import Path
 
 import pytest
-from conftest import fake_bin_dir
 
 from app import render
 from app.engine import Engine, Peer, PeerResult, Run, append_step, peer_label
 from dart_core import StageTimes, StepEvent, Summary, peers
+
+from conftest import fake_bin_dir
 
 FIXTURES = Path(__file__).parent / "fixtures" / "llamacpp"
 # the fixtures' prompt (tests/fixtures/llamacpp/README.md): this message, the chat template applied
@@ -45,7 +46,9 @@ class FixtureRunner:
     def generate(self, ids, max_new_tokens, sampling=None):
         self.calls.append((list(ids), max_new_tokens, sampling, threading.current_thread().name))
         out, err = ((FIXTURES / f"{self.stem}_repeat.{ext}").read_text() for ext in ("stdout", "stderr"))
-        return self.peer.read_output(ids, self.peer.prompt_text(ids), out, err, max_new_tokens, 1.25, self.peer.command("…", max_new_tokens, 221))
+        return self.peer.read_output(
+            ids, self.peer.prompt_text(ids), out, err, max_new_tokens, 1.25, self.peer.command("…", max_new_tokens, 221)
+        )
 
 
 class FailingRunner:
@@ -90,7 +93,7 @@ def test_llamacpp_row_from_real_output(embedded_target, tmp_path):
     engine = Engine(embedded_target, {}, max_new_tokens=FIXTURE_MAX_NEW, peers=[peer])
     req = engine.request(FIXTURE_MESSAGES, "ar", FIXTURE_MAX_NEW, 0.0, 1.0, 0)
     r = engine.run_peer(req, "llamacpp")
-    (ids, max_new, sampling, thread), = peer.runner.calls
+    ((ids, max_new, sampling, thread),) = peer.runner.calls
     assert ids == embedded_target.encode(FIXTURE_MESSAGES) and max_new == FIXTURE_MAX_NEW and sampling.greedy
     assert thread.startswith("engine")  # the compute thread: never beside an engine step
     assert isinstance(r, PeerResult) and r.done and r.error is None and not r.live
@@ -137,10 +140,15 @@ def test_lookup_row_counts_accepted_drafts(embedded_target, tmp_path):
 
 
 def test_a_running_peer_then_a_failed_one_are_shown_not_raised(embedded_target):
-    engine = Engine(embedded_target, {}, max_new_tokens=8, peers=[
-        Peer("llamacpp", peer_label("llamacpp"), FailingRunner(peers.PeerError("llama-completion timed out after 180 s")), 1),
-        Peer("llamacpp-lookup", peer_label("llamacpp-lookup"), FailingRunner(FileNotFoundError("llama-lookup vanished")), 1),
-    ])
+    engine = Engine(
+        embedded_target,
+        {},
+        max_new_tokens=8,
+        peers=[
+            Peer("llamacpp", peer_label("llamacpp"), FailingRunner(peers.PeerError("llama-completion timed out after 180 s")), 1),
+            Peer("llamacpp-lookup", peer_label("llamacpp-lookup"), FailingRunner(FileNotFoundError("llama-lookup vanished")), 1),
+        ],
+    )
     req = engine.request([{"role": "user", "content": "Say hi."}], "ar", 8, 0.0, 1.0, 0)
     running = PeerResult("llamacpp", peer_label="llama.cpp (same GGUF)")
     assert running.live and render.RUNNING_PEER in render.stats_text(running, None)

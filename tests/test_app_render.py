@@ -211,8 +211,9 @@ def test_every_step_runs_on_the_compute_thread(embedded_target, monkeypatch):
 def test_the_why_view_shows_the_verify_cost_by_rows_per_weights_path():
     gguf = {k: 10.0 + 2.0 * (k - 1) for k in range(1, 18)}
     bf16 = {k: 15.0 + 1.0 * (k - 1) for k in range(1, 18)}
-    view = render.CostView((render.CostPath("gguf (Q4_1, Q8_0)", gguf, 3, 120.0, True), render.CostPath("bfloat16", bf16, 4, 95.0)),
-                           "measured <here>")
+    view = render.CostView(
+        (render.CostPath("gguf (Q4_1, Q8_0)", gguf, 3, 120.0, True), render.CostPath("bfloat16", bf16, 4, 95.0)), "measured <here>"
+    )
     out = render.verify_cost_html(view, "why <this>")
     assert "gguf (Q4_1, Q8_0) (runs)" in out and "4 rows: 16.0 ms (1.60×)" in out and "5 rows: 19.0 ms (1.27×)" in out
     assert "120 tok/s" in out and "95 tok/s" in out and "17 rows" in out
@@ -232,15 +233,31 @@ def test_the_why_view_of_an_auto_choice():
 
     def path(dtype, weights, ms, best, tps):
         table = [{"nodes": n, "tokens_per_s": t} for n, t in tps.items()]
-        return {"dtype": dtype, "weights": weights, "forward_ms": {str(k): v for k, v in ms.items()}, "measured_at": "then",
-                "plain_tokens_per_s": 1e3 / ms[1], "dart": {"max_nodes": best, "table": table}, "tokens_per_s": max(tps.values())}
+        return {
+            "dtype": dtype,
+            "weights": weights,
+            "forward_ms": {str(k): v for k, v in ms.items()},
+            "measured_at": "then",
+            "plain_tokens_per_s": 1e3 / ms[1],
+            "dart": {"max_nodes": best, "table": table},
+            "tokens_per_s": max(tps.values()),
+        }
 
-    choice = calibrate.WeightsChoice("gguf", "gguf (Q4_1, Q8_0): faster", calibrated=True, rule="dart", paths=[
-        path("gguf", "gguf (Q4_1, Q8_0)", {1: 10.0, 2: 11.0, 3: 12.0}, 2, {1: 100.0, 2: 110.0}),
-        path("bfloat16", "bfloat16", {1: 15.0, 2: 15.5, 3: 16.0}, 2, {1: 80.0, 2: 95.0})])
+    choice = calibrate.WeightsChoice(
+        "gguf",
+        "gguf (Q4_1, Q8_0): faster",
+        calibrated=True,
+        rule="dart",
+        paths=[
+            path("gguf", "gguf (Q4_1, Q8_0)", {1: 10.0, 2: 11.0, 3: 12.0}, 2, {1: 100.0, 2: 110.0}),
+            path("bfloat16", "bfloat16", {1: 15.0, 2: 15.5, 3: 16.0}, 2, {1: 80.0, 2: 95.0}),
+        ],
+    )
     # DART runs 1 node here (e.g. --max-nodes 1): the chosen path shows that size, the other its own best
     view, note = cost_view(None, choice, 1, None)
     assert "gguf (Q4_1, Q8_0): faster" in note and "--dtype auto" in note
     assert [(p.weights, p.nodes, p.expected_tps, p.chosen) for p in view.paths] == [
-        ("gguf (Q4_1, Q8_0)", 1, 100.0, True), ("bfloat16", 2, 95.0, False)]
+        ("gguf (Q4_1, Q8_0)", 1, 100.0, True),
+        ("bfloat16", 2, 95.0, False),
+    ]
     assert view.paths[0].ms == {1: 10.0, 2: 11.0, 3: 12.0}

@@ -8,8 +8,9 @@ import json
 
 import pytest
 
-from conftest import EMBEDDED_DART_HEAD, eagle3_fixture_head
 from dart_core.cli import bench
+
+from conftest import EMBEDDED_DART_HEAD, eagle3_fixture_head
 
 pytestmark = pytest.mark.skipif(not (EMBEDDED_DART_HEAD / "config.json").exists(), reason="the embedded DART head is missing")
 
@@ -27,15 +28,35 @@ def test_bench_cli_json_and_losslessness(questions, tmp_path, capsys):
     out = tmp_path / "r.json"
     repeats = tmp_path / "repeats.jsonl"  # text the answer copies: the context n-gram has matches to use
     repeats.write_text(json.dumps({"question_id": 7, "turns": ["Repeat exactly, three times: the blue cat sat on the red mat."]}) + "\n")
-    rc = bench.main(["--methods", "ar,dart,dart-noctx,eagle3", "--dataset", str(questions), str(repeats), "--max-new-tokens", "24",
-                     "--dtype", "float32", "--eagle3-model", str(e3), "--max-nodes", "8", "--out", str(out)])
+    rc = bench.main(
+        [
+            "--methods",
+            "ar,dart,dart-noctx,eagle3",
+            "--dataset",
+            str(questions),
+            str(repeats),
+            "--max-new-tokens",
+            "24",
+            "--dtype",
+            "float32",
+            "--eagle3-model",
+            str(e3),
+            "--max-nodes",
+            "8",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     printed = capsys.readouterr().out
     assert "| dart |" in printed and "| repeats |" in printed
     result = json.loads(out.read_text())
     assert set(result["methods"]) == {"ar", "dart", "dart-noctx", "eagle3"}
     assert set(result["datasets"]) == {"questions", "repeats"}
-    assert result["datasets"]["repeats"]["ar"]["new_tokens"] + result["datasets"]["questions"]["ar"]["new_tokens"] == result["methods"]["ar"]["new_tokens"]
+    assert (
+        result["datasets"]["repeats"]["ar"]["new_tokens"] + result["datasets"]["questions"]["ar"]["new_tokens"]
+        == result["methods"]["ar"]["new_tokens"]
+    )
     by = {}
     for s in result["samples"]:
         by.setdefault(s["question_id"], {})[s["method"]] = s["output_ids"]
@@ -49,10 +70,17 @@ def test_bench_cli_json_and_losslessness(questions, tmp_path, capsys):
     memory = result["env"]["memory"]  # the step's memory limit: the bytes a step streams over the bandwidth
     # the embedded target's linears, norms and tied LM head in fp32: 134,515,008 values (269,030,016 bytes in bf16)
     assert memory["step_weight_bytes"] == 4 * 134_515_008 and memory["read_gb_s"] > 0
-    assert memory["streaming_limit_ms"] == pytest.approx(memory["step_weight_bytes"] / memory["read_gb_s"] / 1e6, rel=0.01)  # read_gb_s is rounded
+    assert memory["streaming_limit_ms"] == pytest.approx(
+        memory["step_weight_bytes"] / memory["read_gb_s"] / 1e6, rel=0.01
+    )  # read_gb_s is rounded
     # --dtype given: the run says so, and measured no other path
     weights = result["env"]["weights_choice"]
-    assert weights["dtype"] == "float32" and "given: --dtype float32" in weights["reason"] and not weights["calibrated"] and not weights["paths"]
+    assert (
+        weights["dtype"] == "float32"
+        and "given: --dtype float32" in weights["reason"]
+        and not weights["calibrated"]
+        and not weights["paths"]
+    )
     # --max-nodes given: DART not calibrated; the fixture EAGLE3 head has no τ table: the default, and why
     assert "dart" not in result["env"]["tree_sizes"] and not result["env"]["tree_sizes"]["eagle3"]["calibrated"]
     assert "no tree_sizes.json" in result["env"]["tree_sizes"]["eagle3"]["reason"]
@@ -67,16 +95,38 @@ def test_bench_refuses_unknown_methods(questions):
 
 def test_bench_sweeps_tree_sizes_in_one_run(questions, tmp_path):
     out = tmp_path / "sweep.json"
-    assert bench.main(["--methods", "ar,dart@2,dart@12", "--dataset", str(questions), "--max-new-tokens", "24", "--dtype", "float32",
-                       "--out", str(out)]) == 0
+    assert (
+        bench.main(
+            [
+                "--methods",
+                "ar,dart@2,dart@12",
+                "--dataset",
+                str(questions),
+                "--max-new-tokens",
+                "24",
+                "--dtype",
+                "float32",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     result = json.loads(out.read_text())
     assert list(result["methods"]) == ["ar", "dart@2", "dart@12"]
     small, large = result["methods"]["dart@2"], result["methods"]["dart@12"]
     assert sum(small["accept_hist"][3:]) == 0  # two drafted nodes: at most two accepted per step
     assert small["tau"] <= large["tau"]
     for s in result["samples"]:
-        assert s["output_ids"] == next(x["output_ids"] for x in result["samples"] if x["method"] == "ar" and x["question_id"] == s["question_id"])
-    for bad, why in (("ar@4", "take a tree size"), ("dart@0", "positive integer"), ("dart@x", "positive integer"), ("dart,dart", "twice"),
-                     ("medusa@4", "unknown method")):
+        assert s["output_ids"] == next(
+            x["output_ids"] for x in result["samples"] if x["method"] == "ar" and x["question_id"] == s["question_id"]
+        )
+    for bad, why in (
+        ("ar@4", "take a tree size"),
+        ("dart@0", "positive integer"),
+        ("dart@x", "positive integer"),
+        ("dart,dart", "twice"),
+        ("medusa@4", "unknown method"),
+    ):
         with pytest.raises(SystemExit, match=why):
             bench.main(["--methods", bad, "--dataset", str(questions)])

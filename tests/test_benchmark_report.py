@@ -56,7 +56,9 @@ def repo(tmp_path, monkeypatch):
     (results / "fast.json").write_text(json.dumps(result("avx512bf16 kernels", 150.0, peer=True)))
     (results / "forced.json").write_text(json.dumps(result("avx2 kernels (forced by DART_CPU_KERNELS)", 110.0, peer=False)))
     (tmp_path / "README.md").write_text(f"# Title\n\nintro\n\n{report.README_MARKS[0]}\nold table\n{report.README_MARKS[1]}\n\nlinks\n")
-    (tmp_path / "docs" / "benchmarks.md").write_text(f"# Benchmarks\n\n{report.DOC_MARKS[0]}\nold\n{report.DOC_MARKS[1]}\n\n## Changelog\n\n- kept\n")
+    (tmp_path / "docs" / "benchmarks.md").write_text(
+        f"# Benchmarks\n\n{report.DOC_MARKS[0]}\nold\n{report.DOC_MARKS[1]}\n\n## Changelog\n\n- kept\n"
+    )
     monkeypatch.setattr(report, "ROOT", tmp_path)
     return tmp_path
 
@@ -96,7 +98,7 @@ def test_measure_runs_the_listed_command_then_rewrites(repo, monkeypatch):
 
     monkeypatch.setattr(report.subprocess, "run", fake_run)
     assert report.main(["--measure", "forced"]) == 0
-    (cmd, env), = calls
+    ((cmd, env),) = calls
     assert cmd[1:5] == ["-m", "dart_core.cli.bench", "--methods", "ar,dart"] and env["DART_CPU_KERNELS"] == "avx2"
     assert not (repo / "docs" / "results" / "forced.tmp").exists()
     assert "| DART (1 node) | 120.0 |" in (repo / "docs" / "benchmarks.md").read_text()

@@ -11,8 +11,8 @@ import pytest
 from dart_core import calibrate
 from dart_core.cli import calibrate as calibrate_cli
 from dart_core.cli.bench import parse_args
-from dart_core.drafters import DEFAULT_DART_HEAD, DEFAULT_EAGLE3_HEAD
 from dart_core.cli.options import drafter_args, drafter_configs, unset_sizes
+from dart_core.drafters import DEFAULT_DART_HEAD, DEFAULT_EAGLE3_HEAD
 from dart_core.drafters.config import DartConfig, DrafterConfigs
 from dart_core.drafters.registry import build_drafter
 from dart_core.replay import record_greedy, replay
@@ -117,8 +117,15 @@ def test_unset_sizes_are_calibrated_and_set_ones_kept(embedded_bf16, tmp_path, m
 
 
 def _path(dtype, step_ms, tps, nodes=None):
-    return {"dtype": dtype, "weights": dtype, "forward_ms": {1: step_ms, 2: step_ms * 1.1}, "measured_at": "now",
-            "plain_tokens_per_s": 1e3 / step_ms, "dart": None if nodes is None else {"max_nodes": nodes}, "tokens_per_s": tps}
+    return {
+        "dtype": dtype,
+        "weights": dtype,
+        "forward_ms": {1: step_ms, 2: step_ms * 1.1},
+        "measured_at": "now",
+        "plain_tokens_per_s": 1e3 / step_ms,
+        "dart": None if nodes is None else {"max_nodes": nodes},
+        "tokens_per_s": tps,
+    }
 
 
 def test_weights_are_ranked_by_expected_dart_speed_else_by_the_step():
@@ -136,8 +143,11 @@ def test_weights_are_ranked_by_expected_dart_speed_else_by_the_step():
 def test_auto_is_bfloat16_where_nothing_is_measured():
     from dart_core import kernels
 
-    cases = [("org/other", "cpu", True, False, "not the embedded default"), ("default", "cpu", False, False, "--eager"),
-             ("default", "cuda", True, False, "on cuda")]
+    cases = [
+        ("org/other", "cpu", True, False, "not the embedded default"),
+        ("default", "cpu", False, False, "--eager"),
+        ("default", "cuda", True, False, "on cuda"),
+    ]
     if kernels.AVAILABLE:
         cases.append(("default", "cpu", True, True, "--no-calibration"))
         assert calibrate.fixed_weights("default", "cpu", True) is None  # measured

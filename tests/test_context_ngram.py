@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_pruner import V, assert_same_tree, check_invariants, corpus_tries, random_case
 
 import ngram_cpp
 from ngram_cpp.reference import FROM_CONTEXT, FROM_HEAD, HEAD_AND_CONTEXT, PruneParams, PyContextIndex, PyNGramModel, prune_reference
-from test_pruner import V, assert_same_tree, check_invariants, corpus_tries, random_case
 
 
 def test_index_lookup_by_hand():
@@ -73,14 +73,28 @@ def test_golden_context_reorders_and_extends():
     assert tree.sources.tolist() == [FROM_HEAD, HEAD_AND_CONTEXT, FROM_HEAD, FROM_CONTEXT, FROM_CONTEXT]
     w1, w2 = 2**-0.7 * 0.9, 3**-0.7 * 0.81
     s4 = math.log(0.64)
-    np.testing.assert_allclose(tree.scores, [0, s4, math.log(0.36), s4 + w1 * math.log(0.8), s4 + w1 * math.log(0.8) + w2 * math.log(0.8)], atol=1e-6)
+    np.testing.assert_allclose(
+        tree.scores, [0, s4, math.log(0.36), s4 + w1 * math.log(0.8), s4 + w1 * math.log(0.8) + w2 * math.log(0.8)], atol=1e-6
+    )
     # off: the same call without the weight is the plain DART tree
-    plain = ngram_cpp.prune([[10, 4]], [[0.9, 0.1]], 3, [1, 2, 3, 4, 1, 2], None, PruneParams(use_ngram=False, max_nodes=10, beam_width=4), index=idx)
+    plain = ngram_cpp.prune(
+        [[10, 4]], [[0.9, 0.1]], 3, [1, 2, 3, 4, 1, 2], None, PruneParams(use_ngram=False, max_nodes=10, beam_width=4), index=idx
+    )
     assert plain.tokens.tolist() == [3, 10, 4] and plain.sources.tolist() == [FROM_HEAD] * 3
     # indexed "3 4", root 3: row 0 sees only the 1-gram "3" (lambda .2: 10 -> .72, 4 -> .28); below 4 the
     # suffix "3 4" (m = 2) is followed by the root 3, which extends the branch at min match 2 but not at 3
-    short = [ngram_cpp.prune([[10, 4]], [[0.9, 0.1]], 3, [], None, PruneParams(use_ngram=False, context_weight=0.8, context_extend=2, context_extend_min_match=m),
-                             index=ngram_cpp.ContextIndex(4, [3, 4])) for m in (2, 3)]
+    short = [
+        ngram_cpp.prune(
+            [[10, 4]],
+            [[0.9, 0.1]],
+            3,
+            [],
+            None,
+            PruneParams(use_ngram=False, context_weight=0.8, context_extend=2, context_extend_min_match=m),
+            index=ngram_cpp.ContextIndex(4, [3, 4]),
+        )
+        for m in (2, 3)
+    ]
     assert short[0].tokens.tolist() == [3, 10, 4, 3] and short[0].parents.tolist() == [-1, 0, 0, 2]
     assert short[1].tokens.tolist() == [3, 10, 4]
 

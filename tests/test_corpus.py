@@ -10,11 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import build_tiny_checkpoint
 from dart_core import GenerationParams, SamplingParams, Summary, generate, kernels
+from dart_core.data import iter_records
+from dart_core.drafters.head import load_head
+from dart_core.target import load_target
+from dart_core.training import TrainConfig, adopt_vocabulary, load_split, new_head_from_target, sample_anchors, train_dart
 from dart_core.training.corpus import (
-    CorpusConfig,
     ContinuousBatcher,
+    CorpusConfig,
     _Job,
     choose_draft_vocab,
     corpus_records,
@@ -25,10 +28,8 @@ from dart_core.training.corpus import (
     read_corpus,
     run_batcher,
 )
-from dart_core.data import iter_records
-from dart_core.drafters.head import load_head
-from dart_core.target import load_target
-from dart_core.training import TrainConfig, adopt_vocabulary, load_split, new_head_from_target, sample_anchors, train_dart
+
+from conftest import build_tiny_checkpoint
 from test_training import save_word_tokenizer, sentence
 
 
@@ -49,8 +50,14 @@ def prompt_files(tmp_path_factory):
     d = tmp_path_factory.mktemp("prompts")
     g = torch.Generator().manual_seed(1)
     share = [
-        {"id": f"c{k}", "conversations": [{"from": "human", "value": sentence(g, 3 + k % 9)}, {"from": "gpt", "value": sentence(g, 10)},
-                                         {"from": "human", "value": sentence(g, 4)}]}
+        {
+            "id": f"c{k}",
+            "conversations": [
+                {"from": "human", "value": sentence(g, 3 + k % 9)},
+                {"from": "gpt", "value": sentence(g, 10)},
+                {"from": "human", "value": sentence(g, 4)},
+            ],
+        }
         for k in range(30)
     ]
     share.append({"id": "dup", "conversations": [dict(share[0]["conversations"][0]), {"from": "gpt", "value": "w9"}]})
@@ -87,8 +94,9 @@ def plain_greedy(target, ids, max_new):
     return out
 
 
-@pytest.fixture(params=[pytest.param(True, marks=pytest.mark.skipif(not kernels.AVAILABLE, reason="no C++ kernels")), False],
-                ids=["kernels", "eager"])
+@pytest.fixture(
+    params=[pytest.param(True, marks=pytest.mark.skipif(not kernels.AVAILABLE, reason="no C++ kernels")), False], ids=["kernels", "eager"]
+)
 def use_kernels(request, word_target):
     """The target's forwards on the CPU kernels (decode_rows' rows exact) or on its eager torch path."""
     word_target.model.use_kernels = request.param
@@ -108,7 +116,9 @@ def test_continuous_batching_equals_plain_decoding_and_captures_the_states(word_
         assert r.prompt == p
         assert r.answer == plain_greedy(word_target, p, 20)  # EOS included when emitted, as plain decoding's stream has it
         fed = p + r.answer[:-1]
-        fwd = word_target.model(torch.tensor(fed), torch.arange(len(fed)), word_target.new_cache(len(fed)), capture=True, final=True, logits=False)
+        fwd = word_target.model(
+            torch.tensor(fed), torch.arange(len(fed)), word_target.new_cache(len(fed)), capture=True, final=True, logits=False
+        )
         assert r.aux.shape == (len(fed), 3 * word_target.hidden_size) and r.final.shape == (len(fed), word_target.hidden_size)
         torch.testing.assert_close(r.aux.float(), fwd.hidden.to(torch.bfloat16).float(), atol=3e-2, rtol=2e-2)
         torch.testing.assert_close(r.final.float(), fwd.final.to(torch.bfloat16).float(), atol=3e-2, rtol=2e-2)
@@ -132,8 +142,10 @@ def corpus_cfg(prompt_files, out, **kw):
     settings = dict(max_prompt_tokens=12, max_new_tokens=16, batch_size=4, sample_share=0.3, temperature=0.7, val_prompts=6)
     settings.update(kw)
     return CorpusConfig(
-        data=[str(prompt_files / "share.jsonl"), str(prompt_files / "alpaca.json")], out_dir=str(out),
-        exclude=[str(prompt_files / "bench.jsonl")], **settings,
+        data=[str(prompt_files / "share.jsonl"), str(prompt_files / "alpaca.json")],
+        out_dir=str(out),
+        exclude=[str(prompt_files / "bench.jsonl")],
+        **settings,
     )
 
 
@@ -156,7 +168,10 @@ def test_corpus_resumes_exports_and_rebuilds(word_target, prompt_files, tmp_path
     a, b = by_index(one), by_index(two)
     meta = json.loads((one / "meta.json").read_text())["corpus"]
     assert set(a) == set(b) and len(a) + len(meta["skipped"]) == meta["pool_size"] == 39
-    assert meta["skipped"] and all(len(word_target.encode(p.messages)) > 12 for p in [prompt_pool(corpus_cfg(prompt_files, one).data, corpus_cfg(prompt_files, one).exclude)[i] for i in meta["skipped"]])
+    assert meta["skipped"] and all(
+        len(word_target.encode(p.messages)) > 12
+        for p in [prompt_pool(corpus_cfg(prompt_files, one).data, corpus_cfg(prompt_files, one).exclude)[i] for i in meta["skipped"]]
+    )
     for i, r in a.items():
         assert r["ids"] == b[i]["ids"]  # greedy and seeded sampling: a resumed run writes the same text
         assert r["split"] == ("val" if i < 6 else "train")
@@ -229,7 +244,10 @@ def test_a_run_resumed_in_another_dtype_records_it(word_checkpoint, word_target,
     recs = list(corpus_records(run))
     fp32 = {r["index"] for r in recs if r["dtype"] == "float32"}
     skipped = set(json.loads((run / "meta.json").read_text())["corpus"]["skipped"])
-    assert fp32 == set(range(17)) - skipped and {r["dtype"] for r in recs} == {"float32", "bfloat16"}  # the first 17 pool prompts ran in fp32
+    assert fp32 == set(range(17)) - skipped and {r["dtype"] for r in recs} == {
+        "float32",
+        "bfloat16",
+    }  # the first 17 pool prompts ran in fp32
     manifest = export_corpus(run, out, "test")
     assert [p["generated_dtype"] for p in manifest["parts"]] == ["float32", "bfloat16"]
     assert manifest["generated_dtype"] == "bfloat16+float32"
@@ -255,8 +273,13 @@ def test_draft_vocab_coverage_and_answer_only_training(word_target, prompt_files
     for rec in load_split(run, "train"):
         anchors = sample_anchors(rec.tokens.numel(), 4, torch.Generator().manual_seed(0), rec.first_anchor)
         assert anchors.numel() and int(anchors.min()) >= rec.answer_start - 1  # every root is an answer token
-    head_dir = train_dart(word_target, TrainConfig(cache_dir=str(run), out_dir=str(tmp_path / "t"), epochs=1, batch_records=2,
-                                                  anchors_per_record=4, eval_every=1000, val_records=4), draft_length=3)
+    head_dir = train_dart(
+        word_target,
+        TrainConfig(
+            cache_dir=str(run), out_dir=str(tmp_path / "t"), epochs=1, batch_records=2, anchors_per_record=4, eval_every=1000, val_records=4
+        ),
+        draft_length=3,
+    )
     assert (head_dir / "model.safetensors").exists()
     history = json.loads((tmp_path / "t" / "history.json").read_text())
     assert history and len(history[-1]["val_hit1"]) == 4
@@ -268,8 +291,19 @@ def test_draft_vocab_coverage_and_answer_only_training(word_target, prompt_files
     other = choose_draft_vocab(run, 12, word_target.vocab_size)["draft_ids"]  # another size: chosen anew
     assert other != first_ids
     with caplog.at_level("WARNING", logger="dart_core.training.loop"):
-        head_dir = train_dart(word_target, TrainConfig(cache_dir=str(run), out_dir=str(tmp_path / "t"), epochs=2, batch_records=2,
-                                                      anchors_per_record=4, eval_every=1000, val_records=4), draft_length=3)
+        head_dir = train_dart(
+            word_target,
+            TrainConfig(
+                cache_dir=str(run),
+                out_dir=str(tmp_path / "t"),
+                epochs=2,
+                batch_records=2,
+                anchors_per_record=4,
+                eval_every=1000,
+                val_records=4,
+            ),
+            draft_length=3,
+        )
     assert "differs from the checkpoint's" in caplog.text
     head = load_head(head_dir, dart=True, target=word_target)
     assert (torch.arange(head.d2t.numel()) + head.d2t).tolist() == first_ids
@@ -277,8 +311,16 @@ def test_draft_vocab_coverage_and_answer_only_training(word_target, prompt_files
     # asked to adopt the cache's vocabulary: shared ids keep their trained rows and moments, new ones
     # start from the target's LM head rows, and the run goes on from its step
     before = torch.load(tmp_path / "t" / "checkpoint.pt", weights_only=False)
-    cfg = TrainConfig(cache_dir=str(run), out_dir=str(tmp_path / "t"), epochs=2, batch_records=2, anchors_per_record=4,
-                      eval_every=1000, val_records=4, adopt_cache_vocab=True)
+    cfg = TrainConfig(
+        cache_dir=str(run),
+        out_dir=str(tmp_path / "t"),
+        epochs=2,
+        batch_records=2,
+        anchors_per_record=4,
+        eval_every=1000,
+        val_records=4,
+        adopt_cache_vocab=True,
+    )
     names = [n for n, _ in new_head_from_target(word_target, torch.tensor(first_ids), 3).named_parameters()]
     moved = adopt_vocabulary(before, torch.tensor(other), word_target, names)
     lm = names.index("lm_head.weight")
@@ -306,4 +348,3 @@ def test_sample_anchors_respects_the_first_anchor():
     a = sample_anchors(100, 8, g, first=60)
     assert a.numel() == 8 and int(a.min()) >= 60 and int(a.max()) <= 98
     assert sample_anchors(10, 3, g).numel() == 3
-

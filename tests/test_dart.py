@@ -10,12 +10,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import ngram_cpp
-from conftest import TINY_VOCAB, build_tiny_checkpoint, tiny_target
 from dart_core import ARDrafter, GenerationParams, complete
 from dart_core.drafters.dart import DartDrafter, DartParams, load_dart_drafter
 from dart_core.drafters.head import load_head
 from dart_core.training import dart_anchor_logits, new_head_from_target
-from conftest import EMBEDDED_DART_HEAD
+
+from conftest import EMBEDDED_DART_HEAD, TINY_VOCAB, build_tiny_checkpoint, tiny_target
 
 D = 3
 VD = 64  # draft vocabulary smaller than the target's, so d2t is exercised
@@ -152,8 +152,9 @@ def test_fewer_rows_are_the_first_rows_of_the_full_forward(qwen3):
     proposal = session_after_prefix().propose(int(tokens[6]), drafter.max_nodes)  # the loop's budget: the drafter's 3 nodes
     assert len(proposal.info["topk_tokens"]) == 3  # a 3-node tree: three rows drafted
     vals, idx = full[:, :].float().topk(6, dim=-1)
-    whole = ngram_cpp.prune(head.to_target_ids(idx).numpy(), vals.softmax(-1).numpy(), int(tokens[6]), tokens[:6].tolist(), None,
-                            drafter.params.prune)
+    whole = ngram_cpp.prune(
+        head.to_target_ids(idx).numpy(), vals.softmax(-1).numpy(), int(tokens[6]), tokens[:6].tolist(), None, drafter.params.prune
+    )
     assert proposal.tree.tokens.tolist() == whole.tokens.tolist() and proposal.tree.parents.tolist() == whole.parents.tolist()
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import tiny_target
 from dart_core import ARDrafter, GenerationParams, complete
 from dart_core.drafters.dart import DartDrafter
 from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3Params
 from dart_core.drafters.head import load_head
 from dart_core.training import new_head_from_target
+
+from conftest import tiny_target
 
 
 def random_eagle3_head(target, seed=0, vd=64):

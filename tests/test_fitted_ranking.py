@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_pruner import assert_same_tree, check_invariants, corpus_tries, random_case
 
 import ngram_cpp
 from ngram_cpp.reference import (
@@ -22,7 +23,6 @@ from ngram_cpp.reference import (
     pool_features,
     prune_reference,
 )
-from test_pruner import assert_same_tree, check_invariants, corpus_tries, random_case
 
 needs_cpp = pytest.mark.skipif(not ngram_cpp.HAVE_CPP, reason="the C++ extension is not built")
 TRIES = {order: corpus_tries(order) for order in (2, 3)}
@@ -71,8 +71,19 @@ def test_cpp_agrees_with_reference_fitted(seed, order):
 
 @needs_cpp
 @settings(max_examples=200, deadline=None)
-@given(score=st.floats(-50, 0), inc=st.floats(-20, 0), head=st.booleans(), p=st.floats(0, 1), rank=st.integers(0, 30), head_row=st.booleans(),
-       row_top=st.floats(0, 1), q=st.floats(0, 1), match=st.integers(0, 6), c=st.floats(0, 1), pf=st.floats(-20, 0))
+@given(
+    score=st.floats(-50, 0),
+    inc=st.floats(-20, 0),
+    head=st.booleans(),
+    p=st.floats(0, 1),
+    rank=st.integers(0, 30),
+    head_row=st.booleans(),
+    row_top=st.floats(0, 1),
+    q=st.floats(0, 1),
+    match=st.integers(0, 6),
+    c=st.floats(0, 1),
+    pf=st.floats(-20, 0),
+)
 def test_cpp_features_equal_reference(score, inc, head, p, rank, head_row, row_top, q, match, c, pf):
     args = (score, inc, head, p, rank if head else -1, head_row, row_top, q, match, 6, c, pf)
     assert ngram_cpp._ngram.acceptance_features(*args) == acceptance_features(*args)
@@ -100,8 +111,9 @@ def test_golden_fitted_scores():
     check_invariants(flipped, params, 2)
     # the adaptive cut: P(accepted) = exp(fitted score); with costs 1, 1.1, 10, ... a second node never pays
     w[1] = 3.0
-    adaptive = ngram_cpp.prune([[10, 11], [20, 21]], probs, 5, [], None,
-                               dataclasses.replace(params, acceptance=tuple(w), row_costs=(1.0, 1.1, 10.0, 10.0, 10.0)))
+    adaptive = ngram_cpp.prune(
+        [[10, 11], [20, 21]], probs, 5, [], None, dataclasses.replace(params, acceptance=tuple(w), row_costs=(1.0, 1.1, 10.0, 10.0, 10.0))
+    )
     assert adaptive.tokens.tolist() == [5, 10]
     # and at equal costs every node pays
     flat = ngram_cpp.prune([[10, 11], [20, 21]], probs, 5, [], None, dataclasses.replace(params, acceptance=tuple(w), row_costs=(1.0,) * 5))
@@ -109,8 +121,12 @@ def test_golden_fitted_scores():
 
 
 def test_bad_fitted_params_raise():
-    for bad in (PruneParams(acceptance=(1.0,) * 5), PruneParams(acceptance=(float("nan"),) * ACCEPTANCE_FEATURES),
-                PruneParams(row_costs=(1.0, 2.0)), PruneParams(acceptance=(0.0,) * ACCEPTANCE_FEATURES, row_costs=(1.0, 0.0))):
+    for bad in (
+        PruneParams(acceptance=(1.0,) * 5),
+        PruneParams(acceptance=(float("nan"),) * ACCEPTANCE_FEATURES),
+        PruneParams(row_costs=(1.0, 2.0)),
+        PruneParams(acceptance=(0.0,) * ACCEPTANCE_FEATURES, row_costs=(1.0, 0.0)),
+    ):
         with pytest.raises(ValueError):
             ngram_cpp.prune([[1, 2]], [[0.5, 0.5]], 3, [], None, bad)
         with pytest.raises(ValueError):
@@ -143,9 +159,14 @@ def test_pool_features_are_the_pruners():
 def write_ranking(head_dir, rows: int = 2, trie: str = "t.ngram", **override) -> None:
     import json
 
-    data = {"format": "dart-acceptance/1", "trie": trie, "features": ["f"] * ACCEPTANCE_FEATURES,
-            "weights": [[0.1 * (r + 1)] * ACCEPTANCE_FEATURES for r in range(rows)],
-            "tree": {"top_k": 7, "context_max_candidates": 3, "context_extend": 2, "context_order": 5}, **override}
+    data = {
+        "format": "dart-acceptance/1",
+        "trie": trie,
+        "features": ["f"] * ACCEPTANCE_FEATURES,
+        "weights": [[0.1 * (r + 1)] * ACCEPTANCE_FEATURES for r in range(rows)],
+        "tree": {"top_k": 7, "context_max_candidates": 3, "context_extend": 2, "context_order": 5},
+        **override,
+    }
     (head_dir / "acceptance.json").write_text(json.dumps(data))
 
 
@@ -159,7 +180,12 @@ def test_fitted_ranking_file_and_choice(tmp_path):
         ranked_params(base, "fitted", tmp_path, tmp_path / "t.ngram")
     write_ranking(tmp_path)
     r = load_fitted_ranking(tmp_path)
-    assert len(r.weights) == 2 * ACCEPTANCE_FEATURES and (r.top_k, r.context_max_candidates, r.context_extend, r.context_order) == (7, 3, 2, 5)
+    assert len(r.weights) == 2 * ACCEPTANCE_FEATURES and (r.top_k, r.context_max_candidates, r.context_extend, r.context_order) == (
+        7,
+        3,
+        2,
+        5,
+    )
     got = ranked_params(base, None, tmp_path, tmp_path / "t.ngram")
     assert got.prune.acceptance == r.weights and got.prune.top_k == 7 and got.prune.context_extend == 2 and got.context_order == 5
     assert ranked_params(base, "score", tmp_path, tmp_path / "t.ngram") == base
@@ -195,9 +221,10 @@ def test_eagle3_fitted_scores_never_exceed_the_parent():
 
 
 def test_eagle3_fitted_ranking_is_lossless(tiny_llama):
+    from test_eagle3 import random_eagle3_head
+
     from dart_core import ARDrafter, GenerationParams, complete
     from dart_core.drafters.eagle3 import FEATURES, Eagle3Drafter, Eagle3Params
-    from test_eagle3 import random_eagle3_head
 
     rng = random.Random(5)
     weights = tuple(rng.uniform(-1, 1) for _ in range(3 * len(FEATURES)))

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
-from conftest import TINY_VOCAB, tiny_target
 from dart_core import ARDrafter, GenerationParams, SamplingParams, StepEvent, Summary, complete, generate
+
+from conftest import TINY_VOCAB, tiny_target
 from drafters import OracleDrafter, RandomTreeDrafter
 
 PROMPTS = [[5, 6, 7], [11, 40, 12, 90, 4, 4, 4, 17], [60]]

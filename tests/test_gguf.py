@@ -13,7 +13,8 @@ import torch
 from dart_core import kernels
 from dart_core.loading import GGUF, GGUF_INT8, embedded_gguf_path, ensure_embedded_model
 from dart_core.model import BlockEmbedding, BlockLinear, load_gguf_transformer
-from test_kernels import FP32_CONTRACT, _node_logits_equal_steps
+
+from test_kernels import _node_logits_equal_steps
 from test_model import random_tree
 
 pytestmark = pytest.mark.skipif(not kernels.AVAILABLE, reason="GGUF weights run on the CPU kernels, which were not built")

@@ -12,9 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import TINY_VOCAB, tiny_target
 from dart_core import kernels
 from dart_core.tree import DraftTree
+
+from conftest import TINY_VOCAB, tiny_target
 from test_model import random_tree
 
 pytestmark = pytest.mark.skipif(not kernels.AVAILABLE, reason="dart_core's CPU kernels were not built")
@@ -31,6 +32,7 @@ def kpath(request):
     previous = kernels.use_path(request.param)
     yield request.param
     kernels.use_path(previous)
+
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
@@ -508,7 +510,9 @@ def _stack_and_per_op(target, tree, prompt):
             P = cache.length
             tokens, positions = tree.tokens, tree.depths + P
             r = target.model(tokens, positions, cache, capture=True, final=True, parents=tree.parents)
-            outs.append((r.logits, r.hidden, r.final, cache.k[:, :, :, P:P + len(tree)].clone(), cache.v[:, :, :, P:P + len(tree)].clone()))
+            outs.append(
+                (r.logits, r.hidden, r.final, cache.k[:, :, :, P : P + len(tree)].clone(), cache.v[:, :, :, P : P + len(tree)].clone())
+            )
         finally:
             target.model.use_layer_stack = True
     return outs
@@ -568,7 +572,9 @@ def test_decode_rows_are_one_sequence_steps(tiny_ckpt, dtype, kpath):
     for b, out, one, rows, cache in _decode_rows_against_alone(target, prompts, steps=4):
         n = cache.length
         assert torch.equal(out.logits[b], one.logits[0]) and torch.equal(out.final[b], one.final[0]), f"{arch} {dtype} row {b}"
-        assert torch.equal(rows.k[:, b, :, : n + 1], cache.k[:, 0, :, : n + 1]) and torch.equal(rows.v[:, b, :, : n + 1], cache.v[:, 0, :, : n + 1])
+        assert torch.equal(rows.k[:, b, :, : n + 1], cache.k[:, 0, :, : n + 1]) and torch.equal(
+            rows.v[:, b, :, : n + 1], cache.v[:, 0, :, : n + 1]
+        )
 
 
 def test_decode_rows_eager_path_agrees(tiny_ckpt):
@@ -598,8 +604,9 @@ def test_layer_stack_on_the_embedded_gguf_with_capture(kpath):
 
 def test_layer_stack_follows_a_dtype_change(tmp_path):
     """`model.to()` moves every weight: the plan of raw pointers is rebuilt, not reused."""
-    from conftest import build_tiny_checkpoint
     from dart_core.model import KVCache
+
+    from conftest import build_tiny_checkpoint
 
     target = tiny_target(build_tiny_checkpoint(tmp_path, "llama"))
     model, args = target.model, target.model.args

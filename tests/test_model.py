@@ -7,8 +7,9 @@ import random
 import pytest
 import torch
 
-from conftest import tiny_target
 from dart_core.tree import DraftTree
+
+from conftest import tiny_target
 
 ATOL = 1e-4
 

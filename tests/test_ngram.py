@@ -377,9 +377,13 @@ def test_build_script_adds_the_training_records_of_a_corpus(tmp_path, monkeypatc
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     np.savez_compressed(
-        corpus / "part-00000.npz", tokens=np.array([t for ids, _ in records for t in ids], dtype=np.uint16),
-        offsets=np.cumsum([0] + [len(ids) for ids, _ in records]), answer_start=np.array([1, 1, 2], dtype=np.int32),
-        index=np.arange(3, dtype=np.int32), sampled=np.zeros(3, dtype=bool), val=np.array([v for _, v in records]),
+        corpus / "part-00000.npz",
+        tokens=np.array([t for ids, _ in records for t in ids], dtype=np.uint16),
+        offsets=np.cumsum([0] + [len(ids) for ids, _ in records]),
+        answer_start=np.array([1, 1, 2], dtype=np.int32),
+        index=np.arange(3, dtype=np.int32),
+        sampled=np.zeros(3, dtype=bool),
+        val=np.array([v for _, v in records]),
     )
     part = {"name": "part-00000.npz", "records": 3, "sha256": hashlib.sha256((corpus / "part-00000.npz").read_bytes()).hexdigest()}
     manifest = {"format": "dart-demo-corpus/1", "target": "default", "generated_dtype": "bfloat16", "parts": [part]}

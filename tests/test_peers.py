@@ -8,11 +8,12 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import fake_bin_dir
 
 from dart_core import peers
 from dart_core.cli import bench
 from dart_core.methods import split_method
+
+from conftest import fake_bin_dir
 
 FIXTURES = Path(__file__).parent / "fixtures" / "llamacpp"
 # The fixtures' prompt: the chat template applied to this message by the embedded target's tokenizer
@@ -173,9 +174,16 @@ def test_eagle3_peer_real_capture(tmp_path, tokenizer, prompt):
     p = PERF["eagle3"]
     t = r.timings
     assert (t.prefill_s, t.decode_s, t.new_tokens, t.drafted, t.accepted, t.draft_max) == (
-        p["encoded_s"], p["decoded_s"], p["n_predict"], p["n_drafted"], p["n_accept"], p["n_draft"])
+        p["encoded_s"],
+        p["decoded_s"],
+        p["n_predict"],
+        p["n_drafted"],
+        p["n_accept"],
+        p["n_draft"],
+    )
     plain = peers.LlamaCppPeer("llamacpp", bin_dir, gguf, 1, tokenizer, EMBEDDED_EOS).read_output(
-        ids, text, fixture("completion_repeat.stdout"), fixture("completion_repeat.stderr"), 48)
+        ids, text, fixture("completion_repeat.stdout"), fixture("completion_repeat.stderr"), 48
+    )
     assert r.stop == "eos" and r.output_ids == plain.output_ids
     assert r.target_forwards == p["n_predict"] - p["n_accept"]
 
@@ -198,8 +206,22 @@ def questions(tmp_path_factory):
 
 def test_bench_skips_absent_peers_and_runs_the_rest(questions, tmp_path, capsys):
     out = tmp_path / "r.json"
-    rc = bench.main(["--methods", "ar,llamacpp,llamacpp-lookup", "--llamacpp-bin", str(tmp_path / "nothing"), "--dataset", str(questions),
-                     "--max-new-tokens", "4", "--dtype", "float32", "--out", str(out)])
+    rc = bench.main(
+        [
+            "--methods",
+            "ar,llamacpp,llamacpp-lookup",
+            "--llamacpp-bin",
+            str(tmp_path / "nothing"),
+            "--dataset",
+            str(questions),
+            "--max-new-tokens",
+            "4",
+            "--dtype",
+            "float32",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     printed = capsys.readouterr().out
     assert "| ar |" in printed and "| llamacpp |" not in printed
@@ -240,8 +262,22 @@ def test_real_llama_completion_on_the_embedded_gguf(tokenizer, prompt):
 def run_bench(methods: str, questions, tmp_path) -> dict:
     """One real bench run (12 tokens, fp32, one thread) of `methods`; its JSON result."""
     out = tmp_path / "r.json"
-    rc = bench.main(["--methods", methods, "--dataset", str(questions), "--max-new-tokens", "12",
-                     "--dtype", "float32", "--threads", "1", "--out", str(out)])
+    rc = bench.main(
+        [
+            "--methods",
+            methods,
+            "--dataset",
+            str(questions),
+            "--max-new-tokens",
+            "12",
+            "--dtype",
+            "float32",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     return json.loads(out.read_text())
 

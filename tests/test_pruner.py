@@ -26,14 +26,18 @@ def test_golden_beam_and_global_cut():
     # level 1 increments: 2^-0.7 * 0.9 * ln p: 20 -> -0.198, 21 -> -0.667
     # all nodes: 10 (-0.511), 10.20 (-0.708), 11 (-0.916), 11.20 (-1.114), 10.21 (-1.178), 11.21 (-1.583)
     # top 4: 10, 10.20, 11, 11.20 ; depth order, best first within a depth
-    tree = ngram_cpp.prune([[10, 11], [20, 21]], [[0.6, 0.4], [0.7, 0.3]], 5, [1, 2], None, PruneParams(beam_width=2, max_nodes=4, use_ngram=False))
+    tree = ngram_cpp.prune(
+        [[10, 11], [20, 21]], [[0.6, 0.4], [0.7, 0.3]], 5, [1, 2], None, PruneParams(beam_width=2, max_nodes=4, use_ngram=False)
+    )
     assert tree.tokens.tolist() == [5, 10, 11, 20, 20]
     assert tree.parents.tolist() == [-1, 0, 0, 1, 2]
     assert tree.positions.tolist() == [0, 1, 1, 2, 2]
     assert tree.retrieve.tolist() == [[0, 1, 3], [0, 2, 4]]
     assert tree.mask.astype(int).tolist() == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 0, 1, 0, 1]]
     w1 = 2**-0.7 * 0.9
-    np.testing.assert_allclose(tree.scores, [0, math.log(0.6), math.log(0.4), math.log(0.6) + w1 * math.log(0.7), math.log(0.4) + w1 * math.log(0.7)], atol=1e-6)
+    np.testing.assert_allclose(
+        tree.scores, [0, math.log(0.6), math.log(0.4), math.log(0.6) + w1 * math.log(0.7), math.log(0.4) + w1 * math.log(0.7)], atol=1e-6
+    )
 
 
 def test_golden_global_cut_keeps_nodes_outside_the_beam():
@@ -42,7 +46,14 @@ def test_golden_global_cut_keeps_nodes_outside_the_beam():
     # level 1 (parent 10): 2^-0.7 * 0.9 = 0.554 ; 20 -> -0.693 + 0.554 ln .9 = -0.752 ; 21 -> -0.693 + 0.554 ln .1 = -1.969
     # global top 4: 10, 10.20, 11, 12 -- 11 and 12 were never in the beam but survive as leaves
     # depth order, best first: [5, 10, 11, 12, 20]; leaves in token order: (10 20), (11), (12)
-    tree = ngram_cpp.prune([[10, 11, 12], [20, 21, 22]], [[0.5, 0.3, 0.2], [0.9, 0.1, 0.0]], 5, [], None, PruneParams(beam_width=1, max_nodes=4, use_ngram=False))
+    tree = ngram_cpp.prune(
+        [[10, 11, 12], [20, 21, 22]],
+        [[0.5, 0.3, 0.2], [0.9, 0.1, 0.0]],
+        5,
+        [],
+        None,
+        PruneParams(beam_width=1, max_nodes=4, use_ngram=False),
+    )
     assert tree.tokens.tolist() == [5, 10, 11, 12, 20]
     assert tree.parents.tolist() == [-1, 0, 0, 0, 1]
     assert tree.positions.tolist() == [0, 1, 1, 1, 2]
@@ -75,7 +86,9 @@ def test_golden_score_floor_sizes_the_tree():
 def test_golden_eos_is_never_extended_but_can_be_a_leaf():
     # row 0: 10 p=.4, EOS(3) p=.6 ; beam width 1 keeps 10 although EOS scores higher
     # pool: EOS (-0.511), 10 (-0.916), 10.20 (-1.114), 10.21 (-1.583); top 3 -> EOS, 10, 10.20
-    tree = ngram_cpp.prune([[10, 3], [20, 21]], [[0.4, 0.6], [0.7, 0.3]], 5, [], None, PruneParams(beam_width=1, max_nodes=3, use_ngram=False), eos_id=3)
+    tree = ngram_cpp.prune(
+        [[10, 3], [20, 21]], [[0.4, 0.6], [0.7, 0.3]], 5, [], None, PruneParams(beam_width=1, max_nodes=3, use_ngram=False), eos_id=3
+    )
     assert tree.tokens.tolist() == [5, 3, 10, 20]
     assert tree.parents.tolist() == [-1, 0, 0, 2]
     assert tree.retrieve.tolist() == [[0, 1, -1], [0, 2, 3]]  # leaves in token order: (3), (10, 20)
@@ -163,7 +176,10 @@ def test_python_fallback_matches_cpp(tries, tmp_path, monkeypatch):
         assert fallback.native is None and isinstance(fallback._impl, PyNGramModel)
         for (t, p, r, c, prm, e), want in zip(cases, expected):
             assert_same_tree(ngram_cpp.prune(t, p, r, c, fallback, prm, int(e)), want)
-    assert_same_tree(ngram_cpp.prune(*cases[0][:4], None, cases[0][4], int(cases[0][5])), prune_reference(*cases[0][:4], None, cases[0][4], int(cases[0][5])))
+    assert_same_tree(
+        ngram_cpp.prune(*cases[0][:4], None, cases[0][4], int(cases[0][5])),
+        prune_reference(*cases[0][:4], None, cases[0][4], int(cases[0][5])),
+    )
 
 
 def check_invariants(t, params, d):

@@ -44,15 +44,26 @@ def test_the_app_and_the_bench_take_the_same_drafter_flags():
     assert drafter_configs(app, True) == drafter_configs(bench, True)
 
 
-@pytest.mark.parametrize("argv, match", [
-    (["--context-weight", "1.2"], "context-weight"), (["--context-extend", "-1"], "context-extend"),
-    (["--max-nodes", "-1"], "max-nodes"), (["--eagle3-max-nodes", "-2"], "eagle3-max-nodes"),
-    (["--tree-top-k", "0"], "tree-top-k"), (["--draft-depth", "0"], "draft-depth"),
-    (["--tree-min-score", "0.5"], "tree-min-score"), (["--tree-min-score", "-2", "--tree-min-nodes", "-1"], "tree-min-nodes"),
-    (["--context-candidates", "-1"], "context-candidates"), (["--logit-decay", "nan"], "logit-decay"),
-    (["--level-exponent", "inf"], "level-exponent"), (["--beam-width", "0"], "beam-width"),
-    (["--eagle3-top-k", "0"], "eagle3-top-k"), (["--eagle3-depth", "-1"], "eagle3-depth"), (["--context-order", "0"], "context-order"),
-])
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--context-weight", "1.2"], "context-weight"),
+        (["--context-extend", "-1"], "context-extend"),
+        (["--max-nodes", "-1"], "max-nodes"),
+        (["--eagle3-max-nodes", "-2"], "eagle3-max-nodes"),
+        (["--tree-top-k", "0"], "tree-top-k"),
+        (["--draft-depth", "0"], "draft-depth"),
+        (["--tree-min-score", "0.5"], "tree-min-score"),
+        (["--tree-min-score", "-2", "--tree-min-nodes", "-1"], "tree-min-nodes"),
+        (["--context-candidates", "-1"], "context-candidates"),
+        (["--logit-decay", "nan"], "logit-decay"),
+        (["--level-exponent", "inf"], "level-exponent"),
+        (["--beam-width", "0"], "beam-width"),
+        (["--eagle3-top-k", "0"], "eagle3-top-k"),
+        (["--eagle3-depth", "-1"], "eagle3-depth"),
+        (["--context-order", "0"], "context-order"),
+    ],
+)
 def test_out_of_range_flags_are_refused(argv, match):
     with pytest.raises(ValueError, match=match):
         configs(*argv)
@@ -61,8 +72,13 @@ def test_out_of_range_flags_are_refused(argv, match):
 
 def test_configs_check_their_values():
     """The library's own check: a config out of range raises ConfigError naming its field."""
-    for bad, field in ((dict(max_nodes=-1), "max_nodes"), (dict(depth=0), "depth"), (dict(min_score=0.5), "min_score"),
-                       (dict(ranking="best"), "ranking"), (dict(context_order=0), "context_order")):
+    for bad, field in (
+        (dict(max_nodes=-1), "max_nodes"),
+        (dict(depth=0), "depth"),
+        (dict(min_score=0.5), "min_score"),
+        (dict(ranking="best"), "ranking"),
+        (dict(context_order=0), "context_order"),
+    ):
         with pytest.raises(ConfigError, match=field) as e:
             DartConfig(**bad)
         assert e.value.field == field
@@ -101,7 +117,12 @@ def test_score_weights_per_target_and_flags():
     assert (w.top_k, w.ngram_on_first_level, w.context_weight, w.logit_decay) == (7, False, 0.3, 0.5)
     assert w.level_exponent == EMBEDDED_WEIGHTS.level_exponent
     p = prune_params(configs("--ngram-first-level", "on", "--context-candidates", "3", default_target=False).dart, "cpu", True)
-    assert (p.top_k, p.level_exponent, p.ngram_on_first_level, p.context_max_candidates) == (UPSTREAM_WEIGHTS.top_k, UPSTREAM_WEIGHTS.level_exponent, True, 3)
+    assert (p.top_k, p.level_exponent, p.ngram_on_first_level, p.context_max_candidates) == (
+        UPSTREAM_WEIGHTS.top_k,
+        UPSTREAM_WEIGHTS.level_exponent,
+        True,
+        3,
+    )
     assert p.context_weight == UPSTREAM_WEIGHTS.context_weight
     for w in (EMBEDDED_WEIGHTS, UPSTREAM_WEIGHTS):  # the flags that name a preset give it back on the other target
         assert score_weights(parse(*weight_flag_args(w)), w is UPSTREAM_WEIGHTS) == w

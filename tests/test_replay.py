@@ -54,9 +54,27 @@ def test_tune_scoring_searches_by_replay(tmp_path, embedded_bf16):
     from dart_core.tuning import load_records
 
     root = Path(__file__).resolve().parent.parent
-    argv = ["--dataset", str(root / "assets" / "eval_prompts.jsonl"), "--skip", "0", "--limit", "2", "--max-new-tokens", "24",
-            "--params", "ngram_weight", "level_exponent", "--rounds", "1", "--sizes", "3,8", "--records", str(tmp_path / "rec.pt"),
-            "--out", str(tmp_path / "out.json")]
+    argv = [
+        "--dataset",
+        str(root / "assets" / "eval_prompts.jsonl"),
+        "--skip",
+        "0",
+        "--limit",
+        "2",
+        "--max-new-tokens",
+        "24",
+        "--params",
+        "ngram_weight",
+        "level_exponent",
+        "--rounds",
+        "1",
+        "--sizes",
+        "3,8",
+        "--records",
+        str(tmp_path / "rec.pt"),
+        "--out",
+        str(tmp_path / "out.json"),
+    ]
     assert scoring_main(argv) == 0
     out = json.loads((tmp_path / "out.json").read_text())
     taus = [s["tau"] for s in out["settings"]]

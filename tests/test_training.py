@@ -10,7 +10,6 @@ import math
 import pytest
 import torch
 
-from conftest import TINY_EOS, TINY_VOCAB, build_tiny_checkpoint
 from dart_core.drafters.head import load_head
 from dart_core.target import load_target
 from dart_core.training import (
@@ -29,6 +28,8 @@ from dart_core.training import (
     train_eagle3,
     vocab_mapping,
 )
+
+from conftest import TINY_EOS, TINY_VOCAB, build_tiny_checkpoint
 
 SPECIAL = ["<pad>", "<bos>", "<a>", "</s>", "<u>", "<sys>"]  # ids 0..5; </s> is TINY_EOS
 WORDS = [f"w{i}" for i in range(len(SPECIAL), TINY_VOCAB)]
@@ -79,7 +80,9 @@ def data_files(tmp_path_factory):
     alpaca = [{"instruction": sentence(g, 6), "input": sentence(g, 3) if k % 2 else "", "output": sentence(g, 20)} for k in range(12)]
     gpteacher = [{"instruction": sentence(g, 5), "input": "", "response": sentence(g, 18)} for _ in range(8)]
     t0 = [{"template": "t", "prompt": sentence(g, 15), "completion": sentence(g, 4)} for _ in range(8)]
-    self_instruct = [{"instruction": sentence(g, 4), "instances": [{"input": sentence(g, 3), "output": sentence(g, 12)}] * 2} for _ in range(3)]
+    self_instruct = [
+        {"instruction": sentence(g, 4), "instances": [{"input": sentence(g, 3), "output": sentence(g, 12)}] * 2} for _ in range(3)
+    ]
     (d / "alpaca.json").write_text(json.dumps(alpaca))
     (d / "gpteacher.json").write_text(json.dumps(gpteacher))
     (d / "t0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in t0))
@@ -135,7 +138,15 @@ def test_loss_weights_follow_gamma(word_target):
     rec = CachedRecord(torch.tensor(ids), out.hidden.clone(), out.final.clone())  # out of inference mode
     head = new_head_from_target(word_target, torch.arange(40, 90), D)
     anchors = torch.tensor([0, 5, len(ids) - 2])  # the last possible anchor has one row with a teacher
-    kl, w, hits, valid = dart_record_loss(head, word_target.model.tok_embeddings.weight, word_target.model.output.weight[40:90], rec, anchors, 0.6, torch.zeros(len(ids), dtype=torch.long))
+    kl, w, hits, valid = dart_record_loss(
+        head,
+        word_target.model.tok_embeddings.weight,
+        word_target.model.output.weight[40:90],
+        rec,
+        anchors,
+        0.6,
+        torch.zeros(len(ids), dtype=torch.long),
+    )
     full = sum(0.6**j for j in range(D + 1))
     assert float(w) == pytest.approx(2 * full + 1.0)
     assert valid.sum(1).tolist() == [D + 1, D + 1, 1]
@@ -161,7 +172,16 @@ def test_cache_train_resume_export(word_target, data_files, tmp_path):
     build_cache(word_target, cfg)  # resuming a finished cache adds nothing
     assert cache_meta(cache_dir)["tokens"] == meta["tokens"]
 
-    tcfg = TrainConfig(cache_dir=str(cache_dir), out_dir=str(tmp_path / "train"), epochs=2, lr=5e-3, warmup_steps=2, batch_records=4, anchors_per_record=8, eval_every=4)
+    tcfg = TrainConfig(
+        cache_dir=str(cache_dir),
+        out_dir=str(tmp_path / "train"),
+        epochs=2,
+        lr=5e-3,
+        warmup_steps=2,
+        batch_records=4,
+        anchors_per_record=8,
+        eval_every=4,
+    )
     head_dir = train_dart(word_target, tcfg, draft_length=D)
     history = json.loads((tmp_path / "train" / "history.json").read_text())
     assert history[-1]["step"] == 2 * 9  # 34 training records, 4 per step: 9 steps per epoch
@@ -194,8 +214,16 @@ def test_a_new_run_starts_from_a_saved_head(word_target, data_files, tmp_path, m
 
     cache_dir = tmp_path / "cache"
     build_cache(word_target, CacheConfig(data=data_files, out_dir=str(cache_dir), max_tokens=4_000, val_records=4, draft_vocab_size=32))
-    first = TrainConfig(cache_dir=str(cache_dir), out_dir=str(tmp_path / "a"), steps=8, warmup_steps=2, batch_records=2, anchors_per_record=4,
-                        eval_every=4, keep_heads_every=8)
+    first = TrainConfig(
+        cache_dir=str(cache_dir),
+        out_dir=str(tmp_path / "a"),
+        steps=8,
+        warmup_steps=2,
+        batch_records=2,
+        anchors_per_record=4,
+        eval_every=4,
+        keep_heads_every=8,
+    )
     train_dart(word_target, first, draft_length=D)
     saved = tmp_path / "a" / "heads" / "step-000008"
     trained = json.loads((saved / "trained.json").read_text())
@@ -203,8 +231,16 @@ def test_a_new_run_starts_from_a_saved_head(word_target, data_files, tmp_path, m
 
     lrs = []
     cosine = loop.cosine_lr
-    second = TrainConfig(**{**first.__dict__, "out_dir": str(tmp_path / "b"), "steps": 12, "keep_heads_every": None,
-                            "init_head": str(saved), "init_history": str(history)})
+    second = TrainConfig(
+        **{
+            **first.__dict__,
+            "out_dir": str(tmp_path / "b"),
+            "steps": 12,
+            "keep_heads_every": None,
+            "init_head": str(saved),
+            "init_history": str(history),
+        }
+    )
     monkeypatch.setattr(loop, "cosine_lr", lambda *a: lrs.append(cosine(*a)) or lrs[-1])
     train_dart(word_target, second, draft_length=D)
     monkeypatch.undo()
@@ -250,7 +286,9 @@ def test_sigterm_saves_a_checkpoint_and_the_run_resumes_from_it(word_target, dat
 
     cache_dir = tmp_path / "cache"
     build_cache(word_target, CacheConfig(data=data_files, out_dir=str(cache_dir), max_tokens=4_000, val_records=4, draft_vocab_size=32))
-    cfg = TrainConfig(cache_dir=str(cache_dir), out_dir=str(tmp_path / "train"), epochs=100, batch_records=2, anchors_per_record=4, eval_every=1000)
+    cfg = TrainConfig(
+        cache_dir=str(cache_dir), out_dir=str(tmp_path / "train"), epochs=100, batch_records=2, anchors_per_record=4, eval_every=1000
+    )
     calls = []
     sample = loop.sample_anchors
 
@@ -277,8 +315,16 @@ def test_sigterm_saves_a_checkpoint_and_the_run_resumes_from_it(word_target, dat
 def test_self_distillation(word_target, data_files, tmp_path):
     from dart_core.generate import GenerationParams, complete
 
-    cfg = CacheConfig(data=data_files, out_dir=str(tmp_path / "c"), max_tokens=10_000, val_records=4, draft_vocab_size=32,
-                      self_distill=7, self_distill_max_new=6, self_distill_batch=3)
+    cfg = CacheConfig(
+        data=data_files,
+        out_dir=str(tmp_path / "c"),
+        max_tokens=10_000,
+        val_records=4,
+        draft_vocab_size=32,
+        self_distill=7,
+        self_distill_max_new=6,
+        self_distill_batch=3,
+    )
     build_cache(word_target, cfg)
     rows = [json.loads(line) for line in (tmp_path / "c" / SELF_DISTILL_FILE).read_text().splitlines()]
     assert sorted(r["index"] for r in rows) == [i for i in range(7) if i in {r["index"] for r in rows}] and len(rows) >= 5
@@ -305,17 +351,67 @@ def test_cli_end_to_end(word_target, data_files, tmp_path):
     from pathlib import Path
 
     script = Path(__file__).resolve().parent.parent / "scripts" / "train_dart.py"
-    cmd = [sys.executable, str(script), "--model", str(word_target.model_dir), "--data", *data_files, "--work", str(tmp_path / "w"),
-           "--device", "cpu", "--cache-tokens", "3000", "--val-records", "3", "--draft-vocab", "40", "--draft-length", "2",
-           "--epochs", "1", "--batch-records", "8", "--anchors", "4", "--eval-every", "2", "--export", str(tmp_path / "head")]
+    cmd = [
+        sys.executable,
+        str(script),
+        "--model",
+        str(word_target.model_dir),
+        "--data",
+        *data_files,
+        "--work",
+        str(tmp_path / "w"),
+        "--device",
+        "cpu",
+        "--cache-tokens",
+        "3000",
+        "--val-records",
+        "3",
+        "--draft-vocab",
+        "40",
+        "--draft-length",
+        "2",
+        "--epochs",
+        "1",
+        "--batch-records",
+        "8",
+        "--anchors",
+        "4",
+        "--eval-every",
+        "2",
+        "--export",
+        str(tmp_path / "head"),
+    ]
     subprocess.run(cmd, check=True, capture_output=True, timeout=300)
     head = load_head(tmp_path / "head", dart=True, target=word_target)
     assert head.config.draft_length == 2 and head.config.draft_vocab_size == 40
     # EAGLE3 on the same cache: the cache is reused as it is, the head is an EAGLE3 head
     script = script.with_name("train_eagle3.py")
-    cmd = [sys.executable, str(script), "--model", str(word_target.model_dir), "--data", *data_files, "--work", str(tmp_path / "e3"),
-           "--cache", str(tmp_path / "w" / "cache"), "--device", "cpu", "--ttt-steps", "2", "--epochs", "1", "--batch-records", "8",
-           "--anchors", "4", "--eval-every", "2", "--export", str(tmp_path / "e3head")]
+    cmd = [
+        sys.executable,
+        str(script),
+        "--model",
+        str(word_target.model_dir),
+        "--data",
+        *data_files,
+        "--work",
+        str(tmp_path / "e3"),
+        "--cache",
+        str(tmp_path / "w" / "cache"),
+        "--device",
+        "cpu",
+        "--ttt-steps",
+        "2",
+        "--epochs",
+        "1",
+        "--batch-records",
+        "8",
+        "--anchors",
+        "4",
+        "--eval-every",
+        "2",
+        "--export",
+        str(tmp_path / "e3head"),
+    ]
     run = subprocess.run(cmd, check=True, capture_output=True, timeout=300, text=True)
     assert "reusing the cache" in run.stderr
     head = load_head(tmp_path / "e3head", dart=False, target=word_target)
@@ -326,7 +422,16 @@ def test_cli_end_to_end(word_target, data_files, tmp_path):
 def test_eagle3_training_learns_and_refuses_a_dart_checkpoint(word_target, data_files, tmp_path):
     cache_dir = tmp_path / "cache"
     build_cache(word_target, CacheConfig(data=data_files, out_dir=str(cache_dir), max_tokens=10_000, val_records=4, draft_vocab_size=48))
-    cfg = TrainConfig(cache_dir=str(cache_dir), out_dir=str(tmp_path / "train"), epochs=2, lr=5e-3, warmup_steps=2, batch_records=4, anchors_per_record=8, eval_every=4)
+    cfg = TrainConfig(
+        cache_dir=str(cache_dir),
+        out_dir=str(tmp_path / "train"),
+        epochs=2,
+        lr=5e-3,
+        warmup_steps=2,
+        batch_records=4,
+        anchors_per_record=8,
+        eval_every=4,
+    )
     head_dir = train_eagle3(word_target, cfg, ttt_steps=3)
     history = json.loads((tmp_path / "train" / "history.json").read_text())
     assert len(history[-1]["val_hit1"]) == 4

@@ -25,8 +25,18 @@ def test_tables_show_every_eval_and_bench_point(curve, tmp_path):
         {"step": 750, "train_loss": 3.8, "val_kl": 3.7, "val_hit1": [0.36, 0.11], "elapsed_s": 450.0},  # resumed with fewer rows
     ]
     (tmp_path / "training" / "dart-v1.history.json").write_text(json.dumps(history))
-    point = {"label": "dart-v1", "method": "dart", "step": 500, "train_hours": 0.1, "tau": 2.5,
-             "tau_by_set": {s: 2.0 + i / 10 for i, s in enumerate(curve.BENCH_SETS)}, "limit": 5, "max_new_tokens": 128, "max_nodes": 5, "commit": "abc1234"}
+    point = {
+        "label": "dart-v1",
+        "method": "dart",
+        "step": 500,
+        "train_hours": 0.1,
+        "tau": 2.5,
+        "tau_by_set": {s: 2.0 + i / 10 for i, s in enumerate(curve.BENCH_SETS)},
+        "limit": 5,
+        "max_new_tokens": 128,
+        "max_nodes": 5,
+        "commit": "abc1234",
+    }
     tuned = {**point, "step": 750, "weights": "embedded"}  # the old point has no "weights": upstream's
     (tmp_path / "training" / "points.jsonl").write_text(json.dumps(point) + "\n" + json.dumps(tuned) + "\n")
     text = curve.tables()
@@ -42,7 +52,9 @@ def test_tables_show_every_eval_and_bench_point(curve, tmp_path):
 
 
 def test_readme_block_is_rewritten_in_place_and_needs_its_markers(curve, tmp_path):
-    (tmp_path / "training" / "dart-v1.history.json").write_text(json.dumps([{"step": 1, "val_kl": 1.0, "val_hit1": [0.5], "elapsed_s": 36.0}]))
+    (tmp_path / "training" / "dart-v1.history.json").write_text(
+        json.dumps([{"step": 1, "val_kl": 1.0, "val_hit1": [0.5], "elapsed_s": 36.0}])
+    )
     readme = tmp_path / "README.md"
     readme.write_text(f"before\n{curve.MARK_START}\nold\n{curve.MARK_END}\nafter\n")
     assert curve.main(["table", "--readme"]) == 0

@@ -49,13 +49,16 @@ def test_verify_time_follows_the_cache_length(tune):
 def test_a_smaller_tree_accepts_what_the_logged_cut_predicts(tune, embedded_target):
     """First steps of real generations: the tree of N nodes accepts exactly the prefix of the big
     tree's accepted path that lies in the big tree's best N nodes (greedy, fp32)."""
+    import ngram_cpp
     from dart_core import GenerationParams, StepEvent, generate
     from dart_core.drafters.dart import DartParams, load_dart_drafter
 
-    import ngram_cpp
-
-    big = load_dart_drafter(EMBEDDED_DART_HEAD, embedded_target, ROOT / "assets" / "ngram" / "smollm2-3gram.ngram",
-                            DartParams(ngram_cpp.PruneParams(max_nodes=12)))
+    big = load_dart_drafter(
+        EMBEDDED_DART_HEAD,
+        embedded_target,
+        ROOT / "assets" / "ngram" / "smollm2-3gram.ngram",
+        DartParams(ngram_cpp.PruneParams(max_nodes=12)),
+    )
     seen = 0
     for text in ("List three uses of a paperclip.", "Write the numbers from one to ten.", "What is the capital of France?"):
         ids = embedded_target.encode([{"role": "user", "content": text}])
@@ -63,7 +66,11 @@ def test_a_smaller_tree_accepts_what_the_logged_cut_predicts(tune, embedded_targ
         assert logged.cached == len(ids) and logged.dataset == "q"
         for n in (1, 3, 6):
             small = big.with_params(DartParams(ngram_cpp.PruneParams(max_nodes=n)))
-            first = next(ev for ev in generate(embedded_target, ids, small, GenerationParams(12)) if isinstance(ev, StepEvent) and ev.tree is not None)
+            first = next(
+                ev
+                for ev in generate(embedded_target, ids, small, GenerationParams(12))
+                if isinstance(ev, StepEvent) and ev.tree is not None
+            )
             assert first.accepted == tune.accepted(logged, tune.kept_nodes(logged, n)), (text, n)
             seen += first.accepted
     assert seen > 0  # the comparison covered accepted drafts, not only empty paths
@@ -76,8 +83,27 @@ def test_cli_end_to_end(tmp_path, capsys):
     q = tmp_path / "q.jsonl"
     q.write_text("".join(json.dumps({"question_id": i, "turns": [t]}) + "\n" for i, t in enumerate(["skip me", "Name two colours."])))
     out = tmp_path / "tune.json"
-    assert tree_main(["--dataset", str(q), "--skip", "1", "--limit", "1", "--cap", "2", "--max-new-tokens", "8",
-                      "--dtype", "float32", "--out", str(out)]) == 0
+    assert (
+        tree_main(
+            [
+                "--dataset",
+                str(q),
+                "--skip",
+                "1",
+                "--limit",
+                "1",
+                "--cap",
+                "2",
+                "--max-new-tokens",
+                "8",
+                "--dtype",
+                "float32",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     result = json.loads(out.read_text())
     assert result["cap"] == 2 and result["steps"] >= 1
     assert [set(by_size) for by_size in result["verify_ms"].values()] == [{"1", "2", "3"}]  # one prompt: one cache length

@@ -29,15 +29,16 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import ngram_cpp
-from conftest import TINY_VOCAB, build_tiny_checkpoint, tiny_target
 from dart_core import ARDrafter, GenerationParams, complete
+from dart_core.cli.options import add_drafter_flags, dart_config
 from dart_core.drafters.dart import DartDrafter, DartParams
 from dart_core.drafters.head import load_head
-from dart_core.cli.options import add_drafter_flags, dart_config
 from dart_core.drafters.registry import UPSTREAM_NGRAM, ngram_choice, resolve_ngram
 from dart_core.export_upstream import export_upstream
 from dart_core.target import load_target
 from dart_core.training import new_head_from_target
+
+from conftest import TINY_VOCAB, build_tiny_checkpoint, tiny_target
 
 ROOT = Path(__file__).resolve().parent.parent
 # A Qwen3-like vocabulary: <|endoftext|> (Qwen3 151643) is the lower stop id, <|im_end|> (151645) the tokenizer's EOS.
@@ -234,8 +235,9 @@ def test_every_eos_id_stops_the_loop(qwen3_dir, tmp_path, eos):
         free = complete(base, prompt, ARDrafter(), GenerationParams(24)).output_ids
         return next((t for k, t in enumerate(free) if k >= 3 and t not in free[:k] and t not in (ENDOFTEXT, IM_END)), None)
 
-    prompt, victim = next((p, v) for p in ([20, 21, 22, 23], [77, 30, 9, 15, 64], [40, 50, 60], [11, 12], [90, 91])
-                          if (v := late_new_token(p)) is not None)
+    prompt, victim = next(
+        (p, v) for p in ([20, 21, 22, 23], [77, 30, 9, 15, 64], [40, 50, 60], [11, 12], [90, 91]) if (v := late_new_token(p)) is not None
+    )
     path = tmp_path / "q3"
     path.mkdir()
     for f in qwen3_dir.iterdir():
@@ -249,8 +251,12 @@ def test_every_eos_id_stops_the_loop(qwen3_dir, tmp_path, eos):
     ar = complete(target, prompt, ARDrafter(), GenerationParams(24))
     assert ar.stop_reason == "eos" and ar.output_ids[-1] == eos and len(ar.output_ids) < 24
     head = random_head(target, torch.randperm(TINY_VOCAB, generator=torch.Generator().manual_seed(0))[:64].sort().values, D, seed=2)
-    dart = complete(target, prompt, DartDrafter(head, target, None, DartParams(ngram_cpp.PruneParams(top_k=8, beam_width=4, max_nodes=12))),
-                    GenerationParams(24))
+    dart = complete(
+        target,
+        prompt,
+        DartDrafter(head, target, None, DartParams(ngram_cpp.PruneParams(top_k=8, beam_width=4, max_nodes=12))),
+        GenerationParams(24),
+    )
     assert dart.output_ids == ar.output_ids and dart.stop_reason == "eos"
 
 
@@ -341,8 +347,11 @@ def upstream_prefill_logits(cfg: dict, state: dict, embed: torch.Tensor, aux: to
     attn = (scores.softmax(-1) @ v).transpose(0, 1).reshape(T, heads * hd)
     h = (residual + attn @ W["midlayer.self_attn.o_proj.weight"].T)[-(D + 1) :]
     x = rms(h, W["midlayer.post_attention_layernorm.weight"])
-    h = h + (torch.nn.functional.silu(x @ W["midlayer.mlp.gate_proj.weight"].T) * (x @ W["midlayer.mlp.up_proj.weight"].T)) @ W[
-        "midlayer.mlp.down_proj.weight"].T
+    h = (
+        h
+        + (torch.nn.functional.silu(x @ W["midlayer.mlp.gate_proj.weight"].T) * (x @ W["midlayer.mlp.up_proj.weight"].T))
+        @ W["midlayer.mlp.down_proj.weight"].T
+    )
     h = rms(rms(h, W["norm.weight"]), W["norm.weight"])  # upstream: LlamaForCausalLMDart.forward, then compute_logits
     return h @ W["lm_head.weight"].T
 
@@ -399,19 +408,28 @@ def test_export_runs_under_upstreams_reading(qwen3, tmp_path):
 # change (this machine has none). --share and --listen only matter once the page is served: the test
 # builds the app (models, warm-up, page) with main()'s own build_app, without serving it.
 UPSTREAM_8B_ARGV = [
-    "--base-model-name-or-path", "Qwen/Qwen3-8B",
-    "--dart-model-name-or-path", "fvliang/qwen8b-dart",
-    "--ngram-model-name-or-path", "fvliang/dart-qwen3-ngram",
-    "--template-name", "qwen",
-    "--device", "cuda",
-    "--max-new-tokens", "5120",
-    "--max-length", "6400",
+    "--base-model-name-or-path",
+    "Qwen/Qwen3-8B",
+    "--dart-model-name-or-path",
+    "fvliang/qwen8b-dart",
+    "--ngram-model-name-or-path",
+    "fvliang/dart-qwen3-ngram",
+    "--template-name",
+    "qwen",
+    "--device",
+    "cuda",
+    "--max-new-tokens",
+    "5120",
+    "--max-length",
+    "6400",
     "--share",
     "--use-small-ngram",
     "--compare-eagle3",
-    "--eagle3-model-name-or-path", "AngelSlim/Qwen3-8B_eagle3",
+    "--eagle3-model-name-or-path",
+    "AngelSlim/Qwen3-8B_eagle3",
     "--listen",
-    "--server-port", "30000",
+    "--server-port",
+    "30000",
 ]
 
 APP_PROBE = r"""

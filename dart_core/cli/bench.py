@@ -25,33 +25,63 @@ from pathlib import Path
 import torch
 
 from .. import calibrate, kernels, peers
-from ..bench import PeerSetup, build_runner, dataset_names, dataset_table, embedded_gguf_or_none, markdown_table, read_questions, run_interleaved
+from ..bench import (
+    PeerSetup,
+    build_runner,
+    dataset_names,
+    dataset_table,
+    embedded_gguf_or_none,
+    markdown_table,
+    read_questions,
+    run_interleaved,
+)
 from ..drafters import DEFAULT_EAGLE3_HEAD
 from ..loading import AUTO, DEFAULT_MODEL, TARGET_DTYPE_CHOICES
 from ..methods import METHODS, PEER, SIZED_METHODS, split_method
 from ..sampling import SamplingParams
 from ..target import Target, load_target
-from .options import (add_device_flag, add_drafter_flags, add_dtype_flag, add_model_flag, add_threads_flag, apply_threads,
-                      drafter_configs, unset_sizes)
+from .options import (
+    add_device_flag,
+    add_drafter_flags,
+    add_dtype_flag,
+    add_model_flag,
+    add_threads_flag,
+    apply_threads,
+    drafter_configs,
+    unset_sizes,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m dart_core.cli.bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--methods", default="ar,hf", help=f"comma-separated, from: {', '.join(METHODS)} (default: ar,hf); "
-                   f"{', '.join(SIZED_METHODS)} take a tree size as method@N (e.g. dart@8,dart@16: a sweep in one run)")
-    p.add_argument("--dataset", type=Path, nargs="+", required=True,
-                   help="question.jsonl file(s) (first turn of each row is used); with several, the report has a section per file")
+    p.add_argument(
+        "--methods",
+        default="ar,hf",
+        help=f"comma-separated, from: {', '.join(METHODS)} (default: ar,hf); "
+        f"{', '.join(SIZED_METHODS)} take a tree size as method@N (e.g. dart@8,dart@16: a sweep in one run)",
+    )
+    p.add_argument(
+        "--dataset",
+        type=Path,
+        nargs="+",
+        required=True,
+        help="question.jsonl file(s) (first turn of each row is used); with several, the report has a section per file",
+    )
     p.add_argument("--limit", type=int, default=None, help="use the first N questions of each file")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=0, help="sampling seed (per prompt: seed + question index)")
-    add_dtype_flag(p, AUTO, TARGET_DTYPE_CHOICES,
-                   "float32/bfloat16/float16, or gguf: the embedded default in its own GGUF blocks on the CPU kernels. "
-                   "Default auto: for the embedded default on the CPU kernels, the path (gguf or bfloat16) whose DART is "
-                   "expected fastest from this machine's measured costs (dart_core/calibrate.py, cached); else (and with --no-calibration) bfloat16. "
-                   "Every method runs on the one path chosen; env.weights_choice records it and why")
+    add_dtype_flag(
+        p,
+        AUTO,
+        TARGET_DTYPE_CHOICES,
+        "float32/bfloat16/float16, or gguf: the embedded default in its own GGUF blocks on the CPU kernels. "
+        "Default auto: for the embedded default on the CPU kernels, the path (gguf or bfloat16) whose DART is "
+        "expected fastest from this machine's measured costs (dart_core/calibrate.py, cached); else (and with --no-calibration) bfloat16. "
+        "Every method runs on the one path chosen; env.weights_choice records it and why",
+    )
     p.add_argument(
         "--eager",
         action="store_true",
@@ -62,11 +92,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_threads_flag(p)
     p.add_argument("--out", type=Path, default=None, help="write results JSON here")
     g = p.add_argument_group("llama.cpp peers (the llamacpp* methods; see docs/peers.md)")
-    g.add_argument("--llamacpp-bin", default=None,
-                   help=f"directory of llama.cpp's binaries (default: ${peers.BIN_ENV}, else what `make peers` builds: "
-                        "~/.cache/dart-demo/llamacpp/<cpu kind>/bin)")
-    g.add_argument("--gguf", type=Path, default=None,
-                   help="the GGUF llama.cpp runs (default: the one the embedded target came from; needed for another target)")
+    g.add_argument(
+        "--llamacpp-bin",
+        default=None,
+        help=f"directory of llama.cpp's binaries (default: ${peers.BIN_ENV}, else what `make peers` builds: "
+        "~/.cache/dart-demo/llamacpp/<cpu kind>/bin)",
+    )
+    g.add_argument(
+        "--gguf",
+        type=Path,
+        default=None,
+        help="the GGUF llama.cpp runs (default: the one the embedded target came from; needed for another target)",
+    )
     add_drafter_flags(p)
     return p.parse_args(argv)
 
@@ -152,8 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     known = {}
     configs = drafter_configs(args, default_target)
     if args.dtype == AUTO:  # one weights path for every method: losslessness is per path (ids equal plain decoding's on it)
-        target, weights, dart_size = calibrate.choose_weights(args.model, args.device, not args.eager, configs.dart, log=log,
-                                                              enabled=not args.no_calibration)
+        target, weights, dart_size = calibrate.choose_weights(
+            args.model, args.device, not args.eager, configs.dart, log=log, enabled=not args.no_calibration
+        )
         if weights.paths:
             log(calibrate.weights_table(weights))
         if dart_size is not None:
@@ -163,8 +201,9 @@ def main(argv: list[str] | None = None) -> int:
         weights = calibrate.WeightsChoice(args.dtype, f"{args.dtype} (given: --dtype {args.dtype})")
     # the tree sizes of the drafters run at the flags' size (not method@N) and left unset: this machine's
     unsized = {d for base, size in map(split_method, methods) if size is None and (d := METHODS[base].drafter)}
-    configs, sizes = calibrate.calibrate_unset_sizes(target, configs, unsized & unset_sizes(args), log, known,
-                                                     enabled=not args.no_calibration)
+    configs, sizes = calibrate.calibrate_unset_sizes(
+        target, configs, unsized & unset_sizes(args), log, known, enabled=not args.no_calibration
+    )
     runners = {m: build_runner(m, target, configs, peer) for m in methods}
     prompts = [target.encode([{"role": "user", "content": q["turns"][0]}]) for _, q in questions]
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, seed=args.seed)
@@ -174,10 +213,15 @@ def main(argv: list[str] | None = None) -> int:
     result = {"env": environment(args, target), "methods": report, "datasets": datasets, "samples": run.samples}
     if target.device.type == "cpu":  # a step's memory limit: the bytes it streams over the bandwidth measured now
         step_bytes, gb_s = target.model.step_weight_bytes(), kernels.read_bandwidth()
-        result["env"]["memory"] = {"step_weight_bytes": step_bytes, "read_gb_s": round(gb_s, 2),
-                                   "streaming_limit_ms": round(step_bytes / gb_s / 1e6, 3)}
-        log(f"a step streams {step_bytes / 1e6:.1f} MB of weights; read bandwidth {gb_s:.1f} GB/s: "
-            f"memory limit {step_bytes / gb_s / 1e6:.2f} ms a step")
+        result["env"]["memory"] = {
+            "step_weight_bytes": step_bytes,
+            "read_gb_s": round(gb_s, 2),
+            "streaming_limit_ms": round(step_bytes / gb_s / 1e6, 3),
+        }
+        log(
+            f"a step streams {step_bytes / 1e6:.1f} MB of weights; read bandwidth {gb_s:.1f} GB/s: "
+            f"memory limit {step_bytes / gb_s / 1e6:.2f} ms a step"
+        )
     result["env"]["weights_choice"] = weights.as_dict()  # the --dtype the run used, why, and (auto) each path's measured costs
     if sizes:
         result["env"]["tree_sizes"] = {m: c.as_dict() for m, c in sizes.items()}

@@ -24,18 +24,33 @@ from ..target import load_target
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dart_core.calibrate", description=calibrate.__doc__.split("\n\n")[0])
-    p.add_argument("--dtype", choices=TARGET_DTYPE_CHOICES, default=AUTO,
-                   help="the target's weights, as the bench's --dtype (default auto: measure each path, "
-                        f"{', '.join(calibrate.WEIGHTS_CANDIDATES)}, and print which one makes DART fastest here)")
+    p.add_argument(
+        "--dtype",
+        choices=TARGET_DTYPE_CHOICES,
+        default=AUTO,
+        help="the target's weights, as the bench's --dtype (default auto: measure each path, "
+        f"{', '.join(calibrate.WEIGHTS_CANDIDATES)}, and print which one makes DART fastest here)",
+    )
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--write-tau", nargs="*", choices=["dart", "eagle3"], default=None, metavar="METHOD",
-                   help=f"measure τ by tree size for the default heads of these methods by exact replay and write {calibrate.TAU_FILE} beside each")
+    p.add_argument(
+        "--write-tau",
+        nargs="*",
+        choices=["dart", "eagle3"],
+        default=None,
+        metavar="METHOD",
+        help=f"measure τ by tree size for the default heads of these methods by exact replay and write {calibrate.TAU_FILE} beside each",
+    )
     p.add_argument("--dataset", type=Path, nargs="+", default=None, help="--write-tau: question files (first turns)")
     p.add_argument("--skip", type=int, default=10, help="--write-tau: prompts skipped per file (the bench reports on the first 10)")
     p.add_argument("--limit", type=int, default=10, help="--write-tau: prompts per file after --skip")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--sizes", default="1-16", help="--write-tau: tree sizes, e.g. 1-16 or 2,5,8")
-    p.add_argument("--refresh", action="store_true", help="measure the forward costs (and, with --dtype auto, the weights choice) again and save them, instead of reading the calibration cache")
+    p.add_argument(
+        "--refresh",
+        action="store_true",
+        help="measure the forward costs (and, with --dtype auto, the weights choice) again and save them, instead of reading the "
+        "calibration cache",
+    )
     args = p.parse_args(argv)
     if args.write_tau is not None and args.dtype == AUTO:
         p.error("--write-tau measures τ on one weights path, which the file records: give --dtype (the shipped tables used gguf)")
@@ -47,7 +62,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.dtype == AUTO:
         log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
         target, weights, dart = calibrate.choose_weights(DEFAULT_MODEL, "cpu", True, None, args.threads, args.refresh, log)
-        when = f" (cached {weights.measured_at}; --refresh measures again)" if weights.from_cache else " (measured now)" if weights.calibrated else ""
+        when = (
+            f" (cached {weights.measured_at}; --refresh measures again)"
+            if weights.from_cache
+            else " (measured now)"
+            if weights.calibrated
+            else ""
+        )
         print(f"weights (--dtype auto): {weights.reason}{when}")
         if weights.paths:
             print(calibrate.weights_table(weights))
@@ -68,24 +89,37 @@ def main(argv: list[str] | None = None) -> int:
             drafter = build_drafter(method, target, replace(configs[method], max_nodes=max(sizes)))
             tau = calibrate.tau_by_size(drafter, records, sizes)
             out = heads[method] / calibrate.TAU_FILE
-            out.write_text(json.dumps({
-                "method": method, "tau": {str(n): round(t, 4) for n, t in tau.items()},
-                "prompts": f"{len(records)}: prompts {args.skip + 1}-{args.skip + args.limit} of " + ", ".join(d.name for d in args.dataset),
-                "max_new_tokens": args.max_new_tokens, "weights": target.weights,
-                "command": "python -m dart_core.calibrate " + " ".join(argv if argv is not None else sys.argv[1:]),
-            }, indent=1) + "\n")
+            out.write_text(
+                json.dumps(
+                    {
+                        "method": method,
+                        "tau": {str(n): round(t, 4) for n, t in tau.items()},
+                        "prompts": f"{len(records)}: prompts {args.skip + 1}-{args.skip + args.limit} of "
+                        + ", ".join(d.name for d in args.dataset),
+                        "max_new_tokens": args.max_new_tokens,
+                        "weights": target.weights,
+                        "command": "python -m dart_core.calibrate " + " ".join(argv if argv is not None else sys.argv[1:]),
+                    },
+                    indent=1,
+                )
+                + "\n"
+            )
             print(f"{method}: " + "  ".join(f"{n}:{t:.3f}" for n, t in tau.items()) + f"  -> {out}")
         return 0
     costs = calibrate.forward_costs(target, args.threads, refresh=args.refresh and args.dtype != AUTO)  # auto measured them just now
-    print(f"{target.weights}, {costs.key['kernels']}, {costs.key['threads']} threads, {costs.key['cpu']}"
-          f" ({'cached ' + costs.measured_at if costs.from_cache else 'measured now'})")
+    print(
+        f"{target.weights}, {costs.key['kernels']}, {costs.key['threads']} threads, {costs.key['cpu']}"
+        f" ({'cached ' + costs.measured_at if costs.from_cache else 'measured now'})"
+    )
     print("forward ms by rows: " + "  ".join(f"{k}:{v:.2f} ({costs.ratio(k):.2f}x)" for k, v in costs.ms.items()))
     for method, head in heads.items():
         if method in known:  # timed while choosing the weights, on this very target and flags
             choice = known[method]
         else:
             drafter = build_drafter(method, target, replace(configs[method], max_nodes=calibrate.MAX_CALIBRATED_ROWS - 1))
-            choice = calibrate.calibrate_drafter(target, drafter, head, fallback=default_max_nodes(target.device.type), threads=args.threads)
+            choice = calibrate.calibrate_drafter(
+                target, drafter, head, fallback=default_max_nodes(target.device.type), threads=args.threads
+            )
         print(f"{method}: {choice.reason}")
     return 0
 

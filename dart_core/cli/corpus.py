@@ -17,8 +17,8 @@ import logging
 import sys
 from pathlib import Path
 
-from ..training.corpus import CACHE_META, CorpusConfig, choose_draft_vocab, corpus_to_cache, export_corpus, generate_corpus
 from ..target import load_target
+from ..training.corpus import CACHE_META, CorpusConfig, choose_draft_vocab, corpus_to_cache, export_corpus, generate_corpus
 from .options import add_device_flag, add_model_flag, add_threads_flag, apply_threads
 
 
@@ -41,15 +41,33 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-prompts", type=int, default=None, help="stop after this many pool prompts")
     add_threads_flag(p)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--export", type=Path, default=None, metavar="DIR",
-                   help="after generating, write the compact corpus (token ids, offsets, provenance) of the finished parts to DIR")
-    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
-                   help="after generating, choose the N-token draft vocabulary of the corpus (or keep the one chosen before) "
-                        "and report its coverage of the target's argmax")
-    p.add_argument("--rechoose-draft-vocab", action="store_true",
-                   help="with --draft-vocab: choose anew even if a vocabulary was chosen before (heads trained on it no longer match)")
-    p.add_argument("--rebuild-from", type=Path, default=None, metavar="CORPUS",
-                   help="instead of generating, rebuild the states of an exported corpus with one teacher-forced pass into --out")
+    p.add_argument(
+        "--export",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="after generating, write the compact corpus (token ids, offsets, provenance) of the finished parts to DIR",
+    )
+    p.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=None,
+        metavar="N",
+        help="after generating, choose the N-token draft vocabulary of the corpus (or keep the one chosen before) "
+        "and report its coverage of the target's argmax",
+    )
+    p.add_argument(
+        "--rechoose-draft-vocab",
+        action="store_true",
+        help="with --draft-vocab: choose anew even if a vocabulary was chosen before (heads trained on it no longer match)",
+    )
+    p.add_argument(
+        "--rebuild-from",
+        type=Path,
+        default=None,
+        metavar="CORPUS",
+        help="instead of generating, rebuild the states of an exported corpus with one teacher-forced pass into --out",
+    )
     p.add_argument("--no-generate", action="store_true", help="only --export / --draft-vocab what --out holds")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
@@ -58,10 +76,19 @@ def main(argv: list[str] | None = None) -> int:
         corpus_to_cache(load_target(args.model, args.device, args.dtype), args.rebuild_from, args.out, args.minutes)
         return 0
     cfg = CorpusConfig(
-        data=[str(d) for d in args.data], out_dir=str(args.out), exclude=[str(e) for e in args.exclude],
-        max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-        sample_share=args.sample_share, temperature=args.temperature, val_prompts=args.val_prompts, seed=args.seed,
-        capture=not args.no_capture, max_minutes=args.minutes, max_prompts=args.max_prompts,
+        data=[str(d) for d in args.data],
+        out_dir=str(args.out),
+        exclude=[str(e) for e in args.exclude],
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        sample_share=args.sample_share,
+        temperature=args.temperature,
+        val_prompts=args.val_prompts,
+        seed=args.seed,
+        capture=not args.no_capture,
+        max_minutes=args.minutes,
+        max_prompts=args.max_prompts,
     )
     if not args.no_generate:
         generate_corpus(load_target(args.model, args.device, args.dtype), cfg)
@@ -70,10 +97,15 @@ def main(argv: list[str] | None = None) -> int:
         m = export_corpus(args.out, args.export, command)
         print(f"{args.export}: {len(m['parts'])} parts, {m['records']} records, {m['answer_tokens']} answer tokens", file=sys.stderr)
     if args.draft_vocab is not None:
-        info = choose_draft_vocab(args.out, args.draft_vocab, json.loads((args.out / CACHE_META).read_text())["vocab_size"],
-                                  rechoose=args.rechoose_draft_vocab)
-        print(f"draft vocabulary {info['size']} ({'kept' if info['kept'] else 'chosen'}): covers {info['coverage_greedy_argmax']:.2%} of greedy answer tokens "
-              f"(the target's argmax), {info['coverage_answer_tokens']:.2%} of all answer tokens", file=sys.stderr)
+        info = choose_draft_vocab(
+            args.out, args.draft_vocab, json.loads((args.out / CACHE_META).read_text())["vocab_size"], rechoose=args.rechoose_draft_vocab
+        )
+        print(
+            f"draft vocabulary {info['size']} ({'kept' if info['kept'] else 'chosen'}): covers {info['coverage_greedy_argmax']:.2%} of "
+            "greedy answer tokens "
+            f"(the target's argmax), {info['coverage_answer_tokens']:.2%} of all answer tokens",
+            file=sys.stderr,
+        )
     return 0
 
 

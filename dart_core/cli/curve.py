@@ -73,9 +73,25 @@ def point(args) -> int:
         (CURVE_DIR / f"{args.label}.history.json").write_text(json.dumps(history, indent=1) + "\n")
         out = Path(tmp) / "bench.json"
         cmd = [
-            sys.executable, "-m", "dart_core.cli.bench", "--methods", args.method, head_flag, str(Path(tmp) / "head"),
-            "--dataset", *[str(args.data / f"{s}.jsonl") for s in BENCH_SETS], "--max-nodes", str(args.max_nodes),
-            "--limit", str(args.limit), "--max-new-tokens", str(args.max_new_tokens), "--dtype", args.dtype, "--out", str(out),
+            sys.executable,
+            "-m",
+            "dart_core.cli.bench",
+            "--methods",
+            args.method,
+            head_flag,
+            str(Path(tmp) / "head"),
+            "--dataset",
+            *[str(args.data / f"{s}.jsonl") for s in BENCH_SETS],
+            "--max-nodes",
+            str(args.max_nodes),
+            "--limit",
+            str(args.limit),
+            "--max-new-tokens",
+            str(args.max_new_tokens),
+            "--dtype",
+            args.dtype,
+            "--out",
+            str(out),
         ]
         if args.method == "eagle3":
             cmd += ["--eagle3-max-nodes", str(args.max_nodes)]
@@ -85,14 +101,21 @@ def point(args) -> int:
         subprocess.run(cmd, cwd=ROOT, check=True)
         result = json.loads(out.read_text())
     rec = {
-        "label": args.label, "method": args.method, "step": step, "train_hours": round(hours, 3),
+        "label": args.label,
+        "method": args.method,
+        "step": step,
+        "train_hours": round(hours, 3),
         "tau": result["methods"][args.method]["tau"],
         "tau_by_set": {d: r[args.method]["tau"] for d, r in result["datasets"].items()},
-        "limit": args.limit, "max_new_tokens": args.max_new_tokens, "max_nodes": args.max_nodes, "dtype": args.dtype,
+        "limit": args.limit,
+        "max_new_tokens": args.max_new_tokens,
+        "max_nodes": args.max_nodes,
+        "dtype": args.dtype,
         **({"weights": args.weights} if args.method == "dart" else {}),
-        "date": datetime.date.today().isoformat(), "commit": git_commit(),
+        "date": datetime.date.today().isoformat(),
+        "commit": git_commit(),
         "command": f"python -m dart_core.cli.curve point --run RUN --label {args.label} --method {args.method} --limit {args.limit}"
-                   f" --max-nodes {args.max_nodes}" + (f" --weights {args.weights}" if args.method == "dart" else ""),
+        f" --max-nodes {args.max_nodes}" + (f" --weights {args.weights}" if args.method == "dart" else ""),
     }
     with POINTS.open("a") as f:
         f.write(json.dumps(rec) + "\n")
@@ -117,14 +140,19 @@ def tables() -> str:
         mine = [p for p in points if p["label"] == label]
         if mine:
             parts.append("\nBench τ (first turns, greedy; `limit` prompts per set):\n")
-            parts.append("| step | train h | tree nodes | score weights | τ (all) | " + " | ".join(BENCH_SETS) + " | prompts/set | tokens | commit |")
+            parts.append(
+                "| step | train h | tree nodes | score weights | τ (all) | " + " | ".join(BENCH_SETS) + " | prompts/set | tokens | commit |"
+            )
             parts.append("|---" * (8 + len(BENCH_SETS)) + "|")
             for p in mine:
                 by_set = " | ".join(f"{p['tau_by_set'].get(s, float('nan')):.2f}" for s in BENCH_SETS)
                 # points before the weights had presets (2026-11-24) were all taken with upstream's
                 weights = p.get("weights", "upstream") if p["method"] == "dart" else "–"
-                parts.append(f"| {p['step']} | {p['train_hours']:.2f} | {p.get('max_nodes', '?')} | {weights} | {p['tau']:.2f} | {by_set} | {p['limit']} "
-                             f"| {p['max_new_tokens']} | {p['commit']} |")
+                parts.append(
+                    f"| {p['step']} | {p['train_hours']:.2f} | {p.get('max_nodes', '?')} | {weights} | {p['tau']:.2f} | {by_set} | "
+                    f"{p['limit']} "
+                    f"| {p['max_new_tokens']} | {p['commit']} |"
+                )
         parts.append("")
     return "\n".join(parts).rstrip() + "\n"
 
@@ -145,7 +173,12 @@ def table(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dart_core.cli.curve", description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p = argparse.ArgumentParser(
+        prog="python -m dart_core.cli.curve",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     pt = sub.add_parser("point", help="copy a run's validation history and bench its head")
     pt.add_argument("--run", type=Path, required=True, help="the training --work directory")
@@ -154,12 +187,20 @@ def main(argv: list[str] | None = None) -> int:
     pt.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "bench", help="directory of the bench .jsonl files")
     pt.add_argument("--limit", type=int, default=10, help="prompts per bench set")
     pt.add_argument("--max-new-tokens", type=int, default=128)
-    pt.add_argument("--max-nodes", type=int, default=default_max_nodes("cpu"),
-                    help="drafted tree nodes (both methods; default: the CPU default, so points compare)")
+    pt.add_argument(
+        "--max-nodes",
+        type=int,
+        default=default_max_nodes("cpu"),
+        help="drafted tree nodes (both methods; default: the CPU default, so points compare)",
+    )
     pt.add_argument("--dtype", default="bfloat16")
-    pt.add_argument("--weights", choices=["embedded", "upstream"], default="embedded",
-                    help="DART's tree score weights: the embedded target's preset (the bench's default) or upstream's "
-                         "(the points before 2026-11-24 used these)")
+    pt.add_argument(
+        "--weights",
+        choices=["embedded", "upstream"],
+        default="embedded",
+        help="DART's tree score weights: the embedded target's preset (the bench's default) or upstream's "
+        "(the points before 2026-11-24 used these)",
+    )
     tb = sub.add_parser("table", help="print the curve tables")
     tb.add_argument("--readme", action="store_true", help=f"rewrite the block between {MARK_START} and {MARK_END} in assets/README.md")
     args = p.parse_args(argv)

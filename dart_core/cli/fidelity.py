@@ -51,12 +51,16 @@ def main(argv: list[str] | None = None) -> int:
         for name, t in tests.items():
             agree = teacher_forced_agreement(reference, t, ids, ref_out)
             own = complete(t, ids, ARDrafter(), GenerationParams(a.max_new_tokens)).output_ids
-            row[name] = {"top1": agree.top1, "disagreements": round((1 - agree.top1) * agree.positions),
-                         "max_rel_logit_error": agree.max_rel_logit_error, "greedy_parts_at": first_divergence(own, ref_out)}
+            row[name] = {
+                "top1": agree.top1,
+                "disagreements": round((1 - agree.top1) * agree.positions),
+                "max_rel_logit_error": agree.max_rel_logit_error,
+                "greedy_parts_at": first_divergence(own, ref_out),
+            }
         rows.append(row)
         print(f"[{i + 1}/{len(questions)}] {dataset} " + "  ".join(f"{n}: {row[n]['top1']:.3f}" for n in paths), file=sys.stderr)
     total = sum(r["tokens"] for r in rows)
-    print(f"| path | top-1 agreement | positions | max rel. logit error (median over prompts) | greedy texts identical |")
+    print("| path | top-1 agreement | positions | max rel. logit error (median over prompts) | greedy texts identical |")
     print("|---|---|---|---|---|")
     for name in paths:
         dis = sum(r[name]["disagreements"] for r in rows)

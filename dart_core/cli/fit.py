@@ -62,7 +62,9 @@ def training_records(args: argparse.Namespace, target):
         records = read_records(args.records)
         print(f"{len(records)} records from {args.records}", file=sys.stderr)
         return records
-    records = record_training_prompts(target, args.data, args.exclude, args.prompts, args.max_prompt_tokens, args.max_new_tokens, args.pool, log)
+    records = record_training_prompts(
+        target, args.data, args.exclude, args.prompts, args.max_prompt_tokens, args.max_new_tokens, args.pool, log
+    )
     if args.records is not None:
         save_records(records, args.records)
     return records
@@ -74,8 +76,11 @@ def collect_and_fit(drafter, feature_params, records, args: argparse.Namespace, 
     t0 = time.perf_counter()
     data = collect(drafter, feature_params, records, args.keep)
     table = stack([st for _, rs in data for st in rs])
-    print(f"collected {sum(len(rs) for _, rs in data)} steps, {len(table[0])} nodes ({int(table[3].sum())} accepted) in "
-          f"{time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    print(
+        f"collected {sum(len(rs) for _, rs in data)} steps, {len(table[0])} nodes ({int(table[3].sum())} accepted) in "
+        f"{time.perf_counter() - t0:.0f} s",
+        file=sys.stderr,
+    )
     cut = int(round(len(data) * (1 - args.holdout)))
     held = None
     if cut < len(data):
@@ -87,10 +92,16 @@ def collect_and_fit(drafter, feature_params, records, args: argparse.Namespace, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dart_core.cli.fit", description=__doc__.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p = argparse.ArgumentParser(
+        prog="python -m dart_core.cli.fit",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
     p.add_argument("--data", nargs="+", default=[f"../shared/data/train/{f}" for f in TRAIN_DATA], help="training files (the corpus's)")
-    p.add_argument("--exclude", nargs="+", default=[f"../shared/data/bench/{b}.jsonl" for b in BENCH_SETS], help="question files never used")
+    p.add_argument(
+        "--exclude", nargs="+", default=[f"../shared/data/bench/{b}.jsonl" for b in BENCH_SETS], help="question files never used"
+    )
     p.add_argument("--prompts", type=int, default=200, help="training prompts to record")
     p.add_argument("--pool", type=int, default=300, help="take prompts from the pool's first N (the corpus's validation split)")
     p.add_argument("--max-prompt-tokens", type=int, default=384)
@@ -105,10 +116,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--evaluate", type=Path, default=None, help="records to replay the score and the fitted ranking on (no fit)")
     p.add_argument("--ranking", type=Path, default=None, help="--evaluate: the fitted ranking's directory (default: the head's)")
     p.add_argument("--sizes", default="5,8,16,60", help="--evaluate: tree sizes")
-    p.add_argument("--costs", type=Path, default=None,
-                   help="--evaluate: a forward-cost file of dart_core/calibrate.py's cache (~/.cache/dart-demo/calibration/forwards-*.json) "
-                        "to estimate tokens/s and size adaptive trees with (default: this process's forward_costs at --threads)")
-    p.add_argument("--draft-ms", type=float, default=None, help="--evaluate: drafting ms per step added to every step's cost (default: timed here)")
+    p.add_argument(
+        "--costs",
+        type=Path,
+        default=None,
+        help="--evaluate: a forward-cost file of dart_core/calibrate.py's cache (~/.cache/dart-demo/calibration/forwards-*.json) "
+        "to estimate tokens/s and size adaptive trees with (default: this process's forward_costs at --threads)",
+    )
+    p.add_argument(
+        "--draft-ms", type=float, default=None, help="--evaluate: drafting ms per step added to every step's cost (default: timed here)"
+    )
     p.add_argument("--eval-out", type=Path, default=None, help="--evaluate: write the table as JSON")
     p.add_argument("--method", choices=["dart", "eagle3"], default="dart", help="the drafter whose ranking is fitted or evaluated")
     add_model_flag(p)
@@ -136,8 +153,10 @@ def main(argv: list[str] | None = None) -> int:
         records = read_records(args.evaluate)
         if args.costs is not None:
             data = json.loads(args.costs.read_text())
-            costs_ms, costs_from = {int(k): float(v) for k, v in data["ms"].items()}, {"file": str(args.costs), **data["key"],
-                                                                                         "measured_at": data["measured_at"]}
+            costs_ms, costs_from = (
+                {int(k): float(v) for k, v in data["ms"].items()},
+                {"file": str(args.costs), **data["key"], "measured_at": data["measured_at"]},
+            )
         else:
             c = calibrate.forward_costs(target, args.threads)
             costs_ms, costs_from = c.ms, {**c.key, "measured_at": c.measured_at}
@@ -145,16 +164,33 @@ def main(argv: list[str] | None = None) -> int:
         if draft is None:
             rec = record_greedy(target, [{"role": "user", "content": calibrate.OVERHEAD_PROMPT}], calibrate.OVERHEAD_TOKENS)
             draft = calibrate.drafting_ms(drafter, rec, [8])[8]
-        print(f"{len(records)} records; forward ms by rows {', '.join(f'{k}: {v:.1f}' for k, v in costs_ms.items())}; drafting {draft:.2f} ms",
-              file=sys.stderr)
+        print(
+            f"{len(records)} records; forward ms by rows {', '.join(f'{k}: {v:.1f}' for k, v in costs_ms.items())}; drafting {draft:.2f} "
+            "ms",
+            file=sys.stderr,
+        )
         rows = evaluate(drafter, records, sizes, ranking, costs_ms, draft, log)
         names = list(rows[0]["per_set"])
-        print("\n| ranking | max nodes | mean nodes | τ | " + " | ".join(names) + " | est. tok/s |\n|---|---|---|---|" + "---|" * len(names) + "---|")
+        print(
+            "\n| ranking | max nodes | mean nodes | τ | "
+            + " | ".join(names)
+            + " | est. tok/s |\n|---|---|---|---|"
+            + "---|" * len(names)
+            + "---|"
+        )
         for r in rows:
-            print(f"| {r['ranking']} | {r['max_nodes']} | {r['mean_nodes']:.1f} | {r['tau']:.3f} | " + " | ".join(f"{r['per_set'][k]:.2f}" for k in names)
-                  + f" | {r.get('est_tokens_per_s', float('nan')):.1f} |")
+            print(
+                f"| {r['ranking']} | {r['max_nodes']} | {r['mean_nodes']:.1f} | {r['tau']:.3f} | "
+                + " | ".join(f"{r['per_set'][k]:.2f}" for k in names)
+                + f" | {r.get('est_tokens_per_s', float('nan')):.1f} |"
+            )
         if args.eval_out:
-            args.eval_out.write_text(json.dumps({"records": str(args.evaluate), "forward_ms": costs_ms, "costs": costs_from, "draft_ms": draft, "rows": rows}, indent=1) + "\n")
+            args.eval_out.write_text(
+                json.dumps(
+                    {"records": str(args.evaluate), "forward_ms": costs_ms, "costs": costs_from, "draft_ms": draft, "rows": rows}, indent=1
+                )
+                + "\n"
+            )
         return 0
 
     drafter = build_drafter("dart", target, dataclasses.replace(config, max_nodes=args.collect_nodes))
@@ -167,32 +203,51 @@ def main(argv: list[str] | None = None) -> int:
     data, table, holdout, W = collect_and_fit(drafter, feature_params, records, args, PARENT_FIT)
     if args.out:
         command = "python -m dart_core.cli.fit " + " ".join(argv if argv is not None else sys.argv[1:])
-        args.out.write_text(json.dumps({
-            "format": "dart-acceptance/1",
-            "command": command,
-            "what": "P(a tree node is accepted), a logistic regression per level (row r scores level r, the last row every deeper one) "
+        args.out.write_text(
+            json.dumps(
+                {
+                    "format": "dart-acceptance/1",
+                    "command": command,
+                    "what": "P(a tree node is accepted), a logistic regression per level (row r scores level r, "
+                    "the last row every deeper one) "
                     "on the features below, capped by the parent's; the pruner's final cut ranks the search's nodes by it "
                     "(ngram_cpp/src/pruner.h)",
-            "trie": trie.name if trie is not None else None,
-            "features": list(FEATURE_NAMES),
-            "weights": [[round(float(w), 6) for w in row] for row in W],
-            "tree": {"top_k": prune.top_k, "context_max_candidates": prune.context_max_candidates, "context_extend": prune.context_extend,
-                     "context_order": drafter.params.context_order if drafter.params.context_order else CONTEXT_ORDER,
-                     "collected_at_nodes": args.collect_nodes, "beam_width": prune.beam_width},
-            "data": {"records": len(records), "sets": sorted({n for n, _ in records}), "steps": sum(len(rs) for _, rs in data),
-                     "nodes": len(table[0]), "nodes_per_step": args.keep,
-                     "prompts": f"the first {args.prompts} prompts of at most {args.max_prompt_tokens} tokens among the corpus pool's first "
-                                f"{args.pool} (its validation split), {args.max_new_tokens} new tokens, {target.weights} weights"},
-            "holdout_fit": holdout,
-            "fit": report(table, W),
-        }, indent=1) + "\n")
+                    "trie": trie.name if trie is not None else None,
+                    "features": list(FEATURE_NAMES),
+                    "weights": [[round(float(w), 6) for w in row] for row in W],
+                    "tree": {
+                        "top_k": prune.top_k,
+                        "context_max_candidates": prune.context_max_candidates,
+                        "context_extend": prune.context_extend,
+                        "context_order": drafter.params.context_order if drafter.params.context_order else CONTEXT_ORDER,
+                        "collected_at_nodes": args.collect_nodes,
+                        "beam_width": prune.beam_width,
+                    },
+                    "data": {
+                        "records": len(records),
+                        "sets": sorted({n for n, _ in records}),
+                        "steps": sum(len(rs) for _, rs in data),
+                        "nodes": len(table[0]),
+                        "nodes_per_step": args.keep,
+                        "prompts": f"the first {args.prompts} prompts of at most {args.max_prompt_tokens} tokens "
+                        "among the corpus pool's first "
+                        f"{args.pool} (its validation split), {args.max_new_tokens} new tokens, {target.weights} weights",
+                    },
+                    "holdout_fit": holdout,
+                    "fit": report(table, W),
+                },
+                indent=1,
+            )
+            + "\n"
+        )
         print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
 
 def eagle3_main(args, config, target, argv) -> int:
     """--method eagle3: fit (or with --evaluate, evaluate) EAGLE3's ranking."""
-    from ..drafters.eagle3 import ACCEPTANCE_FORMAT, FEATURES, PARENT_FIT as E3_PARENT, load_fitted_ranking
+    from ..drafters.eagle3 import ACCEPTANCE_FORMAT, FEATURES, load_fitted_ranking
+    from ..drafters.eagle3 import PARENT_FIT as E3_PARENT
 
     if args.evaluate is not None:
         sizes = [int(x) for x in args.sizes.split(",")]
@@ -205,8 +260,11 @@ def eagle3_main(args, config, target, argv) -> int:
         names = list(rows[0]["per_set"])
         print("\n| ranking | nodes | τ | " + " | ".join(names) + " | drafting ms/step |\n|---|---|---|" + "---|" * len(names) + "---|")
         for r in rows:
-            print(f"| {r['ranking']} | {r['max_nodes']} | {r['tau']:.3f} | " + " | ".join(f"{r['per_set'][k]:.2f}" for k in names)
-                  + f" | {r['drafting_ms_per_step']:.2f} |")
+            print(
+                f"| {r['ranking']} | {r['max_nodes']} | {r['tau']:.3f} | "
+                + " | ".join(f"{r['per_set'][k]:.2f}" for k in names)
+                + f" | {r['drafting_ms_per_step']:.2f} |"
+            )
         if args.eval_out:
             args.eval_out.write_text(json.dumps({"records": str(args.evaluate), "rows": rows}, indent=1) + "\n")
         return 0
@@ -215,24 +273,36 @@ def eagle3_main(args, config, target, argv) -> int:
     data, table, holdout, W = collect_and_fit(drafter, None, records, args, E3_PARENT)
     if args.out:
         command = "python -m dart_core.cli.fit " + " ".join(argv if argv is not None else sys.argv[1:])
-        args.out.write_text(json.dumps({
-            "format": ACCEPTANCE_FORMAT,
-            "command": command,
-            "what": "P(a tree node is accepted), a logistic regression per depth (row r scores depth r + 1, the last row every deeper one) "
+        args.out.write_text(
+            json.dumps(
+                {
+                    "format": ACCEPTANCE_FORMAT,
+                    "command": command,
+                    "what": "P(a tree node is accepted), a logistic regression per depth (row r scores depth r + 1, "
+                    "the last row every deeper one) "
                     "on the features below, capped by the parent's; EAGLE3's tree keeps the best of its pool by it "
                     "(dart_core/drafters/eagle3.py)",
-            "features": list(FEATURES),
-            "weights": [[round(float(w), 6) for w in row] for row in W],
-            "data": {"records": len(records), "steps": sum(len(rs) for _, rs in data), "nodes": len(table[0]), "nodes_per_step": args.keep,
-                     "collected_at_nodes": args.collect_nodes,
-                     "prompts": f"the first {args.prompts} prompts of at most {args.max_prompt_tokens} tokens among the corpus pool's first "
-                                f"{args.pool} (its validation split), {args.max_new_tokens} new tokens, {target.weights} weights"},
-            "holdout_fit": holdout,
-            "fit": report(table, W, parent_col=E3_PARENT),
-        }, indent=1) + "\n")
+                    "features": list(FEATURES),
+                    "weights": [[round(float(w), 6) for w in row] for row in W],
+                    "data": {
+                        "records": len(records),
+                        "steps": sum(len(rs) for _, rs in data),
+                        "nodes": len(table[0]),
+                        "nodes_per_step": args.keep,
+                        "collected_at_nodes": args.collect_nodes,
+                        "prompts": f"the first {args.prompts} prompts of at most {args.max_prompt_tokens} tokens "
+                        "among the corpus pool's first "
+                        f"{args.pool} (its validation split), {args.max_new_tokens} new tokens, {target.weights} weights",
+                    },
+                    "holdout_fit": holdout,
+                    "fit": report(table, W, parent_col=E3_PARENT),
+                },
+                indent=1,
+            )
+            + "\n"
+        )
         print(f"wrote {args.out}", file=sys.stderr)
     return 0
-
 
 
 if __name__ == "__main__":

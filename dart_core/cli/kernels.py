@@ -12,9 +12,16 @@ from ..loading import DTYPE_CHOICES
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="The CPU kernel builds this machine has, and optionally the embedded target's forward cost by rows.")
-    p.add_argument("--time", nargs="*", choices=DTYPE_CHOICES, metavar="DTYPE",
-                   help="time forwards of the embedded target in these weight dtypes (e.g. gguf bfloat16) on the build in use")
+    p = argparse.ArgumentParser(
+        description="The CPU kernel builds this machine has, and optionally the embedded target's forward cost by rows."
+    )
+    p.add_argument(
+        "--time",
+        nargs="*",
+        choices=DTYPE_CHOICES,
+        metavar="DTYPE",
+        help="time forwards of the embedded target in these weight dtypes (e.g. gguf bfloat16) on the build in use",
+    )
     p.add_argument("--rows", default="1,2,4,6,9,16", help="row counts to time (default 1,2,4,6,9,16)")
     p.add_argument("--threads", type=int, default=None)
     args = p.parse_args(argv)

@@ -32,7 +32,9 @@ from ..loading import DEFAULT_MODEL, load_tokenizer
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dart_core.cli.ngram", description=__doc__.split("\n\n")[0])
     p.add_argument("data", nargs="*", type=Path, help="data files (.json, .jsonl, .txt)")
-    p.add_argument("--corpus", type=Path, default=None, help="an exported self-distilled corpus (assets/corpus) whose training records to add")
+    p.add_argument(
+        "--corpus", type=Path, default=None, help="an exported self-distilled corpus (assets/corpus) whose training records to add"
+    )
     p.add_argument("--out", type=Path, required=True, help="output file")
     p.add_argument("--tokenizer", default=DEFAULT_MODEL, help="target model whose tokenizer to use (default: the embedded model)")
     p.add_argument("--order", type=int, default=ngram_cpp.DEFAULT_ORDER)
@@ -41,7 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slices-in-memory", type=int, default=ngram_cpp.DEFAULT_SLICES_IN_MEMORY, help="spill sorted runs to disk beyond this")
     p.add_argument("--spill-dir", type=Path, default=None, help="directory for the sorted runs (default: the system's temporary directory)")
     p.add_argument(
-        "--vocab-size", type=int, default=None, help="vocabulary size for the header (default: len(tokenizer); use the model's if it is larger)"
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="vocabulary size for the header (default: len(tokenizer); use the model's if it is larger)",
     )
     args = p.parse_args(argv)
     if not args.data and args.corpus is None:

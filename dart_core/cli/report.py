@@ -60,7 +60,13 @@ class Run:
     def command(self) -> str:
         """The shell command that writes this run's file, as the documents show it."""
         env = [f"{k}={v}" for k, v in self.entry.get("env", {}).items()]
-        words = [*env, ".venv/bin/python", "-m", BENCH_MODULE, *shell_args([*self.entry["args"], "--out", str(RESULTS / f"{self.name}.json")])]
+        words = [
+            *env,
+            ".venv/bin/python",
+            "-m",
+            BENCH_MODULE,
+            *shell_args([*self.entry["args"], "--out", str(RESULTS / f"{self.name}.json")]),
+        ]
         chunks: list[str] = []  # an option with its values, or a word before the first option
         for w in words:
             if chunks and not w.startswith("--") and chunks[-1].startswith("--"):
@@ -91,7 +97,13 @@ def shell_args(args: list[str]) -> list[str]:
     out, i = [], 0
     while i < len(args):
         j = i
-        while j < len(args) and not args[j].startswith("-") and Path(args[j]).parent == Path(args[i]).parent and Path(args[j]).suffix == Path(args[i]).suffix and Path(args[i]).suffix:
+        while (
+            j < len(args)
+            and not args[j].startswith("-")
+            and Path(args[j]).parent == Path(args[i]).parent
+            and Path(args[j]).suffix == Path(args[i]).suffix
+            and Path(args[i]).suffix
+        ):
             j += 1
         if j - i >= 2:
             d, suffix = Path(args[i]).parent, Path(args[i]).suffix
@@ -235,13 +247,18 @@ def env_table(run: Run) -> str:
         rows.append([f"{LABELS.get(m, m)} tree size", size.get("reason", str(size.get("max_nodes")))])
     mem = e.get("memory")
     if mem:
-        rows.append(["memory", f"a one-token step streams {mem['step_weight_bytes']:,} bytes of weights; read bandwidth measured in the run "
-                               f"{mem['read_gb_s']} GB/s, so a step takes at least {mem['streaming_limit_ms']} ms"])  # fmt: skip
+        rows.append(
+            [
+                "memory",
+                f"a one-token step streams {mem['step_weight_bytes']:,} bytes of weights; read bandwidth measured in the run "
+                f"{mem['read_gb_s']} GB/s, so a step takes at least {mem['streaming_limit_ms']} ms",
+            ]
+        )
     peer = e.get("llamacpp")
     if peer:
         rows.append(["llama.cpp", f"{peer_label(e)} of {peer.get('version', '?')}, the same GGUF"])
-    rows.append(["prompts", f"first {e['limit']} of each of {', '.join(Path(d).stem for d in e['dataset'])}; {e['max_new_tokens']} new tokens; "
-                            f"temperature {e['temperature']:g}"])  # fmt: skip
+    sets = ", ".join(Path(d).stem for d in e["dataset"])
+    rows.append(["prompts", f"first {e['limit']} of each of {sets}; {e['max_new_tokens']} new tokens; temperature {e['temperature']:g}"])
     rows.append(["software", f"torch {e['torch']}, transformers {e['transformers']}, python {e['python']}"])
     rows.append(["code, date", f"{e.get('git_commit', '?')}, {e['date'].replace('T', ' ')}"])
     return table(["", ""], rows)
@@ -295,13 +312,20 @@ def calibration_table(run: Run) -> str:
         return ""
     if not paths:  # the weights were given: the tree-size table alone has the verify costs
         weights = (e.get("weights") or e["dtype"]).split(" (")[0]
-        paths = [{"dtype": weights, "chosen": True, "dart": dart, "forward_ms": {str(t["nodes"] + 1): t["verify_ms"] for t in dart["table"]}}]
+        paths = [
+            {"dtype": weights, "chosen": True, "dart": dart, "forward_ms": {str(t["nodes"] + 1): t["verify_ms"] for t in dart["table"]}}
+        ]
     rows_n = sorted({int(k) for p in paths for k in p["forward_ms"]})
     taus = {t["nodes"]: t for p in paths for t in (p.get("dart") or {}).get("table", [])}
     rows = []
     for k in rows_n:
         n = k - 1
-        row = [str(k), str(n) if n else "– (plain)", fmt(taus[n]["tau"]) if n in taus else "–", fmt(taus[n]["draft_ms"]) if n in taus else "–"]
+        row = [
+            str(k),
+            str(n) if n else "– (plain)",
+            fmt(taus[n]["tau"]) if n in taus else "–",
+            fmt(taus[n]["draft_ms"]) if n in taus else "–",
+        ]
         for p in paths:
             ms = p["forward_ms"].get(str(k))
             exp = next((t["tokens_per_s"] for t in (p.get("dart") or {}).get("table", []) if t["nodes"] == n), None)
@@ -333,7 +357,9 @@ def run_section(run: Run) -> str:
     by_error: dict[str, list[str]] = {}
     for method, errors in (run.data.get("peer_errors") or {}).items():
         for error in errors:
-            by_error.setdefault(error.split(": ", 1)[0] + ": " + re.sub(r"^llama-[\w-]+", "llama.cpp", error.split(": ", 1)[-1]), []).append(method)
+            by_error.setdefault(
+                error.split(": ", 1)[0] + ": " + re.sub(r"^llama-[\w-]+", "llama.cpp", error.split(": ", 1)[-1]), []
+            ).append(method)
     for error, methods in by_error.items():
         whose = "their totals leave" if len(methods) > 1 else "its totals leave"
         parts.append(f"Not run by {', '.join(f'`{m}`' for m in methods)} ({whose} it out): {error}.")
@@ -394,10 +420,18 @@ def measure(root: Path, name: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dart_core.cli.report", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])  # fmt: skip
-    p.add_argument("--check", action="store_true", help="write nothing; exit 1 if README.md or docs/benchmarks.md differ from what the results give")
-    p.add_argument("--measure", nargs="+", metavar="NAME", default=[], help="run these runs.json entries' bench commands again first (minutes each)")
+    p = argparse.ArgumentParser(
+        prog="python -m dart_core.cli.report",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
+    p.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 if README.md or docs/benchmarks.md differ from what the results give"
+    )
+    p.add_argument(
+        "--measure", nargs="+", metavar="NAME", default=[], help="run these runs.json entries' bench commands again first (minutes each)"
+    )
     args = p.parse_args(argv)
     for name in args.measure:
         measure(ROOT, name)

@@ -22,8 +22,18 @@ from ..drafters.registry import build_drafter
 from ..loading import DEFAULT_MODEL, DTYPES
 from ..replay import record_greedy
 from ..target import load_target
-from ..tuning import (GRID, VerifyTimes, evaluate, load_records, log_steps, save_records, search_weights, simulate, time_verify,
-                      tree_settings)
+from ..tuning import (
+    GRID,
+    VerifyTimes,
+    evaluate,
+    load_records,
+    log_steps,
+    save_records,
+    search_weights,
+    simulate,
+    time_verify,
+    tree_settings,
+)
 from .options import add_drafter_flags, add_target_flags, apply_threads, drafter_configs
 
 TREE_DOC = """Choose DART's tree size (and score floor) for this machine and head from one logged run.
@@ -100,8 +110,12 @@ def read_records(path: Path):
 
 
 def tree_main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dart_core.cli.tune tree", description=TREE_DOC.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=TREE_DOC.split("\n\n", 1)[1])
+    p = argparse.ArgumentParser(
+        prog="python -m dart_core.cli.tune tree",
+        description=TREE_DOC.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=TREE_DOC.split("\n\n", 1)[1],
+    )
     add_held_out_flags(p, limit=5)
     p.add_argument("--cap", type=int, default=16, help="drafted nodes of the logged trees (the largest size considered)")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -115,7 +129,9 @@ def tree_main(argv: list[str] | None = None) -> int:
     apply_threads(args)
     default_nodes = default_max_nodes(args.device)
     target = load_target(args.model, args.device, args.dtype)
-    drafter = build_drafter("dart", target, dataclasses.replace(config, max_nodes=args.cap, min_score=None))  # full trees; the settings are simulated
+    drafter = build_drafter(
+        "dart", target, dataclasses.replace(config, max_nodes=args.cap, min_score=None)
+    )  # full trees; the settings are simulated
     questions = held_out_or_exit(args)
     prompts = [(name, target.encode([{"role": "user", "content": q["turns"][0]}])) for name, q in questions]
     print(f"logging {len(prompts)} prompts at {args.cap} nodes", file=sys.stderr)
@@ -147,26 +163,51 @@ def tree_main(argv: list[str] | None = None) -> int:
     for r in sorted(fixed, key=lambda r: r[0]["max_nodes"]):
         print(row(*r))
     if args.out:
-        args.out.write_text(json.dumps({
-            "steps": len(steps), "cap": args.cap,
-            "verify_ms": {n: {k: 1e3 * v for k, v in t.items()} for n, t in verify_s.by_length.items()},
-            "fixed_ms_per_step": 1e3 * statistics.mean(s.fixed_s for s in steps) if steps else None,
-            "settings": [{"setting": s, "tokens_per_s": tps, "tau": tau,
-                          "tau_per_set": {n: simulate([x for x in steps if x.dataset == n], verify_s, **s)[1] for n in names}}
-                         for s, tps, tau in results],
-        }, indent=1) + "\n")
+        args.out.write_text(
+            json.dumps(
+                {
+                    "steps": len(steps),
+                    "cap": args.cap,
+                    "verify_ms": {n: {k: 1e3 * v for k, v in t.items()} for n, t in verify_s.by_length.items()},
+                    "fixed_ms_per_step": 1e3 * statistics.mean(s.fixed_s for s in steps) if steps else None,
+                    "settings": [
+                        {
+                            "setting": s,
+                            "tokens_per_s": tps,
+                            "tau": tau,
+                            "tau_per_set": {n: simulate([x for x in steps if x.dataset == n], verify_s, **s)[1] for n in names},
+                        }
+                        for s, tps, tau in results
+                    ],
+                },
+                indent=1,
+            )
+            + "\n"
+        )
     return 0
 
 
 def scoring_main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dart_core.cli.tune scoring", description=SCORING_DOC.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=SCORING_DOC.split("\n\n", 1)[1])
+    p = argparse.ArgumentParser(
+        prog="python -m dart_core.cli.tune scoring",
+        description=SCORING_DOC.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=SCORING_DOC.split("\n\n", 1)[1],
+    )
     add_held_out_flags(p, limit=10)
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--params", nargs="*", default=list(GRID), choices=list(GRID), metavar="FIELD",
-                   help=f"PruneParams fields to search (default all: {', '.join(GRID)})")
+    p.add_argument(
+        "--params",
+        nargs="*",
+        default=list(GRID),
+        choices=list(GRID),
+        metavar="FIELD",
+        help=f"PruneParams fields to search (default all: {', '.join(GRID)})",
+    )
     p.add_argument("--rounds", type=int, default=2, help="passes of coordinate ascent over --params (0: no search)")
-    p.add_argument("--sizes", type=str, default="", help="after the search, τ of the flags' and the best weights at these tree sizes (e.g. 5,8,16,60)")
+    p.add_argument(
+        "--sizes", type=str, default="", help="after the search, τ of the flags' and the best weights at these tree sizes (e.g. 5,8,16,60)"
+    )
     p.add_argument("--records", type=Path, default=None, help="cache of the greedy records (written if absent, read if present)")
     add_target_flags(p, device="cpu")
     p.add_argument("--out", type=Path, default=None, help="write every setting tried as JSON")
@@ -206,20 +247,36 @@ def scoring_main(argv: list[str] | None = None) -> int:
     print(f"\n{len(records)} records, {drafter.max_nodes} drafted nodes, {len(tried)} settings\n")
     print("| setting | τ | " + " | ".join(names) + " | prune+draft ms/step |\n|---|---|" + "---|" * len(names) + "---|")
     for r in rows[:15]:
-        print(f"| {changed(r['setting'])} | {r['tau']:.3f} | " + " | ".join(f"{r['per_set'][n]:.2f}" for n in names)
-              + f" | {r['ms_per_step']:.2f} |")
+        print(
+            f"| {changed(r['setting'])} | {r['tau']:.3f} | "
+            + " | ".join(f"{r['per_set'][n]:.2f}" for n in names)
+            + f" | {r['ms_per_step']:.2f} |"
+        )
     print(f"\nbest: {changed(rows[0]['setting'])} (τ {rows[0]['tau']:.3f} against {start_tau:.3f})")
     by_size = []
     if sizes:
-        print("\nτ by tree size (drafted nodes):\n\n| weights | nodes | τ | " + " | ".join(names) + " |\n|---|---|---|" + "---|" * len(names))
+        print(
+            "\nτ by tree size (drafted nodes):\n\n| weights | nodes | τ | " + " | ".join(names) + " |\n|---|---|---|" + "---|" * len(names)
+        )
         for label, prune in (("the flags'", start), ("best", best)) if best != start else (("the flags'", start),):
             for n in sizes:
                 r = evaluate(drafter, records, dataclasses.replace(prune, max_nodes=n))
                 by_size.append({"weights": label, "max_nodes": n, **r})
                 print(f"| {label} | {n} | {r['tau']:.3f} | " + " | ".join(f"{r['per_set'][k]:.2f}" for k in names) + " |")
     if args.out:
-        args.out.write_text(json.dumps({"records": len(records), "max_nodes": drafter.max_nodes,
-                                        "start": {f: getattr(start, f) for f in GRID}, "settings": rows, "by_size": by_size}, indent=1) + "\n")
+        args.out.write_text(
+            json.dumps(
+                {
+                    "records": len(records),
+                    "max_nodes": drafter.max_nodes,
+                    "start": {f: getattr(start, f) for f in GRID},
+                    "settings": rows,
+                    "by_size": by_size,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
     return 0
 
 

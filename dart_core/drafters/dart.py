@@ -47,20 +47,41 @@ class ScoreWeights:
 
 # The public pruner's values (ngram_cpp.PruneParams) with the context n-gram's (docs/drafters.md):
 # the default for targets other than the embedded one (their heads were made with these).
-UPSTREAM_WEIGHTS = ScoreWeights(top_k=25, level_exponent=-0.7, logit_decay=0.9, ngram_weight=0.5,
-                                ngram_on_first_level=False, context_weight=0.8, context_max_candidates=4)
+UPSTREAM_WEIGHTS = ScoreWeights(
+    top_k=25,
+    level_exponent=-0.7,
+    logit_decay=0.9,
+    ngram_weight=0.5,
+    ngram_on_first_level=False,
+    context_weight=0.8,
+    context_max_candidates=4,
+)
 # The embedded head on the CPU default tree, chosen by exact greedy replay (python -m dart_core.cli.tune scoring,
 # coordinate ascent over 9 fields at 5 nodes on prompts 11-20 of the six bench sets: τ 2.306 ->
 # 2.351); on the bench's own first 10 prompts τ 2.241 -> 2.287 at 5 nodes, 2.424 -> 2.473 at 8.
-EMBEDDED_WEIGHTS = ScoreWeights(top_k=10, level_exponent=0.0, logit_decay=1.0, ngram_weight=0.5,
-                                ngram_on_first_level=True, context_weight=0.65, context_max_candidates=8)
+EMBEDDED_WEIGHTS = ScoreWeights(
+    top_k=10,
+    level_exponent=0.0,
+    logit_decay=1.0,
+    ngram_weight=0.5,
+    ngram_on_first_level=True,
+    context_weight=0.65,
+    context_max_candidates=8,
+)
 
 
 def weighted(prune: ngram_cpp.PruneParams, w: ScoreWeights, context: bool = True, extend: int = CONTEXT_EXTEND) -> ngram_cpp.PruneParams:
     """Tree parameters with the score weights `w`, the context n-gram on (extending `extend` levels
     past the head's rows) or off."""
-    prune = replace(prune, top_k=w.top_k, level_exponent=w.level_exponent, logit_decay=w.logit_decay, ngram_weight=w.ngram_weight,
-                    ngram_on_first_level=w.ngram_on_first_level, context_max_candidates=w.context_max_candidates)
+    prune = replace(
+        prune,
+        top_k=w.top_k,
+        level_exponent=w.level_exponent,
+        logit_decay=w.logit_decay,
+        ngram_weight=w.ngram_weight,
+        ngram_on_first_level=w.ngram_on_first_level,
+        context_max_candidates=w.context_max_candidates,
+    )
     return with_context(prune, context, w.context_weight, extend)
 
 
@@ -101,21 +122,36 @@ def load_fitted_ranking(head_dir: str | os.PathLike | None) -> FittedRanking | N
     try:
         data = json.loads(path.read_text())
         if data.get("format") != ACCEPTANCE_FORMAT or data.get("features") is None or len(data["features"]) != ACCEPTANCE_FEATURES:
-            raise ValueError(f"format {data.get('format')!r} with {len(data.get('features') or [])} features, expected "
-                             f"{ACCEPTANCE_FORMAT} with {ACCEPTANCE_FEATURES}")
+            raise ValueError(
+                f"format {data.get('format')!r} with {len(data.get('features') or [])} features, expected "
+                f"{ACCEPTANCE_FORMAT} with {ACCEPTANCE_FEATURES}"
+            )
         weights = tuple(float(w) for row in data["weights"] for w in row)
         if not weights or any(len(row) != ACCEPTANCE_FEATURES for row in data["weights"]):
             raise ValueError("weights must be rows of one weight per feature")
         t = data["tree"]
-        return FittedRanking(weights, str(data["trie"]), int(t["top_k"]), int(t["context_max_candidates"]), int(t["context_extend"]), int(t["context_order"]), path)
+        return FittedRanking(
+            weights,
+            str(data["trie"]),
+            int(t["top_k"]),
+            int(t["context_max_candidates"]),
+            int(t["context_extend"]),
+            int(t["context_order"]),
+            path,
+        )
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"{path}: not a fitted ranking ({e}); refit it with python -m dart_core.cli.fit") from None
 
 
 def with_fitted_ranking(prune: ngram_cpp.PruneParams, ranking: FittedRanking) -> ngram_cpp.PruneParams:
     """Tree parameters that rank by the fitted model, with the candidate settings it was fitted under."""
-    return replace(prune, acceptance=ranking.weights, top_k=ranking.top_k, context_max_candidates=ranking.context_max_candidates,
-                   context_extend=ranking.context_extend if prune.context_weight > 0 else 0)
+    return replace(
+        prune,
+        acceptance=ranking.weights,
+        top_k=ranking.top_k,
+        context_max_candidates=ranking.context_max_candidates,
+        context_extend=ranking.context_extend if prune.context_weight > 0 else 0,
+    )
 
 
 def pruner_eos(target) -> int:
@@ -140,8 +176,15 @@ class DartDrafter:
     name = "dart"
     needs_hidden = True
 
-    def __init__(self, head: DraftHead, target, ngram: ngram_cpp.NGram | None, params: DartParams = DartParams(), use_kernels: bool = True,
-                 kernel_head: KernelHead | None = None):
+    def __init__(
+        self,
+        head: DraftHead,
+        target,
+        ngram: ngram_cpp.NGram | None,
+        params: DartParams = DartParams(),
+        use_kernels: bool = True,
+        kernel_head: KernelHead | None = None,
+    ):
         if not head.config.is_dart:
             raise ValueError("DartDrafter needs a DART head (with draft_length and mask_rep)")
         if params.depth is not None and params.depth < 1:
@@ -167,7 +210,9 @@ class _DartSession:
     def __init__(self, drafter: DartDrafter, capacity: int):
         self.d = drafter
         c = drafter.head.config
-        self.cache = KVCache(1, c.num_key_value_heads, c.head_dim, capacity + c.draft_length + 1, drafter.head.fc.weight.dtype, drafter.target.device)
+        self.cache = KVCache(
+            1, c.num_key_value_heads, c.head_dim, capacity + c.draft_length + 1, drafter.head.fc.weight.dtype, drafter.target.device
+        )
         self.pending_ids: list[int] = []
         self.pending_aux: list[torch.Tensor] = []
         self.committed: list[int] = []

@@ -30,7 +30,6 @@ from ..model import KVCache
 from ..tree import DraftTree
 from .head import DraftHead, KernelHead, load_head
 
-
 ACCEPTANCE_FILE = "acceptance.json"  # beside an EAGLE3 head: its fitted ranking (python -m dart_core.cli.fit --method eagle3)
 ACCEPTANCE_FORMAT = "eagle3-acceptance/1"
 # The fitted ranking's features of a pool node: what the head said of it and of its siblings, and its
@@ -70,7 +69,7 @@ def fitted_scores(weights: tuple, features: list[list[float]], parents: list[int
     fit: list[float] = []
     for i, x in enumerate(features):
         parent_fit = fit[parents[i]] if parents[i] >= 0 else 0.0
-        w = weights[min(depths[i] - 1, rows - 1) * F:][:F]
+        w = weights[min(depths[i] - 1, rows - 1) * F :][:F]
         z = sum(a * b for a, b in zip(w, x[:PARENT_FIT])) + w[PARENT_FIT] * parent_fit
         own = -math.log1p(math.exp(-z)) if z >= 0 else z - math.log1p(math.exp(z))
         fit.append(min(own, parent_fit))
@@ -129,7 +128,9 @@ class _Eagle3Session:
         c, p = drafter.head.config, drafter.params
         self.collect = False  # keep last_pool (dart_core/fitting.py sets it)
         scratch = p.top_k * p.depth
-        self.cache = KVCache(1, c.num_key_value_heads, c.head_dim, capacity + scratch + 1, drafter.head.fc.weight.dtype, drafter.target.device)
+        self.cache = KVCache(
+            1, c.num_key_value_heads, c.head_dim, capacity + scratch + 1, drafter.head.fc.weight.dtype, drafter.target.device
+        )
         self.pending_ids: list[int] = []
         self.pending_aux: list[torch.Tensor] = []
         # the last search's pool (tokens, parents, depths, features), for fitting a ranking
@@ -195,8 +196,14 @@ class _Eagle3Session:
         logp = head.logits(h).float().log_softmax(-1)[0]
         top = logp.topk(top_k)
         frontier = list(range(top_k))  # pool indices
-        pool = _Pool(head.to_target_ids(top.indices).tolist(), [-1] * top_k, top.values,
-                     top.values.tolist(), list(range(top_k)), [top.values[0].item()] * top_k)
+        pool = _Pool(
+            head.to_target_ids(top.indices).tolist(),
+            [-1] * top_k,
+            top.values,
+            top.values.tolist(),
+            list(range(top_k)),
+            [top.values[0].item()] * top_k,
+        )
         frontier_h = h.expand(top_k, -1)  # the parent state each frontier node is fed with
         fed: list[int] = []  # pool index of each scratch cache entry, in order
         for level in range(depth):
@@ -267,7 +274,9 @@ RANKINGS = ("fitted", "score")
 DEFAULT_RANKING = "score"
 
 
-def load_eagle3_drafter(head_path: str | os.PathLike, target, params: Eagle3Params = Eagle3Params(), ranking: str | None = "score") -> Eagle3Drafter:
+def load_eagle3_drafter(
+    head_path: str | os.PathLike, target, params: Eagle3Params = Eagle3Params(), ranking: str | None = "score"
+) -> Eagle3Drafter:
     """ranking: "score" EAGLE's cumulative log-probability (`params` as given), "fitted" the head's
     fitted ranking (ValueError where it has none), None: DEFAULT_RANKING where the head has one."""
     from .head import resolve_head_dir

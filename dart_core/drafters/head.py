@@ -31,8 +31,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .. import kernels
-from ..loading import GGUF, hub_snapshot
 from ..kernels import apply_linear
+from ..loading import GGUF, hub_snapshot
 from ..model import KVCache, RMSNorm, apply_rope
 
 IGNORED_KEYS = ("embed_tokens.weight",)  # the embedding always comes from the target
@@ -246,8 +246,9 @@ class KernelHead:
         q, k, v = qkv.split((self.q_out, self.kv_out, self.kv_out), dim=1)
         positions = torch.arange(P, P + T)
         chain = torch.arange(-1, T - 1)  # each new row sees the prefix and the new rows before it
-        attn = kernels.tree_attention(q, k, v, self.rope, positions, cache.k[0, 0], cache.v[0, 0], P, chain,
-                                      self.c.num_attention_heads, self.c.num_key_value_heads)
+        attn = kernels.tree_attention(
+            q, k, v, self.rope, positions, cache.k[0, 0], cache.v[0, 0], P, chain, self.c.num_attention_heads, self.c.num_key_value_heads
+        )
         h = residual[T - keep :] + kernels.linear(attn[T - keep :], self.wo)
         _, x = kernels.add_rmsnorm(h.contiguous(), None, self.post_norm, self.eps)
         return h + kernels.linear(kernels.silu_mul(kernels.linear(x, self.wgu)), self.wdown)
@@ -305,7 +306,13 @@ def read_state(path: Path) -> dict[str, torch.Tensor]:
         return load_file(str(path / "model.safetensors"))
     try:
         state = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, OSError, EOFError, ValueError) as e:  # torch.load's errors for corrupt or non-tensor files
+    except (
+        pickle.UnpicklingError,
+        RuntimeError,
+        OSError,
+        EOFError,
+        ValueError,
+    ) as e:  # torch.load's errors for corrupt or non-tensor files
         raise ValueError(f"{path / 'pytorch_model.bin'} is not a readable state dict: {e}") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(f"{path / 'pytorch_model.bin'} does not hold a flat dict of tensors")
@@ -324,7 +331,9 @@ def load_head(name: str | os.PathLike, dart: bool, target, dtype=None, device=No
     if c.vocab_size != target.vocab_size:
         raise ValueError(f"{path}: head was trained for a vocabulary of {c.vocab_size}, the target has {target.vocab_size}")
     if c.hidden_size != target.hidden_size:
-        raise ValueError(f"{path}: head hidden size {c.hidden_size} differs from the target's {target.hidden_size} (the embedding is shared)")
+        raise ValueError(
+            f"{path}: head hidden size {c.hidden_size} differs from the target's {target.hidden_size} (the embedding is shared)"
+        )
     state = read_state(path)
     for k in IGNORED_KEYS:
         state.pop(k, None)
@@ -336,7 +345,9 @@ def load_head(name: str | os.PathLike, dart: bool, target, dtype=None, device=No
     missing = sorted(set(shapes) - set(state))
     unexpected = sorted(set(state) - set(shapes))
     if missing or unexpected:
-        raise ValueError(f"{path}: checkpoint does not match a {'DART' if dart else 'EAGLE3'} head: missing {missing}, unexpected {unexpected}")
+        raise ValueError(
+            f"{path}: checkpoint does not match a {'DART' if dart else 'EAGLE3'} head: missing {missing}, unexpected {unexpected}"
+        )
     for k, shape in shapes.items():
         if tuple(state[k].shape) != shape:
             raise ValueError(f"{path}: tensor {k} has shape {tuple(state[k].shape)}, expected {shape}")

@@ -97,8 +97,11 @@ def ngram_choice(config: DartConfig, target=None) -> NgramChoice:
         path = _ngram_in(ngram_hub_dir(UPSTREAM_NGRAM, trie), trie)
     except FileNotFoundError as e:
         return NgramChoice(None, f"{unnamed}, and upstream's default could not be found: {e}.")
-    return NgramChoice(path, f"DART prunes with upstream's default n-gram {UPSTREAM_NGRAM} ({trie}), as upstream's app does "
-                             "(--ngram-model-name-or-path names another, --no-ngram turns it off).")
+    return NgramChoice(
+        path,
+        f"DART prunes with upstream's default n-gram {UPSTREAM_NGRAM} ({trie}), as upstream's app does "
+        "(--ngram-model-name-or-path names another, --no-ngram turns it off).",
+    )
 
 
 def resolve_ngram(config: DartConfig, target=None) -> Path | None:

@@ -159,8 +159,12 @@ def _batched_greedy(target: Target):
             ids[r, width - len(p) :] = torch.tensor(p)
             mask[r, width - len(p) :] = 1
         out = model.generate(
-            input_ids=ids.to(target.device), attention_mask=mask.to(target.device), max_new_tokens=max_new,
-            do_sample=False, eos_token_id=eos, pad_token_id=pad,
+            input_ids=ids.to(target.device),
+            attention_mask=mask.to(target.device),
+            max_new_tokens=max_new,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=pad,
         )[:, width:].tolist()
         return [row[: next((k for k, t in enumerate(row) if t in target.eos_ids), len(row))] for row in out]
 
@@ -207,7 +211,12 @@ def build_cache(target: Target, cfg: CacheConfig) -> Path:
             ids, start = recs[i]
             cache = target.new_cache(len(ids))
             out_fwd = target.model(
-                torch.tensor(ids, device=target.device), torch.arange(len(ids), device=target.device), cache, capture=True, final=True, logits=False
+                torch.tensor(ids, device=target.device),
+                torch.arange(len(ids), device=target.device),
+                cache,
+                capture=True,
+                final=True,
+                logits=False,
             )
             buf.append((ids, out_fwd.hidden.to(torch.bfloat16).cpu(), out_fwd.final.to(torch.bfloat16).cpu(), start))
             bar.update(len(ids))
@@ -224,8 +233,9 @@ def build_cache(target: Target, cfg: CacheConfig) -> Path:
     return out
 
 
-def record_tensors(records: list[list[int]], answer_starts: list[int], aux: list[torch.Tensor] | None,
-                   final: list[torch.Tensor] | None) -> dict[str, torch.Tensor]:
+def record_tensors(
+    records: list[list[int]], answer_starts: list[int], aux: list[torch.Tensor] | None, final: list[torch.Tensor] | None
+) -> dict[str, torch.Tensor]:
     """The tensors of one shard of R records: tokens (N,) int32, offsets (R+1,) int64, answer_start (R,)
     int64 and, with states, aux (N, 3H) and final (N, H), the records' rows concatenated."""
     lengths = torch.tensor([0] + [len(r) for r in records])
@@ -269,8 +279,14 @@ class CachedRecord:
         return max(0, self.answer_start - 1)
 
 
-_SAFETENSORS_DTYPES = {"BF16": (np.uint16, torch.bfloat16), "F32": (np.float32, None), "F16": (np.float16, None),
-                       "I64": (np.int64, None), "I32": (np.int32, None), "BOOL": (np.bool_, None)}
+_SAFETENSORS_DTYPES = {
+    "BF16": (np.uint16, torch.bfloat16),
+    "F32": (np.float32, None),
+    "F16": (np.float16, None),
+    "I64": (np.int64, None),
+    "I32": (np.int32, None),
+    "BOOL": (np.bool_, None),
+}
 
 
 def mmap_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
@@ -309,7 +325,6 @@ def load_split(cache_dir: str | Path, split: str) -> list[CachedRecord]:
                 continue
             out.append(CachedRecord(tokens[a:b], t["aux"][a:b], t["final"][a:b], start))
     return out
-
 
 
 def cache_meta(cache_dir: str | Path) -> dict:

@@ -171,8 +171,12 @@ class ContinuousBatcher:
         T = len(job.prompt)
         cache = self.target.new_cache(T)
         out = self.model(
-            torch.tensor(job.prompt, device=self.target.device), torch.arange(T, device=self.target.device), cache,
-            capture=self.capture, final=self.capture, logits=not self.capture,
+            torch.tensor(job.prompt, device=self.target.device),
+            torch.arange(T, device=self.target.device),
+            cache,
+            capture=self.capture,
+            final=self.capture,
+            logits=not self.capture,
             logits_at=None if self.capture else slice(-1, None),
         )
         cache.commit(T)
@@ -218,7 +222,9 @@ class ContinuousBatcher:
         aux = torch.cat(job.aux) if self.capture else None
         final = torch.cat(job.final) if self.capture else None
         if aux is not None and aux.shape[0] != len(job.prompt) + len(job.answer) - 1:
-            raise RuntimeError(f"prompt {job.index}: {aux.shape[0]} captured positions for {len(job.prompt) + len(job.answer) - 1} fed tokens")
+            raise RuntimeError(
+                f"prompt {job.index}: {aux.shape[0]} captured positions for {len(job.prompt) + len(job.answer) - 1} fed tokens"
+            )
         return Generated(job.index, job.prompt, job.answer, job.generator is not None, aux, final)
 
 
@@ -305,8 +311,10 @@ def _write_shard(out: Path, meta: dict, split: str, recs: list[Generated], dtype
     and count them in meta (not yet saved)."""
     capture = recs[0].aux is not None
     tensors = record_tensors(
-        [(g.prompt + g.answer)[:-1] for g in recs], [len(g.prompt) for g in recs],
-        [g.aux for g in recs] if capture else None, [g.final for g in recs] if capture else None,
+        [(g.prompt + g.answer)[:-1] for g in recs],
+        [len(g.prompt) for g in recs],
+        [g.aux for g in recs] if capture else None,
+        [g.final for g in recs] if capture else None,
     )
     tensors["last"] = torch.tensor([g.answer[-1] for g in recs], dtype=torch.int32)
     tensors["index"] = torch.tensor([g.index for g in recs], dtype=torch.int64)
@@ -379,7 +387,8 @@ def generate_corpus(target: Target, cfg: CorpusConfig) -> Path:
                 last_log = time.perf_counter()
                 log.warning(
                     "prompts done %d/%d  answer tokens %d  (this run: %.1f answer tok/s)",
-                    len(meta["corpus"]["done"]) + sum(map(len, buffers.values())), limit,
+                    len(meta["corpus"]["done"]) + sum(map(len, buffers.values())),
+                    limit,
                     meta["corpus"]["answer_tokens"] + sum(len(x.answer) for v in buffers.values() for x in v),
                     new_tokens / (time.perf_counter() - t0),
                 )
@@ -406,8 +415,11 @@ def corpus_records(run_dir: str | Path, split: str | None = None):
             tokens = t["tokens"].tolist()
             for r, (a, b) in enumerate(zip(off, off[1:])):
                 yield {
-                    "index": int(t["index"][r]), "ids": tokens[a:b] + [int(t["last"][r])],
-                    "answer_start": int(t["answer_start"][r]), "sampled": bool(t["sampled"][r]), "split": sp,
+                    "index": int(t["index"][r]),
+                    "ids": tokens[a:b] + [int(t["last"][r])],
+                    "answer_start": int(t["answer_start"][r]),
+                    "sampled": bool(t["sampled"][r]),
+                    "split": sp,
                     "dtype": dtype,
                 }
 
@@ -489,12 +501,16 @@ def export_corpus(run_dir: str | Path, out_dir: str | Path, command: str, min_re
             sampled=np.array([r["sampled"] for r in recs], dtype=bool),
             val=np.array([r["split"] == "val" for r in recs], dtype=bool),
         )
-        parts.append({
-            "name": name, "records": len(recs), "tokens": int(lengths.sum()),
-            "answer_tokens": int(sum(len(r["ids"]) - r["answer_start"] for r in recs)),
-            "sha256": hashlib.sha256((out_dir / name).read_bytes()).hexdigest(),
-            "generated_dtype": dtype_label(r["dtype"] for r in recs),
-        })
+        parts.append(
+            {
+                "name": name,
+                "records": len(recs),
+                "tokens": int(lengths.sum()),
+                "answer_tokens": int(sum(len(r["ids"]) - r["answer_start"] for r in recs)),
+                "sha256": hashlib.sha256((out_dir / name).read_bytes()).hexdigest(),
+                "generated_dtype": dtype_label(r["dtype"] for r in recs),
+            }
+        )
     c = meta["corpus"]
     manifest = {
         "format": CORPUS_FORMAT,
@@ -533,9 +549,12 @@ def read_corpus(corpus_dir: str | Path):
             off = z["offsets"]
             for r in range(len(off) - 1):
                 yield {
-                    "index": int(z["index"][r]), "ids": z["tokens"][off[r] : off[r + 1]].astype(np.int64).tolist(),
-                    "answer_start": int(z["answer_start"][r]), "sampled": bool(z["sampled"][r]),
-                    "split": "val" if z["val"][r] else "train", "dtype": dtype,
+                    "index": int(z["index"][r]),
+                    "ids": z["tokens"][off[r] : off[r + 1]].astype(np.int64).tolist(),
+                    "answer_start": int(z["answer_start"][r]),
+                    "sampled": bool(z["sampled"][r]),
+                    "split": "val" if z["val"][r] else "train",
+                    "dtype": dtype,
                 }
 
 
@@ -573,9 +592,16 @@ def corpus_to_cache(target: Target, corpus_dir: str | Path, out_dir: str | Path,
         if buffers[rec["split"]] and shard_dtype[rec["split"]] != rec["dtype"]:
             flush(rec["split"])  # a shard holds one generation dtype (of the parts it comes from)
         shard_dtype[rec["split"]] = rec["dtype"]
-        buffers[rec["split"]].append(Generated(
-            rec["index"], ids[:start], ids[start:], rec["sampled"], fwd.hidden.to(torch.bfloat16).cpu(), fwd.final.to(torch.bfloat16).cpu()
-        ))
+        buffers[rec["split"]].append(
+            Generated(
+                rec["index"],
+                ids[:start],
+                ids[start:],
+                rec["sampled"],
+                fwd.hidden.to(torch.bfloat16).cpu(),
+                fwd.final.to(torch.bfloat16).cpu(),
+            )
+        )
         if sum(len(g.prompt) + len(g.answer) for g in buffers[rec["split"]]) >= SHARD_TOKENS:
             flush(rec["split"])
     for split in buffers:

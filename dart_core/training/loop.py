@@ -196,8 +196,15 @@ def checkpoint_from_head(head_dir: str | Path, target, objective: str, history_f
     if history_file is not None:
         history = [h for h in json.loads(Path(history_file).read_text()) if h["step"] <= trained["step"]]
     restart = {"step": trained["step"], "from": str(head_dir), "optimizer": "fresh"}
-    return {"head": head.state_dict(), "opt": None, "step": trained["step"], "history": history, "elapsed_s": float(trained["elapsed_s"]),
-            "objective": objective, "restarts": [restart]}
+    return {
+        "head": head.state_dict(),
+        "opt": None,
+        "step": trained["step"],
+        "history": history,
+        "elapsed_s": float(trained["elapsed_s"]),
+        "objective": objective,
+        "restarts": [restart],
+    }
 
 
 def nn_init_normal(p: torch.Tensor, std: float = 0.02) -> None:
@@ -211,8 +218,18 @@ def target_argmax(records: list[CachedRecord], full_lm: torch.Tensor) -> list[to
         return [(r.final.to(full_lm.device).float() @ full_lm.T).argmax(-1).cpu() for r in records]
 
 
-def evaluate(head, embed, teacher_rows, best: list[torch.Tensor], records: list[CachedRecord], anchors_per_record: int, gamma: float,
-             seed: int = 1234, record_loss=None, rows: int | None = None):
+def evaluate(
+    head,
+    embed,
+    teacher_rows,
+    best: list[torch.Tensor],
+    records: list[CachedRecord],
+    anchors_per_record: int,
+    gamma: float,
+    seed: int = 1234,
+    record_loss=None,
+    rows: int | None = None,
+):
     """Validation KL and per-position hit@1 (draft top-1 == the target's argmax), fixed anchors.
     record_loss defaults to the DART objective (rows = D+1)."""
     record_loss = record_loss or dart_record_loss
@@ -280,7 +297,10 @@ def train_head(target, cfg: TrainConfig, objective: str, rows: int) -> Path:
     ck = torch.load(ckpt_path, weights_only=False, map_location=target.device) if ckpt_path.exists() else None
     resumed_from = ckpt_path  # where a resumed run's state comes from, for the log
     if ck is None and cfg.init_head is not None:
-        ck, resumed_from = checkpoint_from_head(cfg.init_head, target, objective, cfg.init_history), f"the head {cfg.init_head} (optimizer afresh)"
+        ck, resumed_from = (
+            checkpoint_from_head(cfg.init_head, target, objective, cfg.init_history),
+            f"the head {cfg.init_head} (optimizer afresh)",
+        )
     elif ck is not None and cfg.init_head is not None:
         log.warning("%s exists: resuming it, --init-head ignored", ckpt_path)
     adopt = False
@@ -292,12 +312,23 @@ def train_head(target, cfg: TrainConfig, objective: str, rows: int) -> Path:
         if not torch.equal(head_ids, draft_ids):
             shared = len(set(head_ids.tolist()) & set(draft_ids.tolist()))
             if cfg.adopt_cache_vocab:
-                log.warning("%s: adopting the cache's draft vocabulary: %d of its %d ids carried over from the checkpoint's %d, "
-                            "the others start from the target's LM head rows", cfg.cache_dir, shared, draft_ids.numel(), head_ids.numel())
+                log.warning(
+                    "%s: adopting the cache's draft vocabulary: %d of its %d ids carried over from the checkpoint's %d, "
+                    "the others start from the target's LM head rows",
+                    cfg.cache_dir,
+                    shared,
+                    draft_ids.numel(),
+                    head_ids.numel(),
+                )
                 adopt = True
             else:
-                log.warning("%s: the cache's draft vocabulary differs from the checkpoint's (%d of %d ids shared): "
-                            "the run goes on with the checkpoint's", cfg.cache_dir, shared, head_ids.numel())
+                log.warning(
+                    "%s: the cache's draft vocabulary differs from the checkpoint's (%d of %d ids shared): "
+                    "the run goes on with the checkpoint's",
+                    cfg.cache_dir,
+                    shared,
+                    head_ids.numel(),
+                )
                 draft_ids = head_ids
     train = load_split(cfg.cache_dir, "train")
     val = load_split(cfg.cache_dir, "val")[: cfg.val_records]
@@ -346,9 +377,18 @@ def train_head(target, cfg: TrainConfig, objective: str, rows: int) -> Path:
 
     def save_checkpoint():
         tmp = ckpt_path.with_suffix(".tmp")
-        state = {"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "history": history, "elapsed_s": elapsed(),
-                 "config": asdict(cfg), "objective": objective, "rows": rows, "vocab_changes": vocab_changes,
-                 "restarts": restarts}
+        state = {
+            "head": head.state_dict(),
+            "opt": opt.state_dict(),
+            "step": step,
+            "history": history,
+            "elapsed_s": elapsed(),
+            "config": asdict(cfg),
+            "objective": objective,
+            "rows": rows,
+            "vocab_changes": vocab_changes,
+            "restarts": restarts,
+        }
         torch.save(state, tmp)
         tmp.rename(ckpt_path)
         head.save(out / "head")
@@ -357,7 +397,9 @@ def train_head(target, cfg: TrainConfig, objective: str, rows: int) -> Path:
     def run_eval(train_loss: float | None) -> None:
         head.eval()
         with autocast():
-            val_kl, acc = evaluate(head, embed, teacher_rows, val_best, val, cfg.anchors_per_record, cfg.gamma, record_loss=record_loss, rows=rows)
+            val_kl, acc = evaluate(
+                head, embed, teacher_rows, val_best, val, cfg.anchors_per_record, cfg.gamma, record_loss=record_loss, rows=rows
+            )
         head.train()
         history.append({"step": step, "train_loss": train_loss, "val_kl": val_kl, "val_hit1": acc, "elapsed_s": elapsed()})
         log.warning("step %d val_kl %.4f hit@1 %s", step, val_kl, " ".join(f"{a:.3f}" for a in acc))

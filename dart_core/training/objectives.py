@@ -108,8 +108,9 @@ def dart_record_loss(head, embed, teacher_rows, rec: CachedRecord, anchors, gamm
 # EAGLE3 objective: training-time test
 
 
-def _attend(u: torch.Tensor, positions: torch.Tensor, head, keys: list, values: list, mask: torch.Tensor,
-            queries: torch.Tensor | None = None) -> torch.Tensor:
+def _attend(
+    u: torch.Tensor, positions: torch.Tensor, head, keys: list, values: list, mask: torch.Tensor, queries: torch.Tensor | None = None
+) -> torch.Tensor:
     """One attention of the head's layer for new rows u (T, 2H) at rope `positions` over the keys and
     values already in `keys`/`values` plus the new rows' own (appended to the lists). Returns the
     outputs of the rows `queries` (default all), mask (len(queries), Tk) bool."""
@@ -122,13 +123,18 @@ def _attend(u: torch.Tensor, positions: torch.Tensor, head, keys: list, values: 
     keys.append(apply_rope(a.k_proj(u).view(T, c.num_key_value_heads, c.head_dim).transpose(0, 1)[None], cos, sin))
     values.append(a.v_proj(u).view(T, c.num_key_value_heads, c.head_dim).transpose(0, 1)[None])
     out = F.scaled_dot_product_attention(
-        q, torch.cat(keys, dim=2), torch.cat(values, dim=2), attn_mask=mask[None, None],
+        q,
+        torch.cat(keys, dim=2),
+        torch.cat(values, dim=2),
+        attn_mask=mask[None, None],
         enable_gqa=c.num_attention_heads != c.num_key_value_heads,
     )
     return a.o_proj(out[0].transpose(0, 1).reshape(Tq, -1))
 
 
-def eagle3_anchor_logits(head, embed: torch.Tensor, tokens: torch.Tensor, aux: torch.Tensor, anchors: torch.Tensor, steps: int) -> torch.Tensor:
+def eagle3_anchor_logits(
+    head, embed: torch.Tensor, tokens: torch.Tensor, aux: torch.Tensor, anchors: torch.Tensor, steps: int
+) -> torch.Tensor:
     """Draft logits (m, steps+1, Vd) of EAGLE3's training-time test for every anchor a, teacher-forced
     on the record's tokens: what autoregressive drafting computes right after committing tokens 0..a
     with token a+1 as the root, along the chain of the record's next tokens.
