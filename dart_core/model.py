@@ -386,7 +386,7 @@ class Transformer(nn.Module):
             )
             return self._forward_kernels(tokens, attention, cache.k, cache.v, None, capture, final, logits)
         x = self.tok_embeddings(tokens)[:, None]  # (B, 1, H)
-        cos, sin = self.rope(cache.lengths, x.dtype)
+        cos, sin = self.rope(cache.lengths, x.dtype if self.prefill_dtype is None else self.prefill_dtype)
         return self._forward_eager(x, cos[:, None, None], sin[:, None, None], cache, cache.attention_mask(), None, capture, final, logits)
 
     def _forward_eager(self, x, cos, sin, cache, mask, logits_at, capture, final, logits) -> ForwardOutput:
