@@ -267,6 +267,11 @@ def _code(t: torch.Tensor) -> int:
     return DTYPES[t.dtype]
 
 
+def _row_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, ...]:
+    """The address and row stride of q, k and v, as the attention kernels take them."""
+    return q.data_ptr(), _rows(q, "q"), k.data_ptr(), _rows(k, "k"), v.data_ptr(), _rows(v, "v")
+
+
 def _rows(t: torch.Tensor, name: str) -> int:
     """Row stride of a 2-D tensor whose rows are contiguous."""
     if t.dim() != 2 or (t.shape[1] > 1 and t.stride(1) != 1):
@@ -403,6 +408,14 @@ class _AttentionPlan:
             raise ValueError(f"k_cache and v_cache must be contiguous {self.cache_shape} tensors")
         return torch.empty(self.T, self.n_heads * self.hd, dtype=dt)
 
+    def _rope_args(self) -> tuple[int, int, int]:
+        return self.rope.cos.data_ptr(), self.rope.sin.data_ptr(), self.positions.data_ptr()
+
+    def _head_args(self, out: torch.Tensor) -> tuple:
+        """The heads' geometry, the softmax scale and the output, as the attention kernels take them."""
+        nh, hd = self.n_heads, self.hd
+        return nh, self.n_kv_heads, hd, 1.0 / math.sqrt(hd), out.data_ptr(), nh * hd
+
 
 class TreeAttention(_AttentionPlan):
     """One forward's attention geometry, checked once for all its layers.
@@ -439,31 +452,9 @@ class TreeAttention(_AttentionPlan):
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         out = self._output(q, k, v, k_cache, v_cache)
-        nh, hd = self.n_heads, self.hd
-        _ext.tree_attention(
-            self.code,
-            q.data_ptr(),
-            _rows(q, "q"),
-            k.data_ptr(),
-            _rows(k, "k"),
-            v.data_ptr(),
-            _rows(v, "v"),
-            self.rope.cos.data_ptr(),
-            self.rope.sin.data_ptr(),
-            self.positions.data_ptr(),
-            k_cache.data_ptr(),
-            v_cache.data_ptr(),
-            self.capacity,
-            self.committed,
-            self.T,
-            self.parents.data_ptr(),
-            nh,
-            self.n_kv_heads,
-            hd,
-            1.0 / math.sqrt(hd),
-            out.data_ptr(),
-            nh * hd,
-        )
+        heads = self._head_args(out)
+        _ext.tree_attention(self.code, *_row_args(q, k, v), *self._rope_args(), k_cache.data_ptr(), v_cache.data_ptr(),
+                            self.capacity, self.committed, self.T, self.parents.data_ptr(), *heads)  # fmt: skip
         return out
 
 
@@ -651,30 +642,9 @@ class RowsAttention(_AttentionPlan):
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         out = self._output(q, k, v, k_cache, v_cache)
-        nh, hd = self.n_heads, self.hd
-        _ext.rows_attention(
-            self.code,
-            q.data_ptr(),
-            _rows(q, "q"),
-            k.data_ptr(),
-            _rows(k, "k"),
-            v.data_ptr(),
-            _rows(v, "v"),
-            self.rope.cos.data_ptr(),
-            self.rope.sin.data_ptr(),
-            self.positions.data_ptr(),
-            k_cache.data_ptr(),
-            v_cache.data_ptr(),
-            k_cache.stride(0),
-            self.capacity,
-            self.T,
-            nh,
-            self.n_kv_heads,
-            hd,
-            1.0 / math.sqrt(hd),
-            out.data_ptr(),
-            nh * hd,
-        )
+        heads = self._head_args(out)
+        _ext.rows_attention(self.code, *_row_args(q, k, v), *self._rope_args(), k_cache.data_ptr(), v_cache.data_ptr(),
+                            k_cache.stride(0), self.capacity, self.T, *heads)  # fmt: skip
         return out
 
 
