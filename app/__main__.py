@@ -208,10 +208,10 @@ def load_eagle3(config: Eagle3Config, compare: bool, target, notes: list[str], p
         return None
 
 
-def load_weights(args, device, notes: list[str], progress: Progress):
-    """The target on the weights path --dtype names, or (auto) the one calibrated on this machine
-    (dart_core/calibrate.py choose_weights: each candidate measured on the first start, cached after);
-    returns (target, the choice, DART's tree size timed while choosing or None, the header's line)."""
+def load_weights(args, config: DartConfig, device, notes: list[str], progress: Progress):
+    """The target on the weights path --dtype names, or (auto) the one calibrated on this machine for
+    DART's `config` (dart_core/calibrate.py choose_weights: each candidate measured on the first start,
+    cached after); returns (target, the choice, DART's tree size timed while choosing or None, the header's line)."""
     if args.dtype != AUTO:
         progress(f"loading the target {args.base_model_name_or_path} ({device}, {args.dtype})")
         target = load_target(args.base_model_name_or_path, device, args.dtype)
@@ -219,7 +219,6 @@ def load_weights(args, device, notes: list[str], progress: Progress):
         return target, choice, None, f"Weights {choice.reason}."
     progress(f"loading the target {args.base_model_name_or_path} ({device}) on the weights path chosen for this machine (--dtype auto)")
     try:
-        config = drafter_configs(args, args.base_model_name_or_path == DEFAULT_MODEL).dart
         target, choice, dart = calibrate.choose_weights(
             args.base_model_name_or_path, device, True, config, log=lambda m: log.warning("%s", m), enabled=not args.no_calibration
         )
@@ -375,13 +374,12 @@ def load_models(args, compute: ComputeThread) -> Loaded:
     if threads:
         torch.set_num_threads(threads)
     notes: list[str] = []
-    target, weights, dart_size, weights_line = load_weights(args, device, notes, progress)
+    default_target = args.base_model_name_or_path == DEFAULT_MODEL
+    configs = drafter_configs(args, default_target)  # the flags, once
+    target, weights, dart_size, weights_line = load_weights(args, configs.dart, device, notes, progress)
     if args.template_name:
         notes.append(f"--template-name {args.template_name} ignored: the tokenizer's own chat template is used.")
-    default_target = args.base_model_name_or_path == DEFAULT_MODEL
-    configs, tree_line, sizes = calibrate_sizes(
-        args, target, drafter_configs(args, default_target), notes, progress, known={"dart": dart_size} if dart_size else None
-    )
+    configs, tree_line, sizes = calibrate_sizes(args, target, configs, notes, progress, known={"dart": dart_size} if dart_size else None)
     dart_nodes = configs.dart.tree_size(device.type) if embedded_head_exists("dart") or head_named("dart", args) else None
     costs, costs_note = cost_view(target, weights, dart_nodes, sizes.get("dart", dart_size))
     drafters = {}
