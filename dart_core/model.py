@@ -176,12 +176,12 @@ class RowCache:
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The eager path: store k, v (B, nkv, 1, hd) at each row's slot; return the layer's keys and
         values (B, nkv, end, hd) up to the longest row's new slot (see `attention_mask`)."""
-        if int(self.lengths.max()) >= self.capacity:
+        end = int(self.lengths.max()) + 1
+        if end > self.capacity:
             raise RuntimeError(f"a sequence fills its cache row of {self.capacity} entries")
         rows = torch.arange(self.rows, device=self.k.device)
         self.k[layer, rows, :, self.lengths] = k[:, :, 0]
         self.v[layer, rows, :, self.lengths] = v[:, :, 0]
-        end = int(self.lengths.max()) + 1
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
 
     def attention_mask(self) -> torch.Tensor:
