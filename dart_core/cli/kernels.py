@@ -23,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
         help="time forwards of the embedded target in these weight dtypes (e.g. gguf bfloat16) on the build in use",
     )
     p.add_argument("--rows", default="1,2,4,6,9,16", help="row counts to time (default 1,2,4,6,9,16)")
+    p.add_argument("--prefix", type=int, default=200, help="committed tokens before the timed rows (default 200)")
     p.add_argument("--threads", type=int, default=None)
     args = p.parse_args(argv)
     if args.threads:
@@ -34,9 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     print("in use:", kernels.describe(), f"({torch.get_num_threads()} threads)")
     rows = [int(r) for r in args.rows.split(",")]
     for dtype in args.time or []:
-        ms = kernels.time_forwards(dtype, rows)
+        ms = kernels.time_forwards(dtype, rows, prefix=args.prefix)
         cells = "  ".join(f"{m} rows {v:.2f} ms ({v / ms[rows[0]]:.2f}x)" for m, v in ms.items())
-        print(f"{dtype:9s} {cells}")
+        print(f"{dtype:9s} after {args.prefix} tokens: {cells}")
     return 0
 
 
