@@ -27,6 +27,7 @@ The choice is a prediction; the bench CLI is the measurement (`--max-nodes N` an
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import platform
@@ -43,11 +44,15 @@ from .replay import GreedyRecord, record_greedy, replay
 from .target import Target
 
 TAU_FILE = "tree_sizes.json"  # beside a head's config.json: τ by tree size, by replay
-CALIBRATION_VERSION = 1  # bump when what is measured changes, so old cached files are not read
+CALIBRATION_VERSION = 2  # bump when what is measured changes, so old cached files are not read
 MAX_CALIBRATED_ROWS = 17  # verify rows timed: trees of up to 16 drafted nodes
 PREFIX = 200  # committed tokens before the timed rows (a chat turn's prompt and some answer)
-REPEATS = 9  # timed forwards per row count (median), after WARMUP untimed ones
-WARMUP = 2
+REPEATS = 9  # timed forwards per row count (median)
+ROUNDS = 3  # passes over the row counts; each pass times about REPEATS / ROUNDS forwards of each
+# Before a row count is timed, its own forward runs untimed for this long: a forward is slower for
+# tens of ms after a bigger one (a one-row int8 step 7.8 ms right after a 17-row forward, 5.1 after
+# a 4-row one, 4.6 after itself, on the Xeon of docs/engine.md), and in the loop a step follows a step.
+SETTLE_S = 0.05
 OVERHEAD_PROMPT = "Write a short paragraph about why the sky is blue."  # the record drafting is timed on
 OVERHEAD_TOKENS = 48
 
@@ -119,20 +124,28 @@ def machine_key(target: Target, threads: int) -> dict:
 def measure_forwards(target: Target, rows: range | list[int], repeats: int | None = None, prefix: int = PREFIX) -> dict[int, float]:
     """Median wall ms of one target forward of k new rows (a chain after `prefix` committed tokens)
     for each k in `rows`: the one-token step (k = 1) against the verify of a tree of k - 1 nodes.
-    The row counts are timed round-robin (1, 2, ..., 1, 2, ...), so a busy spell of the machine
-    falls on every size alike instead of on a few: it is their ratios that choose the tree size."""
+    The row counts are timed in ROUNDS passes (1, 2, ..., 1, 2, ...), so a busy spell of the machine
+    falls on every size alike instead of on a few: it is their ratios that choose the tree size. In
+    a pass each count first runs untimed for SETTLE_S, then a few timed forwards back to back, as
+    the loop runs them (a forward timed right after another size's was up to 1.7x dearer)."""
     rows, repeats = list(rows), repeats or REPEATS
+    per_round = max(1, -(-repeats // ROUNDS))
     cache = target.new_cache(prefix + max(rows) + 8)
     times: dict[int, list[float]] = {k: [] for k in rows}
     with torch.inference_mode():
         target.prefill(list(range(100, 100 + prefix)), cache, capture=False)
         cache.commit(prefix)
         inputs = {k: (torch.arange(k, device=target.device) + 500, torch.arange(k, device=target.device) + cache.length) for k in rows}
-        for rep in range(WARMUP + repeats):
+        for _ in range(ROUNDS):
             for k in rows:
-                t0 = time.perf_counter()
-                target.model(*inputs[k], cache)  # writes the rows' keys past the committed length: never committed
-                if rep >= WARMUP:
+                settle_end = time.perf_counter() + SETTLE_S
+                for i in itertools.count():
+                    target.model(*inputs[k], cache)  # writes the rows' keys past the committed length: never committed
+                    if i >= 1 and time.perf_counter() >= settle_end:
+                        break
+                for _ in range(per_round):
+                    t0 = time.perf_counter()
+                    target.model(*inputs[k], cache)
                     times[k].append(time.perf_counter() - t0)
     return {k: statistics.median(v) * 1e3 for k, v in times.items()}
 

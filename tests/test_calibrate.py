@@ -4,9 +4,11 @@ flags left to it."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
+import torch
 
 from dart_core import calibrate
 from dart_core.cli import calibrate as calibrate_cli
@@ -70,9 +72,42 @@ def test_tau_tables(tmp_path):
         assert table is not None and set(range(1, 9)) <= set(table)
 
 
+def test_each_size_is_timed_after_its_own_forwards(monkeypatch):
+    """A forward runs slower for tens of ms after a bigger one, so each row count runs untimed (at
+    least twice) before its timed forwards, in ROUNDS passes over the counts."""
+    calls = []
+
+    class FakeCache:
+        length = 0
+
+        def commit(self, n):
+            self.length += n
+
+    class FakeTarget:
+        device = torch.device("cpu")
+
+        def new_cache(self, capacity):
+            return FakeCache()
+
+        def prefill(self, ids, cache, capture):
+            pass
+
+        def model(self, tokens, positions, cache):
+            calls.append(len(tokens))
+
+    monkeypatch.setattr(calibrate, "SETTLE_S", 0.0)
+    ms = calibrate.measure_forwards(FakeTarget(), [1, 4, 2], repeats=6)
+    assert set(ms) == {1, 4, 2} and all(v >= 0 for v in ms.values())
+    runs = [(k, len(list(g))) for k, g in itertools.groupby(calls)]
+    per_round = -(-6 // calibrate.ROUNDS)
+    assert [k for k, _ in runs] == [1, 4, 2] * calibrate.ROUNDS
+    assert all(n == 2 + per_round for _, n in runs)  # two to settle, then the timed ones
+
+
 def test_forward_costs_are_cached_per_machine_and_weights(embedded_target, tmp_path, monkeypatch):
     monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(calibrate, "REPEATS", 2)  # real timings, fewer of them: the cache is under test
+    monkeypatch.setattr(calibrate, "SETTLE_S", 0.0)
     first = calibrate.forward_costs(embedded_target, threads=1, rows=3)
     assert not first.from_cache and set(first.ms) == {1, 2, 3} and all(v > 0 for v in first.ms.values())
     again = calibrate.forward_costs(embedded_target, threads=1, rows=3)
@@ -91,6 +126,7 @@ def test_unset_sizes_are_calibrated_and_set_ones_kept(embedded_bf16, tmp_path, m
     # the real calibration, cut to trees of up to 4 nodes, 2 timings a size and a short record: the wiring is under test
     monkeypatch.setattr(calibrate, "MAX_CALIBRATED_ROWS", 5)
     monkeypatch.setattr(calibrate, "REPEATS", 2)
+    monkeypatch.setattr(calibrate, "SETTLE_S", 0.0)
     monkeypatch.setattr(calibrate, "OVERHEAD_TOKENS", 16)
     args = parse_args(["--methods", "ar,dart,eagle3", "--dataset", "unused.jsonl", "--max-nodes", "7"])
     assert unset_sizes(args) == {"eagle3"}
@@ -171,6 +207,7 @@ def test_auto_measures_each_path_once_and_caches_the_choice(tmp_path, monkeypatc
     # the real measurement, cut to trees of up to 3 nodes, 2 timings a size and a short record: the wiring is under test
     monkeypatch.setattr(calibrate, "MAX_CALIBRATED_ROWS", 4)
     monkeypatch.setattr(calibrate, "REPEATS", 2)
+    monkeypatch.setattr(calibrate, "SETTLE_S", 0.0)
     monkeypatch.setattr(calibrate, "OVERHEAD_TOKENS", 12)
     said = []
     target, choice, dart = calibrate.choose_weights("default", "cpu", True, threads=1, log=said.append)

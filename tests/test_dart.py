@@ -220,6 +220,7 @@ def test_embedded_fitted_ranking_and_adaptive_size(embedded_target, tmp_path, mo
         pytest.skip("no fitted ranking in assets/dart")
     monkeypatch.setattr(calibrate, "calibration_dir", lambda: tmp_path)  # a fresh timing, not the machine's cache
     monkeypatch.setattr(calibrate, "REPEATS", 1)
+    monkeypatch.setattr(calibrate, "SETTLE_S", 0.0)
     fitted = build_drafter("dart", embedded_target, DartConfig.embedded(max_nodes=8))
     assert fitted.params.prune.acceptance and not fitted.params.prune.row_costs
     score = build_drafter("dart", embedded_target, DartConfig.embedded(max_nodes=8, ranking="score"))
