@@ -50,8 +50,9 @@ PREFIX = 200  # committed tokens before the timed rows (a chat turn's prompt and
 REPEATS = 9  # timed forwards per row count (median)
 ROUNDS = 3  # passes over the row counts; each pass times about REPEATS / ROUNDS forwards of each
 # Before a row count is timed, its own forward runs untimed for this long: a forward is slower for
-# tens of ms after a bigger one (a one-row int8 step 7.8 ms right after a 17-row forward, 5.1 after
-# a 4-row one, 4.6 after itself, on the Xeon of docs/engine.md), and in the loop a step follows a step.
+# tens of ms after a bigger one (a one-row int8 step 7.8 ms right after a 17-row forward against 5.1
+# after a 4-row one, and 4.6-5.6 in runs of its own, on the Xeon of docs/engine.md), and in the loop
+# a step follows a step.
 SETTLE_S = 0.05
 OVERHEAD_PROMPT = "Write a short paragraph about why the sky is blue."  # the record drafting is timed on
 OVERHEAD_TOKENS = 48
