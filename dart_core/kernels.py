@@ -673,32 +673,6 @@ def describe() -> str:
     return f"{PATH} kernels" + (f" (forced by {ENV})" if forced and forced != "auto" else "")
 
 
-def time_forwards(dtype: str, rows: list[int], repeats: int = 15, prefix: int = 200) -> dict[int, float]:
-    """Median wall ms of one forward of the embedded target for each row count in `rows` (a chain of
-    new tokens after `prefix` committed ones): the cost of a one-token step (1 row) against a verify."""
-    import statistics
-    import time
-
-    from .target import load_target
-
-    target = load_target("default", "cpu", dtype)
-    cache = target.new_cache(prefix + max(rows) + 8)
-    target.prefill(list(range(100, 100 + prefix)), cache, capture=False)
-    cache.commit(prefix)
-    out = {}
-    for m in rows:
-        toks, pos = torch.arange(m) + 500, torch.arange(m) + cache.length
-        for _ in range(3):
-            target.model(toks, pos, cache)
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            target.model(toks, pos, cache)
-            times.append(time.perf_counter() - t0)
-        out[m] = statistics.median(times) * 1e3
-    return out
-
-
 if __name__ == "__main__":  # python -m dart_core.kernels: the command line is dart_core/cli/kernels.py
     from .cli.kernels import main
 

@@ -7,8 +7,11 @@ import argparse
 
 import torch
 
-from .. import kernels
+from .. import calibrate, kernels
 from ..loading import DTYPE_CHOICES
+from ..target import load_target
+
+TIMED = 15  # timed forwards per row count (median)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,7 +23,8 @@ def main(argv: list[str] | None = None) -> int:
         nargs="*",
         choices=DTYPE_CHOICES,
         metavar="DTYPE",
-        help="time forwards of the embedded target in these weight dtypes (e.g. gguf bfloat16) on the build in use",
+        help="time forwards of the embedded target in these weight dtypes (e.g. gguf bfloat16) on the build in use, "
+        "as the calibration times them (each row count settled by its own forwards first)",
     )
     p.add_argument("--rows", default="1,2,4,6,9,16", help="row counts to time (default 1,2,4,6,9,16)")
     p.add_argument("--prefix", type=int, default=200, help="committed tokens before the timed rows (default 200)")
@@ -35,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     print("in use:", kernels.describe(), f"({torch.get_num_threads()} threads)")
     rows = [int(r) for r in args.rows.split(",")]
     for dtype in args.time or []:
-        ms = kernels.time_forwards(dtype, rows, prefix=args.prefix)
+        ms = calibrate.measure_forwards(load_target("default", "cpu", dtype), rows, repeats=TIMED, prefix=args.prefix)
         cells = "  ".join(f"{m} rows {v:.2f} ms ({v / ms[rows[0]]:.2f}x)" for m, v in ms.items())
         print(f"{dtype:9s} after {args.prefix} tokens: {cells}")
     return 0
