@@ -270,6 +270,33 @@ def test_int8_activations_give_the_same_bits_on_every_build(fmt):
         assert torch.equal(results[p], results[PATHS[0]]), f"{p} != {PATHS[0]}"
 
 
+@pytest.mark.skipif(len(PATHS) < 2, reason="one build on this CPU: nothing to compare")
+def test_activation_quantization_edge_values_on_every_build():
+    """The vector builds quantize a block in registers, the generic build element by element: the
+    same codes and scales for rounding ties, subnormals, infinities and NaN (a NaN is skipped by the
+    maximum and quantizes to 0)."""
+    w = _random_blocks("Q8_0", 32, 128, seed=9).with_activations("int8")
+    x = torch.randn(6, 128, generator=torch.Generator().manual_seed(4))
+    x[0, :32] = torch.arange(32) - 15.5  # amax 15.5: codes at exact .5 ties after scaling
+    x[0, 31] = 127.0
+    x[0, :31] = torch.arange(31) + 0.5  # with amax 127 the scale is 1: every element a tie
+    x[1, 32:64] = torch.full((32,), 1e-40)  # subnormal block
+    x[2, 64:96] = float("inf")
+    x[3, 96:] = float("nan")
+    x[4, 0] = float("nan")  # a NaN among finite values: skipped by the block's maximum
+    x[5, 40] = -float("inf")
+    previous = kernels.PATH
+    try:
+        results = {}
+        for p in PATHS:
+            kernels.use_path(p)
+            results[p] = kernels.linear(x, w)
+    finally:
+        kernels.use_path(previous)
+    for p in PATHS[1:]:
+        torch.testing.assert_close(results[p], results[PATHS[0]], rtol=0, atol=0, equal_nan=True, msg=f"{p} != {PATHS[0]}")
+
+
 @pytest.mark.parametrize("fmt", kernels.X16_FORMATS)
 @pytest.mark.parametrize("K,N", [(576, 48), (1536, 32), (96, 16)])
 def test_interleaved_rows_are_the_same_weights(fmt, K, N, kpath):

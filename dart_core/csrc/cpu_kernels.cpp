@@ -686,6 +686,62 @@ struct Q8Rows {  // M activation rows in int8 blocks; pairs of blocks padded wit
     const float* sxrow(int64_t m) const { return sx.data() + m * nb16; }
 };
 
+#if defined(DART_V16_AVX512) || defined(DART_V16_AVX2)
+#define DART_X86_Q8_VEC 1
+// One block of quantize_q8 in vector registers, the same bits as its scalar loop: the maximum is
+// order-free (max_ps(|v|, running) returns its second operand when |v| is NaN: skipped, as the
+// scalar std::max skips it), the scale and its inverse are the same scalar divisions, rounding is
+// round-to-nearest-even like nearbyint, and the code sum is integer. It ran serially before every
+// int8 linear at ~3 ns an element, ~0.3 ms of each row of a 30-layer forward.
+inline bool quantize_block_vec(const float* v, Q8Rows& r, int64_t m, int64_t b) {
+#if defined(DART_V16_AVX512)
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    const __m512 a = _mm512_loadu_ps(v), c = _mm512_loadu_ps(v + 16);
+    const __m512 mx = _mm512_max_ps(_mm512_andnot_ps(sign, c), _mm512_max_ps(_mm512_andnot_ps(sign, a), _mm512_setzero_ps()));
+    float lanes[16];
+    _mm512_storeu_ps(lanes, mx);
+#else
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256 a0 = _mm256_loadu_ps(v), a1 = _mm256_loadu_ps(v + 8), a2 = _mm256_loadu_ps(v + 16), a3 = _mm256_loadu_ps(v + 24);
+    __m256 mx = _mm256_setzero_ps();
+    for (__m256 t : {a0, a1, a2, a3}) mx = _mm256_max_ps(_mm256_andnot_ps(sign, t), mx);
+    float lanes[8];
+    _mm256_storeu_ps(lanes, mx);
+#endif
+    float amax = 0.0f;
+    for (float l : lanes) amax = std::max(amax, l);
+    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    int8_t* q = r.q.data() + m * r.npair * 64 + b * 32;
+    int32_t s = 0;
+#if defined(DART_V16_AVX512)
+    const __m512 vid = _mm512_set1_ps(id), hi = _mm512_set1_ps(127.0f), lo = _mm512_set1_ps(-127.0f);
+    for (int h = 0; h < 2; ++h) {
+        const __m512 x = _mm512_loadu_ps(v + 16 * h);
+        __m512 t = _mm512_roundscale_ps(_mm512_mul_ps(x, vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        t = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(t, t, _CMP_ORD_Q), _mm512_min_ps(_mm512_max_ps(t, lo), hi));
+        const __m512i ti = _mm512_cvtps_epi32(t);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * h), _mm512_cvtepi32_epi8(ti));
+        s += _mm512_reduce_add_epi32(ti);
+    }
+#else
+    const __m256 vid = _mm256_set1_ps(id), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+    for (int h = 0; h < 4; ++h) {
+        const __m256 x = _mm256_loadu_ps(v + 8 * h);
+        __m256 t = _mm256_round_ps(_mm256_mul_ps(x, vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        t = _mm256_and_ps(_mm256_cmp_ps(t, t, _CMP_ORD_Q), _mm256_min_ps(_mm256_max_ps(t, lo), hi));
+        const __m256i ti = _mm256_cvtps_epi32(t);
+        alignas(32) int32_t w[8];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(w), ti);
+        for (int e = 0; e < 8; ++e) q[8 * h + e] = static_cast<int8_t>(w[e]), s += w[e];
+    }
+#endif
+    float* dx = r.dx16.data() + m * r.npair * 16 + (b / 2) * 16 + (b % 2) * 8;
+    for (int l = 0; l < 8; ++l) dx[l] = d;
+    r.sx[m * r.nb16 + b] = d * static_cast<float>(s);
+    return true;
+}
+#endif
+
 template <class TX>
 void quantize_q8(const TX* x, int64_t x_stride, int64_t M, int64_t K, Q8Rows& r) {
     r.K = K, r.nb = K / 32, r.npair = (r.nb + 1) / 2, r.nb16 = (r.nb + 15) / 16 * 16;
@@ -697,6 +753,9 @@ void quantize_q8(const TX* x, int64_t x_stride, int64_t M, int64_t K, Q8Rows& r)
         load_row(x + m * x_stride, row.data(), K);
         for (int64_t b = 0; b < r.nb; ++b) {
             const float* v = row.data() + b * 32;
+#ifdef DART_X86_Q8_VEC
+            if (quantize_block_vec(v, r, m, b)) continue;
+#endif
             float amax = 0.0f;
             for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[i]));
             const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
