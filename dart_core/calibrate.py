@@ -43,7 +43,7 @@ from .replay import GreedyRecord, record_greedy, replay
 from .target import Target
 
 TAU_FILE = "tree_sizes.json"  # beside a head's config.json: τ by tree size, by replay
-CALIBRATION_VERSION = 2  # bump when what is measured changes, so old cached files are not read
+CALIBRATION_VERSION = 3  # bump when what is measured changes, so old cached files are not read
 MAX_CALIBRATED_ROWS = 17  # verify rows timed: trees of up to 16 drafted nodes
 PREFIX = 200  # committed tokens before the timed rows (a chat turn's prompt and some answer)
 REPEATS = 9  # timed forwards per row count (median)
@@ -380,7 +380,7 @@ def calibrate_unset_sizes(
 # the cheapest verify rows too; docs/engine.md gives its agreement with the fp32 copy), and bf16 (2.8x
 # the bytes, but bf16 pair products a row where the CPU has them). float32 is not a candidate: it
 # streams twice bf16's bytes a step and its verify rows cost fp32 FMAs as GGUF's do, so it cannot beat
-# both; and its head would run in fp32 (head_dtype), so its drafting would need timing of its own.
+# both.
 WEIGHTS_CANDIDATES = ("gguf", "gguf-int8", "bfloat16")
 AUTO_FALLBACK = "bfloat16"  # --dtype auto where nothing is measured: the default before auto existed
 
@@ -475,14 +475,15 @@ def choose_weights(
     calibrated: the bench and the app pass it to calibrate_unset_sizes, which then does not time DART again).
 
     For the embedded default on the CPU kernels each WEIGHTS_CANDIDATES path is loaded and its forward
-    costs measured (forward_costs: cached as before); DART's drafting cost is timed once, beside the
-    first path, and used for both (its head runs in bf16 beside either: head_dtype; drafting reads none
-    of the target's weights), and the head's τ table is the one it ships. Each path is ranked by DART's
+    costs measured (forward_costs: cached as before); DART's drafting cost is timed once per way the
+    head runs (on Q8_0 copies and int8 activations beside the GGUF paths, in bf16 beside bfloat16:
+    drafters.head.int8_beside; drafting reads none of the target's weights), and the head's τ table
+    is the one it ships. Each path is ranked by DART's
     expected tokens/s at its best tree size (config.max_nodes N: at N); without a τ table, by the
     one-token step. The choice is cached beside the forward costs, keyed by the host, the τ table and
     DART's config; a later start loads only the chosen path. Elsewhere, or not `enabled`: fixed_weights."""
     from .drafters import DEFAULT_DART_HEAD
-    from .drafters.head import resolve_head_dir
+    from .drafters.head import int8_beside, resolve_head_dir
     from .drafters.registry import build_drafter
     from .loading import DEFAULT_MODEL, resolve_model_dir
     from .target import load_target
@@ -529,7 +530,7 @@ def choose_weights(
                 return load_target(model, device, choice.dtype, kernels=use_kernels), choice, dart
         except (ValueError, KeyError, TypeError):
             pass  # a damaged file: measured again and rewritten
-    entries, kept, draft_ms = [], None, None
+    entries, kept, draft_by_mode = [], None, {}
     for dtype in WEIGHTS_CANDIDATES:
         say(f"weights path {dtype}: loading and measuring its forward cost by rows")
         target = load_target(model, device, dtype, kernels=use_kernels)
@@ -542,15 +543,17 @@ def choose_weights(
             "plain_tokens_per_s": 1e3 / costs.ms[1],
             "dart": None,
         }
-        if sizes and draft_ms is None and why_plain is None:
-            say(f"timing DART's drafting by replay beside {dtype} (once: the head runs the same beside every path)")
+        mode = int8_beside(target)  # how the head's kernel forward runs beside this path
+        if sizes and why_plain is None and mode not in draft_by_mode:
+            say(f"timing DART's drafting by replay beside {dtype} (once per way the head runs)")
             try:
                 drafter = build_drafter("dart", target, replace(config, max_nodes=max(sizes)))
                 record = record_greedy(target, [{"role": "user", "content": OVERHEAD_PROMPT}], OVERHEAD_TOKENS)
-                draft_ms = drafting_ms(drafter, record, sizes)
+                draft_by_mode[mode] = drafting_ms(drafter, record, sizes)
                 del drafter, record  # they hold this path's target: let it go if another path wins
             except (OSError, ValueError) as e:  # a head that does not load: rank by the step, and say why
                 why_plain = f"the DART head did not load: {e}"
+        draft_ms = draft_by_mode.get(mode) if why_plain is None else None
         if draft_ms is not None:
             dart = choose_max_nodes(costs.ms, {n: tau[n] for n in sizes}, draft_ms)
             entry.update(dart=dart.as_dict(), tokens_per_s=max(r["tokens_per_s"] for r in dart.table))
@@ -560,8 +563,11 @@ def choose_weights(
         if kept is None or entry["tokens_per_s"] > kept[1]["tokens_per_s"]:
             kept = (target, entry)  # the loser is dropped here: only one target stays in memory for long
         del target
-    # drafting is timed beside the first path or not at all, so every path is ranked by the same rule
-    choice = rank_weights(entries, "dart" if draft_ms is not None else "plain", why_plain)
+    # every path is ranked by the same rule: DART's speed where drafting was timed for all, else the step
+    if why_plain is not None or not draft_by_mode:
+        for e in entries:
+            e.update(dart=None, tokens_per_s=e["plain_tokens_per_s"])
+    choice = rank_weights(entries, "plain" if why_plain is not None or not draft_by_mode else "dart", why_plain)
     target = kept[0] if kept[1]["dtype"] == choice.dtype else load_target(model, device, choice.dtype, kernels=use_kernels)
     _write_cache(path, {"key": key, "choice": choice.as_dict()})
     say(f"weights: {choice.reason}")

@@ -236,6 +236,21 @@ class BlockWeight:
         return out
 
 
+def quantize_q8_0(w: torch.Tensor, activations: str = "int8") -> BlockWeight:
+    """A float weight (N, K) as Q8_0 blocks, quantized as GGUF does (per block of 32: d = max|w| / 127,
+    stored in fp16; codes round(w / d) with the fp32 d): for weights that need no exactness, such as a
+    draft head's, where half the bytes of bf16 and integer dot products make a draft step cheaper."""
+    if w.dim() != 2 or w.shape[1] % 32:
+        raise ValueError(f"Q8_0 quantizes (N, K) weights with K a multiple of 32, got {tuple(w.shape)}")
+    N, K = w.shape
+    x = w.detach().to("cpu", torch.float32).reshape(N, K // 32, 32)
+    d = x.abs().amax(-1) / 127
+    inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    q = torch.round(x * inv[..., None]).clamp(-127, 127).to(torch.int8)
+    data = torch.cat((d.half().view(torch.uint8).reshape(N, K // 32, 2), q.view(torch.uint8)), dim=-1)
+    return BlockWeight("Q8_0", N, K, data.reshape(N, -1).contiguous(), activations)
+
+
 def use_path(path: str | None) -> str | None:
     """Switch this process to another build (None: the automatic choice); returns the previous one.
     For tests that run every path the CPU offers in one process; a forward in flight keeps its build."""

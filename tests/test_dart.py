@@ -129,6 +129,31 @@ def test_kernel_forward_matches_the_eager_head(qwen3, dtype):
         torch.testing.assert_close(a.float(), b.float(), atol=tol, rtol=0)
 
 
+def test_int8_kernel_head_is_close_to_the_eager_head(qwen3):
+    """Beside GGUF targets the head's kernel forward reads Q8_0 copies of its weights against int8
+    activations (KernelHead(int8=True)): not exact, within int8 rounding of the eager forward."""
+    from dart_core import kernels
+    from dart_core.drafters.head import KernelHead
+
+    if not kernels.AVAILABLE:
+        pytest.skip("CPU kernels not built")
+    target = tiny_target(qwen3.model_dir, torch.float32)
+    head = random_head(qwen3, seed=3)
+    tokens = torch.tensor([5, 9, 17, 33, 2, 40, 41, 7, 8, 60])
+    hidden = target.model(tokens, torch.arange(len(tokens)), target.new_cache(32), capture=True).hidden
+    int8 = KernelHead(head, int8=True)
+    assert isinstance(int8.lm_head, kernels.BlockWeight) and int8.lm_head.activations == "int8"
+    fast, eager = DartDrafter(head, target, None, kernel_head=int8), DartDrafter(head, target, None, use_kernels=False)
+    out = []
+    for d in (fast, eager):
+        session = d.new_session(32)
+        session.extend(tokens[:5].tolist(), hidden[:5])
+        out.append(session.draft_logits(int(tokens[5])))
+    a, b = out
+    assert not torch.equal(a, b)  # it does run on the quantized copies
+    assert ((a - b).norm() / b.norm()).item() < 0.05
+
+
 def test_fewer_rows_are_the_first_rows_of_the_full_forward(qwen3):
     """A small tree needs only the head's first rows: running fewer mask slots gives those rows as
     the full forward does (slots attend only to earlier positions), and the same tree."""

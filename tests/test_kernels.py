@@ -8,6 +8,7 @@ import os
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -268,6 +269,22 @@ def test_int8_activations_give_the_same_bits_on_every_build(fmt):
         kernels.use_path(previous)
     for p in PATHS[1:]:
         assert torch.equal(results[p], results[PATHS[0]]), f"{p} != {PATHS[0]}"
+
+
+def test_quantize_q8_0_is_ggufs_quantizer():
+    """kernels.quantize_q8_0 writes the bytes gguf-py's own Q8_0 quantizer writes (an all-zero block
+    included), and bad shapes are errors."""
+    from gguf import GGMLQuantizationType, quants
+
+    w = torch.randn(48, 96, generator=torch.Generator().manual_seed(5))
+    w[3, :32] = 0
+    w[7, 40] = 1e4  # one large element: its block's scale
+    q = kernels.quantize_q8_0(w)
+    assert (q.fmt, q.shape, q.activations) == ("Q8_0", (48, 96), "int8")
+    assert np.array_equal(q.data.numpy(), quants.quantize(w.numpy(), GGMLQuantizationType.Q8_0))
+    assert kernels.quantize_q8_0(w, activations="float").activations == "float"
+    with pytest.raises(ValueError, match="multiple of 32"):
+        kernels.quantize_q8_0(torch.randn(4, 40))
 
 
 @pytest.mark.skipif(len(PATHS) < 2, reason="one build on this CPU: nothing to compare")

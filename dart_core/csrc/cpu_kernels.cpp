@@ -1526,6 +1526,33 @@ void weighted_values(const float* p /* [R][p_stride] */, int64_t p_stride, int64
     }
 }
 
+// max(a[0..n)) as the scalar fold mx = std::max(mx, a[j]) from mx = a[0] computes it (a NaN a[j] is
+// skipped, a NaN a[0] kept): a maximum does not depend on the order it is taken in, so 16 lanes give
+// the same value. The scalar fold is one dependent vmaxss per key: it was two thirds of the softmax.
+inline float max_of(const float* a, int64_t n) {
+    float mx = a[0];
+    int64_t j = 1;
+#if defined(DART_V16_AVX512)
+    if (n >= 17) {
+        __m512 m = _mm512_set1_ps(a[0]);
+        for (; j + 16 <= n; j += 16) m = _mm512_max_ps(_mm512_loadu_ps(a + j), m);  // second operand kept on NaN
+        float lanes[16];
+        _mm512_storeu_ps(lanes, m);
+        for (float l : lanes) mx = std::max(mx, l);
+    }
+#elif defined(DART_V16_AVX2)
+    if (n >= 9) {
+        __m256 m = _mm256_set1_ps(a[0]);
+        for (; j + 8 <= n; j += 8) m = _mm256_max_ps(_mm256_loadu_ps(a + j), m);
+        float lanes[8];
+        _mm256_storeu_ps(lanes, m);
+        for (float l : lanes) mx = std::max(mx, l);
+    }
+#endif
+    for (; j < n; ++j) mx = std::max(mx, a[j]);
+    return mx;
+}
+
 // One KV group's attention for its `rep` query heads (qf [rep][hd], RoPE applied, fp32) over the
 // logical key sequence: slots 0..P-1 of kc/vc, then the slots listed in tl (L = P + tl.size() keys).
 // Scores, softmax and values in the fixed order of the contract; writes head r's output to
@@ -1536,8 +1563,7 @@ void attend_group(const float* qf, int64_t rep, const T* kc, const T* vc, int64_
     key_scores(qf, rep, kc, P, tl, L, hd, scale, kf, scores, max_len);
     for (int64_t r = 0; r < rep; ++r) {
         float* sr = scores + r * max_len;
-        float mx = sr[0];
-        for (int64_t j = 1; j < L; ++j) mx = std::max(mx, sr[j]);
+        const float mx = max_of(sr, L);
         for (int64_t j = 0; j < L; ++j) sr[j] = exp_nonpositive(sr[j] - mx);
     }
     weighted_values(scores, max_len, rep, vc, P, tl, L, hd, vf, acc);

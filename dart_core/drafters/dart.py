@@ -22,7 +22,7 @@ import ngram_cpp
 from ..generate import Proposal
 from ..model import KVCache
 from ..tree import DraftTree
-from .head import DraftHead, KernelHead, load_head
+from .head import DraftHead, KernelHead, int8_beside, load_head
 
 CONTEXT_TAIL = 8  # committed tokens passed to the pruner as n-gram context (order - 1 are used)
 
@@ -195,7 +195,7 @@ class DartDrafter:
         # the head's forward on the CPU kernels where they run (else the eager module); kernel_head:
         # one built before for this head, shared
         if kernel_head is None and use_kernels and KernelHead.supports(head):
-            kernel_head = KernelHead(head)
+            kernel_head = KernelHead(head, int8=int8_beside(target))
         self.fast = kernel_head if use_kernels else None
 
     def with_params(self, params: DartParams) -> "DartDrafter":

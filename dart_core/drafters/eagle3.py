@@ -28,7 +28,7 @@ import torch
 from ..generate import Proposal
 from ..model import KVCache
 from ..tree import DraftTree
-from .head import DraftHead, KernelHead, load_head
+from .head import DraftHead, KernelHead, int8_beside, load_head
 
 ACCEPTANCE_FILE = "acceptance.json"  # beside an EAGLE3 head: its fitted ranking (python -m dart_core.cli.fit --method eagle3)
 ACCEPTANCE_FORMAT = "eagle3-acceptance/1"
@@ -104,7 +104,7 @@ class Eagle3Drafter:
         self.max_nodes = params.max_nodes
         # the first forward of a step (causal over the committed tokens) on the CPU kernels where they
         # run; the expansions attend to scattered ancestors and stay on the eager module
-        self.fast = KernelHead(head) if use_kernels and KernelHead.supports(head) else None
+        self.fast = KernelHead(head, int8=int8_beside(target)) if use_kernels and KernelHead.supports(head) else None
 
     def new_session(self, capacity: int) -> "_Eagle3Session":
         return _Eagle3Session(self, capacity)

@@ -207,17 +207,19 @@ class KernelHead:
     (tests compare them); drafts need no exactness, the verify guarantees the output.
     Use `KernelHead.supports(head)` first: CPU, float32/bfloat16/float16, kernels built."""
 
-    def __init__(self, head: DraftHead):
+    def __init__(self, head: DraftHead, int8: bool = False):
+        """int8: the linears' weights as Q8_0 blocks against int8 activations (kernels.quantize_q8_0)."""
         c, layer = head.config, head.midlayer
         a, m = layer.self_attn, layer.mlp
-        self.c = c
+        self.c, self.int8 = c, int8
+        weight = kernels.quantize_q8_0 if int8 else (lambda w: w)
         with torch.no_grad():
-            self.fc = head.fc.weight.detach()
-            self.wqkv = torch.cat((a.q_proj.weight, a.k_proj.weight, a.v_proj.weight)).detach().contiguous()
-            self.wo = a.o_proj.weight.detach()
-            self.wgu = torch.cat((m.gate_proj.weight, m.up_proj.weight)).detach().contiguous()
-            self.wdown = m.down_proj.weight.detach()
-            self.lm_head = head.lm_head.weight.detach()
+            self.fc = weight(head.fc.weight.detach())
+            self.wqkv = weight(torch.cat((a.q_proj.weight, a.k_proj.weight, a.v_proj.weight)).detach().contiguous())
+            self.wo = weight(a.o_proj.weight.detach())
+            self.wgu = weight(torch.cat((m.gate_proj.weight, m.up_proj.weight)).detach().contiguous())
+            self.wdown = weight(m.down_proj.weight.detach())
+            self.lm_head = weight(head.lm_head.weight.detach())
         self.input_norm, self.hidden_norm = layer.input_layernorm.weight.detach(), layer.hidden_norm.weight.detach()
         self.post_norm, self.final_norm = layer.post_attention_layernorm.weight.detach(), head.norm.weight.detach()
         self.eps = c.rms_norm_eps
@@ -359,6 +361,13 @@ def load_head(name: str | os.PathLike, dart: bool, target, dtype=None, device=No
     state["d2t"], state["t2d"] = d2t, state["t2d"].bool()
     head.load_state_dict(state, strict=True)
     return head.to(device=device or target.device, dtype=dtype or head_dtype(target)).eval()
+
+
+def int8_beside(target) -> bool:
+    """Whether a head's kernel forward runs on Q8_0 weights and int8 activations beside `target`: beside
+    the GGUF paths, whose target forward is block weights already (a draft step reads half the bytes of
+    the bf16 head, and drafts need no exactness: the verify decides)."""
+    return str(getattr(target, "weights", "")).startswith(GGUF)
 
 
 def head_dtype(target) -> torch.dtype:
