@@ -106,8 +106,8 @@ BLOCK_FORMATS = ("Q8_0", "Q4_0", "Q4_1")
 # How block weights meet activations: "float" (exact: the fp32 values of the GGUF's dequantization) or
 # "int8" (activations quantized per block of 32 as llama.cpp does; integer dot products).
 ACTIVATIONS = ("float", "int8")
-X16_FORMATS = ("Q4_0", "Q4_1")  # block formats that interleave 16 rows (BlockWeight.interleaved)
-X16_CODE_OFFSET = 3  # Q4_0 -> Q4_0X16 (6), Q4_1 -> Q4_1X16 (7) in the extension's format codes
+X16_FORMATS = ("Q4_0", "Q4_1", "Q8_0")  # block formats that interleave 16 rows (BlockWeight.interleaved)
+X16_CODE_OFFSET = 3  # Q4_0 -> Q4_0X16 (6), Q4_1 -> Q4_1X16 (7), Q8_0 -> Q8_0X16 (8) in the extension's format codes
 
 
 @dataclass(frozen=True)
@@ -124,8 +124,8 @@ class BlockWeight:
     # quantized to int8 blocks and meet the codes in integer dot products (faster, not exact; see
     # ACTIVATIONS and the int8 section of cpu_kernels.cpp).
     activations: str = "float"
-    # "gguf": rows as the file stores them; "x16": 16 rows interleaved per block (Q4_0/Q4_1 against
-    # int8 activations: one integer lane per weight row, see `interleaved` and cpu_kernels.cpp).
+    # "gguf": rows as the file stores them; "x16": 16 rows interleaved per block (against int8
+    # activations: one integer lane per weight row, see `interleaved` and cpu_kernels.cpp).
     layout: str = "gguf"
 
     def __post_init__(self):
@@ -137,7 +137,7 @@ class BlockWeight:
             raise ValueError(f"layout {self.layout!r}: 'gguf' or 'x16'")
         if self.layout == "x16" and (self.fmt not in X16_FORMATS or self.rows % 16 or self.activations != "int8"):
             raise ValueError(
-                f"an interleaved weight is Q4_0/Q4_1 in whole groups of 16 rows against int8 activations, "
+                f"an interleaved weight is {'/'.join(X16_FORMATS)} in whole groups of 16 rows against int8 activations, "
                 f"got {self.fmt} {self.rows} rows, {self.activations} activations"
             )
         if self.cols % 32:
@@ -191,18 +191,21 @@ class BlockWeight:
     def interleaved(self) -> "BlockWeight":
         """The same bytes with every 16 rows interleaved block by block (layout "x16"), for int8
         activations: per group of 16 rows and block, the 16 fp16 scales, Q4_1's 16 minimums, then 4
-        chunks of 64 bytes, chunk j holding code bytes 4j..4j+3 of each row in turn."""
+        chunks of 64 bytes (Q8_0: 8), chunk j holding code bytes 4j..4j+3 of each row in turn."""
         if self.layout != "gguf" or self.fmt not in X16_FORMATS or self.rows % 16:
             raise ValueError(
-                f"interleave Q4_0/Q4_1 weights of whole groups of 16 rows as stored, got {self.fmt} {self.rows} rows ({self.layout})"
+                f"interleave {'/'.join(X16_FORMATS)} weights of whole groups of 16 rows as stored, "
+                f"got {self.fmt} {self.rows} rows ({self.layout})"
             )
-        head = 4 if self.fmt == "Q4_1" else 2  # bytes of scale (+ minimum) before a block's 16 code bytes
-        nb, per = self.cols // 32, head + 16
+        head = 4 if self.fmt == "Q4_1" else 2  # bytes of scale (+ minimum) before a block's code bytes
+        code_bytes = 32 if self.fmt == "Q8_0" else 16
+        nb, per = self.cols // 32, head + code_bytes
         blocks = self.data.view(self.rows // 16, 16, nb, per).permute(0, 2, 1, 3)  # (G, nb, 16 rows, per)
         parts = [blocks[..., 0:2].reshape(-1, nb, 32)]
         if head == 4:
             parts.append(blocks[..., 2:4].reshape(-1, nb, 32))
-        codes = blocks[..., head:].reshape(-1, nb, 16, 4, 4).permute(0, 1, 3, 2, 4).reshape(-1, nb, 256)  # chunk, row, byte
+        chunks = code_bytes // 4
+        codes = blocks[..., head:].reshape(-1, nb, 16, chunks, 4).permute(0, 1, 3, 2, 4).reshape(-1, nb, 64 * chunks)  # chunk, row, byte
         data = torch.cat(parts + [codes], dim=-1).reshape(self.rows, -1).contiguous()
         return BlockWeight(self.fmt, self.rows, self.cols, data, "int8", "x16")
 

@@ -705,7 +705,7 @@ def load_gguf_transformer(
         return (w if perm is None else w.select_rows(perm)).with_activations(activations)
 
     def layer_weight(w: kernels.BlockWeight) -> kernels.BlockWeight:
-        # int8 activations: Q4 rows interleaved in 16s (the same bytes), one integer lane a row
+        # int8 activations: rows interleaved in 16s (the same bytes), one integer lane a row
         if activations == "int8" and w.fmt in kernels.X16_FORMATS and w.rows % 16 == 0:
             return w.interleaved()
         return w
@@ -716,8 +716,12 @@ def load_gguf_transformer(
     embed = block("token_embd.weight")
     if embed.shape != (args.vocab_size, H):
         raise ValueError(f"token_embd.weight is {embed.shape}, the config implies {(args.vocab_size, H)}")
-    model.tok_embeddings = BlockEmbedding(embed)
-    model.output = BlockLinear(block("output.weight") if "output.weight" in tensors else embed, gemm)
+    if "output.weight" in tensors:
+        model.tok_embeddings = BlockEmbedding(embed)
+        model.output = BlockLinear(layer_weight(block("output.weight")), gemm)
+    else:  # tied: one copy, interleaved where the LM head wants it (the lookup reads either layout)
+        embed = layer_weight(embed)
+        model.tok_embeddings, model.output = BlockEmbedding(embed), BlockLinear(embed, gemm)
     model.norm.weight = nn.Parameter(get("output_norm.weight"), requires_grad=False)
     q_perm, k_perm = _unpermute_rope_rows(args.n_heads, hd), _unpermute_rope_rows(args.n_kv_heads, hd)
     for i, layer in enumerate(model.layers):

@@ -356,8 +356,10 @@ def test_interleaved_rows_give_the_same_bits_on_every_build(fmt):
 def test_interleaving_is_checked():
     with pytest.raises(ValueError, match="groups of 16"):
         _random_blocks("Q4_1", 20, 64, seed=1).interleaved()
-    with pytest.raises(ValueError, match="Q4_0/Q4_1"):
-        _random_blocks("Q8_0", 16, 64, seed=1).interleaved()
+    with pytest.raises(ValueError, match="groups of 16"):
+        _random_blocks("Q8_0", 24, 64, seed=1).interleaved()
+    with pytest.raises(ValueError, match="as stored"):
+        _random_blocks("Q8_0", 16, 64, seed=1).interleaved().interleaved()
     wx = _random_blocks("Q4_0", 16, 64, seed=1).interleaved()
     with pytest.raises(ValueError, match="before interleaving"):
         wx.select_rows(torch.tensor([0]))

@@ -75,8 +75,9 @@ constexpr int LANES = 16;
 
 enum class DType : int { F32 = 0, BF16 = 1, F16 = 2 };
 // Weight formats (dart_core/kernels.py WEIGHT_FORMATS): the three float dtypes, then GGUF blocks.
-// Q4_0X16 / Q4_1X16: the same blocks with 16 weight rows interleaved (int8 activations only; see below).
-enum class WFormat : int { F32 = 0, BF16 = 1, F16 = 2, Q4_0 = 3, Q4_1 = 4, Q8_0 = 5, Q4_0X16 = 6, Q4_1X16 = 7 };
+// Q4_0X16 / Q4_1X16 / Q8_0X16: the same blocks with 16 weight rows interleaved (int8 activations
+// only; see below).
+enum class WFormat : int { F32 = 0, BF16 = 1, F16 = 2, Q4_0 = 3, Q4_1 = 4, Q8_0 = 5, Q4_0X16 = 6, Q4_1X16 = 7, Q8_0X16 = 8 };
 
 // ------------------------------------------------------------------------------------- conversions
 
@@ -681,9 +682,11 @@ struct Q8Rows {  // M activation rows in int8 blocks; pairs of blocks padded wit
     std::vector<int8_t> q;    // M x (npair * 64)
     std::vector<float> dx16;  // M x npair x 16: the pair's scales, each repeated over its 8 lanes
     std::vector<float> sx;    // M x nb16 (zero past nb)
+    std::vector<int32_t> isum;  // M x nb: each block's sum of codes (sx = dx * isum)
     const int8_t* qrow(int64_t m) const { return q.data() + m * npair * 64; }
     const float* dxrow(int64_t m) const { return dx16.data() + m * npair * 16; }
     const float* sxrow(int64_t m) const { return sx.data() + m * nb16; }
+    const int32_t* isrow(int64_t m) const { return isum.data() + m * nb; }
 };
 
 #if defined(DART_V16_AVX512) || defined(DART_V16_AVX2)
@@ -738,6 +741,7 @@ inline bool quantize_block_vec(const float* v, Q8Rows& r, int64_t m, int64_t b) 
     float* dx = r.dx16.data() + m * r.npair * 16 + (b / 2) * 16 + (b % 2) * 8;
     for (int l = 0; l < 8; ++l) dx[l] = d;
     r.sx[m * r.nb16 + b] = d * static_cast<float>(s);
+    r.isum[m * r.nb + b] = s;
     return true;
 }
 #endif
@@ -748,6 +752,7 @@ void quantize_q8(const TX* x, int64_t x_stride, int64_t M, int64_t K, Q8Rows& r)
     r.q.assign(static_cast<size_t>(M * r.npair * 64), 0);
     r.dx16.assign(static_cast<size_t>(M * r.npair * 16), 0.0f);
     r.sx.assign(static_cast<size_t>(M * r.nb16), 0.0f);
+    r.isum.assign(static_cast<size_t>(M * r.nb), 0);
     std::vector<float> row(static_cast<size_t>(K));
     for (int64_t m = 0; m < M; ++m) {
         load_row(x + m * x_stride, row.data(), K);
@@ -770,6 +775,7 @@ void quantize_q8(const TX* x, int64_t x_stride, int64_t M, int64_t K, Q8Rows& r)
             float* dx = r.dx16.data() + m * r.npair * 16 + (b / 2) * 16 + (b % 2) * 8;
             for (int l = 0; l < 8; ++l) dx[l] = d;
             r.sx[m * r.nb16 + b] = d * static_cast<float>(s);
+            r.isum[m * r.nb + b] = s;
         }
     }
 }
@@ -1013,18 +1019,27 @@ void linear_q8_impl(const TX* x, int64_t x_stride, int64_t M, int64_t K, const u
 //
 // Contract (q8x16), per output (weight row n, input row m): acc = 0; for each block b in order:
 // acc = fma(d_nb * dx_mb, float(sum_e code * q), acc); then acc = fma(o_nb, sx_mb, acc) with o = m
-// (Q4_1) or -8 d (Q4_0, its codes taken unsigned). No lane reduction; every build the same bits.
+// (Q4_1) or -8 d (Q4_0, its codes taken unsigned); Q8_0 (signed codes) has no offset term. No lane
+// reduction; every build the same bits.
 
 constexpr int64_t X16 = 16;  // weight rows per interleaved group
 constexpr int64_t X16_PREFETCH_GROUPS = 2;  // groups ahead (6-15 KB each), into L2
 template <class F> constexpr int64_t x16_codes_at() { return std::is_same_v<F, FmtQ4_1> ? 64 : 32; }  // bytes of scales (+ minimums)
+template <class F> constexpr int x16_chunks() { return std::is_same_v<F, FmtQ8_0> ? 8 : 4; }  // 64-byte code chunks a block
 template <class F> constexpr int64_t x16_block_bytes() { return X16 * F::BYTES; }
 
-// Weight row `lane` of an interleaved group's block as its 32 unsigned codes, scale and offset term.
+// Weight row `lane` of an interleaved group's block as its 32 codes (Q4: unsigned nibbles; Q8_0: the
+// signed bytes), scale and offset term (Q8_0 has none).
 template <class F> inline void x16_block_scalar(const uint8_t* gb, int lane, int32_t* c, float& d, float& o) {
     d = f16_at(gb + 2 * lane);
     o = std::is_same_v<F, FmtQ4_1> ? f16_at(gb + 32 + 2 * lane) : -8.0f * d;
     const uint8_t* codes = gb + x16_codes_at<F>();
+    if constexpr (std::is_same_v<F, FmtQ8_0>) {
+        o = 0.0f;
+        for (int j = 0; j < 8; ++j)
+            for (int t = 0; t < 4; ++t) c[4 * j + t] = static_cast<int8_t>(codes[j * 64 + lane * 4 + t]);
+        return;
+    }
     for (int j = 0; j < 4; ++j)
         for (int t = 0; t < 4; ++t) {
             const uint8_t byte = codes[j * 64 + lane * 4 + t];
@@ -1040,7 +1055,9 @@ template <class F> void dequant_row_x16(const uint8_t* group, int lane, int64_t 
         float d, o;
         x16_block_scalar<F>(group + b * x16_block_bytes<F>(), lane, c, d, o);
         for (int e = 0; e < 32; ++e)
-            out[b * 32 + e] = std::is_same_v<F, FmtQ4_1> ? std::fma(d, static_cast<float>(c[e]), o) : d * static_cast<float>(c[e] - 8);
+            out[b * 32 + e] = std::is_same_v<F, FmtQ4_1>   ? std::fma(d, static_cast<float>(c[e]), o)
+                              : std::is_same_v<F, FmtQ8_0> ? d * static_cast<float>(c[e])
+                                                           : d * static_cast<float>(c[e] - 8);
     }
 }
 
@@ -1054,7 +1071,7 @@ template <class F> float x16_dot_ref(const Q8Rows& x, int64_t m, const uint8_t* 
         int32_t p = 0;
         for (int e = 0; e < 32; ++e) p += c[e] * xq[b * 32 + e];
         acc = std::fma(d * x.dxrow(m)[(b / 2) * 16 + (b % 2) * 8], static_cast<float>(p), acc);
-        acc = std::fma(o, x.sxrow(m)[b], acc);
+        if constexpr (!std::is_same_v<F, FmtQ8_0>) acc = std::fma(o, x.sxrow(m)[b], acc);
     }
     return acc;
 }
@@ -1064,9 +1081,51 @@ inline float q8_dx(const Q8Rows& x, int64_t m, int64_t b) { return x.dxrow(m)[(b
 
 #if defined(DART_V16_AVX512)
 constexpr int64_t X16_MB = 16;  // input rows per pass: 16 accumulators + 8 code registers + scales of 32
+// Q8_0 (the LM head / tied embedding): 8 chunks of signed codes. With VNNI the codes go in as c + 128
+// (unsigned, one xor a block for all rows) and 128 * (the activation block's code sum) comes off the
+// integer sum; without it, |c| against the activations with c's signs (pair sums <= 2 * 128 * 127,
+// exact in int16). Either way the exact integer sum_e c * q of the contract.
+template <int R>
+void x16_group_q8_0(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, const uint8_t* pf) {
+    constexpr int64_t BB = x16_block_bytes<FmtQ8_0>();
+    __m512 acc[R];
+    for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < x.nb; ++b) {
+        const uint8_t* gb = group + b * BB;
+        if (pf)
+            for (int64_t o = 0; o < BB; o += 64) prefetch_l2(pf + b * BB + o);
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb)));
+        const uint8_t* codes = gb + x16_codes_at<FmtQ8_0>();
+#ifdef __AVX512VNNI__
+        __m512i u[8];
+        for (int j = 0; j < 8; ++j) u[j] = _mm512_xor_si512(_mm512_loadu_si512(codes + j * 64), _mm512_set1_epi8(static_cast<char>(0x80)));
+#endif
+#pragma GCC unroll 16
+        for (int i = 0; i < R; ++i) {
+            int32_t xw[8];
+            std::memcpy(xw, x.qrow(m0 + i) + b * 32, 32);
+            __m512i p = _mm512_setzero_si512();
+#ifdef __AVX512VNNI__
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; ++j) p = _mm512_dpbusd_epi32(p, u[j], _mm512_set1_epi32(xw[j]));
+            p = _mm512_sub_epi32(p, _mm512_set1_epi32(128 * x.isrow(m0 + i)[b]));
+#else
+            for (int j = 0; j < 8; ++j) {
+                const __m512i c = _mm512_loadu_si512(codes + j * 64), xb = _mm512_set1_epi32(xw[j]);
+                const __m512i xs = _mm512_mask_sub_epi8(xb, _mm512_movepi8_mask(c), _mm512_setzero_si512(), xb);
+                p = _mm512_add_epi32(p, _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(c), xs), _mm512_set1_epi16(1)));
+            }
+#endif
+            acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(q8_dx(x, m0 + i, b))), _mm512_cvtepi32_ps(p), acc[i]);
+        }
+    }
+    for (int i = 0; i < R; ++i) _mm512_storeu_ps(res + i * X16, acc[i]);
+}
+
 // R input rows against one group of 16 weight rows; out rows out_stride apart (16 outputs each).
 template <class F, int R>
 void x16_group(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, const uint8_t* pf) {
+    if constexpr (std::is_same_v<F, FmtQ8_0>) return x16_group_q8_0<R>(x, m0, group, res, pf);
     __m512 acc[R];
     for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
     const __m512i m4 = _mm512_set1_epi8(0x0F);
@@ -1109,8 +1168,40 @@ void x16_group(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, co
 }
 #else  // AVX2: the group as two halves of 8 rows, one after the other
 constexpr int64_t X16_MB = 6;  // 6 accumulators + 8 code registers + scales of 16 ymm
+// Q8_0: |c| against the activations with c's signs (pair sums exact in int16), a chunk at a time.
+template <int R>
+void x16_group_q8_0(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, const uint8_t* pf) {
+    constexpr int64_t BB = x16_block_bytes<FmtQ8_0>();
+    const __m256i one = _mm256_set1_epi16(1);
+    for (int half = 0; half < 2; ++half) {
+        __m256 acc[R];
+        for (int i = 0; i < R; ++i) acc[i] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < x.nb; ++b) {
+            const uint8_t* gb = group + b * BB;
+            if (pf && half == 0)
+                for (int64_t o = 0; o < BB; o += 64) prefetch_l2(pf + b * BB + o);
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * half)));
+            const uint8_t* codes = gb + x16_codes_at<FmtQ8_0>() + 32 * half;
+#pragma GCC unroll 6
+            for (int i = 0; i < R; ++i) {
+                int32_t xw[8];
+                std::memcpy(xw, x.qrow(m0 + i) + b * 32, 32);
+                __m256i p = _mm256_setzero_si256();
+                for (int j = 0; j < 8; ++j) {
+                    const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * 64));
+                    const __m256i s = _mm256_maddubs_epi16(_mm256_sign_epi8(c, c), _mm256_sign_epi8(_mm256_set1_epi32(xw[j]), c));
+                    p = _mm256_add_epi32(p, _mm256_madd_epi16(s, one));
+                }
+                acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(q8_dx(x, m0 + i, b))), _mm256_cvtepi32_ps(p), acc[i]);
+            }
+        }
+        for (int i = 0; i < R; ++i) _mm256_storeu_ps(res + i * X16 + 8 * half, acc[i]);
+    }
+}
+
 template <class F, int R>
 void x16_group(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, const uint8_t* pf) {
+    if constexpr (std::is_same_v<F, FmtQ8_0>) return x16_group_q8_0<R>(x, m0, group, res, pf);
     const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi16(1);
     for (int half = 0; half < 2; ++half) {
         __m256 acc[R];
@@ -1695,6 +1786,7 @@ void linear_fmt(int wfmt, const TX* x, int64_t x_stride, int64_t M, int64_t K, c
             case WFormat::Q8_0: return linear_q8_impl<TX, FmtQ8_0>(x, x_stride, M, K, w, rb, N, bias, out, out_stride);
             case WFormat::Q4_0X16: return linear_q8x16_impl<TX, FmtQ4_0>(x, x_stride, M, K, w, rb, N, bias, out, out_stride);
             case WFormat::Q4_1X16: return linear_q8x16_impl<TX, FmtQ4_1>(x, x_stride, M, K, w, rb, N, bias, out, out_stride);
+            case WFormat::Q8_0X16: return linear_q8x16_impl<TX, FmtQ8_0>(x, x_stride, M, K, w, rb, N, bias, out, out_stride);
             default: throw std::invalid_argument("linear: int8 activations apply to GGUF block formats only, got format code " + std::to_string(wfmt & ~Q8_ACT));
         }
     }
@@ -1711,7 +1803,8 @@ void linear_fmt(int wfmt, const TX* x, int64_t x_stride, int64_t M, int64_t K, c
         case WFormat::Q4_1: return linear_impl<TX, FmtQ4_1>(x, x_stride, M, K, w, rb, N, bias, out, out_stride);
         case WFormat::Q8_0: return linear_impl<TX, FmtQ8_0>(x, x_stride, M, K, w, rb, N, bias, out, out_stride);
         case WFormat::Q4_0X16:
-        case WFormat::Q4_1X16: throw std::invalid_argument("linear: interleaved weights multiply against int8 activations only");
+        case WFormat::Q4_1X16:
+        case WFormat::Q8_0X16: throw std::invalid_argument("linear: interleaved weights multiply against int8 activations only");
     }
     throw std::invalid_argument("linear: unknown weight format code " + std::to_string(wfmt));
 }
@@ -1731,6 +1824,7 @@ int64_t row_bytes(int wfmt, int64_t K) {  // the Q8_ACT flag does not change how
         case WFormat::Q8_0: return format_row_bytes<FmtQ8_0>(K);
         case WFormat::Q4_0X16: return format_row_bytes<FmtQ4_0>(K);
         case WFormat::Q4_1X16: return format_row_bytes<FmtQ4_1>(K);
+        case WFormat::Q8_0X16: return format_row_bytes<FmtQ8_0>(K);
     }
     throw std::invalid_argument("unknown weight format code " + std::to_string(wfmt));
 }
@@ -1819,6 +1913,7 @@ void dequantize(int wfmt, uintptr_t w, int64_t rb, int64_t K, int64_t n_rows, ui
         case WFormat::Q8_0: return dequantize_to<FmtQ8_0>(out_dtype, wp, rb, K, r, n, out, out_stride);
         case WFormat::Q4_0X16: return dequantize_x16_to<FmtQ4_0>(out_dtype, wp, rb, K, r, n, out, out_stride);
         case WFormat::Q4_1X16: return dequantize_x16_to<FmtQ4_1>(out_dtype, wp, rb, K, r, n, out, out_stride);
+        case WFormat::Q8_0X16: return dequantize_x16_to<FmtQ8_0>(out_dtype, wp, rb, K, r, n, out, out_stride);
     }
     throw std::invalid_argument("dequantize: unknown weight format code " + std::to_string(wfmt));
 }
