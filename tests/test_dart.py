@@ -143,6 +143,8 @@ def test_int8_kernel_head_is_close_to_the_eager_head(qwen3):
     hidden = target.model(tokens, torch.arange(len(tokens)), target.new_cache(32), capture=True).hidden
     int8 = KernelHead(head, int8=True)
     assert isinstance(int8.lm_head, kernels.BlockWeight) and int8.lm_head.activations == "int8"
+    for w in (int8.fc, int8.wqkv, int8.wo, int8.wgu, int8.wdown, int8.lm_head):  # interleaved where 16 rows divide
+        assert w.layout == ("x16" if w.rows % 16 == 0 else "gguf")
     fast, eager = DartDrafter(head, target, None, kernel_head=int8), DartDrafter(head, target, None, use_kernels=False)
     out = []
     for d in (fast, eager):

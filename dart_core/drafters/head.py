@@ -208,11 +208,18 @@ class KernelHead:
     Use `KernelHead.supports(head)` first: CPU, float32/bfloat16/float16, kernels built."""
 
     def __init__(self, head: DraftHead, int8: bool = False):
-        """int8: the linears' weights as Q8_0 blocks against int8 activations (kernels.quantize_q8_0)."""
+        """int8: the linears' weights as Q8_0 blocks against int8 activations (kernels.quantize_q8_0),
+        rows interleaved in 16s where they divide (the fast int8 layout, BlockWeight.interleaved)."""
         c, layer = head.config, head.midlayer
         a, m = layer.self_attn, layer.mlp
         self.c, self.int8 = c, int8
-        weight = kernels.quantize_q8_0 if int8 else (lambda w: w)
+
+        def weight(w: torch.Tensor):
+            if not int8:
+                return w
+            q = kernels.quantize_q8_0(w)
+            return q.interleaved() if q.rows % 16 == 0 else q
+
         with torch.no_grad():
             self.fc = weight(head.fc.weight.detach())
             self.wqkv = weight(torch.cat((a.q_proj.weight, a.k_proj.weight, a.v_proj.weight)).detach().contiguous())
