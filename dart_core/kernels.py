@@ -666,6 +666,31 @@ class RowsAttention(_AttentionPlan):
         return out
 
 
+def draft_fields() -> int:
+    """How many int64 fields the extension's draft_forward plan has (KernelHead builds it)."""
+    _need_ext()
+    return int(_ext.DRAFT_FIELDS)
+
+
+def draft_forward(
+    plan: torch.Tensor, S: int, masks: int, H: int, I: int, Vd: int, nh: int, nkv: int, hd: int, eps: float, double_norm: bool,
+    aux: torch.Tensor, emb: torch.Tensor, rope: RopeTable, P: int, k_cache: torch.Tensor, v_cache: torch.Tensor, logits: torch.Tensor,
+) -> None:  # fmt: skip
+    """A DART head's draft forward in one call (see cpu_kernels.cpp draft_forward and KernelHead.draft):
+    aux (S, 3H), emb (S, H), k_cache / v_cache (nkv, capacity, hd) of the head's one layer, logits
+    (masks + 1, Vd) written; all contiguous, of one dtype."""
+    code = _code(aux)
+    for t in (emb, k_cache, v_cache, logits):
+        if t.dtype != aux.dtype or not t.is_contiguous():
+            raise ValueError("draft_forward: aux, emb, the caches and logits must be contiguous tensors of one dtype")
+    if k_cache.shape != v_cache.shape or k_cache.dim() != 3 or logits.shape != (masks + 1, Vd):
+        raise ValueError("draft_forward: caches (nkv, capacity, hd) and logits (masks + 1, Vd)")
+    _ext.draft_forward(
+        code, plan.data_ptr(), S, masks, H, I, Vd, nh, nkv, hd, float(eps), bool(double_norm), aux.data_ptr(), emb.data_ptr(),
+        rope.cos.data_ptr(), rope.sin.data_ptr(), P, k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[1], logits.data_ptr(),
+    )  # fmt: skip
+
+
 def read_bandwidth(mib: int = 256, repeats: int = 9) -> float:
     """This machine's read bandwidth in GB/s, as the weights of a step see it: the median time of
     torch's sum over `mib` MiB of fp32 (far past the caches) on the threads in use. With the bytes a

@@ -129,6 +129,41 @@ def test_kernel_forward_matches_the_eager_head(qwen3, dtype):
         torch.testing.assert_close(a.float(), b.float(), atol=tol, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("int8", [False, True])
+def test_one_call_draft_is_the_per_op_kernel_forward(qwen3, dtype, int8):
+    """KernelHead.draft (the DART forward as one C++ call) gives the bits of its per-op methods
+    (inputs, the mask rows, layer, logits) on the same kernels, two steps in a row (the second
+    attends to the first's cached keys), and writes the same cache entries."""
+    from dart_core import kernels
+    from dart_core.drafters.head import KernelHead
+    from dart_core.model import KVCache
+
+    if not kernels.AVAILABLE:
+        pytest.skip("CPU kernels not built")
+    head = random_head(qwen3, seed=4).to(dtype)
+    fast = KernelHead(head, int8=int8)
+    c, H = head.config, head.config.hidden_size
+    g = torch.Generator().manual_seed(6)
+    caches = [KVCache(1, c.num_key_value_heads, c.head_dim, 32, dtype, "cpu") for _ in range(2)]
+    for S, masks in ((3, 2), (2, D)):
+        aux = torch.randn(S, 3 * H, generator=g).to(dtype)
+        emb = torch.randn(S, H, generator=g).to(dtype)
+        one = fast.draft(aux, emb, caches[0], masks)
+        u, residual = fast.inputs(aux, emb)
+        u = torch.cat((u, head.midlayer.mask_rep.expand(masks, -1)))
+        residual = torch.cat((residual, head.midlayer.mask_rep[:H].expand(masks, -1)))
+        per_op = fast.logits(fast.layer(u, residual, caches[1], keep=masks + 1))
+        assert one.shape == (masks + 1, c.draft_vocab_size) and torch.equal(one, per_op)
+        end = caches[0].length + S + masks  # the slots written (the rest of the cache is uninitialised)
+        assert torch.equal(caches[0].k[..., :end, :], caches[1].k[..., :end, :])
+        assert torch.equal(caches[0].v[..., :end, :], caches[1].v[..., :end, :])
+        for cache in caches:
+            cache.commit(S)
+    with pytest.raises(ValueError, match="aux"):
+        fast.draft(torch.zeros(2, H, dtype=dtype), torch.zeros(2, H, dtype=dtype), caches[0], 1)
+
+
 def test_int8_kernel_head_is_close_to_the_eager_head(qwen3):
     """Beside GGUF targets the head's kernel forward reads Q8_0 copies of its weights against int8
     activations (KernelHead(int8=True)): not exact, within int8 rounding of the eager forward."""

@@ -2071,6 +2071,95 @@ void layers_forward(int dtype, uintptr_t plan, int64_t L, int64_t T_, int64_t H,
     throw std::invalid_argument("layers_forward: unknown dtype code " + std::to_string(dtype));
 }
 
+// ------------------------------------------------------------------------------------- a DART head's draft forward
+// The DART head's whole draft forward in one call (dart_core/drafters/head.py KernelHead.draft): the
+// ops of KernelHead.inputs, .layer and .logits, in their order and on the same kernels, without the
+// ~15 Python kernel calls and tensor allocations a step around them. Drafts need no exactness (the
+// verify decides); the tests compare it with those methods.
+//
+// plan (DRAFT_FIELDS) int64: format, data pointer and row bytes of fc, q|k|v, o, gate|up, down and
+// the LM head, then the input, hidden, post-attention and final norms' weights and the mask vector
+// (2H). aux (S, 3H) and emb (S, H): the S committed tokens' target states and embeddings, followed
+// by D mask rows. The T = S + D rows' keys and values go to slots P.. of the head's one cache layer
+// (nkv, cap, hd), each row attending to the prefix and the rows before it; the last D + 1 rows'
+// logits go to logits (D + 1, Vd).
+enum DraftField : int64_t {
+    FC_FMT, FC_W, FC_RB, DQKV_FMT, DQKV_W, DQKV_RB, DO_FMT, DO_W, DO_RB, DGU_FMT, DGU_W, DGU_RB, DDOWN_FMT, DDOWN_W, DDOWN_RB,
+    LM_FMT, LM_W, LM_RB, INPUT_NORM, HIDDEN_NORM, POST_NORM, FINAL_NORM, MASK_REP, DRAFT_FIELDS
+};
+
+template <class T>
+void draft_forward_impl(const int64_t* pl, int64_t S, int64_t D, int64_t H, int64_t I, int64_t Vd, int64_t nh, int64_t nkv,
+                        int64_t hd, float eps, bool double_norm, const T* aux, const T* emb, const float* cos, const float* sin,
+                        int64_t P, T* k_cache, T* v_cache, int64_t cap, T* logits) {
+    const int64_t T_ = S + D, keep = D + 1, q_out = nh * hd, kv_out = nkv * hd, qkv_n = q_out + 2 * kv_out;
+    auto W = [&](int64_t f) { return ptr<const uint8_t>(pl[f]); };
+    auto V = [&](int64_t f) { return ptr<const T>(pl[f]); };
+    std::vector<T> g(S * H), e(S * H), nrm(S * H), scratch(T_ * H), u(T_ * 2 * H), res(T_ * H), qkv(T_ * qkv_n), att(T_ * q_out);
+    std::vector<T> o(keep * H), h(keep * H), x(keep * H), gu(keep * 2 * I), act(keep * I), dn(keep * H), y(keep * H), z(keep * H);
+    // inputs: g = fc(aux); u = [norm(emb) | norm(g)] with the residual g, then the mask rows, which
+    // bypass both norms (u = mask, residual = its first H elements)
+    linear_fmt<T>(pl[FC_FMT], aux, 3 * H, S, 3 * H, W(FC_W), pl[FC_RB], H, nullptr, g.data(), H);
+    add_rmsnorm_impl<T>(emb, nullptr, V(INPUT_NORM), S, H, eps, scratch.data(), e.data());
+    add_rmsnorm_impl<T>(g.data(), nullptr, V(HIDDEN_NORM), S, H, eps, scratch.data(), nrm.data());
+    const T* mask = V(MASK_REP);
+    for (int64_t t = 0; t < T_; ++t) {
+        T* ut = u.data() + t * 2 * H;
+        if (t < S) {
+            std::memcpy(ut, e.data() + t * H, H * sizeof(T));
+            std::memcpy(ut + H, nrm.data() + t * H, H * sizeof(T));
+            std::memcpy(res.data() + t * H, g.data() + t * H, H * sizeof(T));
+        } else {
+            std::memcpy(ut, mask, 2 * H * sizeof(T));
+            std::memcpy(res.data() + t * H, mask, H * sizeof(T));
+        }
+    }
+    // the layer: causal attention after the cached prefix, then o and the MLP on the last `keep` rows
+    linear_fmt<T>(pl[DQKV_FMT], u.data(), 2 * H, T_, 2 * H, W(DQKV_W), pl[DQKV_RB], qkv_n, nullptr, qkv.data(), qkv_n);
+    std::vector<int64_t> pos(T_), parents(T_);
+    for (int64_t t = 0; t < T_; ++t) pos[t] = P + t, parents[t] = t - 1;
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+    tree_attention_impl<T>(qkv.data(), qkv_n, qkv.data() + q_out, qkv_n, qkv.data() + q_out + kv_out, qkv_n, cos, sin, pos.data(),
+                           k_cache, v_cache, cap, P, T_, parents.data(), nh, nkv, hd, scale, att.data(), q_out);
+    linear_fmt<T>(pl[DO_FMT], att.data() + (T_ - keep) * q_out, q_out, keep, q_out, W(DO_W), pl[DO_RB], H, nullptr, o.data(), H);
+    add_rmsnorm_impl<T>(res.data() + (T_ - keep) * H, o.data(), V(POST_NORM), keep, H, eps, h.data(), x.data());  // h = res + o
+    linear_fmt<T>(pl[DGU_FMT], x.data(), H, keep, H, W(DGU_W), pl[DGU_RB], 2 * I, nullptr, gu.data(), 2 * I);
+    silu_mul_impl<T>(gu.data(), 2 * I, keep, I, act.data());
+    linear_fmt<T>(pl[DDOWN_FMT], act.data(), I, keep, I, W(DDOWN_W), pl[DDOWN_RB], H, nullptr, dn.data(), H);
+    // logits: the final norm of h + down (twice for heads with double_norm), the LM head
+    add_rmsnorm_impl<T>(h.data(), dn.data(), V(FINAL_NORM), keep, H, eps, y.data(), z.data());
+    if (double_norm) {
+        add_rmsnorm_impl<T>(z.data(), nullptr, V(FINAL_NORM), keep, H, eps, y.data(), x.data());
+        z.swap(x);
+    }
+    linear_fmt<T>(pl[LM_FMT], z.data(), H, keep, H, W(LM_W), pl[LM_RB], Vd, nullptr, logits, Vd);
+}
+
+void draft_forward(int dtype, uintptr_t plan, int64_t S, int64_t D, int64_t H, int64_t I, int64_t Vd, int64_t nh, int64_t nkv,
+                   int64_t hd, float eps, bool double_norm, uintptr_t aux, uintptr_t emb, uintptr_t cos, uintptr_t sin, int64_t P,
+                   uintptr_t k_cache, uintptr_t v_cache, int64_t cap, uintptr_t logits) {
+    if (S < 1 || D < 0) throw std::invalid_argument("draft_forward: needs at least one committed row and D >= 0 mask rows");
+    if (hd % 2 || nkv < 1 || nh % nkv) throw std::invalid_argument("draft_forward: head_dim must be even and nkv divide nh");
+    if (P < 0 || P + S + D > cap) throw std::invalid_argument("draft_forward: the cache is too small");
+    const int64_t* pl = ptr<const int64_t>(plan);
+    const int64_t q_out = nh * hd, widths[6][2] = {{3 * H, H}, {2 * H, q_out + 2 * nkv * hd}, {q_out, H}, {H, 2 * I}, {I, H}, {H, Vd}};
+    for (int j = 0; j < 6; ++j)
+        if (pl[3 * j + 2] != row_bytes(static_cast<int>(pl[3 * j]), widths[j][0]))
+            throw std::invalid_argument("draft_forward: weight " + std::to_string(j) + "'s rows do not hold " + std::to_string(widths[j][0]) + " elements");
+    py::gil_scoped_release release;
+#define DART_DRAFT(TY)                                                                                                      \
+    return draft_forward_impl<TY>(pl, S, D, H, I, Vd, nh, nkv, hd, eps, double_norm, ptr<const TY>(aux), ptr<const TY>(emb), \
+                                  ptr<const float>(cos), ptr<const float>(sin), P, ptr<TY>(k_cache), ptr<TY>(v_cache), cap,  \
+                                  ptr<TY>(logits))
+    switch (static_cast<DType>(dtype)) {
+        case DType::F32: DART_DRAFT(float);
+        case DType::BF16: DART_DRAFT(uint16_t);
+        case DType::F16: DART_DRAFT(_Float16);
+    }
+#undef DART_DRAFT
+    throw std::invalid_argument("draft_forward: unknown dtype code " + std::to_string(dtype));
+}
+
 // What the CPU running this process offers (the loader picks a build with it; x86 only).
 py::dict cpu_features() {
     py::dict d;
@@ -2100,6 +2189,8 @@ PYBIND11_MODULE(DART_KERNELS_MODULE, m) {
     m.def("tree_attention", &tree_attention);
     m.def("rows_attention", &rows_attention);
     m.def("layers_forward", &layers_forward);
+    m.def("draft_forward", &draft_forward);
+    m.attr("DRAFT_FIELDS") = static_cast<int64_t>(DRAFT_FIELDS);
     m.attr("PLAN_FIELDS") = static_cast<int64_t>(PLAN_FIELDS);
     m.attr("Q8_ACTIVATIONS") = Q8_ACT;
     m.def("num_threads", &n_threads);

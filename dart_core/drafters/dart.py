@@ -242,24 +242,23 @@ class _DartSession:
         S = len(self.pending_ids)
         emb = target.model.tok_embeddings(torch.tensor(self.pending_ids[1:] + [root], device=target.device)).to(head.fc.weight.dtype)
         aux = torch.cat(self.pending_aux)
-        fast = self.d.fast  # the CPU kernels, else the eager module
-        u, residual = fast.inputs(aux, emb) if fast is not None else head.inputs(aux, None, emb)
-        u = torch.cat((u, layer.mask_rep.expand(D, -1)))  # (S+D, 2H): masks bypass both norms
-        residual = torch.cat((residual, layer.mask_rep[: head.config.hidden_size].expand(D, -1)))
-        if fast is not None:
-            h = fast.layer(u, residual, self.cache, keep=D + 1)
-        else:
+        if self.d.fast is not None:  # the CPU kernels: the whole forward in one call
+            logits = self.d.fast.draft(aux, emb, self.cache, D)
+        else:  # the eager module
+            u, residual = head.inputs(aux, None, emb)
+            u = torch.cat((u, layer.mask_rep.expand(D, -1)))  # (S+D, 2H): masks bypass both norms
+            residual = torch.cat((residual, layer.mask_rep[: head.config.hidden_size].expand(D, -1)))
             P = self.cache.length
             positions = torch.arange(P, P + S + D, device=target.device)
             cos, sin = head.rope(positions, u.dtype)
             causal = torch.ones(S + D, S + D, dtype=torch.bool, device=target.device).tril_()
             mask = torch.cat((torch.ones(S + D, P, dtype=torch.bool, device=target.device), causal), dim=1)[None, None]
             h = residual + layer.attention(u, cos, sin, mask, self.cache)
-            h = layer.mlp_block(h[-(D + 1) :])  # the last real position and the D masks
+            logits = head.logits(layer.mlp_block(h[-(D + 1) :]))  # the last real position and the D masks
         # the real positions' keys/values stay valid (the root is always committed next); masks are scratch
         self.cache.commit(S)
         self.pending_ids, self.pending_aux = [], []
-        return fast.logits(h) if fast is not None else head.logits(h)
+        return logits
 
     def propose(self, root: int, max_nodes: int) -> Proposal:
         sync = torch.cuda.synchronize if self.d.target.device.type == "cuda" else (lambda: None)

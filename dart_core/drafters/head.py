@@ -232,6 +232,50 @@ class KernelHead:
         self.eps = c.rms_norm_eps
         self.q_out, self.kv_out = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
         self.rope = kernels.RopeTable(head.inv_freq, 1.0)
+        self.mask = layer.mask_rep.detach().contiguous() if c.is_dart else None
+        self.dtype = head.fc.weight.dtype
+        self._plan = self._draft_plan() if c.is_dart else None
+
+    def _draft_plan(self) -> torch.Tensor:
+        """The raw pointers `draft` hands the C++ (`draft_forward`; the tensors are this object's, kept)."""
+        fields = []
+        for w in (self.fc, self.wqkv, self.wo, self.wgu, self.wdown, self.lm_head):
+            if isinstance(w, kernels.BlockWeight):
+                fields += [w.code, w.data.data_ptr(), w.data.shape[1]]
+            else:
+                fields += [kernels.DTYPES[w.dtype], w.data_ptr(), w.shape[1] * w.element_size()]
+        for t in (self.input_norm, self.hidden_norm, self.post_norm, self.final_norm, self.mask):
+            if t.dtype != self.dtype or not t.is_contiguous():
+                raise ValueError(f"KernelHead: norms and the mask must be contiguous {self.dtype} tensors")
+            fields.append(t.data_ptr())
+        plan = torch.tensor(fields, dtype=torch.int64)
+        if plan.numel() != kernels.draft_fields():
+            raise RuntimeError(f"KernelHead: the draft plan has {plan.numel()} fields, the extension wants {kernels.draft_fields()}")
+        return plan
+
+    def draft(self, aux: torch.Tensor, emb: torch.Tensor, cache: KVCache, masks: int) -> torch.Tensor:
+        """A DART head's whole draft forward in one C++ call: `inputs`, the mask rows, `layer` and
+        `logits` as the per-op methods run them. aux (S, 3H) and emb (S, H) for the S committed tokens,
+        then `masks` mask rows; keys and values written at cache.length.. as pending entries.
+        Returns the last masks + 1 rows' logits (masks + 1, Vd)."""
+        if self._plan is None:
+            raise ValueError("KernelHead.draft is DART's forward (a head with mask_rep)")
+        S, H = emb.shape
+        if aux.shape != (S, 3 * H) or aux.dtype != self.dtype or emb.dtype != self.dtype:
+            raise ValueError(f"draft: aux (S, 3H) and emb (S, H) {self.dtype} tensors, got {tuple(aux.shape)} {tuple(emb.shape)}")
+        if cache.k.dtype != self.dtype:
+            raise ValueError(f"draft: the head's cache must be {self.dtype}")
+        T, P = S + masks, cache.length
+        cache.check_room(T)
+        self.rope.ensure(P + T)
+        aux, emb = aux.contiguous(), emb.contiguous()
+        logits = torch.empty(masks + 1, self.c.draft_vocab_size, dtype=self.dtype)
+        c = self.c
+        kernels.draft_forward(
+            self._plan, S, masks, H, c.intermediate_size, c.draft_vocab_size, c.num_attention_heads, c.num_key_value_heads,
+            c.head_dim, self.eps, c.double_norm, aux, emb, self.rope, P, cache.k[0, 0], cache.v[0, 0], logits,
+        )  # fmt: skip
+        return logits
 
     @staticmethod
     def supports(head: DraftHead) -> bool:
