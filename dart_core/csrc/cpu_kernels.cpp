@@ -1015,7 +1015,9 @@ void linear_q8_impl(const TX* x, int64_t x_stride, int64_t M, int64_t K, const u
 // elements, and 8 of them give each row's whole block sum in its own lane: per block and input row
 // 8 dot products, one conversion and 2-3 float ops for 16 outputs, against ~5 instructions per output
 // in the layout as stored (whose lanes are elements, reduced at the end). The weights stream as
-// many bytes as before.
+// many bytes as before. Q8_0 (the LM head) the same way with 8 chunks of its 32 signed code bytes:
+// chunk j holds elements 4j..4j+3 of the 16 rows (x16_group_q8_0 below says how signed codes meet
+// the unsigned operand of the integer dot product).
 //
 // Contract (q8x16), per output (weight row n, input row m): acc = 0; for each block b in order:
 // acc = fma(d_nb * dx_mb, float(sum_e code * q), acc); then acc = fma(o_nb, sx_mb, acc) with o = m
