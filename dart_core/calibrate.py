@@ -564,10 +564,11 @@ def choose_weights(
             kept = (target, entry)  # the loser is dropped here: only one target stays in memory for long
         del target
     # every path is ranked by the same rule: DART's speed where drafting was timed for all, else the step
-    if why_plain is not None or not draft_by_mode:
+    rule = "dart" if why_plain is None and draft_by_mode else "plain"
+    if rule == "plain":
         for e in entries:
             e.update(dart=None, tokens_per_s=e["plain_tokens_per_s"])
-    choice = rank_weights(entries, "plain" if why_plain is not None or not draft_by_mode else "dart", why_plain)
+    choice = rank_weights(entries, rule, why_plain)
     target = kept[0] if kept[1]["dtype"] == choice.dtype else load_target(model, device, choice.dtype, kernels=use_kernels)
     _write_cache(path, {"key": key, "choice": choice.as_dict()})
     say(f"weights: {choice.reason}")

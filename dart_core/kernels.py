@@ -476,6 +476,16 @@ class TreeAttention(_AttentionPlan):
         return out
 
 
+def plan_fields(w: torch.Tensor | BlockWeight, dtype: torch.dtype) -> list[int]:
+    """A weight as the C++ plans take it (LayerStack, KernelHead.draft): format code, data pointer, row
+    bytes. A float weight must be a contiguous `dtype` tensor (the activations' dtype)."""
+    if isinstance(w, BlockWeight):
+        return [w.code, w.data.data_ptr(), w.data.shape[1]]
+    if w.dtype != dtype or not w.is_contiguous():
+        raise ValueError(f"weights must be contiguous {dtype} tensors or BlockWeights, got {w.dtype}")
+    return [DTYPES[dtype], w.data_ptr(), w.shape[1] * w.element_size()]
+
+
 class LayerStack:
     """The decoder layers of a model as one kernel call per forward (`layers_forward` in the C++):
     the per-op loop of `Transformer._forward_kernels` (add + norm, q|k|v, tree attention, o, add +
@@ -490,13 +500,8 @@ class LayerStack:
         rows, keep = [], []
 
         def weight(lin) -> list[int]:
-            w = lin.weight
-            keep.append(w.data)  # the storage, kept alive even if the module's tensor is replaced
-            if isinstance(w, BlockWeight):
-                return [w.code, w.data.data_ptr(), w.data.shape[1]]
-            if w.dtype != dtype or not w.is_contiguous():
-                raise ValueError(f"LayerStack: weights must be contiguous {dtype} tensors or BlockWeights, got {w.dtype}")
-            return [DTYPES[dtype], w.data_ptr(), w.shape[1] * w.element_size()]
+            keep.append(lin.weight.data)  # the storage, kept alive even if the module's tensor is replaced
+            return plan_fields(lin.weight, dtype)
 
         for layer in layers:
             att, ffn = layer.attention, layer.feed_forward

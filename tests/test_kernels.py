@@ -35,6 +35,19 @@ def kpath(request):
     kernels.use_path(previous)
 
 
+def on_every_build(fn, paths=PATHS) -> dict:
+    """fn() run on each build in `paths` in turn (the build in use restored after): {path: result}."""
+    previous = kernels.PATH
+    results = {}
+    try:
+        for p in paths:
+            kernels.use_path(p)
+            results[p] = fn()
+    finally:
+        kernels.use_path(previous)
+    return results
+
+
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 
@@ -259,14 +272,7 @@ def test_int8_activations_give_the_same_bits_on_every_build(fmt):
     build, avx512bf16 included, gives the same bits for int8 activations."""
     w = _random_blocks(fmt, 70, 1536 + 32, seed=8).with_activations("int8")  # 49 blocks: an odd tail
     x = torch.randn(11, w.cols, generator=torch.Generator().manual_seed(3))
-    previous = kernels.PATH
-    try:
-        results = {}
-        for p in PATHS:
-            kernels.use_path(p)
-            results[p] = kernels.linear(x, w)
-    finally:
-        kernels.use_path(previous)
+    results = on_every_build(lambda: kernels.linear(x, w))
     for p in PATHS[1:]:
         assert torch.equal(results[p], results[PATHS[0]]), f"{p} != {PATHS[0]}"
 
@@ -302,14 +308,7 @@ def test_activation_quantization_edge_values_on_every_build():
     x[3, 96:] = float("nan")
     x[4, 0] = float("nan")  # a NaN among finite values: skipped by the block's maximum
     x[5, 40] = -float("inf")
-    previous = kernels.PATH
-    try:
-        results = {}
-        for p in PATHS:
-            kernels.use_path(p)
-            results[p] = kernels.linear(x, w)
-    finally:
-        kernels.use_path(previous)
+    results = on_every_build(lambda: kernels.linear(x, w))
     for p in PATHS[1:]:
         torch.testing.assert_close(results[p], results[PATHS[0]], rtol=0, atol=0, equal_nan=True, msg=f"{p} != {PATHS[0]}")
 
@@ -341,14 +340,7 @@ def test_interleaved_rows_are_the_same_weights(fmt, K, N, kpath):
 def test_interleaved_rows_give_the_same_bits_on_every_build(fmt):
     wx = _random_blocks(fmt, 64, 1536 + 32, seed=9).with_activations("int8").interleaved()
     x = torch.randn(13, wx.cols, generator=torch.Generator().manual_seed(5))
-    previous = kernels.PATH
-    try:
-        results = {}
-        for p in PATHS:
-            kernels.use_path(p)
-            results[p] = kernels.linear(x, wx)
-    finally:
-        kernels.use_path(previous)
+    results = on_every_build(lambda: kernels.linear(x, wx))
     for p in PATHS[1:]:
         assert torch.equal(results[p], results[PATHS[0]]), f"{p} != {PATHS[0]}"
 
@@ -389,15 +381,12 @@ def test_builds_give_the_same_bits(weights):
     k_cache, v_cache, rope, _ = _attention_setup(dt, 37, 9, 3, 64)
     tree = random_tree(random.Random(4), 7, 50)
     q, k, v = (torch.randn(len(tree), n * 64, generator=g).to(dt) for n in (9, 3, 3))
-    results = {}
-    previous = kernels.PATH
-    try:
-        for p in FP32_CONTRACT:
-            kernels.use_path(p)
-            att = kernels.tree_attention(q, k, v, rope, tree.depths + 37, k_cache.clone(), v_cache.clone(), 37, tree.parents, 9, 3)
-            results[p] = (kernels.linear(x, w), att)
-    finally:
-        kernels.use_path(previous)
+
+    def run():
+        att = kernels.tree_attention(q, k, v, rope, tree.depths + 37, k_cache.clone(), v_cache.clone(), 37, tree.parents, 9, 3)
+        return kernels.linear(x, w), att
+
+    results = on_every_build(run, FP32_CONTRACT)
     first = FP32_CONTRACT[0]
     for p in FP32_CONTRACT[1:]:
         assert torch.equal(results[p][0], results[first][0]), f"linear: {p} != {first}"

@@ -212,7 +212,7 @@ class KernelHead:
         rows interleaved in 16s where they divide (the fast int8 layout, BlockWeight.interleaved)."""
         c, layer = head.config, head.midlayer
         a, m = layer.self_attn, layer.mlp
-        self.c, self.int8 = c, int8
+        self.c = c
 
         def weight(w: torch.Tensor):
             if not int8:
@@ -240,10 +240,7 @@ class KernelHead:
         """The raw pointers `draft` hands the C++ (`draft_forward`; the tensors are this object's, kept)."""
         fields = []
         for w in (self.fc, self.wqkv, self.wo, self.wgu, self.wdown, self.lm_head):
-            if isinstance(w, kernels.BlockWeight):
-                fields += [w.code, w.data.data_ptr(), w.data.shape[1]]
-            else:
-                fields += [kernels.DTYPES[w.dtype], w.data_ptr(), w.shape[1] * w.element_size()]
+            fields += kernels.plan_fields(w, self.dtype)
         for t in (self.input_norm, self.hidden_norm, self.post_norm, self.final_norm, self.mask):
             if t.dtype != self.dtype or not t.is_contiguous():
                 raise ValueError(f"KernelHead: norms and the mask must be contiguous {self.dtype} tensors")
