@@ -16,7 +16,7 @@ from typing import Iterator, Protocol
 
 import torch
 
-from .sampling import Acceptance, SamplingParams, accept, sample_token, target_probs
+from .sampling import Acceptance, SamplingParams, accept, greedy_token, sample_token, target_probs
 from .target import Prompt, Target
 from .tree import DraftTree
 
@@ -155,7 +155,7 @@ class _Clock:
 
 def _first_token(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> int:
     if params.greedy:
-        return int(logits.argmax())
+        return greedy_token(logits)
     return sample_token(target_probs(logits, params), gen)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 
@@ -40,7 +41,9 @@ class DraftTree:
             raise ValueError("node 0 must be the root (parent -1)")
         depths = [0] * n
         kids: list[list[int]] = [[] for _ in range(n)]
-        mask = torch.zeros(n, n, dtype=torch.bool)
+        # built in numpy and handed over: torch's per-row indexing took ~5 us a node, a third of a
+        # small tree's whole proposal time outside the draft forward
+        mask = np.zeros((n, n), dtype=np.bool_)
         mask[0, 0] = True
         for i in range(1, n):
             p = par[i]
@@ -57,7 +60,7 @@ class DraftTree:
                 raise ValueError(f"node {p} has two children with the same token")
         if scores is not None:
             scores = torch.as_tensor(scores, dtype=torch.float32).reshape(-1)
-        return cls(tokens, parents, torch.tensor(depths), mask, scores, tuple(tuple(k) for k in kids))
+        return cls(tokens, parents, torch.tensor(depths), torch.from_numpy(mask), scores, tuple(tuple(k) for k in kids))
 
     @classmethod
     def root_only(cls, root: int) -> "DraftTree":

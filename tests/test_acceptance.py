@@ -10,7 +10,7 @@ import torch
 from scipy.stats import chisquare
 
 from dart_core import GenerationParams, SamplingParams, complete
-from dart_core.sampling import accept_greedy, accept_sampling, target_probs
+from dart_core.sampling import accept_greedy, accept_sampling, greedy_token, target_probs
 from dart_core.tree import DraftTree
 
 from conftest import build_tiny_checkpoint, tiny_target
@@ -57,6 +57,26 @@ TREE = DraftTree.from_parents([7, 2, 4, 5, 3, 1, 6, 0], [-1, 0, 0, 0, 1, 2, 2, 5
 def test_greedy_golden(argmax, path, bonus):
     acc = accept_greedy(TREE, logits_with_argmax(argmax))
     assert acc.path == path and acc.bonus == bonus and acc.accepted == len(path) - 1
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        [1.0, 3.0, 3.0, 2.0],  # a tie: the first maximum
+        [-math.inf, -math.inf, -math.inf],  # all -inf: index 0
+        [1.0, math.nan, 5.0, math.nan],  # NaN counts as the maximum: the first NaN
+        [math.inf, 2.0, math.inf],
+        [-0.0, 0.0, -1.0],  # -0.0 == 0.0: the first
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_greedy_token_is_torch_argmax(row, dtype):
+    """greedy_token's numpy fast path picks what torch's argmax picks, edge values included."""
+    t = torch.tensor(row, dtype=dtype)
+    assert greedy_token(t) == int(t.argmax())
+    wide = torch.randn(49152, generator=torch.Generator().manual_seed(0)).to(dtype)
+    wide[[7, 40000]] = wide.max() + 1  # a tie far apart
+    assert greedy_token(wide) == int(wide.argmax()) == 7
 
 
 def test_tree_structure():
