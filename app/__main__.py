@@ -267,7 +267,8 @@ def cost_view(target, weights, dart_nodes: int | None, dart_size) -> tuple[CostV
     caption = (
         f"Median ms of one forward after {calibrate.PREFIX} cached tokens, measured by the calibration on {key['cpu']} "
         f"({kernels.describe()}, {key['threads']} thread{'s' if key['threads'] != 1 else ''}) and cached in "
-        f"{calibrate.calibration_dir()}. DART's expected tokens/s = τ(n) / (verify(n + 1 rows) + drafting(n))."
+        f"{calibrate.calibration_dir()}. DART's expected tokens/s = τ(n) / its loop step at n nodes (drafting, verify of n + 1 "
+        "rows and the rest, timed in the generation loop)."
     )
     return CostView(tuple(paths), caption), why
 

@@ -6,16 +6,23 @@ ratio depends on the CPU, the kernel build, the weights (bf16, GGUF blocks) and 
 on one Xeon a 6-row GGUF verify costs 1.8x a step, a bf16 one 1.4x, and the forced AVX2 build 2.8x
 (docs/engine.md). So the CPU default is measured, not a constant:
 
-    expected tokens/s at n drafted nodes = τ(n) / (forward(n + 1 rows) + drafting and pruning(n))
+    expected tokens/s at n drafted nodes = τ(n) / step(n)      plain decoding: 1 / step(0)
 
-- forward(k): the target's forward of k new rows after PREFIX committed tokens, measured here (median
-  of a few runs, 1..MAX_CALIBRATED_ROWS rows), cached per machine, kernel build, weights and threads
-  under ~/.cache/dart-demo/calibration/ (a second start reads it back);
-- drafting and pruning(n): the drafter's own propose() timed on one short greedy record by exact
-  replay (dart_core/replay.py), for each n;
+- step(n): the generation loop's own step at n drafted nodes (n = 0: plain decoding), timed in the
+  loop itself on one prompt of about PREFIX tokens (loop_step_ms): drafting, pruning, the verify of
+  n + 1 rows, acceptance and the loop's bookkeeping, each after the others as they run. Timed apart,
+  the pieces added up to less than the loop spends (a 4-row verify cost 1.56x a step alone and 1.73x
+  in the loop, the drafting and pruning 2-5x more right after a verify: caches hold the verify's data);
+- forward(k): the target's forward of k new rows after PREFIX committed tokens, measured alone (median
+  of a few runs, 1..MAX_CALIBRATED_ROWS rows): what a verify costs by rows, for the tables and the docs;
+  both are cached per machine, kernel build, weights and threads under ~/.cache/dart-demo/calibration/
+  (a second start reads them back);
 - τ(n): the head's tokens per target forward at n nodes, measured offline by exact replay on held-out
   prompts and shipped beside the head as TAU_FILE (`python -m dart_core.calibrate --write-tau HEAD`
   writes it, with the command and prompts). A head without one keeps the device default, and says so.
+
+Where no size beats plain decoding the choice is still the fastest size (DART is what was asked
+for), and its reason says that plain decoding is expected faster on this machine.
 
 The same rule picks the weights path of the embedded default (`--dtype auto`, the default of the bench,
 the app and this module's command line; choose_weights): each candidate path (its own GGUF blocks,
@@ -39,11 +46,11 @@ import torch
 
 from .drafters.config import DartConfig, DrafterConfigs
 from .generate import Drafter, DraftSession, Proposal
-from .replay import GreedyRecord, record_greedy, replay
+from .replay import GreedyRecord, replay
 from .target import Target
 
 TAU_FILE = "tree_sizes.json"  # beside a head's config.json: τ by tree size, by replay
-CALIBRATION_VERSION = 3  # bump when what is measured changes, so old cached files are not read
+CALIBRATION_VERSION = 4  # bump when what is measured changes, so old cached files are not read
 MAX_CALIBRATED_ROWS = 17  # verify rows timed: trees of up to 16 drafted nodes
 PREFIX = 200  # committed tokens before the timed rows (a chat turn's prompt and some answer)
 REPEATS = 9  # timed forwards per row count (median)
@@ -55,6 +62,26 @@ ROUNDS = 3  # passes over the row counts; each pass times about REPEATS / ROUNDS
 SETTLE_S = 0.05
 OVERHEAD_PROMPT = "Write a short paragraph about why the sky is blue."  # the record drafting is timed on
 OVERHEAD_TOKENS = 48
+# The loop's steps are timed on this request (about PREFIX tokens with the chat template), LOOP_STEPS
+# steps a size after LOOP_WARMUP untimed ones, in ROUNDS passes over the sizes (median of all).
+LOOP_PROMPT = (
+    "Summarise the following note for a colleague in three sentences, then list two questions it leaves open.\n\n"
+    "The lighthouse on the north cape was automated in 1987, but the keeper's cottage stayed in use as a weather "
+    "station until the storm of 2009 took part of its roof. Since then the council has debated three plans: "
+    "restoring the cottage as a small museum, letting it to a sailing school, or pulling it down and leaving the "
+    "tower alone on the rock. The museum plan has the most public support, yet nobody has costed the repairs to "
+    "the sea wall that the access path depends on. The sailing school would pay rent from the first year, but it "
+    "needs a slipway, and the harbour authority has not said whether one may be built on that side of the cape. "
+    "Demolition is the cheapest option and the one the insurers prefer, although the heritage board has asked to "
+    "be consulted first. A decision is due at the spring meeting, and the weather records kept in the cottage "
+    "for sixty years still need a new home before then."
+)
+LOOP_STEPS = 12
+LOOP_WARMUP = 3
+# Only sizes whose τ per ms of verify alone is within this fraction of the best size's are timed in the
+# loop: a loop step costs at least its verify, so the others cannot win (and timing all 16 sizes on
+# three weights paths took 1.5 minutes of a first start).
+LOOP_SHORTLIST = 0.7
 
 
 # ------------------------------------------------------------------------------ the measurements
@@ -250,6 +277,46 @@ def drafting_ms(drafter: Drafter, record: GreedyRecord, sizes: list[int]) -> dic
     return out
 
 
+def loop_step_ms(target: Target, drafter: Drafter | None, sizes: list[int], steps: int | None = None) -> dict[int, float]:
+    """Median wall ms of one generation-loop step at each size in `sizes` (0: plain decoding; others:
+    `drafter` capped at that many drafted nodes), greedy on LOOP_PROMPT: the loop's own StepEvent times
+    (drafting, pruning, verify and the rest). The sizes are timed in ROUNDS passes so that a busy spell
+    of the machine falls on all of them; each run's first LOOP_WARMUP steps are not timed (a size's
+    first verifies follow another size's)."""
+    from .generate import ARDrafter, GenerationParams, StepEvent, generate
+
+    steps = steps or LOOP_STEPS
+    per_round = max(1, -(-steps // ROUNDS))
+    ids = target.encode([{"role": "user", "content": LOOP_PROMPT}])
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(ROUNDS):
+        for n in sizes:
+            if n > 0 and drafter is None:
+                raise ValueError("loop_step_ms: sizes above 0 need a drafter")
+            d = ARDrafter() if n == 0 else SizeCapped(drafter, n)
+            got: list[float] = []
+            # stops at EOS too: a size whose run ends early is timed again in the next pass
+            for ev in generate(target, ids, d, GenerationParams(max_new_tokens=(LOOP_WARMUP + per_round) * (n + 1) + 1)):
+                if isinstance(ev, StepEvent) and ev.tree is not None:
+                    got.append(ev.times.draft + ev.times.prune + ev.times.verify + ev.times.other)
+                    if len(got) == LOOP_WARMUP + per_round:
+                        break
+            times[n] += got[LOOP_WARMUP:]
+    missing = [n for n, v in times.items() if not v]
+    if missing:
+        raise ValueError(f"loop_step_ms: no step timed at sizes {missing} (the prompt's answer ended first)")
+    return {n: statistics.median(v) * 1e3 for n, v in times.items()}
+
+
+def loop_sizes(forward_ms: dict[int, float], tau: dict[int, float], sizes: list[int]) -> list[int]:
+    """The sizes worth timing in the loop: τ(n) / forward(n + 1) within LOOP_SHORTLIST of the best."""
+    rate = {n: tau[n] / forward_ms[n + 1] for n in sizes if n + 1 in forward_ms}
+    if not rate:
+        return []
+    top = max(rate.values())
+    return [n for n in sizes if n in rate and rate[n] >= LOOP_SHORTLIST * top]
+
+
 # ------------------------------------------------------------------------------ τ by tree size
 
 
@@ -289,40 +356,50 @@ def tau_by_size(drafter: Drafter, records: list[GreedyRecord], sizes: list[int])
 class SizeChoice:
     max_nodes: int
     reason: str  # one line for logs and the app's header
-    table: list[dict] = field(default_factory=list)
-    calibrated: bool = False  # False: a default, for the reason given  # per size: nodes, tau, verify_ms, draft_ms, tokens_per_s
+    table: list[dict] = field(default_factory=list)  # per size: nodes, tau, verify_ms, step_ms, tokens_per_s
+    calibrated: bool = False  # False: a default, for the reason given
+    plain_tokens_per_s: float | None = None  # plain decoding's, from its loop step (calibrated choices)
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def choose_max_nodes(forward_ms: dict[int, float], tau: dict[int, float], draft_ms: dict[int, float]) -> SizeChoice:
-    """The size with the most expected tokens per second, τ(n) / (forward(n + 1) + draft(n)), over the
-    sizes all three tables have. Plain decoding (1 token / forward(1)) is the baseline it reports."""
-    sizes = sorted(n for n in tau if n + 1 in forward_ms and n in draft_ms)
-    if not sizes:
-        raise ValueError("no tree size has a τ, a forward cost and a drafting cost")
+def choose_max_nodes(forward_ms: dict[int, float], tau: dict[int, float], step_ms: dict[int, float]) -> SizeChoice:
+    """The size with the most expected tokens per second, τ(n) / step(n), over the sizes with a τ and
+    a loop step (step_ms: loop_step_ms, 0 = plain decoding's step, which the reason compares with);
+    forward(n + 1), the verify alone, goes into the table beside it."""
+    sizes = sorted(n for n in tau if n > 0 and n in step_ms)
+    if not sizes or 0 not in step_ms:
+        raise ValueError("no tree size has both a τ and a loop step, or plain decoding's step is missing")
     table = []
     for n in sizes:
-        step = forward_ms[n + 1] + draft_ms[n]
         table.append(
-            {"nodes": n, "tau": tau[n], "verify_ms": forward_ms[n + 1], "draft_ms": draft_ms[n], "tokens_per_s": 1e3 * tau[n] / step}
+            {
+                "nodes": n,
+                "tau": tau[n],
+                "verify_ms": forward_ms.get(n + 1),
+                "step_ms": step_ms[n],
+                "tokens_per_s": 1e3 * tau[n] / step_ms[n],
+            }
         )
     best = max(table, key=lambda r: r["tokens_per_s"])
-    plain = 1e3 / forward_ms[1]
+    plain = 1e3 / step_ms[0]
+    verdict = "against" if best["tokens_per_s"] > plain else "below"
     reason = (
         f"{best['nodes']} drafted nodes: expected {best['tokens_per_s']:.0f} tok/s (τ {best['tau']:.2f}, "
-        f"verify {best['verify_ms']:.1f} ms + drafting {best['draft_ms']:.1f} ms) against plain decoding's "
-        f"{plain:.0f} (one-token step {forward_ms[1]:.1f} ms)"
+        f"a loop step {best['step_ms']:.1f} ms) {verdict} plain decoding's {plain:.0f} (a loop step {step_ms[0]:.1f} ms)"
     )
-    return SizeChoice(best["nodes"], reason, table, calibrated=True)
+    if verdict == "below":
+        reason += ": on this machine plain decoding is expected faster at every tree size"
+    return SizeChoice(best["nodes"], reason, table, calibrated=True, plain_tokens_per_s=plain)
 
 
 def calibrate_drafter(
     target: Target, drafter: Drafter, head_dir: str | os.PathLike | None, fallback: int, threads: int | None = None
 ) -> SizeChoice:
-    """The tree size for `drafter` (built at its largest size) on this machine: measured forward and
-    drafting costs against the head's τ table. Without a table, `fallback`, with the reason."""
+    """The tree size for `drafter` (built at its largest size) on this machine: its loop steps by size
+    (cached like the forward costs, keyed by the drafter's head and parameters too) against the head's
+    τ table. Without a table, `fallback`, with the reason."""
     tau = read_tau_table(head_dir)
     if tau is None:
         return SizeChoice(fallback, f"{fallback} drafted nodes (the device default: the head has no {TAU_FILE} to calibrate with)")
@@ -332,8 +409,27 @@ def calibrate_drafter(
         return SizeChoice(
             fallback, f"{fallback} drafted nodes (the device default: the head's {TAU_FILE} has no size up to {drafter.max_nodes})"
         )
-    record = record_greedy(target, [{"role": "user", "content": OVERHEAD_PROMPT}], OVERHEAD_TOKENS)
-    return choose_max_nodes(costs.ms, tau, drafting_ms(drafter, record, sizes))
+    key = {
+        **machine_key(target, threads or torch.get_num_threads()),
+        "kind": "loop",
+        "drafter": drafter.name,
+        "head": str(head_dir),
+        "params": repr(getattr(drafter, "params", None)),
+        "sizes": sizes,
+    }
+    path = _cache_path("loop", key)
+    step_ms = None
+    if path.is_file():
+        try:
+            data = json.loads(path.read_text())
+            if data["key"] == key:
+                step_ms = {int(n): float(v) for n, v in data["step_ms"].items()}
+        except (ValueError, KeyError, TypeError, AttributeError):
+            pass  # a damaged file: measured again and rewritten
+    if step_ms is None:
+        step_ms = loop_step_ms(target, drafter, [0, *loop_sizes(costs.ms, tau, sizes)])
+        _write_cache(path, {"key": key, "step_ms": step_ms, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")})
+    return choose_max_nodes(costs.ms, tau, step_ms)
 
 
 def calibrate_unset_sizes(
@@ -448,7 +544,7 @@ def rank_weights(entries: list[dict], rule: str, why_plain: str | None = None) -
         reason = (
             f"{best['weights']}: DART expected {says(best)}"
             + "".join(f", against {e['dtype']}'s {says(e)}" for e in others)
-            + " (τ / (verify + drafting) from this machine's measured costs)"
+            + " (τ / the generation loop's step at that size, timed on this machine)"
         )
     else:
         reason = (
@@ -475,15 +571,14 @@ def choose_weights(
     calibrated: the bench and the app pass it to calibrate_unset_sizes, which then does not time DART again).
 
     For the embedded default on the CPU kernels each WEIGHTS_CANDIDATES path is loaded and its forward
-    costs measured (forward_costs: cached as before); DART's drafting cost is timed once per way the
-    head runs (on Q8_0 copies and int8 activations beside the GGUF paths, in bf16 beside bfloat16:
-    drafters.head.int8_beside; drafting reads none of the target's weights), and the head's τ table
-    is the one it ships. Each path is ranked by DART's
+    costs measured (forward_costs: cached as before), then the generation loop's steps on it, plain and
+    with DART at each tree size (loop_step_ms), and the head's τ table is the one it ships. Each path
+    is ranked by DART's
     expected tokens/s at its best tree size (config.max_nodes N: at N); without a τ table, by the
     one-token step. The choice is cached beside the forward costs, keyed by the host, the τ table and
     DART's config; a later start loads only the chosen path. Elsewhere, or not `enabled`: fixed_weights."""
     from .drafters import DEFAULT_DART_HEAD
-    from .drafters.head import int8_beside, resolve_head_dir
+    from .drafters.head import resolve_head_dir
     from .drafters.registry import build_drafter
     from .loading import DEFAULT_MODEL, resolve_model_dir
     from .target import load_target
@@ -530,7 +625,7 @@ def choose_weights(
                 return load_target(model, device, choice.dtype, kernels=use_kernels), choice, dart
         except (ValueError, KeyError, TypeError):
             pass  # a damaged file: measured again and rewritten
-    entries, kept, draft_by_mode = [], None, {}
+    entries, kept = [], None
     for dtype in WEIGHTS_CANDIDATES:
         say(f"weights path {dtype}: loading and measuring its forward cost by rows")
         target = load_target(model, device, dtype, kernels=use_kernels)
@@ -543,28 +638,27 @@ def choose_weights(
             "plain_tokens_per_s": 1e3 / costs.ms[1],
             "dart": None,
         }
-        mode = int8_beside(target)  # how the head's kernel forward runs beside this path
-        if sizes and why_plain is None and mode not in draft_by_mode:
-            say(f"timing DART's drafting by replay beside {dtype} (once per way the head runs)")
+        if sizes and why_plain is None:
+            timed = loop_sizes(costs.ms, tau, sizes)
+            say(f"timing the generation loop's steps beside {dtype}: plain decoding and DART at {len(timed)} tree sizes")
             try:
-                drafter = build_drafter("dart", target, replace(config, max_nodes=max(sizes)))
-                record = record_greedy(target, [{"role": "user", "content": OVERHEAD_PROMPT}], OVERHEAD_TOKENS)
-                draft_by_mode[mode] = drafting_ms(drafter, record, sizes)
-                del drafter, record  # they hold this path's target: let it go if another path wins
+                drafter = build_drafter("dart", target, replace(config, max_nodes=max(timed)))
+                step_ms = loop_step_ms(target, drafter, [0, *timed])
+                del drafter  # it holds this path's target: let it go if another path wins
             except (OSError, ValueError) as e:  # a head that does not load: rank by the step, and say why
                 why_plain = f"the DART head did not load: {e}"
-        draft_ms = draft_by_mode.get(mode) if why_plain is None else None
-        if draft_ms is not None:
-            dart = choose_max_nodes(costs.ms, {n: tau[n] for n in sizes}, draft_ms)
-            entry.update(dart=dart.as_dict(), tokens_per_s=max(r["tokens_per_s"] for r in dart.table))
-        else:
+            else:
+                dart = choose_max_nodes(costs.ms, {n: tau[n] for n in sizes}, step_ms)
+                entry.update(dart=dart.as_dict(), tokens_per_s=max(r["tokens_per_s"] for r in dart.table))
+                entry["plain_tokens_per_s"] = dart.plain_tokens_per_s  # the loop's plain step, as DART's is
+        if entry["dart"] is None:
             entry["tokens_per_s"] = entry["plain_tokens_per_s"]
         entries.append(entry)
         if kept is None or entry["tokens_per_s"] > kept[1]["tokens_per_s"]:
             kept = (target, entry)  # the loser is dropped here: only one target stays in memory for long
         del target
     # every path is ranked by the same rule: DART's speed where drafting was timed for all, else the step
-    rule = "dart" if why_plain is None and draft_by_mode else "plain"
+    rule = "dart" if why_plain is None and all(e["dart"] for e in entries) else "plain"
     if rule == "plain":
         for e in entries:
             e.update(dart=None, tokens_per_s=e["plain_tokens_per_s"])
@@ -584,7 +678,11 @@ def weights_table(choice: WeightsChoice) -> str:
         line = f"  {'*' if e.get('chosen') else ' '} {e['dtype']:<9} step {ms[1]:6.2f} ms (plain {e['plain_tokens_per_s']:5.0f} tok/s)"
         if e.get("dart"):
             n = e["dart"]["max_nodes"]
-            line += f"; DART at {n} nodes: verify {ms[n + 1]:.2f} ms ({ms[n + 1] / ms[1]:.2f}x), expected {e['tokens_per_s']:.0f} tok/s"
+            row = next(r for r in e["dart"]["table"] if r["nodes"] == n)
+            line += (
+                f"; DART at {n} nodes: verify {ms[n + 1]:.2f} ms ({ms[n + 1] / ms[1]:.2f}x) alone, a loop step "
+                f"{row['step_ms']:.2f} ms, expected {e['tokens_per_s']:.0f} tok/s"
+            )
         lines.append(line)
     return "\n".join(lines)
 

@@ -112,3 +112,17 @@ def test_a_document_without_its_markers_is_an_error(repo):
     (repo / "README.md").write_text("no markers\n")
     with pytest.raises(SystemExit, match="README.md lacks the markers"):
         report.main([])
+
+
+def test_the_calibration_table_shows_each_paths_loop_step():
+    """Runs since the loop-timed calibration carry a loop step per path and size (plain decoding's on
+    the first row); older runs' single drafting column is still read."""
+    data = result("avx512bf16 kernels", 150.0, peer=False)
+    paths = data["env"]["weights_choice"]["paths"]
+    paths[0]["dart"]["table"] = [{"nodes": 1, "tau": 1.5, "verify_ms": 11.0, "step_ms": 12.0, "tokens_per_s": 125.0}]
+    paths[0]["plain_tokens_per_s"] = 1e3 / 10.5
+    text = report.calibration_table(report.Run("new", {}, data))
+    assert "| rows | DART nodes | DART τ | gguf: loop step ms | gguf: forward ms | gguf: expected tokens/s |" in text
+    assert "| 1 | – (plain) | – | 10.50 | 10.00 | 95.2 |" in text and "| 2 | 1 | 1.50 | 12.00 | 11.00 | **125.0** |" in text
+    old = report.calibration_table(report.Run("old", {}, result("avx512bf16 kernels", 150.0, peer=False)))
+    assert "| rows | DART nodes | DART τ | drafting ms | gguf: forward ms | gguf: expected tokens/s |" in old

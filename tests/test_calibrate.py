@@ -23,19 +23,54 @@ PROMPTS = ["Write a short poem about a lighthouse keeper.", "List the planets of
 
 
 def test_choice_maximises_expected_tokens_per_second():
-    forward = {1: 10.0, 2: 10.5, 3: 11.0, 4: 12.0, 5: 13.0, 6: 14.0, 7: 20.0}
+    forward = {1: 9.0, 2: 9.5, 3: 10.0, 4: 11.0, 5: 12.0, 6: 13.0, 7: 19.0}  # the verify alone: for the table only
     tau = {1: 1.5, 2: 1.9, 3: 2.1, 4: 2.3, 5: 2.4, 6: 2.5}
-    draft = {n: 1.0 for n in tau}
-    choice = calibrate.choose_max_nodes(forward, tau, draft)
-    # by hand: n=3 -> 2.1/(12+1)=0.1615, n=4 -> 2.3/(13+1)=0.1643, n=5 -> 2.4/(14+1)=0.16, n=6 -> 2.5/21
-    assert choice.max_nodes == 4 and choice.calibrated
-    assert choice.table[3]["tokens_per_s"] == pytest.approx(1e3 * 2.3 / 14.0)
-    assert "4 drafted nodes" in choice.reason and "plain decoding's 100" in choice.reason
-    # a dearer verify moves the choice down; sizes without a forward cost are not considered
-    assert calibrate.choose_max_nodes({**forward, 5: 30.0}, tau, draft).max_nodes == 3
-    assert calibrate.choose_max_nodes({1: 10.0, 2: 10.5}, tau, draft).max_nodes == 1
+    steps = {0: 10.0, 1: 11.5, 2: 12.0, 3: 13.0, 4: 14.0, 5: 15.0, 6: 21.0}  # the loop's step, plain at 0
+    choice = calibrate.choose_max_nodes(forward, tau, steps)
+    # by hand: n=3 -> 2.1/13=0.1615, n=4 -> 2.3/14=0.1643, n=5 -> 2.4/15=0.16, n=6 -> 2.5/21
+    assert choice.max_nodes == 4 and choice.calibrated and choice.plain_tokens_per_s == pytest.approx(100.0)
+    assert choice.table[3] == {"nodes": 4, "tau": 2.3, "verify_ms": 12.0, "step_ms": 14.0, "tokens_per_s": pytest.approx(1e3 * 2.3 / 14.0)}
+    assert "4 drafted nodes" in choice.reason and "against plain decoding's 100" in choice.reason
+    # a dearer step moves the choice down; sizes without a loop step are not considered
+    assert calibrate.choose_max_nodes(forward, tau, {**steps, 4: 30.0}).max_nodes == 3
+    assert calibrate.choose_max_nodes(forward, tau, {0: 10.0, 1: 11.5}).max_nodes == 1
+    # no size beats plain decoding: still the fastest size (DART was asked for), and the reason says so
+    slow = calibrate.choose_max_nodes(forward, tau, {0: 5.0, 1: 11.5, 2: 12.0})
+    assert slow.max_nodes == 2 and "below plain decoding's 200" in slow.reason and "plain decoding is expected faster" in slow.reason
     with pytest.raises(ValueError):
-        calibrate.choose_max_nodes({1: 10.0}, tau, draft)
+        calibrate.choose_max_nodes(forward, tau, {0: 10.0})
+    with pytest.raises(ValueError):  # no plain step to compare with
+        calibrate.choose_max_nodes(forward, tau, {1: 11.5})
+
+
+def test_only_sizes_that_could_win_are_timed_in_the_loop():
+    forward = {1: 4.0, 2: 5.0, 3: 5.6, 4: 6.7, 5: 7.6, 9: 10.5, 11: 12.8}
+    tau = {1: 1.57, 2: 1.90, 3: 2.13, 4: 2.28, 8: 2.62, 10: 2.73}
+    # τ per verify ms: 0.314, 0.339, 0.318, 0.300, 0.250 (0.74 of the best), 0.213 (0.63): 10 is left out
+    assert calibrate.loop_sizes(forward, tau, [1, 2, 3, 4, 8, 10]) == [1, 2, 3, 4, 8]
+    assert calibrate.loop_sizes(forward, tau, [5]) == []  # no forward cost for 6 rows
+
+
+def test_loop_steps_are_timed_in_the_loop_and_cached(embedded_bf16, tmp_path, monkeypatch):
+    monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(calibrate, "ROUNDS", 1)
+    monkeypatch.setattr(calibrate, "LOOP_WARMUP", 1)
+    drafter = build_drafter("dart", embedded_bf16, DartConfig(max_nodes=3))
+    ms = calibrate.loop_step_ms(embedded_bf16, drafter, [0, 1, 3], steps=2)
+    assert set(ms) == {0, 1, 3} and all(v > 0 for v in ms.values())
+    with pytest.raises(ValueError):
+        calibrate.loop_step_ms(embedded_bf16, None, [0, 2], steps=1)
+    # calibrate_drafter times the loop once, then reads it back for the same drafter, host and weights
+    monkeypatch.setattr(calibrate, "MAX_CALIBRATED_ROWS", 3)
+    monkeypatch.setattr(calibrate, "REPEATS", 1)
+    monkeypatch.setattr(calibrate, "SETTLE_S", 0.0)
+    monkeypatch.setattr(calibrate, "LOOP_STEPS", 1)
+    monkeypatch.setattr(calibrate, "LOOP_SHORTLIST", 0.0)  # every size timed
+    first = calibrate.calibrate_drafter(embedded_bf16, drafter, DEFAULT_DART_HEAD, fallback=5, threads=1)
+    assert first.calibrated and [r["nodes"] for r in first.table] == [1, 2]
+    monkeypatch.setattr(calibrate, "loop_step_ms", lambda *a, **k: pytest.fail("timed again instead of read back"))
+    again = calibrate.calibrate_drafter(embedded_bf16, drafter, DEFAULT_DART_HEAD, fallback=5, threads=1)
+    assert [r["step_ms"] for r in again.table] == [r["step_ms"] for r in first.table] and again.max_nodes == first.max_nodes
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +162,9 @@ def test_unset_sizes_are_calibrated_and_set_ones_kept(embedded_bf16, tmp_path, m
     monkeypatch.setattr(calibrate, "MAX_CALIBRATED_ROWS", 5)
     monkeypatch.setattr(calibrate, "REPEATS", 2)
     monkeypatch.setattr(calibrate, "SETTLE_S", 0.0)
-    monkeypatch.setattr(calibrate, "OVERHEAD_TOKENS", 16)
+    monkeypatch.setattr(calibrate, "ROUNDS", 1)
+    monkeypatch.setattr(calibrate, "LOOP_STEPS", 1)
+    monkeypatch.setattr(calibrate, "LOOP_WARMUP", 1)
     args = parse_args(["--methods", "ar,dart,eagle3", "--dataset", "unused.jsonl", "--max-nodes", "7"])
     assert unset_sizes(args) == {"eagle3"}
     configs, choices = calibrate.calibrate_unset_sizes(embedded_bf16, drafter_configs(args, True), unset_sizes(args))
@@ -208,7 +245,10 @@ def test_auto_measures_each_path_once_and_caches_the_choice(tmp_path, monkeypatc
     monkeypatch.setattr(calibrate, "MAX_CALIBRATED_ROWS", 4)
     monkeypatch.setattr(calibrate, "REPEATS", 2)
     monkeypatch.setattr(calibrate, "SETTLE_S", 0.0)
-    monkeypatch.setattr(calibrate, "OVERHEAD_TOKENS", 12)
+    monkeypatch.setattr(calibrate, "ROUNDS", 1)
+    monkeypatch.setattr(calibrate, "LOOP_STEPS", 1)
+    monkeypatch.setattr(calibrate, "LOOP_WARMUP", 1)
+    monkeypatch.setattr(calibrate, "LOOP_SHORTLIST", 0.0)  # every size timed
     said = []
     target, choice, dart = calibrate.choose_weights("default", "cpu", True, threads=1, log=said.append)
     assert choice.calibrated and choice.rule == "dart" and not choice.from_cache
@@ -216,11 +256,10 @@ def test_auto_measures_each_path_once_and_caches_the_choice(tmp_path, monkeypatc
     best = max(choice.paths, key=lambda p: p["tokens_per_s"])
     assert best["chosen"] and best["dtype"] == choice.dtype and target.weights == best["weights"]
     assert dart is not None and dart.calibrated and 1 <= dart.max_nodes <= 3 and best["dart"]["max_nodes"] == dart.max_nodes
-    drafting = {p["dtype"]: p["dart"]["table"][0]["draft_ms"] for p in choice.paths}
-    for p in choice.paths:  # each path's own forward costs
-        assert set(p["forward_ms"]) == {1, 2, 3, 4}
-    # drafting timed once per way the head runs: Q8_0 / int8 beside both GGUF paths, bf16 beside bfloat16
-    assert drafting["gguf"] == drafting["gguf-int8"] and sum("timing DART's drafting" in m for m in said) == 2
+    for p in choice.paths:  # each path's own forward costs and loop steps, plain decoding's from the loop too
+        assert set(p["forward_ms"]) == {1, 2, 3, 4} and [r["nodes"] for r in p["dart"]["table"]] == [1, 2, 3]
+        assert all(r["step_ms"] > 0 for r in p["dart"]["table"]) and p["plain_tokens_per_s"] == p["dart"]["plain_tokens_per_s"]
+    assert sum("timing the generation loop's steps" in m for m in said) == len(calibrate.WEIGHTS_CANDIDATES)
     # a second start reads the choice back and loads only the chosen path
     loads = []
     real = calibrate_load_target()

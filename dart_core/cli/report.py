@@ -317,6 +317,9 @@ def calibration_table(run: Run) -> str:
         ]
     rows_n = sorted({int(k) for p in paths for k in p["forward_ms"]})
     taus = {t["nodes"]: t for p in paths for t in (p.get("dart") or {}).get("table", [])}
+    # runs before CALIBRATION_VERSION 4 ranked by forward + drafting by replay (one drafting column);
+    # later ones by each path's loop step (a column per path)
+    old_style = any("draft_ms" in t for t in taus.values())
     rows = []
     for k in rows_n:
         n = k - 1
@@ -324,25 +327,34 @@ def calibration_table(run: Run) -> str:
             str(k),
             str(n) if n else "– (plain)",
             fmt(taus[n]["tau"]) if n in taus else "–",
-            fmt(taus[n]["draft_ms"]) if n in taus else "–",
         ]
+        if old_style:
+            row.append(fmt(taus[n].get("draft_ms")) if n in taus else "–")
         for p in paths:
             ms = p["forward_ms"].get(str(k))
-            exp = next((t["tokens_per_s"] for t in (p.get("dart") or {}).get("table", []) if t["nodes"] == n), None)
+            mine = next((t for t in (p.get("dart") or {}).get("table", []) if t["nodes"] == n), {})
+            exp = mine.get("tokens_per_s")
             if n == 0:
                 exp = p.get("plain_tokens_per_s") or (1000 / ms if ms else None)
+            if not old_style:
+                step = mine.get("step_ms") if n else (1000 / p["plain_tokens_per_s"] if p.get("plain_tokens_per_s") else None)
+                row.append(fmt(step))
             chosen = p.get("chosen") and (p.get("dart") or {}).get("max_nodes") == n
             cell = fmt(exp, ".1f")
             row += [fmt(ms), f"**{cell}**" if chosen else cell]
         rows.append(row)
-    header = ["rows", "DART nodes", "DART τ", "drafting ms"]
+    header = ["rows", "DART nodes", "DART τ"] + (["drafting ms"] if old_style else [])
     for p in paths:
         name = p["dtype"] + (" (chosen)" if p.get("chosen") and len(paths) > 1 else "")
-        header += [f"{name}: forward ms", f"{name}: expected tokens/s"]
+        header += ([] if old_style else [f"{name}: loop step ms"]) + [f"{name}: forward ms", f"{name}: expected tokens/s"]
+    how = (
+        "its drafting timed by replay; expected tokens/s = τ / (forward + drafting)"
+        if old_style
+        else "the generation loop's step timed at each tree size, plain decoding's on the first row; expected tokens/s = τ / loop step"
+    )
     return (
         "The calibration the run chose its weights and DART's tree size from (median ms of one forward after 200 cached "
-        "tokens; DART's τ by tree size from its `tree_sizes.json`, its drafting timed by replay; expected tokens/s = "
-        "τ / (forward + drafting), bold where chosen):\n\n" + table(header, rows)
+        f"tokens; DART's τ by tree size from its `tree_sizes.json`, {how}, bold where chosen):\n\n" + table(header, rows)
     )
 
 
