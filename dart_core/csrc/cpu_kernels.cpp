@@ -74,6 +74,16 @@ namespace {
 constexpr int LANES = 16;
 
 enum class DType : int { F32 = 0, BF16 = 1, F16 = 2 };
+// Calls fn(T{}) with T the C++ type of an activation dtype code (float, bf16 bits as uint16_t,
+// _Float16): every binding's one dispatch, `what` naming it in the error for an unknown code.
+template <class Fn> void with_dtype(int dtype, const char* what, Fn&& fn) {
+    switch (static_cast<DType>(dtype)) {
+        case DType::F32: return fn(float{});
+        case DType::BF16: return fn(uint16_t{});
+        case DType::F16: return fn(_Float16{});
+    }
+    throw std::invalid_argument(std::string(what) + ": unknown dtype code " + std::to_string(dtype));
+}
 // Weight formats (dart_core/kernels.py WEIGHT_FORMATS): the three float dtypes, then GGUF blocks.
 // Q4_0X16 / Q4_1X16 / Q8_0X16: the same blocks with 16 weight rows interleaved (int8 activations
 // only; see below).
@@ -1836,14 +1846,10 @@ void linear(int dtype, uintptr_t x, int64_t x_stride, int64_t M, int64_t K, int 
     if (rb != row_bytes(wfmt, K)) throw std::invalid_argument("linear: weight rows of " + std::to_string(rb) + " bytes do not hold K elements");
     py::gil_scoped_release release;
     const uint8_t* wp = ptr<const uint8_t>(w);
-    switch (static_cast<DType>(dtype)) {
-        case DType::F32: return linear_fmt(wfmt, ptr<const float>(x), x_stride, M, K, wp, rb, N, ptr<const float>(bias), ptr<float>(out), out_stride);
-        case DType::BF16:
-            return linear_fmt(wfmt, ptr<const uint16_t>(x), x_stride, M, K, wp, rb, N, ptr<const uint16_t>(bias), ptr<uint16_t>(out), out_stride);
-        case DType::F16:
-            return linear_fmt(wfmt, ptr<const _Float16>(x), x_stride, M, K, wp, rb, N, ptr<const _Float16>(bias), ptr<_Float16>(out), out_stride);
-    }
-    throw std::invalid_argument("linear: unknown dtype code " + std::to_string(dtype));
+    with_dtype(dtype, "linear", [&](auto t) {
+        using T = decltype(t);
+        linear_fmt(wfmt, ptr<const T>(x), x_stride, M, K, wp, rb, N, ptr<const T>(bias), ptr<T>(out), out_stride);
+    });
 }
 
 // rows (n,) int64 row indices of w (0: rows 0..n-1) -> out (n, K) rows out_stride apart, in fp32 or
@@ -1866,12 +1872,7 @@ template <class F, class TO> void dequantize_impl(const uint8_t* w, int64_t rb, 
 }
 
 template <class F> void dequantize_to(int out_dtype, const uint8_t* w, int64_t rb, int64_t K, const int64_t* rows, int64_t n, uintptr_t out, int64_t out_stride) {
-    switch (static_cast<DType>(out_dtype)) {
-        case DType::F32: return dequantize_impl<F>(w, rb, K, rows, n, ptr<float>(out), out_stride);
-        case DType::BF16: return dequantize_impl<F>(w, rb, K, rows, n, ptr<uint16_t>(out), out_stride);
-        case DType::F16: return dequantize_impl<F>(w, rb, K, rows, n, ptr<_Float16>(out), out_stride);
-    }
-    throw std::invalid_argument("dequantize: unknown output dtype code " + std::to_string(out_dtype));
+    with_dtype(out_dtype, "dequantize (output)", [&](auto t) { dequantize_impl<F>(w, rb, K, rows, n, ptr<decltype(t)>(out), out_stride); });
 }
 
 template <class F, class TO> void dequantize_x16_impl(const uint8_t* w, int64_t rb, int64_t K, const int64_t* rows, int64_t n, TO* out, int64_t out_stride) {
@@ -1888,12 +1889,7 @@ template <class F, class TO> void dequantize_x16_impl(const uint8_t* w, int64_t 
 }
 
 template <class F> void dequantize_x16_to(int out_dtype, const uint8_t* w, int64_t rb, int64_t K, const int64_t* rows, int64_t n, uintptr_t out, int64_t out_stride) {
-    switch (static_cast<DType>(out_dtype)) {
-        case DType::F32: return dequantize_x16_impl<F>(w, rb, K, rows, n, ptr<float>(out), out_stride);
-        case DType::BF16: return dequantize_x16_impl<F>(w, rb, K, rows, n, ptr<uint16_t>(out), out_stride);
-        case DType::F16: return dequantize_x16_impl<F>(w, rb, K, rows, n, ptr<_Float16>(out), out_stride);
-    }
-    throw std::invalid_argument("dequantize: unknown output dtype code " + std::to_string(out_dtype));
+    with_dtype(out_dtype, "dequantize (output)", [&](auto t) { dequantize_x16_impl<F>(w, rb, K, rows, n, ptr<decltype(t)>(out), out_stride); });
 }
 
 void dequantize(int wfmt, uintptr_t w, int64_t rb, int64_t K, int64_t n_rows, uintptr_t rows, int64_t n, uintptr_t out, int64_t out_stride,
@@ -1923,28 +1919,18 @@ void dequantize(int wfmt, uintptr_t w, int64_t rb, int64_t K, int64_t n_rows, ui
 void add_rmsnorm(int dtype, uintptr_t x, uintptr_t delta, uintptr_t w, int64_t M, int64_t H, float eps, uintptr_t x_out,
                  uintptr_t normed) {
     py::gil_scoped_release release;
-    switch (static_cast<DType>(dtype)) {
-        case DType::F32:
-            return add_rmsnorm_impl(ptr<const float>(x), ptr<const float>(delta), ptr<const float>(w), M, H, eps,
-                                    ptr<float>(x_out), ptr<float>(normed));
-        case DType::BF16:
-            return add_rmsnorm_impl(ptr<const uint16_t>(x), ptr<const uint16_t>(delta), ptr<const uint16_t>(w), M, H, eps,
-                                    ptr<uint16_t>(x_out), ptr<uint16_t>(normed));
-        case DType::F16:
-            return add_rmsnorm_impl(ptr<const _Float16>(x), ptr<const _Float16>(delta), ptr<const _Float16>(w), M, H, eps,
-                                    ptr<_Float16>(x_out), ptr<_Float16>(normed));
-    }
-    throw std::invalid_argument("add_rmsnorm: unknown dtype code " + std::to_string(dtype));
+    with_dtype(dtype, "add_rmsnorm", [&](auto t) {
+        using T = decltype(t);
+        add_rmsnorm_impl(ptr<const T>(x), ptr<const T>(delta), ptr<const T>(w), M, H, eps, ptr<T>(x_out), ptr<T>(normed));
+    });
 }
 
 void silu_mul(int dtype, uintptr_t gu, int64_t gu_stride, int64_t M, int64_t I, uintptr_t out) {
     py::gil_scoped_release release;
-    switch (static_cast<DType>(dtype)) {
-        case DType::F32: return silu_mul_impl(ptr<const float>(gu), gu_stride, M, I, ptr<float>(out));
-        case DType::BF16: return silu_mul_impl(ptr<const uint16_t>(gu), gu_stride, M, I, ptr<uint16_t>(out));
-        case DType::F16: return silu_mul_impl(ptr<const _Float16>(gu), gu_stride, M, I, ptr<_Float16>(out));
-    }
-    throw std::invalid_argument("silu_mul: unknown dtype code " + std::to_string(dtype));
+    with_dtype(dtype, "silu_mul", [&](auto t) {
+        using T = decltype(t);
+        silu_mul_impl(ptr<const T>(gu), gu_stride, M, I, ptr<T>(out));
+    });
 }
 
 void tree_attention(int dtype, uintptr_t q, int64_t q_stride, uintptr_t k, int64_t k_stride, uintptr_t v,
@@ -1954,18 +1940,13 @@ void tree_attention(int dtype, uintptr_t q, int64_t q_stride, uintptr_t k, int64
     if (hd % 2 || nh % nkv) throw std::invalid_argument("tree_attention: head_dim must be even and nkv divide nh");
     if (P + T_ > cap) throw std::invalid_argument("tree_attention: the cache is too small");
     py::gil_scoped_release release;
-#define DART_ATTN(TY)                                                                                                  \
-    return tree_attention_impl(ptr<const TY>(q), q_stride, ptr<const TY>(k), k_stride, ptr<const TY>(v), v_stride,     \
-                               ptr<const float>(cos), ptr<const float>(sin), ptr<const int64_t>(pos), ptr<TY>(k_cache), \
-                               ptr<TY>(v_cache), cap, P, T_, ptr<const int64_t>(parents), nh, nkv, hd, scale,           \
-                               ptr<TY>(out), out_stride)
-    switch (static_cast<DType>(dtype)) {
-        case DType::F32: DART_ATTN(float);
-        case DType::BF16: DART_ATTN(uint16_t);
-        case DType::F16: DART_ATTN(_Float16);
-    }
-#undef DART_ATTN
-    throw std::invalid_argument("tree_attention: unknown dtype code " + std::to_string(dtype));
+    with_dtype(dtype, "tree_attention", [&](auto t) {
+        using T = decltype(t);
+        tree_attention_impl(ptr<const T>(q), q_stride, ptr<const T>(k), k_stride, ptr<const T>(v), v_stride,
+            ptr<const float>(cos), ptr<const float>(sin), ptr<const int64_t>(pos), ptr<T>(k_cache),
+            ptr<T>(v_cache), cap, P, T_, ptr<const int64_t>(parents), nh, nkv, hd, scale,
+            ptr<T>(out), out_stride);
+    });
 }
 
 void rows_attention(int dtype, uintptr_t q, int64_t q_stride, uintptr_t k, int64_t k_stride, uintptr_t v, int64_t v_stride,
@@ -1976,17 +1957,12 @@ void rows_attention(int dtype, uintptr_t q, int64_t q_stride, uintptr_t k, int64
     for (int64_t b = 0; b < B; ++b)
         if (len[b] < 0 || len[b] >= cap) throw std::invalid_argument("rows_attention: a sequence's cache is full");
     py::gil_scoped_release release;
-#define DART_ROWS(TY)                                                                                                   \
-    return rows_attention_impl(ptr<const TY>(q), q_stride, ptr<const TY>(k), k_stride, ptr<const TY>(v), v_stride,       \
-                               ptr<const float>(cos), ptr<const float>(sin), len, ptr<TY>(k_cache), ptr<TY>(v_cache),  \
-                               seq_stride, cap, B, nh, nkv, hd, scale, ptr<TY>(out), out_stride)
-    switch (static_cast<DType>(dtype)) {
-        case DType::F32: DART_ROWS(float);
-        case DType::BF16: DART_ROWS(uint16_t);
-        case DType::F16: DART_ROWS(_Float16);
-    }
-#undef DART_ROWS
-    throw std::invalid_argument("rows_attention: unknown dtype code " + std::to_string(dtype));
+    with_dtype(dtype, "rows_attention", [&](auto t) {
+        using T = decltype(t);
+        rows_attention_impl(ptr<const T>(q), q_stride, ptr<const T>(k), k_stride, ptr<const T>(v), v_stride,
+            ptr<const float>(cos), ptr<const float>(sin), len, ptr<T>(k_cache), ptr<T>(v_cache),
+            seq_stride, cap, B, nh, nkv, hd, scale, ptr<T>(out), out_stride);
+    });
 }
 
 
@@ -2059,18 +2035,13 @@ void layers_forward(int dtype, uintptr_t plan, int64_t L, int64_t T_, int64_t H,
                 throw std::invalid_argument("layers_forward: layer " + std::to_string(l) + ": weight rows do not hold " + std::to_string(widths[j][0]) + " elements");
         }
     py::gil_scoped_release release;
-#define DART_STACK(TY)                                                                                                      \
-    return layers_forward_impl<TY>(pl, L, T_, H, I, nh, nkv, hd, eps, ptr<const float>(cos), ptr<const float>(sin),        \
-                                   ptr<const int64_t>(pos), ptr<const int64_t>(parents), P, ptr<TY>(k_cache), ptr<TY>(v_cache), \
-                                   layer_stride, seq_stride, cap, ptr<TY>(x), ptr<TY>(pending), ptr<const int64_t>(capture),    \
-                                   n_capture, ptr<TY>(captured))
-    switch (static_cast<DType>(dtype)) {
-        case DType::F32: DART_STACK(float);
-        case DType::BF16: DART_STACK(uint16_t);
-        case DType::F16: DART_STACK(_Float16);
-    }
-#undef DART_STACK
-    throw std::invalid_argument("layers_forward: unknown dtype code " + std::to_string(dtype));
+    with_dtype(dtype, "layers_forward", [&](auto t) {
+        using T = decltype(t);
+        layers_forward_impl<T>(pl, L, T_, H, I, nh, nkv, hd, eps, ptr<const float>(cos), ptr<const float>(sin),
+            ptr<const int64_t>(pos), ptr<const int64_t>(parents), P, ptr<T>(k_cache), ptr<T>(v_cache),
+            layer_stride, seq_stride, cap, ptr<T>(x), ptr<T>(pending), ptr<const int64_t>(capture),
+            n_capture, ptr<T>(captured));
+    });
 }
 
 // ------------------------------------------------------------------------------------- a DART head's draft forward
@@ -2149,17 +2120,12 @@ void draft_forward(int dtype, uintptr_t plan, int64_t S, int64_t D, int64_t H, i
         if (pl[3 * j + 2] != row_bytes(static_cast<int>(pl[3 * j]), widths[j][0]))
             throw std::invalid_argument("draft_forward: weight " + std::to_string(j) + "'s rows do not hold " + std::to_string(widths[j][0]) + " elements");
     py::gil_scoped_release release;
-#define DART_DRAFT(TY)                                                                                                      \
-    return draft_forward_impl<TY>(pl, S, D, H, I, Vd, nh, nkv, hd, eps, double_norm, ptr<const TY>(aux), ptr<const TY>(emb), \
-                                  ptr<const float>(cos), ptr<const float>(sin), P, ptr<TY>(k_cache), ptr<TY>(v_cache), cap,  \
-                                  ptr<TY>(logits))
-    switch (static_cast<DType>(dtype)) {
-        case DType::F32: DART_DRAFT(float);
-        case DType::BF16: DART_DRAFT(uint16_t);
-        case DType::F16: DART_DRAFT(_Float16);
-    }
-#undef DART_DRAFT
-    throw std::invalid_argument("draft_forward: unknown dtype code " + std::to_string(dtype));
+    with_dtype(dtype, "draft_forward", [&](auto t) {
+        using T = decltype(t);
+        draft_forward_impl<T>(pl, S, D, H, I, Vd, nh, nkv, hd, eps, double_norm, ptr<const T>(aux), ptr<const T>(emb),
+            ptr<const float>(cos), ptr<const float>(sin), P, ptr<T>(k_cache), ptr<T>(v_cache), cap,
+            ptr<T>(logits));
+    });
 }
 
 // What the CPU running this process offers (the loader picks a build with it; x86 only).
