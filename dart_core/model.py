@@ -665,15 +665,26 @@ def default_prefill_dtype() -> torch.dtype:
     return torch.bfloat16 if kernels.PATH == "avx512bf16" else torch.float32
 
 
+# The linears whose inputs can be kept in fp32 on an int8-activations path (load_gguf_transformer's
+# float_inputs): each layer's q|k|v, o, gate|up and down projections, and the LM head.
+FLOAT_INPUT_LINEARS = ("wqkv", "wo", "w13", "w2", "head")
+
+
 def load_gguf_transformer(
-    gguf_path: Path, model_dir: Path, prefill_dtype: torch.dtype | None = None, activations: str = "float"
+    gguf_path: Path,
+    model_dir: Path,
+    prefill_dtype: torch.dtype | None = None,
+    activations: str = "float",
+    float_inputs: tuple[str, ...] = (),
 ) -> Transformer:
     """A Transformer whose linears and embedding read the GGUF's blocks as they are (no unpacked copy)
     and whose norms are its F32 tensors; config and RoPE from the HF directory `model_dir` that was
     converted from the same file. Activations and the KV cache are fp32, so every forward on the
     kernels is bit-identical to the same forward on the file's dequantized fp32 copy; with
     activations="int8" the kernels' linears quantize their inputs to int8 blocks (kernels.ACTIVATIONS)
-    and are no longer exact, still batch-invariant. Prefill's GEMMs are the same either way."""
+    and are no longer exact, still batch-invariant; the linears named in float_inputs
+    (FLOAT_INPUT_LINEARS) keep fp32 inputs there (a diagnostic of where int8 costs fidelity:
+    dart_core/cli/fidelity.py --float-inputs). Prefill's GEMMs are the same either way."""
     import gguf
     from transformers import AutoConfig
 
@@ -697,28 +708,33 @@ def load_gguf_transformer(
 
     if activations not in kernels.ACTIVATIONS:
         raise ValueError(f"activations {activations!r}: choose one of {', '.join(kernels.ACTIVATIONS)}")
+    unknown = sorted(set(float_inputs) - set(FLOAT_INPUT_LINEARS))
+    if unknown or (float_inputs and activations != "int8"):
+        raise ValueError(
+            f"float_inputs names linears of an int8-activations path ({', '.join(FLOAT_INPUT_LINEARS)}), got {list(float_inputs)}"
+        )
 
-    def block(name: str, perm: torch.Tensor | None = None) -> kernels.BlockWeight:
+    def block(name: str, role: str, perm: torch.Tensor | None = None) -> kernels.BlockWeight:
         w = get(name)
         if not isinstance(w, kernels.BlockWeight):
             raise ValueError(f"{name}: expected a block format, got {tensors[name].tensor_type.name}")
-        return (w if perm is None else w.select_rows(perm)).with_activations(activations)
+        return (w if perm is None else w.select_rows(perm)).with_activations("float" if role in float_inputs else activations)
 
     def layer_weight(w: kernels.BlockWeight) -> kernels.BlockWeight:
         # int8 activations: rows interleaved in 16s (the same bytes), one integer lane a row
-        if activations == "int8" and w.fmt in kernels.X16_FORMATS and w.rows % 16 == 0:
+        if w.activations == "int8" and w.fmt in kernels.X16_FORMATS and w.rows % 16 == 0:
             return w.interleaved()
         return w
 
     with torch.device("meta"):
         model = Transformer(args, torch.empty(args.head_dim // 2), rope_scale)
     H, hd = args.hidden_size, args.head_dim
-    embed = block("token_embd.weight")
+    embed = block("token_embd.weight", "head")
     if embed.shape != (args.vocab_size, H):
         raise ValueError(f"token_embd.weight is {embed.shape}, the config implies {(args.vocab_size, H)}")
     if "output.weight" in tensors:
         model.tok_embeddings = BlockEmbedding(embed)
-        model.output = BlockLinear(layer_weight(block("output.weight")), gemm)
+        model.output = BlockLinear(layer_weight(block("output.weight", "head")), gemm)
     else:  # tied: one copy, interleaved where the LM head wants it (the lookup reads either layout)
         embed = layer_weight(embed)
         model.tok_embeddings, model.output = BlockEmbedding(embed), BlockLinear(embed, gemm)
@@ -726,12 +742,14 @@ def load_gguf_transformer(
     q_perm, k_perm = _unpermute_rope_rows(args.n_heads, hd), _unpermute_rope_rows(args.n_kv_heads, hd)
     for i, layer in enumerate(model.layers):
         p = f"blk.{i}."
-        wqkv = kernels.BlockWeight.cat([block(p + "attn_q.weight", q_perm), block(p + "attn_k.weight", k_perm), block(p + "attn_v.weight")])
+        wqkv = kernels.BlockWeight.cat(
+            [block(p + "attn_q.weight", "wqkv", q_perm), block(p + "attn_k.weight", "wqkv", k_perm), block(p + "attn_v.weight", "wqkv")]
+        )
         layer.attention.wqkv = BlockLinear(layer_weight(wqkv), gemm)
-        layer.attention.wo = BlockLinear(layer_weight(block(p + "attn_output.weight")), gemm)
-        w13 = kernels.BlockWeight.cat([block(p + "ffn_gate.weight"), block(p + "ffn_up.weight")])
+        layer.attention.wo = BlockLinear(layer_weight(block(p + "attn_output.weight", "wo")), gemm)
+        w13 = kernels.BlockWeight.cat([block(p + "ffn_gate.weight", "w13"), block(p + "ffn_up.weight", "w13")])
         layer.feed_forward.w13 = BlockLinear(layer_weight(w13), gemm)
-        layer.feed_forward.w2 = BlockLinear(layer_weight(block(p + "ffn_down.weight")), gemm)
+        layer.feed_forward.w2 = BlockLinear(layer_weight(block(p + "ffn_down.weight", "w2")), gemm)
         layer.attention_norm.weight = nn.Parameter(get(p + "attn_norm.weight"), requires_grad=False)
         layer.ffn_norm.weight = nn.Parameter(get(p + "ffn_norm.weight"), requires_grad=False)
         expect = {

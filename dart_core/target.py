@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .loading import AUTO, DEFAULT_MODEL, GGUF, GGUF_PATHS, embedded_gguf_path, parse_dtype, resolve_model_dir
+from .loading import AUTO, DEFAULT_MODEL, GGUF, GGUF_INT8, GGUF_PATHS, embedded_gguf_path, parse_dtype, resolve_model_dir
 from .model import BlockLinear, ForwardOutput, KVCache, Transformer, load_gguf_transformer, load_transformer
 from .tree import DraftTree
 
@@ -136,6 +136,7 @@ def load_target(
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype = "float32",
     kernels: bool = True,
+    float_inputs: tuple[str, ...] = (),
 ) -> Target:
     """Load a target: "default" (embedded SmolLM2-135M-Instruct), a local directory or a hub id.
 
@@ -145,13 +146,16 @@ def load_target(
     path the calibration finds fastest for DART on this machine (dart_core/calibrate.py choose_weights:
     measured once, cached; bfloat16 for any other target).
 
-    kernels=False keeps every forward on the eager torch path (see Transformer)."""
+    kernels=False keeps every forward on the eager torch path (see Transformer). float_inputs, with
+    "gguf-int8" only: linears (model.FLOAT_INPUT_LINEARS) whose inputs stay fp32, a diagnostic."""
     from transformers import AutoTokenizer
 
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' requested but CUDA is not available")
     name = str(model or DEFAULT_MODEL)
+    if float_inputs and dtype != GGUF_INT8:
+        raise ValueError(f"float_inputs apply to --dtype {GGUF_INT8} (its int8 activations), not {dtype}")
     if dtype == AUTO:
         from .calibrate import choose_weights  # it loads each candidate with this function, never with "auto"
 
@@ -165,9 +169,12 @@ def load_target(
             raise ValueError(f"--dtype {dtype} runs on the CPU kernels (device cpu, kernels on)")
         model_dir = resolve_model_dir(model)
         activations = "int8" if dtype != GGUF else "float"
-        transformer = load_gguf_transformer(embedded_gguf_path(), model_dir, activations=activations)
+        transformer = load_gguf_transformer(embedded_gguf_path(), model_dir, activations=activations, float_inputs=tuple(float_inputs))
         formats = sorted({m.weight.fmt for m in transformer.modules() if isinstance(m, BlockLinear)})
-        weights = f"{dtype} ({', '.join(formats)}{'; int8 activations' if activations == 'int8' else ''})"
+        mode = "; int8 activations" if activations == "int8" else ""
+        if float_inputs:
+            mode += f" (fp32 inputs to {', '.join(float_inputs)})"
+        weights = f"{dtype} ({', '.join(formats)}{mode})"
         dtype = torch.float32
     else:
         dtype = parse_dtype(dtype)

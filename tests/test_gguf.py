@@ -158,6 +158,28 @@ def test_gguf_int8_generation_is_lossless(gguf_int8_target, fp32_target):
     assert agree.positions == len(ref) and agree.top1 >= 0.95
 
 
+def test_int8_path_with_some_fp32_inputs(gguf_target, gguf_int8_target):
+    """--float-inputs' diagnostic path: the named linears read the gguf path's fp32 inputs (the same
+    bits as there on the same input), the others stay int8, and a verified tree still equals steps."""
+    from dart_core import load_target
+
+    t = load_target("default", "cpu", GGUF_INT8, float_inputs=("w2", "head"))
+    assert t.weights == "gguf-int8 (Q4_1, Q8_0; int8 activations (fp32 inputs to w2, head))"
+    layer, exact, int8 = t.model.layers[3], gguf_target.model.layers[3], gguf_int8_target.model.layers[3]
+    assert layer.feed_forward.w2.weight.activations == "float" and t.model.output.weight.activations == "float"
+    assert layer.attention.wqkv.weight.activations == "int8" and layer.attention.wqkv.weight.layout == "x16"
+    x = torch.randn(3, exact.feed_forward.w2.weight.shape[1], generator=torch.Generator().manual_seed(0))
+    same = kernels.linear(x, layer.feed_forward.w2.weight)
+    assert torch.equal(same, kernels.linear(x, exact.feed_forward.w2.weight))
+    assert not torch.equal(same, kernels.linear(x, int8.feed_forward.w2.weight))
+    prompt = t.encode("Name three rivers in Europe.")
+    assert _node_logits_equal_steps(t, prompt, random_tree(random.Random(6), 7, t.vocab_size)) == []
+    with pytest.raises(ValueError, match="int8-activations path"):
+        load_target("default", "cpu", GGUF_INT8, float_inputs=("lm_head",))
+    with pytest.raises(ValueError, match="apply to --dtype gguf-int8"):
+        load_target("default", "cpu", GGUF, float_inputs=("w2",))
+
+
 def test_bad_gguf_files_are_clear_errors(tmp_path):
     from dart_core import load_target
 

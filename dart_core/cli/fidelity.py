@@ -7,6 +7,9 @@ For each prompt (the first turn of questions skip+1 .. skip+limit of each set: h
 bench's first ten), the fp32 copy writes its greedy continuation; each path then reads the same text
 and we count the positions where it would pick the same next token (dart_core/fidelity.py), the
 largest relative logit error, and where its own greedy text parts from the reference's.
+
+--float-inputs asks where gguf-int8's 8-bit activations cost agreement: each SPEC (linears joined by
+"+", from wqkv, wo, w13, w2, head) adds a gguf-int8 path whose named linears keep fp32 inputs.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from .. import kernels
 from ..bench import held_out_questions
 from ..fidelity import first_divergence, teacher_forced_agreement
 from ..generate import ARDrafter, GenerationParams, complete
-from ..loading import DTYPE_CHOICES
+from ..loading import DTYPE_CHOICES, GGUF_INT8
+from ..model import FLOAT_INPUT_LINEARS
 from ..target import load_target
 
 
@@ -33,15 +37,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip", type=int, default=10, help="questions of each set skipped first (the bench uses the first 10)")
     p.add_argument("--limit", type=int, default=10, help="questions per set")
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument(
+        "--float-inputs",
+        nargs="+",
+        default=[],
+        metavar="SPEC",
+        help=f"extra gguf-int8 paths, each with these linears' inputs in fp32 (e.g. w2 wqkv+w13; from {', '.join(FLOAT_INPUT_LINEARS)})",
+    )
     p.add_argument("--out", type=Path, help="write the per-prompt results as JSON")
     a = p.parse_args(argv)
     paths = [s.strip() for s in a.paths.split(",") if s.strip()]
     bad = [s for s in paths if s not in DTYPE_CHOICES]
-    if bad or a.max_new_tokens < 1 or a.limit < 1 or a.skip < 0:
-        p.error(f"unknown path(s) {bad}" if bad else "--max-new-tokens and --limit must be >= 1, --skip >= 0")
+    specs = [tuple(x for x in spec.split("+") if x) for spec in a.float_inputs]
+    bad_specs = [spec for spec in a.float_inputs if not spec.strip("+") or set(spec.split("+")) - set(FLOAT_INPUT_LINEARS)]
+    if bad or bad_specs or a.max_new_tokens < 1 or a.limit < 1 or a.skip < 0:
+        p.error(
+            f"unknown path(s) {bad}"
+            if bad
+            else f"--float-inputs: unknown linears in {bad_specs} (choose from {', '.join(FLOAT_INPUT_LINEARS)})"
+            if bad_specs
+            else "--max-new-tokens and --limit must be >= 1, --skip >= 0"
+        )
     questions = held_out_questions(a.dataset, a.skip, a.limit)
     reference = load_target("default", "cpu", a.reference)
     tests = {name: load_target("default", "cpu", name) for name in paths}
+    for spec in specs:
+        name = f"{GGUF_INT8}+fp32:{'+'.join(spec)}"
+        tests[name] = load_target("default", "cpu", GGUF_INT8, float_inputs=spec)
+        paths.append(name)
     print(f"# {kernels.describe()}; reference {reference.weights}; {len(questions)} prompts x {a.max_new_tokens} tokens", file=sys.stderr)
     rows = []
     for i, (dataset, q) in enumerate(questions):
