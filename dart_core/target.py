@@ -131,6 +131,26 @@ def _eos_ids(model_dir: Path, tokenizer) -> frozenset[int]:
     return frozenset(ids)
 
 
+FLOAT_INPUTS_MARK = "+fp32:"  # "gguf-int8+fp32:wqkv+w2": gguf-int8 with those linears on fp32 inputs
+
+
+def weights_spec(spec: str) -> tuple[str, tuple[str, ...]]:
+    """A weights path name as the diagnostics take it -> (dtype, float_inputs): a --dtype choice, or
+    "gguf-int8+fp32:" and linears joined by "+" (model.FLOAT_INPUT_LINEARS) for load_target's
+    float_inputs. ValueError for anything else."""
+    from .loading import DTYPE_CHOICES
+    from .model import FLOAT_INPUT_LINEARS
+
+    dtype, mark, rest = spec.partition(FLOAT_INPUTS_MARK)
+    names = tuple(n for n in rest.split("+") if n) if mark else ()
+    if dtype not in DTYPE_CHOICES or (mark and (dtype != GGUF_INT8 or not names or set(names) - set(FLOAT_INPUT_LINEARS))):
+        raise ValueError(
+            f"weights path {spec!r}: one of {', '.join(DTYPE_CHOICES)}, or {GGUF_INT8}{FLOAT_INPUTS_MARK}LINEAR[+LINEAR...] "
+            f"with linears from {', '.join(FLOAT_INPUT_LINEARS)}"
+        )
+    return dtype, names
+
+
 def load_target(
     model: str | os.PathLike | None = DEFAULT_MODEL,
     device: str | torch.device = "cpu",

@@ -162,6 +162,7 @@ def test_int8_path_with_some_fp32_inputs(gguf_target, gguf_int8_target):
     """--float-inputs' diagnostic path: the named linears read the gguf path's fp32 inputs (the same
     bits as there on the same input), the others stay int8, and a verified tree still equals steps."""
     from dart_core import load_target
+    from dart_core.target import weights_spec
 
     t = load_target("default", "cpu", GGUF_INT8, float_inputs=("w2", "head"))
     assert t.weights == "gguf-int8 (Q4_1, Q8_0; int8 activations (fp32 inputs to w2, head))"
@@ -178,6 +179,11 @@ def test_int8_path_with_some_fp32_inputs(gguf_target, gguf_int8_target):
         load_target("default", "cpu", GGUF_INT8, float_inputs=("lm_head",))
     with pytest.raises(ValueError, match="apply to --dtype gguf-int8"):
         load_target("default", "cpu", GGUF, float_inputs=("w2",))
+    # the diagnostics' names for such paths (python -m dart_core.kernels --time, fidelity --float-inputs)
+    assert weights_spec("gguf-int8+fp32:w2+head") == (GGUF_INT8, ("w2", "head")) and weights_spec("bfloat16") == ("bfloat16", ())
+    for bad in ("gguf+fp32:w2", "gguf-int8+fp32:", "gguf-int8+fp32:lm_head", "int4"):
+        with pytest.raises(ValueError, match="weights path"):
+            weights_spec(bad)
 
 
 def test_bad_gguf_files_are_clear_errors(tmp_path):

@@ -26,7 +26,7 @@ from ..fidelity import first_divergence, teacher_forced_agreement
 from ..generate import ARDrafter, GenerationParams, complete
 from ..loading import DTYPE_CHOICES, GGUF_INT8
 from ..model import FLOAT_INPUT_LINEARS
-from ..target import load_target
+from ..target import FLOAT_INPUTS_MARK, load_target, weights_spec
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,7 +48,6 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     paths = [s.strip() for s in a.paths.split(",") if s.strip()]
     bad = [s for s in paths if s not in DTYPE_CHOICES]
-    specs = [tuple(x for x in spec.split("+") if x) for spec in a.float_inputs]
     bad_specs = [spec for spec in a.float_inputs if not spec.strip("+") or set(spec.split("+")) - set(FLOAT_INPUT_LINEARS)]
     if bad or bad_specs or a.max_new_tokens < 1 or a.limit < 1 or a.skip < 0:
         p.error(
@@ -61,9 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     questions = held_out_questions(a.dataset, a.skip, a.limit)
     reference = load_target("default", "cpu", a.reference)
     tests = {name: load_target("default", "cpu", name) for name in paths}
-    for spec in specs:
-        name = f"{GGUF_INT8}+fp32:{'+'.join(spec)}"
-        tests[name] = load_target("default", "cpu", GGUF_INT8, float_inputs=spec)
+    for spec in a.float_inputs:
+        name = GGUF_INT8 + FLOAT_INPUTS_MARK + spec.strip("+")
+        dtype, float_inputs = weights_spec(name)
+        tests[name] = load_target("default", "cpu", dtype, float_inputs=float_inputs)
         paths.append(name)
     print(f"# {kernels.describe()}; reference {reference.weights}; {len(questions)} prompts x {a.max_new_tokens} tokens", file=sys.stderr)
     rows = []

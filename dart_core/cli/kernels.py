@@ -9,7 +9,7 @@ import torch
 
 from .. import calibrate, kernels
 from ..loading import DTYPE_CHOICES
-from ..target import load_target
+from ..target import load_target, weights_spec
 
 TIMED = 15  # timed forwards per row count (median)
 
@@ -21,15 +21,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--time",
         nargs="*",
-        choices=DTYPE_CHOICES,
         metavar="DTYPE",
-        help="time forwards of the embedded target in these weight dtypes (e.g. gguf bfloat16) on the build in use, "
+        help=f"time forwards of the embedded target in these weight dtypes (from {', '.join(DTYPE_CHOICES)}; e.g. gguf "
+        "bfloat16, or gguf-int8+fp32:w2+head for gguf-int8 with those linears on fp32 inputs) on the build in use, "
         "as the calibration times them (each row count settled by its own forwards first)",
     )
     p.add_argument("--rows", default="1,2,4,6,9,16", help="row counts to time (default 1,2,4,6,9,16)")
     p.add_argument("--prefix", type=int, default=200, help="committed tokens before the timed rows (default 200)")
     p.add_argument("--threads", type=int, default=None)
     args = p.parse_args(argv)
+    try:
+        specs = {name: weights_spec(name) for name in args.time or []}
+    except ValueError as e:
+        p.error(str(e))
     if args.threads:
         torch.set_num_threads(args.threads)
     feats = kernels.cpu_features()
@@ -38,10 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     print("builds this CPU runs:", ", ".join(kernels.runnable_paths()) or "none")
     print("in use:", kernels.describe(), f"({torch.get_num_threads()} threads)")
     rows = [int(r) for r in args.rows.split(",")]
-    for dtype in args.time or []:
-        ms = calibrate.measure_forwards(load_target("default", "cpu", dtype), rows, repeats=TIMED, prefix=args.prefix)
+    for name, (dtype, float_inputs) in specs.items():
+        target = load_target("default", "cpu", dtype, float_inputs=float_inputs)
+        ms = calibrate.measure_forwards(target, rows, repeats=TIMED, prefix=args.prefix)
         cells = "  ".join(f"{m} rows {v:.2f} ms ({v / ms[rows[0]]:.2f}x)" for m, v in ms.items())
-        print(f"{dtype:9s} after {args.prefix} tokens: {cells}")
+        print(f"{name:9s} after {args.prefix} tokens: {cells}")
     return 0
 
 
