@@ -48,21 +48,16 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     paths = [s.strip() for s in a.paths.split(",") if s.strip()]
     bad = [s for s in paths if s not in DTYPE_CHOICES]
-    bad_specs = [spec for spec in a.float_inputs if not spec.strip("+") or set(spec.split("+")) - set(FLOAT_INPUT_LINEARS)]
-    if bad or bad_specs or a.max_new_tokens < 1 or a.limit < 1 or a.skip < 0:
-        p.error(
-            f"unknown path(s) {bad}"
-            if bad
-            else f"--float-inputs: unknown linears in {bad_specs} (choose from {', '.join(FLOAT_INPUT_LINEARS)})"
-            if bad_specs
-            else "--max-new-tokens and --limit must be >= 1, --skip >= 0"
-        )
+    if bad or a.max_new_tokens < 1 or a.limit < 1 or a.skip < 0:
+        p.error(f"unknown path(s) {bad}" if bad else "--max-new-tokens and --limit must be >= 1, --skip >= 0")
+    try:  # target.weights_spec checks the linears' names
+        specs = {name: weights_spec(name) for name in (GGUF_INT8 + FLOAT_INPUTS_MARK + spec for spec in a.float_inputs)}
+    except ValueError as e:
+        p.error(f"--float-inputs: {e}")
     questions = held_out_questions(a.dataset, a.skip, a.limit)
     reference = load_target("default", "cpu", a.reference)
     tests = {name: load_target("default", "cpu", name) for name in paths}
-    for spec in a.float_inputs:
-        name = GGUF_INT8 + FLOAT_INPUTS_MARK + spec.strip("+")
-        dtype, float_inputs = weights_spec(name)
+    for name, (dtype, float_inputs) in specs.items():
         tests[name] = load_target("default", "cpu", dtype, float_inputs=float_inputs)
         paths.append(name)
     print(f"# {kernels.describe()}; reference {reference.weights}; {len(questions)} prompts x {a.max_new_tokens} tokens", file=sys.stderr)
