@@ -198,6 +198,18 @@ def _cache_path(kind: str, key: dict) -> Path:
     return calibration_dir() / f"{kind}-{digest}.json"
 
 
+def _read_cache(path: Path, key: dict) -> dict | None:
+    """A cache file's data if it is there, parses and was written for `key`, else None: a damaged or
+    stale file is measured again (and rewritten) rather than trusted. Callers read its fields."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) and data.get("key") == key else None
+
+
 def _write_cache(path: Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")  # written whole, then renamed: a reader never sees half a file
@@ -210,13 +222,12 @@ def cached_forward_costs(target: Target, threads: int | None = None, rows: int |
     (the app's "why" view shows what the calibration measured, and adds no timing to a start)."""
     threads, rows = threads or torch.get_num_threads(), rows or MAX_CALIBRATED_ROWS
     key = machine_key(target, threads)
-    path = _cache_path("forwards", key)
-    if not path.is_file():
+    data = _read_cache(_cache_path("forwards", key), key)
+    if data is None:
         return None
     try:
-        data = json.loads(path.read_text())
         ms = {int(k): float(v) for k, v in data["ms"].items()}
-        if data["key"] == key and all(k in ms for k in range(1, rows + 1)):
+        if all(k in ms for k in range(1, rows + 1)):
             return ForwardCosts(key, ms, data["measured_at"], from_cache=True)
     except (ValueError, KeyError, TypeError):
         pass  # a damaged cache file is measured again (and rewritten) rather than trusted
@@ -418,12 +429,10 @@ def calibrate_drafter(
         "sizes": sizes,
     }
     path = _cache_path("loop", key)
-    step_ms = None
-    if path.is_file():
+    step_ms, data = None, _read_cache(path, key)
+    if data is not None:
         try:
-            data = json.loads(path.read_text())
-            if data["key"] == key:
-                step_ms = {int(n): float(v) for n, v in data["step_ms"].items()}
+            step_ms = {int(n): float(v) for n, v in data["step_ms"].items()}
         except (ValueError, KeyError, TypeError, AttributeError):
             pass  # a damaged file: measured again and rewritten
     if step_ms is None:
@@ -613,16 +622,15 @@ def choose_weights(
         "max_nodes": config.max_nodes,
     }
     path = _cache_path("weights", key)
-    if not refresh and path.is_file():
+    data = None if refresh else _read_cache(path, key)
+    if data is not None:
         try:
-            data = json.loads(path.read_text())
-            if data["key"] == key:
-                paths = [{**e, "forward_ms": {int(k): float(v) for k, v in e["forward_ms"].items()}} for e in data["choice"]["paths"]]
-                choice = WeightsChoice(**{**data["choice"], "paths": paths, "from_cache": True})
-                say(f"weights: {choice.reason} (cached {choice.measured_at})")
-                entry = choice.path(choice.dtype)
-                dart = SizeChoice(**entry["dart"]) if entry and entry.get("dart") else None
-                return load_target(model, device, choice.dtype, kernels=use_kernels), choice, dart
+            paths = [{**e, "forward_ms": {int(k): float(v) for k, v in e["forward_ms"].items()}} for e in data["choice"]["paths"]]
+            choice = WeightsChoice(**{**data["choice"], "paths": paths, "from_cache": True})
+            say(f"weights: {choice.reason} (cached {choice.measured_at})")
+            entry = choice.path(choice.dtype)
+            dart = SizeChoice(**entry["dart"]) if entry and entry.get("dart") else None
+            return load_target(model, device, choice.dtype, kernels=use_kernels), choice, dart
         except (ValueError, KeyError, TypeError):
             pass  # a damaged file: measured again and rewritten
     entries, kept = [], None
