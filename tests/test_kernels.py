@@ -79,6 +79,25 @@ def test_silu_mul(dtype, kpath):
     assert torch.equal(kernels.silu_mul(gu), rows)
 
 
+def test_silu_mul_same_bits_on_every_build():
+    """The x86 builds run fp32 silu * u eight lanes at a time; each element keeps the scalar loop's
+    bits (the generic build's), special values and the tail past the last 8 lanes included."""
+    torch.manual_seed(1)
+    I = 8 * 13 + 5  # 13 vector steps and a scalar tail
+    g = torch.randn(3, I) * torch.tensor([0.01, 3.0, 40.0]).unsqueeze(1)
+    specials = [0.0, -0.0, 1e-30, -1e-30, 87.0, -87.0, 88.5, -88.5, 200.0, -200.0, float("inf"), -float("inf"), float("nan"), 3.4e38]
+    g[0, : len(specials)] = torch.tensor(specials)
+    g[1, 40 : 40 + len(specials)] = torch.tensor(specials)  # inside the vector steps of another row
+    u = torch.randn(3, I)
+    gu = torch.cat([g, u], dim=1)
+    got = on_every_build(lambda: kernels.silu_mul(gu))
+    ref = got[PATHS[-1]]  # generic where it was built: the scalar loop alone
+    for path, out in got.items():  # bit for bit, but a NaN is a NaN (its sign is the compiler's operand order)
+        nan = out.isnan()
+        assert torch.equal(nan, ref.isnan()) and nan.any(), path
+        assert torch.equal(out.masked_fill(nan, 0).view(torch.int32), ref.masked_fill(nan, 0).view(torch.int32)), path
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_add_rmsnorm(dtype, kpath):
     torch.manual_seed(1)

@@ -1481,12 +1481,45 @@ void add_rmsnorm_impl(const T* x, const T* delta, const T* w, int64_t M, int64_t
 // out[m, i] = silu(gu[m, i]) * gu[m, I + i], each product rounded to T as the eager path does
 // (silu rounded, then the product rounded). gu (M, 2I) rows gu_stride apart; out (M, I) contiguous.
 
+#ifdef DART_V16
+// silu(g) * u on 8 fp32 lanes: silu_mul_impl's scalar steps one for one (the same constants, the same
+// unfused multiplies and adds, IEEE division, the current rounding mode for nearbyint, a blend for
+// its branch), so each element gets the scalar loop's bits. The scalar loop ran serially (one
+// thread) before every down projection: ~0.5 ms of a 4-row forward of the embedded model with AVX2.
+inline __m256 exp_nonpositive8(__m256 x) {
+    x = _mm256_max_ps(_mm256_set1_ps(-87.0f), x);  // std::max(x, -87): x when x is NaN, as maxps' second operand
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_CUR_DIRECTION | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693145751953125f)));
+    r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(1.428606765330187045e-06f)));
+    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+    for (const float c : {1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f}) p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+inline int64_t silu_mul_f32x8(const float* g, const float* u, int64_t I, float* out) {  // elements done
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    int64_t i = 0;
+    for (; i + 8 <= I; i += 8) {
+        const __m256 x = _mm256_loadu_ps(g + i);
+        const __m256 t = exp_nonpositive8(_mm256_or_ps(x, sign));  // e^{-|x|}
+        const __m256 d = _mm256_add_ps(one, t);
+        const __m256 sig = _mm256_blendv_ps(_mm256_div_ps(t, d), _mm256_div_ps(one, d), _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GE_OQ));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(x, sig), _mm256_loadu_ps(u + i)));
+    }
+    return i;
+}
+#endif
+
 template <class T> void silu_mul_impl(const T* gu, int64_t gu_stride, int64_t M, int64_t I, T* out) {
 #pragma omp parallel for schedule(static) if (M * I > 32768)
     for (int64_t m = 0; m < M; ++m) {
         const T* g = gu + m * gu_stride;
         const T* u = g + I;
-        for (int64_t i = 0; i < I; ++i) {
+        int64_t i0 = 0;
+#ifdef DART_V16
+        if constexpr (std::is_same_v<T, float>) i0 = silu_mul_f32x8(g, u, I, out + m * I);
+#endif
+        for (int64_t i = i0; i < I; ++i) {
             const float x = to_f32(g[i]);
             const float t = exp_nonpositive(-std::fabs(x));  // e^{-|x|}: sigmoid without overflow
             const float sig = x >= 0.0f ? 1.0f / (1.0f + t) : t / (1.0f + t);
