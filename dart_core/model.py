@@ -305,8 +305,8 @@ class Transformer(nn.Module):
         self.capture = args.capture_layers() if args.n_layers >= 7 else ()
         self.use_kernels = use_kernels
         self.use_layer_stack = True  # False: the per-op loop (tests compare the two)
-        # The eager path's activation dtype where it differs from the cache's (None: the same): a GGUF
-        # model's prompt prefill runs in bf16 where the CPU multiplies bf16 in hardware (BlockLinear),
+        # The eager path's activation dtype where it differs from the cache's (None: the same): the
+        # gguf-int8 model's prompt prefill runs in bf16 where the CPU multiplies bf16 in hardware (BlockLinear),
         # a bf16 model's in fp32 where it does not (`_linear`), the keys and values stored in the
         # cache's dtype; every kernel-path forward keeps the model's dtype.
         self.prefill_dtype: torch.dtype | None = None
@@ -601,8 +601,8 @@ class BlockLinear(nn.Module):
     the blocks directly. Longer inputs (prompt prefill) multiply by the blocks' values dequantized
     for the call in `gemm_dtype`: fp32 (exact values), or bf16 where the CPU multiplies bf16 in
     hardware (AVX512-BF16/AMX: a 769-token prefill 1.3 s -> ~0.4 s on one thread of a Xeon; the
-    prompt's keys and values then carry bf16 rounding, shared by every method, while every decode
-    and verify forward stays exactly the fp32 copy's)."""
+    prompt's keys and values then carry bf16 rounding, shared by every method). The exact gguf path
+    keeps fp32; gguf-int8 takes bf16 where it can."""
 
     def __init__(self, weight: kernels.BlockWeight, gemm_dtype: torch.dtype = torch.float32):
         super().__init__()
@@ -661,7 +661,8 @@ def _unpermute_rope_rows(n_heads: int, head_dim: int) -> torch.Tensor:
 
 
 def default_prefill_dtype() -> torch.dtype:
-    """bf16 GEMMs for a GGUF model's prompt prefill where the CPU has bf16 arithmetic, else fp32."""
+    """bf16 GEMMs for a fast GGUF model's prompt prefill where the CPU has bf16 arithmetic, else fp32
+    (the exact gguf path asks for fp32: target.load_target)."""
     return torch.bfloat16 if kernels.PATH == "avx512bf16" else torch.float32
 
 
@@ -684,7 +685,8 @@ def load_gguf_transformer(
     activations="int8" the kernels' linears quantize their inputs to int8 blocks (kernels.ACTIVATIONS)
     and are no longer exact, still batch-invariant; the linears named in float_inputs
     (FLOAT_INPUT_LINEARS) keep fp32 inputs there (a diagnostic of where int8 costs fidelity:
-    dart_core/cli/fidelity.py --float-inputs). Prefill's GEMMs are the same either way."""
+    dart_core/cli/fidelity.py --float-inputs). Prefill's GEMMs are prefill_dtype's (default:
+    default_prefill_dtype()), whatever the activations."""
     import gguf
     from transformers import AutoConfig
 

@@ -189,7 +189,13 @@ def load_target(
             raise ValueError(f"--dtype {dtype} runs on the CPU kernels (device cpu, kernels on)")
         model_dir = resolve_model_dir(model)
         activations = "int8" if dtype != GGUF else "float"
-        transformer = load_gguf_transformer(embedded_gguf_path(), model_dir, activations=activations, float_inputs=tuple(float_inputs))
+        # gguf is the exact path: its prompt prefill multiplies in fp32 too, so every forward is the
+        # fp32 copy's, bit for bit. gguf-int8 trades exactness for speed in prefill as well (bf16 GEMMs
+        # where the CPU multiplies bf16 in hardware: model.default_prefill_dtype).
+        prefill = torch.float32 if dtype == GGUF else None
+        transformer = load_gguf_transformer(
+            embedded_gguf_path(), model_dir, prefill_dtype=prefill, activations=activations, float_inputs=tuple(float_inputs)
+        )
         formats = sorted({m.weight.fmt for m in transformer.modules() if isinstance(m, BlockLinear)})
         mode = "; int8 activations" if activations == "int8" else ""
         if float_inputs:

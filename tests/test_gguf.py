@@ -51,35 +51,16 @@ def test_blocks_are_the_fp32_copy(gguf_target, fp32_target):
     for name, p in g.named_parameters():
         assert torch.equal(p, f.get_parameter(name)), name
     assert gguf_target.weights == "gguf (Q4_1, Q8_0)" and gguf_target.dtype == torch.float32
-    # prompt prefill multiplies in bf16 exactly where the CPU has bf16 arithmetic
-    assert g.output.gemm_dtype == (torch.bfloat16 if kernels.PATH == "avx512bf16" else torch.float32)
-    assert g.prefill_dtype == (torch.bfloat16 if kernels.PATH == "avx512bf16" else None)
+    # the exact path's prompt prefill multiplies in fp32 on every CPU (bf16 GEMMs are gguf-int8's)
+    assert all(m.gemm_dtype == torch.float32 for m in g.modules() if isinstance(m, BlockLinear)) and g.prefill_dtype is None
     block_bytes = sum(m.weight.nbytes for m in g.modules() if isinstance(m, BlockLinear) and m is not g.output)
     assert block_bytes + g.tok_embeddings.weight.nbytes < 0.4 * sum(t.numel() for t in f.state_dict().values()) * 4
 
 
-@pytest.fixture
-def fp32_prefill(gguf_target):
-    """The GGUF target with its prompt prefill in fp32 too (the default is bf16 GEMMs where the CPU
-    has bf16 arithmetic), so that whole forwards compare with the fp32 copy's."""
-    from dart_core.model import BlockLinear
-
-    mods = [m for m in gguf_target.model.modules() if isinstance(m, BlockLinear)]
-    saved, saved_prefill = [m.gemm_dtype for m in mods], gguf_target.model.prefill_dtype
-    for m in mods:
-        m.gemm_dtype = torch.float32
-    gguf_target.model.prefill_dtype = None
-    yield gguf_target
-    for m, d in zip(mods, saved):
-        m.gemm_dtype = d
-    gguf_target.model.prefill_dtype = saved_prefill
-
-
 @pytest.mark.parametrize("path", FAST_PATHS)
-def test_gguf_forward_is_the_fp32_forward(fp32_prefill, fp32_target, path):
+def test_gguf_forward_is_the_fp32_forward(gguf_target, fp32_target, path):
     """Prefill, steps and a tree verify on the blocks give the fp32 copy's logits and hidden states
-    bit for bit (prefill with fp32 GEMMs; the verify on each fast kernel build)."""
-    gguf_target = fp32_prefill
+    bit for bit (the prefill's fp32 GEMMs; the verify on each fast kernel build)."""
     previous = kernels.use_path(path)
     try:
         prompt = gguf_target.encode("Name three rivers in Europe.")
@@ -146,6 +127,8 @@ def test_gguf_int8_generation_is_lossless(gguf_int8_target, fp32_target):
     t = gguf_int8_target
     assert t.weights == "gguf-int8 (Q4_1, Q8_0; int8 activations)"
     assert all(m.weight.activations == "int8" for m in t.model.modules() if isinstance(m, BlockLinear))
+    # its prompt prefill multiplies in bf16 exactly where the CPU has bf16 arithmetic
+    assert t.model.prefill_dtype == (torch.bfloat16 if kernels.PATH == "avx512bf16" else None)
     drafters = [load_dart_drafter(DEFAULT_DART_HEAD, t, DEFAULT_NGRAM), load_eagle3_drafter(DEFAULT_EAGLE3_HEAD, t)]
     ids = t.encode("List three uses of a paperclip.")
     ar = complete(t, ids, ARDrafter(), GenerationParams(64))
