@@ -6,7 +6,10 @@ loop; `hf` is transformers' own `generate` and `pld` its prompt-lookup decoding,
 would run instead. `llamacpp*` run llama.cpp's binaries on the GGUF the target came from (the peers:
 see dart_core/peers.py and docs/peers.md). Every method's run is a `Summary` (dart_core/generate.py),
 summed per method by `Totals`. Interleaving methods per prompt cancels slow machine drift; a warm-up
-run of each method precedes the timed ones.
+run of each method precedes the timed ones. Each prompt starts with the next method in turn
+(`method_order`): the first run of a new prompt pays one-time costs the others do not (the GEMM
+library's setup for a new prefill shape), which, with a fixed order, all fell on plain decoding
+(its prefill took 6-50% longer than the other methods' in the runs kept before the rotation).
 """
 
 from __future__ import annotations
@@ -339,6 +342,13 @@ class BenchRun:
         return report, {d: reports(t) for d, t in self.by_set.items()}
 
 
+def method_order(methods: list[str], prompt_index: int) -> list[str]:
+    """The order the methods run prompt `prompt_index` in: rotated by one a prompt, so over n
+    prompts each method runs a prompt first once (and each other position once)."""
+    k = prompt_index % len(methods)
+    return methods[k:] + methods[:k]
+
+
 def run_interleaved(
     runners: dict[str, Runner],
     questions: list[tuple[str, dict]],
@@ -347,16 +357,18 @@ def run_interleaved(
     sampling: SamplingParams,
     log: Callable[[str], None],
 ) -> BenchRun:
-    """A warm-up run of each method, then every prompt through every method in turn. Prompt i is
-    sampled with seed sampling.seed + i. A llama.cpp method that cannot run a prompt (peers.PeerError)
-    leaves it out of its totals, with the reason in peer_errors."""
+    """A warm-up run of each method, then every prompt through every method in turn, prompt i
+    starting with method i mod n (method_order). Prompt i is sampled with seed sampling.seed + i. A
+    llama.cpp method that cannot run a prompt (peers.PeerError) leaves it out of its totals, with the
+    reason in peer_errors."""
     log("warm-up")
     for run in runners.values():
         run(prompts[0], GenerationParams(WARMUP_NEW_TOKENS, sampling=replace(sampling, seed=None)))
     datasets = list(dict.fromkeys(d for d, _ in questions))
     result = BenchRun({m: Totals() for m in runners}, {d: {m: Totals() for m in runners} for d in datasets})
     for i, ((dataset, q), ids) in enumerate(zip(questions, prompts)):
-        for name, run in runners.items():
+        for name in method_order(list(runners), i):
+            run = runners[name]
             sp = replace(sampling, seed=sampling.seed + i)
             try:
                 r = run(ids, GenerationParams(max_new_tokens, sampling=sp))

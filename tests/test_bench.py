@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from dart_core import bench as bench_lib
 from dart_core.cli import bench
 
 from conftest import EMBEDDED_DART_HEAD, eagle3_fixture_head
@@ -57,6 +58,9 @@ def test_bench_cli_json_and_losslessness(questions, tmp_path, capsys):
         result["datasets"]["repeats"]["ar"]["new_tokens"] + result["datasets"]["questions"]["ar"]["new_tokens"]
         == result["methods"]["ar"]["new_tokens"]
     )
+    # each prompt starts with the next method in turn (one-time costs of a new prompt rotate too)
+    firsts = [s["method"] for i, s in enumerate(result["samples"]) if i % 4 == 0]
+    assert firsts == ["ar", "dart", "dart-noctx"], firsts
     by = {}
     for s in result["samples"]:
         by.setdefault(s["question_id"], {})[s["method"]] = s["output_ids"]
@@ -130,3 +134,9 @@ def test_bench_sweeps_tree_sizes_in_one_run(questions, tmp_path):
     ):
         with pytest.raises(SystemExit, match=why):
             bench.main(["--methods", bad, "--dataset", str(questions)])
+
+
+def test_method_order_rotates():
+    methods = ["ar", "eagle3", "dart"]
+    orders = [bench_lib.method_order(methods, i) for i in range(4)]
+    assert orders == [methods, ["eagle3", "dart", "ar"], ["dart", "ar", "eagle3"], methods]
