@@ -6,10 +6,11 @@ loop; `hf` is transformers' own `generate` and `pld` its prompt-lookup decoding,
 would run instead. `llamacpp*` run llama.cpp's binaries on the GGUF the target came from (the peers:
 see dart_core/peers.py and docs/peers.md). Every method's run is a `Summary` (dart_core/generate.py),
 summed per method by `Totals`. Interleaving methods per prompt cancels slow machine drift; a warm-up
-run of each method precedes the timed ones. Each prompt starts with the next method in turn
-(`method_order`): the first run of a new prompt pays one-time costs the others do not (the GEMM
-library's setup for a new prefill shape), which, with a fixed order, all fell on plain decoding
-(its prefill took 6-50% longer than the other methods' in the runs kept before the rotation).
+run of each method precedes the timed ones. The peers run each prompt first, then our methods with
+the first of them rotating prompt by prompt (`method_order`): the first of ours after a llama.cpp
+process, and the first run of a new prompt, pay costs the others do not, which with a fixed order
+all fell on plain decoding (its prefill took 6-50% longer than the other methods' in the runs kept
+before the rotation).
 """
 
 from __future__ import annotations
@@ -342,11 +343,16 @@ class BenchRun:
         return report, {d: reports(t) for d, t in self.by_set.items()}
 
 
-def method_order(methods: list[str], prompt_index: int) -> list[str]:
-    """The order the methods run prompt `prompt_index` in: rotated by one a prompt, so over n
-    prompts each method runs a prompt first once (and each other position once)."""
-    k = prompt_index % len(methods)
-    return methods[k:] + methods[:k]
+def method_order(methods: list[str], prompt_index: int, first: frozenset[str] = frozenset()) -> list[str]:
+    """The order the methods run prompt `prompt_index` in: the methods in `first` (the peers, other
+    processes) in their given order, then the rest rotated by one a prompt, so over n prompts each of
+    those runs first once. Our first generation after a llama.cpp process prefills ~15-20% slower
+    (measured on the Xeon of docs/benchmarks.md): with the peers ahead, every method of ours takes that
+    turn equally often, instead of the one that follows the peer in a fixed cycle."""
+    lead = [m for m in methods if m in first]
+    rest = [m for m in methods if m not in first]
+    k = prompt_index % len(rest) if rest else 0
+    return lead + rest[k:] + rest[:k]
 
 
 def run_interleaved(
@@ -364,10 +370,11 @@ def run_interleaved(
     log("warm-up")
     for run in runners.values():
         run(prompts[0], GenerationParams(WARMUP_NEW_TOKENS, sampling=replace(sampling, seed=None)))
+    peer_methods = frozenset(m for m in runners if METHODS[split_method(m)[0]].engine == PEER)
     datasets = list(dict.fromkeys(d for d, _ in questions))
     result = BenchRun({m: Totals() for m in runners}, {d: {m: Totals() for m in runners} for d in datasets})
     for i, ((dataset, q), ids) in enumerate(zip(questions, prompts)):
-        for name in method_order(list(runners), i):
+        for name in method_order(list(runners), i, peer_methods):
             run = runners[name]
             sp = replace(sampling, seed=sampling.seed + i)
             try:

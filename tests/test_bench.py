@@ -140,3 +140,10 @@ def test_method_order_rotates():
     methods = ["ar", "eagle3", "dart"]
     orders = [bench_lib.method_order(methods, i) for i in range(4)]
     assert orders == [methods, ["eagle3", "dart", "ar"], ["dart", "ar", "eagle3"], methods]
+    # peers (other processes) run a prompt first, ours rotate after them
+    with_peer = ["ar", "llamacpp", "dart"]
+    assert [bench_lib.method_order(with_peer, i, frozenset({"llamacpp"})) for i in range(3)] == [
+        ["llamacpp", "ar", "dart"],
+        ["llamacpp", "dart", "ar"],
+        ["llamacpp", "ar", "dart"],
+    ]
