@@ -27,7 +27,7 @@ from . import peers
 from .drafters.config import DrafterConfigs
 from .drafters.registry import build_drafter
 from .generate import ARDrafter, Drafter, GenerationParams, StageTimes, Summary, complete
-from .methods import HF, LOOP, METHODS, PEER, split_method
+from .methods import HF, LOOP, METHODS, PEER, is_peer, split_method
 from .sampling import SamplingParams
 from .target import Target
 
@@ -363,14 +363,14 @@ def run_interleaved(
     sampling: SamplingParams,
     log: Callable[[str], None],
 ) -> BenchRun:
-    """A warm-up run of each method, then every prompt through every method in turn, prompt i
-    starting with method i mod n (method_order). Prompt i is sampled with seed sampling.seed + i. A
-    llama.cpp method that cannot run a prompt (peers.PeerError) leaves it out of its totals, with the
-    reason in peer_errors."""
+    """A warm-up run of each method, then every prompt through every method in turn: the peers
+    first, then ours, prompt i starting with our method i mod n (method_order). Prompt i is sampled
+    with seed sampling.seed + i. A llama.cpp method that cannot run a prompt (peers.PeerError)
+    leaves it out of its totals, with the reason in peer_errors."""
     log("warm-up")
     for run in runners.values():
         run(prompts[0], GenerationParams(WARMUP_NEW_TOKENS, sampling=replace(sampling, seed=None)))
-    peer_methods = frozenset(m for m in runners if METHODS[split_method(m)[0]].engine == PEER)
+    peer_methods = frozenset(m for m in runners if is_peer(m))
     datasets = list(dict.fromkeys(d for d, _ in questions))
     result = BenchRun({m: Totals() for m in runners}, {d: {m: Totals() for m in runners} for d in datasets})
     for i, ((dataset, q), ids) in enumerate(zip(questions, prompts)):

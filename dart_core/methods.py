@@ -49,6 +49,11 @@ METHODS: dict[str, Method] = {
 SIZED_METHODS = tuple(name for name, m in METHODS.items() if m.sized)
 
 
+def is_peer(name: str) -> bool:
+    """Whether a method name (maybe with @N) runs llama.cpp, another process, rather than our engine."""
+    return METHODS[split_method(name)[0]].engine == PEER
+
+
 def split_method(name: str) -> tuple[str, int | None]:
     """'dart@16' -> ('dart', 16): a drafter method at another tree size (max_nodes); 'dart' -> ('dart', None).
     llama.cpp methods take a draft length the same way ('llamacpp-lookup@4'). ValueError for an

@@ -37,7 +37,7 @@ from ..bench import (
 )
 from ..drafters import DEFAULT_EAGLE3_HEAD
 from ..loading import AUTO, DEFAULT_MODEL, TARGET_DTYPE_CHOICES
-from ..methods import METHODS, PEER, SIZED_METHODS, split_method
+from ..methods import METHODS, SIZED_METHODS, is_peer, split_method
 from ..sampling import SamplingParams
 from ..target import Target, load_target
 from .options import (
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     skipped = {}
     peer = peer_setup(args)
     for m in methods:  # a peer that cannot run here is skipped with the reason; the other methods still run
-        if METHODS[split_method(m)[0]].engine == PEER:
+        if is_peer(m):
             draft = None
             if peers.needs_draft(m) and (peer.bin_dir / peers.binary_for(m)).is_file():  # no export where llama.cpp is absent
                 try:  # llamacpp-eagle3 drafts with the bench's EAGLE3 head, exported for llama.cpp once (cached)
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     result["env"]["weights_choice"] = weights.as_dict()  # the --dtype the run used, why, and (auto) each path's measured costs
     if sizes:
         result["env"]["tree_sizes"] = {m: c.as_dict() for m, c in sizes.items()}
-    if any(METHODS[split_method(m)[0]].engine == PEER for m in methods):
+    if any(is_peer(m) for m in methods):
         result["env"]["llamacpp"] = peers.describe(peer.bin_dir, peer.gguf)
         drafted_by_head = [m for m in methods if peers.needs_draft(m)]
         if drafted_by_head:  # which head llama.cpp drafted with, as the file it read
