@@ -27,7 +27,7 @@ CPU runs (`PATH`: avx512bf16 > avx512 > avx2 > generic). `DART_CPU_KERNELS=<path
 a path on a CPU that has a better one). The generic, avx2 and avx512 builds give the same bits; the
 avx512bf16 build differs from them for bf16 weights only (bf16 pair products in hardware). `AVAILABLE`
 is False where no build exists (no compiler); the model then runs its eager path (exact in fp32 only
-up to rounding). `python -m dart_core.kernels` prints what this machine has.
+up to rounding). `python -m dart_core.cli.kernels` prints what this machine has.
 """
 
 from __future__ import annotations
@@ -721,7 +721,9 @@ def describe() -> str:
     return f"{PATH} kernels" + (f" (forced by {ENV})" if forced and forced != "auto" else "")
 
 
-if __name__ == "__main__":  # python -m dart_core.kernels: the command line is dart_core/cli/kernels.py
+# python -m dart_core.kernels still runs the command line (dart_core/cli/kernels.py), with a RuntimeWarning from
+# runpy (the package imports this module first): the documented command is python -m dart_core.cli.kernels.
+if __name__ == "__main__":
     from .cli.kernels import main
 
     raise SystemExit(main())
