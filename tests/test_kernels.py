@@ -161,9 +161,9 @@ def test_tree_attention_matches_sdpa(dtype, nh, nkv, hd, kpath):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("nh,nkv,hd", HEAD_SHAPES)
-def test_tree_attention_row_equals_one_token_call(dtype, nh, nkv, hd, kpath):
+@pytest.mark.parametrize("P", [37, 300])  # 300: one-token calls past SPLIT_HEADS_FROM run a query head per work item
+def test_tree_attention_row_equals_one_token_call(dtype, nh, nkv, hd, P, kpath):
     """A node's output equals the one-token call made once its ancestors sit committed in the cache."""
-    P = 37
     k_cache, v_cache, rope, _ = _attention_setup(dtype, P, nh, nkv, hd, seed=3)
     tree = random_tree(random.Random(5), 12, 50)
     T = len(tree)
