@@ -130,9 +130,9 @@ HEAD_SHAPES = [(6, 2, 32), (4, 4, 16), (8, 4, 64), (8, 1, 128), (16, 2, 48), (6,
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("nh,nkv,hd", HEAD_SHAPES)
-def test_tree_attention_matches_sdpa(dtype, nh, nkv, hd, kpath):
+@pytest.mark.parametrize("P", [37, 600])  # 600: a long softmax, past SPLIT_HEADS_FROM
+def test_tree_attention_matches_sdpa(dtype, nh, nkv, hd, P, kpath):
     """Against eager RoPE + SDPA with the tree mask, in fp32 arithmetic."""
-    P = 37
     k_cache, v_cache, rope, inv_freq = _attention_setup(dtype, P, nh, nkv, hd)
     tree = random_tree(random.Random(1), 9, 50)
     T = len(tree)
@@ -161,7 +161,9 @@ def test_tree_attention_matches_sdpa(dtype, nh, nkv, hd, kpath):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("nh,nkv,hd", HEAD_SHAPES)
-@pytest.mark.parametrize("P", [37, 300])  # 300: one-token calls past SPLIT_HEADS_FROM run a query head per work item
+# 300, 520: one-token calls past SPLIT_HEADS_FROM (256) run a query head per work item; 253: the tree's
+# rows run by group and their one-token calls cross the threshold on the way down
+@pytest.mark.parametrize("P", [37, 253, 300, 520])
 def test_tree_attention_row_equals_one_token_call(dtype, nh, nkv, hd, P, kpath):
     """A node's output equals the one-token call made once its ancestors sit committed in the cache."""
     k_cache, v_cache, rope, _ = _attention_setup(dtype, P, nh, nkv, hd, seed=3)
@@ -181,12 +183,14 @@ def test_tree_attention_row_equals_one_token_call(dtype, nh, nkv, hd, P, kpath):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("nh,nkv,hd", [(6, 2, 32), (6, 3, 24)])
-def test_rows_attention_is_each_sequence_alone(dtype, nh, nkv, hd, kpath):
+# 600: rows on either side of SPLIT_HEADS_FROM, whose one-token calls run a query head per work item
+@pytest.mark.parametrize("cap,lengths", [(40, [0, 7, 39, 16, 23]), (600, [0, 255, 256, 599, 300])])
+def test_rows_attention_is_each_sequence_alone(dtype, nh, nkv, hd, cap, lengths, kpath):
     """Rows of separate sequences (continuous batching): row b's output and its cache writes are the
     bits of a one-token tree_attention call on sequence b's cache alone, whatever the other rows."""
     torch.manual_seed(7)
-    B, cap = 5, 40
-    committed = torch.tensor([0, 7, 39, 16, 23])
+    B = 5
+    committed = torch.tensor(lengths)
     kc, vc = torch.randn(B, nkv, cap, hd).to(dtype), torch.randn(B, nkv, cap, hd).to(dtype)
     q, k, v = (torch.randn(B, n * hd).to(dtype) for n in (nh, nkv, nkv))
     inv_freq = 1.0 / (10000 ** (torch.arange(0, hd, 2).float() / hd))
@@ -202,7 +206,7 @@ def test_rows_attention_is_each_sequence_alone(dtype, nh, nkv, hd, kpath):
         assert torch.equal(one[0], out[b]), f"row {b} differs from its sequence alone"
         assert torch.equal(one_k[:, : P + 1], rows_k[b, :, : P + 1]) and torch.equal(one_v[:, : P + 1], rows_v[b, :, : P + 1])
     with pytest.raises(ValueError, match="free cache slot"):
-        kernels.RowsAttention(rope, torch.tensor([0, 7, 40, 16, 23]), nh, nkv, (B, nkv, cap, hd), dtype)  # a full row
+        kernels.RowsAttention(rope, torch.tensor([0, 7, cap, 16, 23]), nh, nkv, (B, nkv, cap, hd), dtype)  # a full row
     with pytest.raises(ValueError, match="one length per cache row"):
         kernels.RowsAttention(rope, committed[:-1], nh, nkv, (B, nkv, cap, hd), dtype)
     with pytest.raises(ValueError):

@@ -1292,6 +1292,21 @@ template <class F> float x16_dot_ref(const Q8Rows& x, int64_t m, const uint8_t* 
 }
 
 #ifdef DART_V16
+// Four activation codes (one 32-bit word) to every lane, straight from memory: a broadcast load, no
+// ALU port. Copying a block's 32 codes to a local array first made GCC move them through general
+// registers (a 64-bit load, a shift and a register broadcast per word), and the broadcasts competed
+// with the dot products for the vector ports.
+inline int32_t code_word(const int8_t* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+}
+#if defined(DART_V16_AVX512)
+inline __m512i bcast_word512(const int8_t* p) { return _mm512_set1_epi32(code_word(p)); }
+#else
+inline __m256i bcast_word256(const int8_t* p) { return _mm256_set1_epi32(code_word(p)); }
+#endif
+
 inline float q8_dx(const Q8Rows& x, int64_t m, int64_t b) { return x.dxrow(m)[(b / 2) * 16 + (b % 2) * 8]; }
 
 #if defined(DART_V16_AVX512)
@@ -1317,16 +1332,19 @@ void x16_group_q8_0(const Q8Rows& x, int64_t m0, const uint8_t* group, float* re
 #endif
 #pragma GCC unroll 16
         for (int i = 0; i < R; ++i) {
-            int32_t xw[8];
-            std::memcpy(xw, x.qrow(m0 + i) + b * 32, 32);
-            __m512i p = _mm512_setzero_si512();
+            const int8_t* xq = x.qrow(m0 + i) + b * 32;
 #ifdef __AVX512VNNI__
-#pragma GCC unroll 8
-            for (int j = 0; j < 8; ++j) p = _mm512_dpbusd_epi32(p, u[j], _mm512_set1_epi32(xw[j]));
-            p = _mm512_sub_epi32(p, _mm512_set1_epi32(128 * x.isrow(m0 + i)[b]));
+            __m512i p = _mm512_setzero_si512(), p1 = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int j = 0; j < 8; j += 2) {
+                p = _mm512_dpbusd_epi32(p, u[j], bcast_word512(xq + 4 * j));
+                p1 = _mm512_dpbusd_epi32(p1, u[j + 1], bcast_word512(xq + 4 * j + 4));
+            }
+            p = _mm512_sub_epi32(_mm512_add_epi32(p, p1), _mm512_set1_epi32(128 * x.isrow(m0 + i)[b]));
 #else
+            __m512i p = _mm512_setzero_si512();
             for (int j = 0; j < 8; ++j) {
-                const __m512i c = _mm512_loadu_si512(codes + j * 64), xb = _mm512_set1_epi32(xw[j]);
+                const __m512i c = _mm512_loadu_si512(codes + j * 64), xb = bcast_word512(xq + 4 * j);
                 const __m512i xs = _mm512_mask_sub_epi8(xb, _mm512_movepi8_mask(c), _mm512_setzero_si512(), xb);
                 p = _mm512_add_epi32(p, _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(c), xs), _mm512_set1_epi16(1)));
             }
@@ -1361,20 +1379,20 @@ void x16_group(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, co
 #pragma GCC unroll 16
         for (int i = 0; i < R; ++i) {
             const int8_t* xq = x.qrow(m0 + i) + b * 32;
-            int32_t xw[8];
-            std::memcpy(xw, xq, 32);
-            __m512i p = _mm512_setzero_si512();
+            // two integer accumulators (low and high nibbles): half the dependency chain, the same exact sum
+            __m512i p = _mm512_setzero_si512(), p1 = _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int j = 0; j < 4; ++j) {
 #ifdef __AVX512VNNI__
-                p = _mm512_dpbusd_epi32(p, lo[j], _mm512_set1_epi32(xw[j]));
-                p = _mm512_dpbusd_epi32(p, hi[j], _mm512_set1_epi32(xw[4 + j]));
+                p = _mm512_dpbusd_epi32(p, lo[j], bcast_word512(xq + 4 * j));
+                p1 = _mm512_dpbusd_epi32(p1, hi[j], bcast_word512(xq + 16 + 4 * j));
 #else
                 const __m512i one = _mm512_set1_epi16(1);
-                p = _mm512_add_epi32(p, _mm512_madd_epi16(_mm512_add_epi16(_mm512_maddubs_epi16(lo[j], _mm512_set1_epi32(xw[j])),
-                                                                            _mm512_maddubs_epi16(hi[j], _mm512_set1_epi32(xw[4 + j]))), one));
+                p = _mm512_add_epi32(p, _mm512_madd_epi16(_mm512_add_epi16(_mm512_maddubs_epi16(lo[j], bcast_word512(xq + 4 * j)),
+                                                                            _mm512_maddubs_epi16(hi[j], bcast_word512(xq + 16 + 4 * j))), one));
 #endif
             }
+            p = _mm512_add_epi32(p, p1);
             acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(q8_dx(x, m0 + i, b))), _mm512_cvtepi32_ps(p), acc[i]);
             acc[i] = _mm512_fmadd_ps(o, _mm512_set1_ps(x.sxrow(m0 + i)[b]), acc[i]);
         }
@@ -1399,12 +1417,11 @@ void x16_group_q8_0(const Q8Rows& x, int64_t m0, const uint8_t* group, float* re
             const uint8_t* codes = gb + x16_codes_at<FmtQ8_0>() + 32 * half;
 #pragma GCC unroll 6
             for (int i = 0; i < R; ++i) {
-                int32_t xw[8];
-                std::memcpy(xw, x.qrow(m0 + i) + b * 32, 32);
+                const int8_t* xq = x.qrow(m0 + i) + b * 32;
                 __m256i p = _mm256_setzero_si256();
                 for (int j = 0; j < 8; ++j) {
                     const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * 64));
-                    const __m256i s = _mm256_maddubs_epi16(_mm256_sign_epi8(c, c), _mm256_sign_epi8(_mm256_set1_epi32(xw[j]), c));
+                    const __m256i s = _mm256_maddubs_epi16(_mm256_sign_epi8(c, c), _mm256_sign_epi8(bcast_word256(xq + 4 * j), c));
                     p = _mm256_add_epi32(p, _mm256_madd_epi16(s, one));
                 }
                 acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(q8_dx(x, m0 + i, b))), _mm256_cvtepi32_ps(p), acc[i]);
@@ -1438,15 +1455,13 @@ void x16_group(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, co
 #pragma GCC unroll 6
             for (int i = 0; i < R; ++i) {
                 const int8_t* xq = x.qrow(m0 + i) + b * 32;
-                int32_t xw[8];
-                std::memcpy(xw, xq, 32);
                 // 16-bit sums of the 8 products pairs: at most 8 * 2 * 15 * 127 = 30480, no saturation
-                __m256i s = _mm256_maddubs_epi16(lo[0], _mm256_set1_epi32(xw[0]));
-                s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[0], _mm256_set1_epi32(xw[4])));
+                __m256i s = _mm256_maddubs_epi16(lo[0], bcast_word256(xq));
+                s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[0], bcast_word256(xq + 16)));
 #pragma GCC unroll 3
                 for (int j = 1; j < 4; ++j) {
-                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(lo[j], _mm256_set1_epi32(xw[j])));
-                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[j], _mm256_set1_epi32(xw[4 + j])));
+                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(lo[j], bcast_word256(xq + 4 * j)));
+                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[j], bcast_word256(xq + 16 + 4 * j)));
                 }
                 const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(s, one));
                 acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(q8_dx(x, m0 + i, b))), p, acc[i]);
