@@ -1379,20 +1379,23 @@ void x16_group(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, co
 #pragma GCC unroll 16
         for (int i = 0; i < R; ++i) {
             const int8_t* xq = x.qrow(m0 + i) + b * 32;
+#ifdef __AVX512VNNI__
             // two integer accumulators (low and high nibbles): half the dependency chain, the same exact sum
             __m512i p = _mm512_setzero_si512(), p1 = _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int j = 0; j < 4; ++j) {
-#ifdef __AVX512VNNI__
                 p = _mm512_dpbusd_epi32(p, lo[j], bcast_word512(xq + 4 * j));
                 p1 = _mm512_dpbusd_epi32(p1, hi[j], bcast_word512(xq + 16 + 4 * j));
+            }
+            p = _mm512_add_epi32(p, p1);
 #else
-                const __m512i one = _mm512_set1_epi16(1);
+            const __m512i one = _mm512_set1_epi16(1);
+            __m512i p = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; ++j)
                 p = _mm512_add_epi32(p, _mm512_madd_epi16(_mm512_add_epi16(_mm512_maddubs_epi16(lo[j], bcast_word512(xq + 4 * j)),
                                                                             _mm512_maddubs_epi16(hi[j], bcast_word512(xq + 16 + 4 * j))), one));
 #endif
-            }
-            p = _mm512_add_epi32(p, p1);
             acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(q8_dx(x, m0 + i, b))), _mm512_cvtepi32_ps(p), acc[i]);
             acc[i] = _mm512_fmadd_ps(o, _mm512_set1_ps(x.sxrow(m0 + i)[b]), acc[i]);
         }
