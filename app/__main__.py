@@ -27,6 +27,8 @@ import torch  # noqa: E402
 
 from dart_core import calibrate, load_target, peers  # noqa: E402
 from dart_core.cli.options import (
+    AUTO_HELP,
+    WEIGHTS_HELP,
     add_drafter_flags,
     add_dtype_flag,
     add_model_flag,
@@ -60,12 +62,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p,
         AUTO,
         TARGET_DTYPE_CHOICES,
-        "float32/bfloat16/float16, or gguf: the embedded default read in its own GGUF blocks (Q4_1/Q8_0, fp32 arithmetic). "
-        "Default auto: for the embedded default on the CPU kernels, the path (gguf or bfloat16) whose DART is expected "
-        "fastest from this machine's measured costs (dart_core/calibrate.py; measured on the first start, cached); "
-        "else (and with --no-calibration) bfloat16. The header says which and why. On a CPU with the C++ kernels every choice gives "
-        "greedy texts "
-        "identical to AR's on that path, bit for bit",
+        f"{WEIGHTS_HELP}. {AUTO_HELP} The header says which and why. On a CPU with the C++ kernels every choice gives "
+        "greedy texts identical to AR's on that path, bit for bit",
     )
     add_threads_flag(
         p, "torch CPU threads of the engine (default on the CPU: all cores but one, which serves the web page: see app/engine.py)"

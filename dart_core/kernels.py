@@ -103,9 +103,12 @@ WEIGHT_FORMATS = {"float32": 0, "bfloat16": 1, "float16": 2, "Q4_0": 3, "Q4_1": 
 # batches; longer runs (prompt prefill) go to torch's GEMMs, which no exactness argument needs.
 MAX_ROWS = 64
 BLOCK_FORMATS = ("Q8_0", "Q4_0", "Q4_1")
-# How block weights meet activations: "float" (exact: the fp32 values of the GGUF's dequantization) or
-# "int8" (activations quantized per block of 32 as llama.cpp does; integer dot products).
-ACTIVATIONS = ("float", "int8")
+# How block weights meet activations: "float" (exact: the fp32 values of the GGUF's dequantization),
+# "int8" (activations quantized per block of 32 as llama.cpp does; integer dot products) or "int16"
+# (quantized to 16 bits per block, held as two int8 digits: twice int8's integer dot products,
+# ~256x finer; interleaved weights only). cpu_kernels.cpp's contracts q8, q8x16 and q16.
+ACTIVATIONS = ("float", "int8", "int16")
+QUANTIZED_ACTIVATIONS = ("int8", "int16")
 X16_FORMATS = ("Q4_0", "Q4_1", "Q8_0")  # block formats that interleave 16 rows (BlockWeight.interleaved)
 X16_CODE_OFFSET = 3  # Q4_0 -> Q4_0X16 (6), Q4_1 -> Q4_1X16 (7), Q8_0 -> Q8_0X16 (8) in the extension's format codes
 
@@ -120,11 +123,11 @@ class BlockWeight:
     rows: int
     cols: int
     data: torch.Tensor
-    # "float": activations enter in fp32 against the exact dequantized values; "int8": activations are
-    # quantized to int8 blocks and meet the codes in integer dot products (faster, not exact; see
-    # ACTIVATIONS and the int8 section of cpu_kernels.cpp).
+    # "float": activations enter in fp32 against the exact dequantized values; "int8" / "int16":
+    # activations are quantized per block and meet the codes in integer dot products (faster, not
+    # exact; see ACTIVATIONS and the int8 sections of cpu_kernels.cpp).
     activations: str = "float"
-    # "gguf": rows as the file stores them; "x16": 16 rows interleaved per block (against int8
+    # "gguf": rows as the file stores them; "x16": 16 rows interleaved per block (against quantized
     # activations: one integer lane per weight row, see `interleaved` and cpu_kernels.cpp).
     layout: str = "gguf"
 
@@ -135,9 +138,9 @@ class BlockWeight:
             raise ValueError(f"activations {self.activations!r}: supported are {', '.join(ACTIVATIONS)}")
         if self.layout not in ("gguf", "x16"):
             raise ValueError(f"layout {self.layout!r}: 'gguf' or 'x16'")
-        if self.layout == "x16" and (self.fmt not in X16_FORMATS or self.rows % 16 or self.activations != "int8"):
+        if self.layout == "x16" and (self.fmt not in X16_FORMATS or self.rows % 16 or self.activations not in QUANTIZED_ACTIVATIONS):
             raise ValueError(
-                f"an interleaved weight is {'/'.join(X16_FORMATS)} in whole groups of 16 rows against int8 activations, "
+                f"an interleaved weight is {'/'.join(X16_FORMATS)} in whole groups of 16 rows against int8 or int16 activations, "
                 f"got {self.fmt} {self.rows} rows, {self.activations} activations"
             )
         if self.cols % 32:
@@ -185,13 +188,14 @@ class BlockWeight:
         return BlockWeight(self.fmt, int(index.numel()), self.cols, self.data.index_select(0, index.cpu()).contiguous(), self.activations)
 
     def with_activations(self, activations: str) -> "BlockWeight":
-        """The same blocks (shared storage) multiplied against `activations` ("float" or "int8")."""
+        """The same blocks (shared storage) multiplied against `activations` (ACTIVATIONS)."""
         return BlockWeight(self.fmt, self.rows, self.cols, self.data, activations, self.layout)
 
     def interleaved(self) -> "BlockWeight":
-        """The same bytes with every 16 rows interleaved block by block (layout "x16"), for int8
-        activations: per group of 16 rows and block, the 16 fp16 scales, Q4_1's 16 minimums, then 4
-        chunks of 64 bytes (Q8_0: 8), chunk j holding code bytes 4j..4j+3 of each row in turn."""
+        """The same bytes with every 16 rows interleaved block by block (layout "x16"), for quantized
+        activations (int16 if the weight meets int16, else int8): per group of 16 rows and block, the
+        16 fp16 scales, Q4_1's 16 minimums, then 4 chunks of 64 bytes (Q8_0: 8), chunk j holding code
+        bytes 4j..4j+3 of each row in turn."""
         if self.layout != "gguf" or self.fmt not in X16_FORMATS or self.rows % 16:
             raise ValueError(
                 f"interleave {'/'.join(X16_FORMATS)} weights of whole groups of 16 rows as stored, "
@@ -207,13 +211,15 @@ class BlockWeight:
         chunks = code_bytes // 4
         codes = blocks[..., head:].reshape(-1, nb, 16, chunks, 4).permute(0, 1, 3, 2, 4).reshape(-1, nb, 64 * chunks)  # chunk, row, byte
         data = torch.cat(parts + [codes], dim=-1).reshape(self.rows, -1).contiguous()
-        return BlockWeight(self.fmt, self.rows, self.cols, data, "int8", "x16")
+        return BlockWeight(self.fmt, self.rows, self.cols, data, "int16" if self.activations == "int16" else "int8", "x16")
 
     @property
     def code(self) -> int:
-        """The extension's format code: the block format and layout, with the int8-activation flag."""
+        """The extension's format code: the block format and layout, with the activations' flag."""
         base = WEIGHT_FORMATS[self.fmt] + (X16_CODE_OFFSET if self.layout == "x16" else 0)
-        return base | (_ext.Q8_ACTIVATIONS if self.activations == "int8" else 0)
+        if self.activations == "int16" and self.layout != "x16":
+            raise ValueError("int16 activations multiply interleaved weights: call .interleaved() first")
+        return base | {"float": 0, "int8": _ext.Q8_ACTIVATIONS, "int16": _ext.Q16_ACTIVATIONS}[self.activations]
 
     def dequantize(self, rows: torch.Tensor | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """(n, cols) values of `rows` (int64 indices; None: all): the exact fp32 values, rounded once
@@ -225,7 +231,7 @@ class BlockWeight:
         n = self.rows if idx is None else idx.numel()
         out = torch.empty(n, self.cols, dtype=dtype)
         _ext.dequantize(
-            self.code & ~_ext.Q8_ACTIVATIONS,
+            WEIGHT_FORMATS[self.fmt] + (X16_CODE_OFFSET if self.layout == "x16" else 0),
             self.data.data_ptr(),
             self.data.shape[1],
             self.cols,

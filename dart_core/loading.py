@@ -35,7 +35,10 @@ GGUF = "gguf"
 # The same blocks against activations quantized to int8 blocks, as llama.cpp computes: the fastest
 # one-token step, no longer exactly the fp32 copy's values (docs/engine.md says by how much).
 GGUF_INT8 = "gguf-int8"
-GGUF_PATHS = (GGUF, GGUF_INT8)
+# The same blocks against activations quantized to 16 bits a block (two int8 digits): twice int8's
+# integer dot products, and top-1 agreement with the fp32 copy within noise of the exact path's.
+GGUF_INT16 = "gguf-int16"
+GGUF_PATHS = (GGUF, GGUF_INT16, GGUF_INT8)
 DTYPE_CHOICES = (*DTYPES, *GGUF_PATHS)
 # The bench's, the app's and the calibration's default: the weights path calibrated on this machine
 # (dart_core/calibrate.py choose_weights) for the embedded default, bfloat16 for any other target.

@@ -682,8 +682,8 @@ def load_gguf_transformer(
     and whose norms are its F32 tensors; config and RoPE from the HF directory `model_dir` that was
     converted from the same file. Activations and the KV cache are fp32, so every forward on the
     kernels is bit-identical to the same forward on the file's dequantized fp32 copy; with
-    activations="int8" the kernels' linears quantize their inputs to int8 blocks (kernels.ACTIVATIONS)
-    and are no longer exact, still batch-invariant; the linears named in float_inputs
+    activations="int8" or "int16" the kernels' linears quantize their inputs per block
+    (kernels.ACTIVATIONS) and are no longer exact, still batch-invariant; the linears named in float_inputs
     (FLOAT_INPUT_LINEARS) keep fp32 inputs there (a diagnostic of where int8 costs fidelity:
     dart_core/cli/fidelity.py --float-inputs). Prefill's GEMMs are prefill_dtype's (default:
     default_prefill_dtype()), whatever the activations."""
@@ -723,8 +723,9 @@ def load_gguf_transformer(
         return (w if perm is None else w.select_rows(perm)).with_activations("float" if role in float_inputs else activations)
 
     def layer_weight(w: kernels.BlockWeight) -> kernels.BlockWeight:
-        # int8 activations: rows interleaved in 16s (the same bytes), one integer lane a row
-        if w.activations == "int8" and w.fmt in kernels.X16_FORMATS and w.rows % 16 == 0:
+        # quantized activations: rows interleaved in 16s (the same bytes), one integer lane a row
+        # (int16 runs on that layout only; BlockWeight.interleaved says what it takes)
+        if w.activations == "int16" or (w.activations == "int8" and w.fmt in kernels.X16_FORMATS and w.rows % 16 == 0):
             return w.interleaved()
         return w
 

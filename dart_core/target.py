@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .loading import AUTO, DEFAULT_MODEL, GGUF, GGUF_INT8, GGUF_PATHS, embedded_gguf_path, parse_dtype, resolve_model_dir
+from .loading import AUTO, DEFAULT_MODEL, GGUF, GGUF_INT8, GGUF_INT16, GGUF_PATHS, embedded_gguf_path, parse_dtype, resolve_model_dir
 from .model import BlockLinear, ForwardOutput, KVCache, Transformer, load_gguf_transformer, load_transformer
 from .tree import DraftTree
 
@@ -162,7 +162,8 @@ def load_target(
 
     dtype: float32 | bfloat16 | float16, or "gguf" for the embedded default read in its own GGUF
     blocks (Q4_1 layers, Q8_0 embedding) on the CPU kernels, exactly its fp32 values; "gguf-int8" for
-    the same blocks against int8-quantized activations (llama.cpp's arithmetic); or "auto": the
+    the same blocks against int8-quantized activations (llama.cpp's arithmetic); "gguf-int16" against
+    activations quantized to 16 bits (near the exact path's answers, near int8's speed); or "auto": the
     path the calibration finds fastest for DART on this machine (dart_core/calibrate.py choose_weights:
     measured once, cached; bfloat16 for any other target).
 
@@ -182,13 +183,13 @@ def load_target(
         return choose_weights(model, device, kernels)[0]
     if dtype in GGUF_PATHS:
         # The embedded default's own GGUF blocks on the CPU kernels; activations and the cache in fp32
-        # (gguf-int8: each linear's input quantized to int8 blocks inside the kernel).
+        # (gguf-int8 / gguf-int16: each linear's input quantized per block inside the kernel).
         if name != DEFAULT_MODEL:
             raise ValueError(f"--dtype {dtype} reads the GGUF the embedded default ships; for {name!r} use float32, bfloat16 or float16")
         if device.type != "cpu" or not kernels:
             raise ValueError(f"--dtype {dtype} runs on the CPU kernels (device cpu, kernels on)")
         model_dir = resolve_model_dir(model)
-        activations = "int8" if dtype != GGUF else "float"
+        activations = {GGUF: "float", GGUF_INT16: "int16", GGUF_INT8: "int8"}[dtype]
         # gguf is the exact path: its prompt prefill multiplies in fp32 too, so every forward is the
         # fp32 copy's, bit for bit. gguf-int8 trades exactness for speed in prefill as well (bf16 GEMMs
         # where the CPU multiplies bf16 in hardware: model.default_prefill_dtype).
@@ -197,7 +198,7 @@ def load_target(
             embedded_gguf_path(), model_dir, prefill_dtype=prefill, activations=activations, float_inputs=tuple(float_inputs)
         )
         formats = sorted({m.weight.fmt for m in transformer.modules() if isinstance(m, BlockLinear)})
-        mode = "; int8 activations" if activations == "int8" else ""
+        mode = f"; {activations} activations" if activations != "float" else ""
         if float_inputs:
             mode += f" (fp32 inputs to {', '.join(float_inputs)})"
         weights = f"{dtype} ({', '.join(formats)}{mode})"

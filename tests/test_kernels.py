@@ -317,11 +317,13 @@ def test_quantize_q8_0_is_ggufs_quantizer():
 
 
 @pytest.mark.skipif(len(PATHS) < 2, reason="one build on this CPU: nothing to compare")
-def test_activation_quantization_edge_values_on_every_build():
+@pytest.mark.parametrize("act", ["int8", "int16"])
+def test_activation_quantization_edge_values_on_every_build(act):
     """The vector builds quantize a block in registers, the generic build element by element: the
-    same codes and scales for rounding ties, subnormals, infinities and NaN (a NaN is skipped by the
-    maximum and quantizes to 0)."""
-    w = _random_blocks("Q8_0", 32, 128, seed=9).with_activations("int8")
+    same codes and scales (int16: and digits) for rounding ties, subnormals, infinities and NaN (a
+    NaN is skipped by the maximum and quantizes to 0)."""
+    w = _random_blocks("Q8_0", 32, 128, seed=9).with_activations(act)
+    w = w.interleaved() if act == "int16" else w
     x = torch.randn(6, 128, generator=torch.Generator().manual_seed(4))
     x[0, :32] = torch.arange(32) - 15.5  # amax 15.5: codes at exact .5 ties after scaling
     x[0, 31] = 127.0
@@ -359,13 +361,51 @@ def test_interleaved_rows_are_the_same_weights(fmt, K, N, kpath):
 
 
 @pytest.mark.skipif(len(PATHS) < 2, reason="one build on this CPU: nothing to compare")
+@pytest.mark.parametrize("act", ["int8", "int16"])
 @pytest.mark.parametrize("fmt", kernels.X16_FORMATS)
-def test_interleaved_rows_give_the_same_bits_on_every_build(fmt):
-    wx = _random_blocks(fmt, 64, 1536 + 32, seed=9).with_activations("int8").interleaved()
+def test_interleaved_rows_give_the_same_bits_on_every_build(fmt, act):
+    wx = _random_blocks(fmt, 64, 1536 + 32, seed=9).with_activations(act).interleaved()
     x = torch.randn(13, wx.cols, generator=torch.Generator().manual_seed(5))
     results = on_every_build(lambda: kernels.linear(x, wx))
     for p in PATHS[1:]:
         assert torch.equal(results[p], results[PATHS[0]]), f"{p} != {PATHS[0]}"
+
+
+def _q16_reference(x: torch.Tensor, w: kernels.BlockWeight) -> torch.Tensor:
+    """x against w's exact values after x's 16-bit block quantization (amax / 32512 per block of 32,
+    ties to even), in float64: what the int16-activation linear computes up to its fp32 sums (its two
+    int8 digits are an exact split of these codes)."""
+    xb = x.double().view(x.shape[0], -1, 32)
+    d = (xb.abs().amax(-1, keepdim=True).float() / 32512).double()
+    inv = torch.where(d > 0, (1 / d.float()).double(), torch.zeros_like(d))
+    q = torch.round((xb.float() * inv.float()).double()).clamp(-32512, 32512)
+    return (q * d).view_as(x.double()) @ w.dequantize().double().T
+
+
+@pytest.mark.parametrize("fmt", kernels.X16_FORMATS)
+@pytest.mark.parametrize("K,N", [(576, 48), (1536, 32), (96, 16)])
+def test_int16_activations_are_row_invariant_and_quantize_as_described(fmt, K, N, kpath):
+    """Interleaved block weights against 16-bit activations (two int8 digits): a row's bits never depend
+    on the other rows (1..20 rows: every row-block shape), the result is the 16-bit codes' product with
+    the weights' exact values up to fp32 sums, and two orders of magnitude nearer the exact linear
+    than int8 activations."""
+    w = _random_blocks(fmt, N, K, seed=N + K + 3).with_activations("int16").interleaved()
+    assert (w.activations, w.layout) == ("int16", "x16")
+    x = torch.randn(20, K, generator=torch.Generator().manual_seed(6))
+    x[3, : K // 2] *= 40  # an outlier block
+    x[5] = 0
+    x[7, :32] = torch.linspace(-1, 1, 32) * 32512 / 7  # codes near digit boundaries (+-127 * 255 + r)
+    out = kernels.linear(x, w)
+    for M in range(1, 21):
+        assert torch.equal(kernels.linear(x[:M], w), out[:M]), f"rows differ at M={M}"
+    assert torch.equal(out[5], torch.zeros(N))
+    ref = _q16_reference(x, w)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5 * ref.abs().max().item(), rtol=1e-5)
+    exact = x.double() @ w.dequantize().double().T
+    err16 = ((out.double() - exact).norm() / exact.norm()).item()
+    err8 = ((kernels.linear(x, w.with_activations("int8")).double() - exact).norm() / exact.norm()).item()
+    assert err16 < 1e-4 and err16 < err8 / 50, (err16, err8)
+    assert kernels.linear(x.bfloat16(), w).dtype == torch.bfloat16
 
 
 def test_interleaving_is_checked():
@@ -378,8 +418,10 @@ def test_interleaving_is_checked():
     wx = _random_blocks("Q4_0", 16, 64, seed=1).interleaved()
     with pytest.raises(ValueError, match="before interleaving"):
         wx.select_rows(torch.tensor([0]))
-    with pytest.raises(ValueError, match="int8 activations"):
+    with pytest.raises(ValueError, match="int8 or int16 activations"):
         wx.with_activations("float")
+    with pytest.raises(ValueError, match="interleaved"):  # int16 runs on the interleaved layout only
+        kernels.linear(torch.randn(1, 64), _random_blocks("Q4_1", 16, 64, seed=1).with_activations("int16"))
 
 
 def test_int8_activations_reject_float_weights_and_bad_modes():

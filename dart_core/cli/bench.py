@@ -41,6 +41,8 @@ from ..methods import METHODS, SIZED_METHODS, is_peer, split_method
 from ..sampling import SamplingParams
 from ..target import Target, load_target
 from .options import (
+    AUTO_HELP,
+    WEIGHTS_HELP,
     add_device_flag,
     add_drafter_flags,
     add_dtype_flag,
@@ -77,10 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p,
         AUTO,
         TARGET_DTYPE_CHOICES,
-        "float32/bfloat16/float16, or gguf: the embedded default in its own GGUF blocks on the CPU kernels. "
-        "Default auto: for the embedded default on the CPU kernels, the path (gguf or bfloat16) whose DART is "
-        "expected fastest from this machine's measured costs (dart_core/calibrate.py, cached); else (and with --no-calibration) bfloat16. "
-        "Every method runs on the one path chosen; env.weights_choice records it and why",
+        f"{WEIGHTS_HELP}. {AUTO_HELP} Every method runs on the one path chosen; env.weights_choice records it and why",
     )
     p.add_argument(
         "--eager",

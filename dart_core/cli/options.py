@@ -35,13 +35,22 @@ def add_model_flag(p, *names: str, help: str | None = None) -> None:
     )
 
 
+# What each --dtype is (argparse help: % doubled).
+WEIGHTS_HELP = (
+    "the target's weights: float32/bfloat16/float16 (any checkpoint), or the embedded default's own GGUF blocks "
+    "(Q4_1/Q8_0) on the CPU kernels: gguf (fp32 activations: exactly its fp32 copy), gguf-int16 (activations "
+    "quantized to 16 bits a block: near the fp32 copy's answers, at nearly int8's step) or gguf-int8 (int8 "
+    "activations, llama.cpp's arithmetic: the cheapest step, the furthest from the fp32 copy; docs/engine.md)"
+)
+AUTO_HELP = (
+    "Default auto: for the embedded default on the CPU kernels, the path of calibrate.WEIGHTS_CANDIDATES (gguf, "
+    "gguf-int16: at least 99.5%% top-1 agreement with the fp32 copy) whose DART is expected fastest from this machine's "
+    "measured costs (dart_core/calibrate.py; measured once, cached); else (and with --no-calibration) bfloat16."
+)
+
+
 def add_dtype_flag(p, default: str = "bfloat16", choices=DTYPE_CHOICES, help: str | None = None, name: str = "--dtype") -> None:
-    p.add_argument(
-        name,
-        default=default,
-        choices=choices,
-        help=help or "the target's weights: float32/bfloat16/float16, or gguf: the embedded default's own blocks",
-    )
+    p.add_argument(name, default=default, choices=choices, help=help or WEIGHTS_HELP)
 
 
 def add_device_flag(p, default: str | None = DEFAULT_DEVICE, help: str | None = None) -> None:

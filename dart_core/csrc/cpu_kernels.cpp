@@ -889,14 +889,28 @@ void linear_impl(const TX* x, int64_t x_stride, int64_t M, int64_t K, const uint
 // loops the same lanes: all builds give the same bits (integer sums are exact, and in the same lanes).
 
 constexpr int64_t Q8_ACT = 16;  // flag on a weight format code: multiply against int8 activations
+// Flag on an interleaved weight's format code: multiply against 16-bit activations, held as two int8
+// digits (contract q16 below), ~256x finer than int8 at twice the integer dot products.
+constexpr int64_t Q16_ACT = 32;
+
+// Contract (q16): amax as in q8, dx = amax / Q16_MAX, Q = nearbyint(x / dx) clamped to +-Q16_MAX,
+// split into digits hi = nearbyint(float(Q) / 255) and lo = Q - 255 hi, both in [-127, 127] (Q / 255
+// is never within 0.002 of a tie, so the fp32 quotient rounds to the exact nearest integer). The
+// integer sum of a block is 255 * sum(code * hi) + sum(code * lo) = sum(code * Q), exact in int32,
+// and meets the weight scales exactly as q8's does (sx = dx * sum Q): the q8 contract on Q.
+constexpr float Q16_MAX = 32512.0f;  // 255 * 127 + 127: the largest Q two digits of [-127, 127] hold
+constexpr int32_t Q16_BASE = 255;
 
 struct Q8Rows {  // M activation rows in int8 blocks; pairs of blocks padded with a zero block
     int64_t K = 0, nb = 0, npair = 0, nb16 = 0;
+    int digits = 1;           // 1: int8 codes in q; 2: 16-bit codes, high digits in q, low digits in q2
     std::vector<int8_t> q;    // M x (npair * 64)
+    std::vector<int8_t> q2;   // digits == 2: the low digits, laid out as q
     std::vector<float> dx16;  // M x npair x 16: the pair's scales, each repeated over its 8 lanes
     std::vector<float> sx;    // M x nb16 (zero past nb)
     std::vector<int32_t> isum;  // M x nb: each block's sum of codes (sx = dx * isum)
     const int8_t* qrow(int64_t m) const { return q.data() + m * npair * 64; }
+    const int8_t* qrow2(int64_t m) const { return q2.data() + m * npair * 64; }
     const float* dxrow(int64_t m) const { return dx16.data() + m * npair * 16; }
     const float* sxrow(int64_t m) const { return sx.data() + m * nb16; }
     const int32_t* isrow(int64_t m) const { return isum.data() + m * nb; }
@@ -926,29 +940,50 @@ inline bool quantize_block_vec(const float* v, Q8Rows& r, int64_t m, int64_t b) 
 #endif
     float amax = 0.0f;
     for (float l : lanes) amax = std::max(amax, l);
-    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const bool wide = r.digits == 2;
+    const float qmax = wide ? Q16_MAX : 127.0f;
+    const float d = amax / qmax, id = d != 0.0f ? 1.0f / d : 0.0f;
     int8_t* q = r.q.data() + m * r.npair * 64 + b * 32;
+    int8_t* q2 = wide ? r.q2.data() + m * r.npair * 64 + b * 32 : nullptr;
     int32_t s = 0;
 #if defined(DART_V16_AVX512)
-    const __m512 vid = _mm512_set1_ps(id), hi = _mm512_set1_ps(127.0f), lo = _mm512_set1_ps(-127.0f);
+    const __m512 vid = _mm512_set1_ps(id), hi = _mm512_set1_ps(qmax), lo = _mm512_set1_ps(-qmax);
     for (int h = 0; h < 2; ++h) {
         const __m512 x = _mm512_loadu_ps(v + 16 * h);
         __m512 t = _mm512_roundscale_ps(_mm512_mul_ps(x, vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         t = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(t, t, _CMP_ORD_Q), _mm512_min_ps(_mm512_max_ps(t, lo), hi));
         const __m512i ti = _mm512_cvtps_epi32(t);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * h), _mm512_cvtepi32_epi8(ti));
         s += _mm512_reduce_add_epi32(ti);
+        if (!wide) {
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * h), _mm512_cvtepi32_epi8(ti));
+            continue;
+        }
+        const __m512 th = _mm512_roundscale_ps(_mm512_div_ps(t, _mm512_set1_ps(static_cast<float>(Q16_BASE))),
+                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512i dh = _mm512_cvtps_epi32(th);
+        const __m512i dl = _mm512_sub_epi32(ti, _mm512_sub_epi32(_mm512_slli_epi32(dh, 8), dh));  // Q - 255 hi
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * h), _mm512_cvtepi32_epi8(dh));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q2 + 16 * h), _mm512_cvtepi32_epi8(dl));
     }
 #else
-    const __m256 vid = _mm256_set1_ps(id), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+    const __m256 vid = _mm256_set1_ps(id), hi = _mm256_set1_ps(qmax), lo = _mm256_set1_ps(-qmax);
     for (int h = 0; h < 4; ++h) {
         const __m256 x = _mm256_loadu_ps(v + 8 * h);
         __m256 t = _mm256_round_ps(_mm256_mul_ps(x, vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         t = _mm256_and_ps(_mm256_cmp_ps(t, t, _CMP_ORD_Q), _mm256_min_ps(_mm256_max_ps(t, lo), hi));
         const __m256i ti = _mm256_cvtps_epi32(t);
-        alignas(32) int32_t w[8];
+        alignas(32) int32_t w[8], wh[8];
         _mm256_store_si256(reinterpret_cast<__m256i*>(w), ti);
-        for (int e = 0; e < 8; ++e) q[8 * h + e] = static_cast<int8_t>(w[e]), s += w[e];
+        if (wide) {
+            const __m256 th = _mm256_round_ps(_mm256_div_ps(t, _mm256_set1_ps(static_cast<float>(Q16_BASE))),
+                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            _mm256_store_si256(reinterpret_cast<__m256i*>(wh), _mm256_cvtps_epi32(th));
+        }
+        for (int e = 0; e < 8; ++e) {
+            s += w[e];
+            if (wide) q[8 * h + e] = static_cast<int8_t>(wh[e]), q2[8 * h + e] = static_cast<int8_t>(w[e] - Q16_BASE * wh[e]);
+            else q[8 * h + e] = static_cast<int8_t>(w[e]);
+        }
     }
 #endif
     float* dx = r.dx16.data() + m * r.npair * 16 + (b / 2) * 16 + (b % 2) * 8;
@@ -960,9 +995,10 @@ inline bool quantize_block_vec(const float* v, Q8Rows& r, int64_t m, int64_t b) 
 #endif
 
 template <class TX>
-void quantize_q8(const TX* x, int64_t x_stride, int64_t M, int64_t K, Q8Rows& r) {
-    r.K = K, r.nb = K / 32, r.npair = (r.nb + 1) / 2, r.nb16 = (r.nb + 15) / 16 * 16;
+void quantize_q8(const TX* x, int64_t x_stride, int64_t M, int64_t K, Q8Rows& r, int digits = 1) {
+    r.K = K, r.nb = K / 32, r.npair = (r.nb + 1) / 2, r.nb16 = (r.nb + 15) / 16 * 16, r.digits = digits;
     r.q.assign(static_cast<size_t>(M * r.npair * 64), 0);
+    r.q2.assign(digits == 2 ? static_cast<size_t>(M * r.npair * 64) : 0, 0);
     r.dx16.assign(static_cast<size_t>(M * r.npair * 16), 0.0f);
     r.sx.assign(static_cast<size_t>(M * r.nb16), 0.0f);
     r.isum.assign(static_cast<size_t>(M * r.nb), 0);
@@ -976,14 +1012,22 @@ void quantize_q8(const TX* x, int64_t x_stride, int64_t M, int64_t K, Q8Rows& r)
 #endif
             float amax = 0.0f;
             for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[i]));
-            const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            const float qmax = digits == 2 ? Q16_MAX : 127.0f;
+            const float d = amax / qmax, id = d != 0.0f ? 1.0f / d : 0.0f;
             int32_t s = 0;
             int8_t* q = r.q.data() + m * r.npair * 64 + b * 32;
             for (int i = 0; i < 32; ++i) {
                 float t = std::nearbyint(v[i] * id);
-                t = t > 127.0f ? 127.0f : (t < -127.0f ? -127.0f : (t == t ? t : 0.0f));
-                q[i] = static_cast<int8_t>(t);
-                s += q[i];
+                t = t > qmax ? qmax : (t < -qmax ? -qmax : (t == t ? t : 0.0f));
+                const int32_t c = static_cast<int32_t>(t);
+                s += c;
+                if (digits == 1) {
+                    q[i] = static_cast<int8_t>(c);
+                    continue;
+                }
+                const int32_t h = static_cast<int32_t>(std::nearbyint(t / static_cast<float>(Q16_BASE)));
+                q[i] = static_cast<int8_t>(h);
+                r.q2[m * r.npair * 64 + b * 32 + i] = static_cast<int8_t>(c - Q16_BASE * h);
             }
             float* dx = r.dx16.data() + m * r.npair * 16 + (b / 2) * 16 + (b % 2) * 8;
             for (int l = 0; l < 8; ++l) dx[l] = d;
@@ -1285,6 +1329,11 @@ template <class F> float x16_dot_ref(const Q8Rows& x, int64_t m, const uint8_t* 
         x16_block_scalar<F>(group + b * x16_block_bytes<F>(), lane, c, d, o);
         int32_t p = 0;
         for (int e = 0; e < 32; ++e) p += c[e] * xq[b * 32 + e];
+        if (x.digits == 2) {
+            int32_t p2 = 0;
+            for (int e = 0; e < 32; ++e) p2 += c[e] * x.qrow2(m)[b * 32 + e];
+            p = Q16_BASE * p + p2;
+        }
         acc = std::fma(d * x.dxrow(m)[(b / 2) * 16 + (b % 2) * 8], static_cast<float>(p), acc);
         if constexpr (!std::is_same_v<F, FmtQ8_0>) acc = std::fma(o, x.sxrow(m)[b], acc);
     }
@@ -1308,6 +1357,12 @@ inline __m256i bcast_word256(const int8_t* p) { return _mm256_set1_epi32(code_wo
 #endif
 
 inline float q8_dx(const Q8Rows& x, int64_t m, int64_t b) { return x.dxrow(m)[(b / 2) * 16 + (b % 2) * 8]; }
+// q16: a block's integer sum from its two digits' sums, 255 * hi + lo (exact in int32)
+#if defined(DART_V16_AVX512)
+inline __m512i q16_join(__m512i hi, __m512i lo) { return _mm512_add_epi32(_mm512_sub_epi32(_mm512_slli_epi32(hi, 8), hi), lo); }
+#else
+inline __m256i q16_join(__m256i hi, __m256i lo) { return _mm256_add_epi32(_mm256_sub_epi32(_mm256_slli_epi32(hi, 8), hi), lo); }
+#endif
 
 #if defined(DART_V16_AVX512)
 constexpr int64_t X16_MB = 16;  // input rows per pass: 16 accumulators + 8 code registers + scales of 32
@@ -1315,7 +1370,7 @@ constexpr int64_t X16_MB = 16;  // input rows per pass: 16 accumulators + 8 code
 // (unsigned, one xor a block for all rows) and 128 * (the activation block's code sum) comes off the
 // integer sum; without it, |c| against the activations with c's signs (pair sums <= 2 * 128 * 127,
 // exact in int16). Either way the exact integer sum_e c * q of the contract.
-template <int R>
+template <int R, bool Wide>
 void x16_group_q8_0(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, const uint8_t* pf) {
     constexpr int64_t BB = x16_block_bytes<FmtQ8_0>();
     __m512 acc[R];
@@ -1334,20 +1389,31 @@ void x16_group_q8_0(const Q8Rows& x, int64_t m0, const uint8_t* group, float* re
         for (int i = 0; i < R; ++i) {
             const int8_t* xq = x.qrow(m0 + i) + b * 32;
 #ifdef __AVX512VNNI__
-            __m512i p = _mm512_setzero_si512(), p1 = _mm512_setzero_si512();
+            auto dot = [&](const int8_t* xp) {
+                __m512i p = _mm512_setzero_si512(), p1 = _mm512_setzero_si512();
 #pragma GCC unroll 4
-            for (int j = 0; j < 8; j += 2) {
-                p = _mm512_dpbusd_epi32(p, u[j], bcast_word512(xq + 4 * j));
-                p1 = _mm512_dpbusd_epi32(p1, u[j + 1], bcast_word512(xq + 4 * j + 4));
-            }
-            p = _mm512_sub_epi32(_mm512_add_epi32(p, p1), _mm512_set1_epi32(128 * x.isrow(m0 + i)[b]));
+                for (int j = 0; j < 8; j += 2) {
+                    p = _mm512_dpbusd_epi32(p, u[j], bcast_word512(xp + 4 * j));
+                    p1 = _mm512_dpbusd_epi32(p1, u[j + 1], bcast_word512(xp + 4 * j + 4));
+                }
+                return _mm512_add_epi32(p, p1);
+            };
+            __m512i p = dot(xq);
+            if constexpr (Wide) p = q16_join(p, dot(x.qrow2(m0 + i) + b * 32));
+            // isum is the block's code sum (q16: of Q), so this takes off 128 * sum Q of the joined digits
+            p = _mm512_sub_epi32(p, _mm512_set1_epi32(128 * x.isrow(m0 + i)[b]));
 #else
-            __m512i p = _mm512_setzero_si512();
-            for (int j = 0; j < 8; ++j) {
-                const __m512i c = _mm512_loadu_si512(codes + j * 64), xb = bcast_word512(xq + 4 * j);
-                const __m512i xs = _mm512_mask_sub_epi8(xb, _mm512_movepi8_mask(c), _mm512_setzero_si512(), xb);
-                p = _mm512_add_epi32(p, _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(c), xs), _mm512_set1_epi16(1)));
-            }
+            auto dot = [&](const int8_t* xp) {
+                __m512i p = _mm512_setzero_si512();
+                for (int j = 0; j < 8; ++j) {
+                    const __m512i c = _mm512_loadu_si512(codes + j * 64), xb = bcast_word512(xp + 4 * j);
+                    const __m512i xs = _mm512_mask_sub_epi8(xb, _mm512_movepi8_mask(c), _mm512_setzero_si512(), xb);
+                    p = _mm512_add_epi32(p, _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(c), xs), _mm512_set1_epi16(1)));
+                }
+                return p;
+            };
+            __m512i p = dot(xq);
+            if constexpr (Wide) p = q16_join(p, dot(x.qrow2(m0 + i) + b * 32));
 #endif
             acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(q8_dx(x, m0 + i, b))), _mm512_cvtepi32_ps(p), acc[i]);
         }
@@ -1356,9 +1422,9 @@ void x16_group_q8_0(const Q8Rows& x, int64_t m0, const uint8_t* group, float* re
 }
 
 // R input rows against one group of 16 weight rows; out rows out_stride apart (16 outputs each).
-template <class F, int R>
+template <class F, int R, bool Wide>
 void x16_group(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, const uint8_t* pf) {
-    if constexpr (std::is_same_v<F, FmtQ8_0>) return x16_group_q8_0<R>(x, m0, group, res, pf);
+    if constexpr (std::is_same_v<F, FmtQ8_0>) return x16_group_q8_0<R, Wide>(x, m0, group, res, pf);
     __m512 acc[R];
     for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
     const __m512i m4 = _mm512_set1_epi8(0x0F);
@@ -1381,21 +1447,28 @@ void x16_group(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, co
             const int8_t* xq = x.qrow(m0 + i) + b * 32;
 #ifdef __AVX512VNNI__
             // two integer accumulators (low and high nibbles): half the dependency chain, the same exact sum
-            __m512i p = _mm512_setzero_si512(), p1 = _mm512_setzero_si512();
+            auto dot = [&](const int8_t* xp) {
+                __m512i p = _mm512_setzero_si512(), p1 = _mm512_setzero_si512();
 #pragma GCC unroll 4
-            for (int j = 0; j < 4; ++j) {
-                p = _mm512_dpbusd_epi32(p, lo[j], bcast_word512(xq + 4 * j));
-                p1 = _mm512_dpbusd_epi32(p1, hi[j], bcast_word512(xq + 16 + 4 * j));
-            }
-            p = _mm512_add_epi32(p, p1);
+                for (int j = 0; j < 4; ++j) {
+                    p = _mm512_dpbusd_epi32(p, lo[j], bcast_word512(xp + 4 * j));
+                    p1 = _mm512_dpbusd_epi32(p1, hi[j], bcast_word512(xp + 16 + 4 * j));
+                }
+                return _mm512_add_epi32(p, p1);
+            };
 #else
-            const __m512i one = _mm512_set1_epi16(1);
-            __m512i p = _mm512_setzero_si512();
+            auto dot = [&](const int8_t* xp) {
+                const __m512i one = _mm512_set1_epi16(1);
+                __m512i p = _mm512_setzero_si512();
 #pragma GCC unroll 4
-            for (int j = 0; j < 4; ++j)
-                p = _mm512_add_epi32(p, _mm512_madd_epi16(_mm512_add_epi16(_mm512_maddubs_epi16(lo[j], bcast_word512(xq + 4 * j)),
-                                                                            _mm512_maddubs_epi16(hi[j], bcast_word512(xq + 16 + 4 * j))), one));
+                for (int j = 0; j < 4; ++j)
+                    p = _mm512_add_epi32(p, _mm512_madd_epi16(_mm512_add_epi16(_mm512_maddubs_epi16(lo[j], bcast_word512(xp + 4 * j)),
+                                                                                _mm512_maddubs_epi16(hi[j], bcast_word512(xp + 16 + 4 * j))), one));
+                return p;
+            };
 #endif
+            __m512i p = dot(xq);
+            if constexpr (Wide) p = q16_join(p, dot(x.qrow2(m0 + i) + b * 32));
             acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(q8_dx(x, m0 + i, b))), _mm512_cvtepi32_ps(p), acc[i]);
             acc[i] = _mm512_fmadd_ps(o, _mm512_set1_ps(x.sxrow(m0 + i)[b]), acc[i]);
         }
@@ -1405,7 +1478,7 @@ void x16_group(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, co
 #else  // AVX2: the group as two halves of 8 rows, one after the other
 constexpr int64_t X16_MB = 6;  // 6 accumulators + 8 code registers + scales of 16 ymm
 // Q8_0: |c| against the activations with c's signs (pair sums exact in int16), a chunk at a time.
-template <int R>
+template <int R, bool Wide>
 void x16_group_q8_0(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, const uint8_t* pf) {
     constexpr int64_t BB = x16_block_bytes<FmtQ8_0>();
     const __m256i one = _mm256_set1_epi16(1);
@@ -1421,12 +1494,17 @@ void x16_group_q8_0(const Q8Rows& x, int64_t m0, const uint8_t* group, float* re
 #pragma GCC unroll 6
             for (int i = 0; i < R; ++i) {
                 const int8_t* xq = x.qrow(m0 + i) + b * 32;
-                __m256i p = _mm256_setzero_si256();
-                for (int j = 0; j < 8; ++j) {
-                    const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * 64));
-                    const __m256i s = _mm256_maddubs_epi16(_mm256_sign_epi8(c, c), _mm256_sign_epi8(bcast_word256(xq + 4 * j), c));
-                    p = _mm256_add_epi32(p, _mm256_madd_epi16(s, one));
-                }
+                auto dot = [&](const int8_t* xp) {
+                    __m256i p = _mm256_setzero_si256();
+                    for (int j = 0; j < 8; ++j) {
+                        const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * 64));
+                        const __m256i s = _mm256_maddubs_epi16(_mm256_sign_epi8(c, c), _mm256_sign_epi8(bcast_word256(xp + 4 * j), c));
+                        p = _mm256_add_epi32(p, _mm256_madd_epi16(s, one));
+                    }
+                    return p;
+                };
+                __m256i p = dot(xq);
+                if constexpr (Wide) p = q16_join(p, dot(x.qrow2(m0 + i) + b * 32));
                 acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(q8_dx(x, m0 + i, b))), _mm256_cvtepi32_ps(p), acc[i]);
             }
         }
@@ -1434,9 +1512,9 @@ void x16_group_q8_0(const Q8Rows& x, int64_t m0, const uint8_t* group, float* re
     }
 }
 
-template <class F, int R>
+template <class F, int R, bool Wide>
 void x16_group(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, const uint8_t* pf) {
-    if constexpr (std::is_same_v<F, FmtQ8_0>) return x16_group_q8_0<R>(x, m0, group, res, pf);
+    if constexpr (std::is_same_v<F, FmtQ8_0>) return x16_group_q8_0<R, Wide>(x, m0, group, res, pf);
     const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi16(1);
     for (int half = 0; half < 2; ++half) {
         __m256 acc[R];
@@ -1459,14 +1537,19 @@ void x16_group(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, co
             for (int i = 0; i < R; ++i) {
                 const int8_t* xq = x.qrow(m0 + i) + b * 32;
                 // 16-bit sums of the 8 products pairs: at most 8 * 2 * 15 * 127 = 30480, no saturation
-                __m256i s = _mm256_maddubs_epi16(lo[0], bcast_word256(xq));
-                s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[0], bcast_word256(xq + 16)));
+                auto dot = [&](const int8_t* xp) {
+                    __m256i s = _mm256_maddubs_epi16(lo[0], bcast_word256(xp));
+                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[0], bcast_word256(xp + 16)));
 #pragma GCC unroll 3
-                for (int j = 1; j < 4; ++j) {
-                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(lo[j], bcast_word256(xq + 4 * j)));
-                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[j], bcast_word256(xq + 16 + 4 * j)));
-                }
-                const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(s, one));
+                    for (int j = 1; j < 4; ++j) {
+                        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(lo[j], bcast_word256(xp + 4 * j)));
+                        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[j], bcast_word256(xp + 16 + 4 * j)));
+                    }
+                    return _mm256_madd_epi16(s, one);
+                };
+                __m256i pi = dot(xq);
+                if constexpr (Wide) pi = q16_join(pi, dot(x.qrow2(m0 + i) + b * 32));
+                const __m256 p = _mm256_cvtepi32_ps(pi);
                 acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(q8_dx(x, m0 + i, b))), p, acc[i]);
                 acc[i] = _mm256_fmadd_ps(o, _mm256_set1_ps(x.sxrow(m0 + i)[b]), acc[i]);
             }
@@ -1476,12 +1559,12 @@ void x16_group(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, co
 }
 #endif
 
-template <class F>
+template <class F, bool Wide>
 void x16_dispatch(int64_t mb, const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, const uint8_t* pf) {
     switch (mb) {
 #define DART_X16_CASE(r) \
     case r:              \
-        if constexpr (r <= X16_MB) return x16_group<F, r>(x, m0, group, res, pf);
+        if constexpr (r <= X16_MB) return x16_group<F, r, Wide>(x, m0, group, res, pf);
         DART_X16_CASE(1) DART_X16_CASE(2) DART_X16_CASE(3) DART_X16_CASE(4) DART_X16_CASE(5) DART_X16_CASE(6)
         DART_X16_CASE(7) DART_X16_CASE(8) DART_X16_CASE(9) DART_X16_CASE(10) DART_X16_CASE(11) DART_X16_CASE(12)
         DART_X16_CASE(13) DART_X16_CASE(14) DART_X16_CASE(15) DART_X16_CASE(16)
@@ -1491,12 +1574,12 @@ void x16_dispatch(int64_t mb, const Q8Rows& x, int64_t m0, const uint8_t* group,
 }
 #endif
 
-template <class TX, class F>
+template <class TX, class F, bool Wide>
 void linear_q8x16_impl(const TX* x, int64_t x_stride, int64_t M, int64_t K, const uint8_t* w, int64_t rb, int64_t N, const TX* bias,
                        TX* out, int64_t out_stride) {
     if (N % X16) throw std::invalid_argument("linear: interleaved weights hold whole groups of 16 rows, got " + std::to_string(N));
     Q8Rows xq;
-    quantize_q8(x, x_stride, M, K, xq);
+    quantize_q8(x, x_stride, M, K, xq, Wide ? 2 : 1);
 #ifdef DART_V16
     const int64_t groups = N / X16;
 #pragma omp parallel for schedule(static)
@@ -1506,7 +1589,7 @@ void linear_q8x16_impl(const TX* x, int64_t x_stride, int64_t M, int64_t K, cons
         float res[X16_MB * X16];
         for (int64_t m0 = 0, r = 0; m0 < M; m0 += row_block(M, r++, X16_MB)) {
             const int64_t mb = row_block(M, r, X16_MB);
-            x16_dispatch<F>(mb, xq, m0, group, res, m0 == 0 ? pf : nullptr);
+            x16_dispatch<F, Wide>(mb, xq, m0, group, res, m0 == 0 ? pf : nullptr);
             for (int64_t i = 0; i < mb; ++i)
                 for (int64_t l = 0; l < X16; ++l) {
                     float v = res[i * X16 + l];
@@ -2055,14 +2138,22 @@ template <class T> T* ptr(uintptr_t a) { return reinterpret_cast<T*>(a); }
 template <class TX>
 void linear_fmt(int wfmt, const TX* x, int64_t x_stride, int64_t M, int64_t K, const uint8_t* w, int64_t rb, int64_t N,
                 const TX* bias, TX* out, int64_t out_stride) {
+    if (wfmt & Q16_ACT) {
+        switch (static_cast<WFormat>(wfmt & ~Q16_ACT)) {
+            case WFormat::Q4_0X16: return linear_q8x16_impl<TX, FmtQ4_0, true>(x, x_stride, M, K, w, rb, N, bias, out, out_stride);
+            case WFormat::Q4_1X16: return linear_q8x16_impl<TX, FmtQ4_1, true>(x, x_stride, M, K, w, rb, N, bias, out, out_stride);
+            case WFormat::Q8_0X16: return linear_q8x16_impl<TX, FmtQ8_0, true>(x, x_stride, M, K, w, rb, N, bias, out, out_stride);
+            default: throw std::invalid_argument("linear: 16-bit activations apply to interleaved GGUF block formats only, got format code " + std::to_string(wfmt & ~Q16_ACT));
+        }
+    }
     if (wfmt & Q8_ACT) {
         switch (static_cast<WFormat>(wfmt & ~Q8_ACT)) {
             case WFormat::Q4_0: return linear_q8_impl<TX, FmtQ4_0>(x, x_stride, M, K, w, rb, N, bias, out, out_stride);
             case WFormat::Q4_1: return linear_q8_impl<TX, FmtQ4_1>(x, x_stride, M, K, w, rb, N, bias, out, out_stride);
             case WFormat::Q8_0: return linear_q8_impl<TX, FmtQ8_0>(x, x_stride, M, K, w, rb, N, bias, out, out_stride);
-            case WFormat::Q4_0X16: return linear_q8x16_impl<TX, FmtQ4_0>(x, x_stride, M, K, w, rb, N, bias, out, out_stride);
-            case WFormat::Q4_1X16: return linear_q8x16_impl<TX, FmtQ4_1>(x, x_stride, M, K, w, rb, N, bias, out, out_stride);
-            case WFormat::Q8_0X16: return linear_q8x16_impl<TX, FmtQ8_0>(x, x_stride, M, K, w, rb, N, bias, out, out_stride);
+            case WFormat::Q4_0X16: return linear_q8x16_impl<TX, FmtQ4_0, false>(x, x_stride, M, K, w, rb, N, bias, out, out_stride);
+            case WFormat::Q4_1X16: return linear_q8x16_impl<TX, FmtQ4_1, false>(x, x_stride, M, K, w, rb, N, bias, out, out_stride);
+            case WFormat::Q8_0X16: return linear_q8x16_impl<TX, FmtQ8_0, false>(x, x_stride, M, K, w, rb, N, bias, out, out_stride);
             default: throw std::invalid_argument("linear: int8 activations apply to GGUF block formats only, got format code " + std::to_string(wfmt & ~Q8_ACT));
         }
     }
@@ -2080,7 +2171,7 @@ void linear_fmt(int wfmt, const TX* x, int64_t x_stride, int64_t M, int64_t K, c
         case WFormat::Q8_0: return linear_impl<TX, FmtQ8_0>(x, x_stride, M, K, w, rb, N, bias, out, out_stride);
         case WFormat::Q4_0X16:
         case WFormat::Q4_1X16:
-        case WFormat::Q8_0X16: throw std::invalid_argument("linear: interleaved weights multiply against int8 activations only");
+        case WFormat::Q8_0X16: throw std::invalid_argument("linear: interleaved weights multiply against int8 or 16-bit activations only");
     }
     throw std::invalid_argument("linear: unknown weight format code " + std::to_string(wfmt));
 }
@@ -2090,8 +2181,8 @@ template <class F> int64_t format_row_bytes(int64_t K) {
     return K / F::BLOCK * F::BYTES;
 }
 
-int64_t row_bytes(int wfmt, int64_t K) {  // the Q8_ACT flag does not change how weights are stored
-    switch (static_cast<WFormat>(wfmt & ~Q8_ACT)) {
+int64_t row_bytes(int wfmt, int64_t K) {  // the Q8_ACT / Q16_ACT flags do not change how weights are stored
+    switch (static_cast<WFormat>(wfmt & ~(Q8_ACT | Q16_ACT))) {
         case WFormat::F32: return format_row_bytes<FmtF32>(K);
         case WFormat::BF16: return format_row_bytes<FmtBF16>(K);
         case WFormat::F16: return format_row_bytes<FmtF16>(K);
@@ -2425,6 +2516,7 @@ PYBIND11_MODULE(DART_KERNELS_MODULE, m) {
     m.attr("DRAFT_FIELDS") = static_cast<int64_t>(DRAFT_FIELDS);
     m.attr("PLAN_FIELDS") = static_cast<int64_t>(PLAN_FIELDS);
     m.attr("Q8_ACTIVATIONS") = Q8_ACT;
+    m.attr("Q16_ACTIVATIONS") = Q16_ACT;
     m.def("num_threads", &n_threads);
     m.def("cpu_features", &cpu_features);
     m.attr("PATH") = DART_KERNELS_PATH;
