@@ -50,7 +50,7 @@ from .replay import GreedyRecord, replay
 from .target import Target
 
 TAU_FILE = "tree_sizes.json"  # beside a head's config.json: τ by tree size, by replay
-CALIBRATION_VERSION = 4  # bump when what is measured changes, so old cached files are not read
+CALIBRATION_VERSION = 5  # bump when what is measured changes, so old cached files are not read
 MAX_CALIBRATED_ROWS = 17  # verify rows timed: trees of up to 16 drafted nodes
 PREFIX = 200  # committed tokens before the timed rows (a chat turn's prompt and some answer)
 REPEATS = 9  # timed forwards per row count (median)
@@ -63,7 +63,7 @@ SETTLE_S = 0.05
 OVERHEAD_PROMPT = "Write a short paragraph about why the sky is blue."  # the record drafting is timed on
 OVERHEAD_TOKENS = 48
 # The loop's steps are timed on this request (about PREFIX tokens with the chat template), LOOP_STEPS
-# steps a size after LOOP_WARMUP untimed ones, in ROUNDS passes over the sizes (median of all).
+# steps a size after untimed ones (LOOP_WARMUP, LOOP_SETTLE_S), in ROUNDS passes over the sizes (median of all).
 LOOP_PROMPT = (
     "Summarise the following note for a colleague in three sentences, then list two questions it leaves open.\n\n"
     "The lighthouse on the north cape was automated in 1987, but the keeper's cottage stayed in use as a weather "
@@ -77,7 +77,15 @@ LOOP_PROMPT = (
     "for sixty years still need a new home before then."
 )
 LOOP_STEPS = 12
+# Untimed steps before a size's timed ones: at least LOOP_WARMUP steps and LOOP_SETTLE_S seconds. A
+# run starts with its prompt's prefill, and the steps after it are slower for ~0.1 s (on the Xeon of
+# docs/engine.md, gguf-int16: plain decoding's step 4.5 ms after 3 untimed steps, 3.7 after 10, 3.55
+# after 30, against 3.8 ms in a bench run; DART's 3-node step 8.6 / 8.4 / 7.6 ms, 8.5 in the bench).
+# Counted in steps alone, the short one-token step still carried that cost and speculation looked
+# ~15% better against it than it was.
 LOOP_WARMUP = 3
+LOOP_SETTLE_S = 0.2
+LOOP_MAX_TOKENS = 512  # a run's cap; LOOP_PROMPT's answer ends (EOS) well before it
 # Only sizes whose τ per ms of verify alone is within this fraction of the best size's are timed in the
 # loop: a loop step costs at least its verify, so the others cannot win (and timing all 16 sizes on
 # three weights paths took 1.5 minutes of a first start).
@@ -292,8 +300,8 @@ def loop_step_ms(target: Target, drafter: Drafter | None, sizes: list[int], step
     """Median wall ms of one generation-loop step at each size in `sizes` (0: plain decoding; others:
     `drafter` capped at that many drafted nodes), greedy on LOOP_PROMPT: the loop's own StepEvent times
     (drafting, pruning, verify and the rest). The sizes are timed in ROUNDS passes so that a busy spell
-    of the machine falls on all of them; each run's first LOOP_WARMUP steps are not timed (a size's
-    first verifies follow another size's)."""
+    of the machine falls on all of them; each run's first LOOP_WARMUP steps and LOOP_SETTLE_S seconds
+    are not timed (its first steps follow its prefill and another size's verifies)."""
     from .generate import ARDrafter, GenerationParams, StepEvent, generate
 
     steps = steps or LOOP_STEPS
@@ -306,13 +314,19 @@ def loop_step_ms(target: Target, drafter: Drafter | None, sizes: list[int], step
                 raise ValueError("loop_step_ms: sizes above 0 need a drafter")
             d = ARDrafter() if n == 0 else SizeCapped(drafter, n)
             got: list[float] = []
+            warm, settled = 0, 0.0
             # stops at EOS too: a size whose run ends early is timed again in the next pass
-            for ev in generate(target, ids, d, GenerationParams(max_new_tokens=(LOOP_WARMUP + per_round) * (n + 1) + 1)):
-                if isinstance(ev, StepEvent) and ev.tree is not None:
-                    got.append(ev.times.draft + ev.times.prune + ev.times.verify + ev.times.other)
-                    if len(got) == LOOP_WARMUP + per_round:
-                        break
-            times[n] += got[LOOP_WARMUP:]
+            for ev in generate(target, ids, d, GenerationParams(max_new_tokens=LOOP_MAX_TOKENS)):
+                if not (isinstance(ev, StepEvent) and ev.tree is not None):
+                    continue
+                step = ev.times.draft + ev.times.prune + ev.times.verify + ev.times.other
+                if warm < LOOP_WARMUP or settled < LOOP_SETTLE_S:
+                    warm, settled = warm + 1, settled + step
+                    continue
+                got.append(step)
+                if len(got) == per_round:
+                    break
+            times[n] += got
     missing = [n for n, v in times.items() if not v]
     if missing:
         raise ValueError(f"loop_step_ms: no step timed at sizes {missing} (the prompt's answer ended first)")

@@ -55,6 +55,7 @@ def test_loop_steps_are_timed_in_the_loop_and_cached(embedded_bf16, tmp_path, mo
     monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(calibrate, "ROUNDS", 1)
     monkeypatch.setattr(calibrate, "LOOP_WARMUP", 1)
+    monkeypatch.setattr(calibrate, "LOOP_SETTLE_S", 0.0)
     drafter = build_drafter("dart", embedded_bf16, DartConfig(max_nodes=3))
     ms = calibrate.loop_step_ms(embedded_bf16, drafter, [0, 1, 3], steps=2)
     assert set(ms) == {0, 1, 3} and all(v > 0 for v in ms.values())
@@ -165,6 +166,7 @@ def test_unset_sizes_are_calibrated_and_set_ones_kept(embedded_bf16, tmp_path, m
     monkeypatch.setattr(calibrate, "ROUNDS", 1)
     monkeypatch.setattr(calibrate, "LOOP_STEPS", 1)
     monkeypatch.setattr(calibrate, "LOOP_WARMUP", 1)
+    monkeypatch.setattr(calibrate, "LOOP_SETTLE_S", 0.0)
     args = parse_args(["--methods", "ar,dart,eagle3", "--dataset", "unused.jsonl", "--max-nodes", "7"])
     assert unset_sizes(args) == {"eagle3"}
     configs, choices = calibrate.calibrate_unset_sizes(embedded_bf16, drafter_configs(args, True), unset_sizes(args))
@@ -248,6 +250,7 @@ def test_auto_measures_each_path_once_and_caches_the_choice(tmp_path, monkeypatc
     monkeypatch.setattr(calibrate, "ROUNDS", 1)
     monkeypatch.setattr(calibrate, "LOOP_STEPS", 1)
     monkeypatch.setattr(calibrate, "LOOP_WARMUP", 1)
+    monkeypatch.setattr(calibrate, "LOOP_SETTLE_S", 0.0)
     monkeypatch.setattr(calibrate, "LOOP_SHORTLIST", 0.0)  # every size timed
     said = []
     target, choice, dart = calibrate.choose_weights("default", "cpu", True, threads=1, log=said.append)
