@@ -51,6 +51,33 @@ def test_only_sizes_that_could_win_are_timed_in_the_loop():
     assert calibrate.loop_sizes(forward, tau, [5]) == []  # no forward cost for 6 rows
 
 
+def test_loop_steps_after_a_prefill_are_timed_once_it_has_settled(monkeypatch):
+    """The steps right after a run's prefill are slower (docs/engine.md): a size's timed steps start
+    after LOOP_WARMUP steps AND LOOP_SETTLE_S seconds of untimed ones, so a short step is not read
+    with the prefill's after-effects (3 untimed steps read plain decoding ~15% slow)."""
+    import importlib
+
+    gen = importlib.import_module("dart_core.generate")  # the module (dart_core.generate is also the loop's function)
+
+    slow, fast = [0.02] * 5, [0.004] * 40  # 0.1 s of slow steps, then the steady step
+
+    def fake_generate(target, ids, drafter, params):
+        yield gen.StepEvent(0, [1], 0, None, [], gen.StageTimes())
+        for i, t in enumerate(slow + fast):
+            yield gen.StepEvent(i + 1, [1], 0, object(), [0], gen.StageTimes(verify=t))
+
+    class Target:
+        def encode(self, messages):
+            return [1, 2, 3]
+
+    monkeypatch.setattr(gen, "generate", fake_generate)
+    monkeypatch.setattr(calibrate, "LOOP_WARMUP", 3)
+    monkeypatch.setattr(calibrate, "LOOP_SETTLE_S", 0.09)
+    assert calibrate.loop_step_ms(Target(), None, [0], steps=6) == {0: pytest.approx(4.0)}
+    monkeypatch.setattr(calibrate, "LOOP_SETTLE_S", 0.0)  # by steps alone: the slow steps are read
+    assert calibrate.loop_step_ms(Target(), None, [0], steps=6)[0] > 10.0
+
+
 def test_loop_steps_are_timed_in_the_loop_and_cached(embedded_bf16, tmp_path, monkeypatch):
     monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(calibrate, "ROUNDS", 1)
