@@ -214,12 +214,17 @@ class BlockWeight:
         return BlockWeight(self.fmt, self.rows, self.cols, data, "int16" if self.activations == "int16" else "int8", "x16")
 
     @property
+    def storage_code(self) -> int:
+        """The extension's format code for the bytes alone: the block format and layout."""
+        return WEIGHT_FORMATS[self.fmt] + (X16_CODE_OFFSET if self.layout == "x16" else 0)
+
+    @property
     def code(self) -> int:
-        """The extension's format code: the block format and layout, with the activations' flag."""
-        base = WEIGHT_FORMATS[self.fmt] + (X16_CODE_OFFSET if self.layout == "x16" else 0)
+        """The extension's format code: storage_code with the activations' flag."""
         if self.activations == "int16" and self.layout != "x16":
             raise ValueError("int16 activations multiply interleaved weights: call .interleaved() first")
-        return base | {"float": 0, "int8": _ext.Q8_ACTIVATIONS, "int16": _ext.Q16_ACTIVATIONS}[self.activations]
+        flag = _ext.Q16_ACTIVATIONS if self.activations == "int16" else _ext.Q8_ACTIVATIONS if self.activations == "int8" else 0
+        return self.storage_code | flag
 
     def dequantize(self, rows: torch.Tensor | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """(n, cols) values of `rows` (int64 indices; None: all): the exact fp32 values, rounded once
@@ -231,7 +236,7 @@ class BlockWeight:
         n = self.rows if idx is None else idx.numel()
         out = torch.empty(n, self.cols, dtype=dtype)
         _ext.dequantize(
-            WEIGHT_FORMATS[self.fmt] + (X16_CODE_OFFSET if self.layout == "x16" else 0),
+            self.storage_code,
             self.data.data_ptr(),
             self.data.shape[1],
             self.cols,

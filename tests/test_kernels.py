@@ -255,13 +255,13 @@ def test_block_linear_is_the_fp32_linear_of_its_values(fmt, K, N, kpath):
     assert kernels.linear(x.bfloat16(), w).dtype == torch.bfloat16
 
 
-def _q8_reference(x: torch.Tensor, w: kernels.BlockWeight) -> torch.Tensor:
-    """x against w's exact values after x's int8 block quantization (amax / 127 per block of 32,
-    ties to even), in float64: what the int8-activation linear computes up to its fp32 sums."""
+def _q8_reference(x: torch.Tensor, w: kernels.BlockWeight, qmax: int = 127) -> torch.Tensor:
+    """x against w's exact values after x's block quantization (amax / qmax per block of 32, ties to
+    even), in float64: what the int8-activation linear computes (qmax 127) up to its fp32 sums."""
     xb = x.double().view(x.shape[0], -1, 32)
-    d = (xb.abs().amax(-1, keepdim=True).float() / 127).double()
+    d = (xb.abs().amax(-1, keepdim=True).float() / qmax).double()
     inv = torch.where(d > 0, (1 / d.float()).double(), torch.zeros_like(d))
-    q = torch.round((xb.float() * inv.float()).double()).clamp(-127, 127)
+    q = torch.round((xb.float() * inv.float()).double()).clamp(-qmax, qmax)
     return (q * d).view_as(x.double()) @ w.dequantize().double().T
 
 
@@ -371,17 +371,6 @@ def test_interleaved_rows_give_the_same_bits_on_every_build(fmt, act):
         assert torch.equal(results[p], results[PATHS[0]]), f"{p} != {PATHS[0]}"
 
 
-def _q16_reference(x: torch.Tensor, w: kernels.BlockWeight) -> torch.Tensor:
-    """x against w's exact values after x's 16-bit block quantization (amax / 32512 per block of 32,
-    ties to even), in float64: what the int16-activation linear computes up to its fp32 sums (its two
-    int8 digits are an exact split of these codes)."""
-    xb = x.double().view(x.shape[0], -1, 32)
-    d = (xb.abs().amax(-1, keepdim=True).float() / 32512).double()
-    inv = torch.where(d > 0, (1 / d.float()).double(), torch.zeros_like(d))
-    q = torch.round((xb.float() * inv.float()).double()).clamp(-32512, 32512)
-    return (q * d).view_as(x.double()) @ w.dequantize().double().T
-
-
 @pytest.mark.parametrize("fmt", kernels.X16_FORMATS)
 @pytest.mark.parametrize("K,N", [(576, 48), (1536, 32), (96, 16)])
 def test_int16_activations_are_row_invariant_and_quantize_as_described(fmt, K, N, kpath):
@@ -399,7 +388,7 @@ def test_int16_activations_are_row_invariant_and_quantize_as_described(fmt, K, N
     for M in range(1, 21):
         assert torch.equal(kernels.linear(x[:M], w), out[:M]), f"rows differ at M={M}"
     assert torch.equal(out[5], torch.zeros(N))
-    ref = _q16_reference(x, w)
+    ref = _q8_reference(x, w, qmax=32512)  # the 16-bit codes (the two int8 digits split them exactly)
     torch.testing.assert_close(out.double(), ref, atol=1e-5 * ref.abs().max().item(), rtol=1e-5)
     exact = x.double() @ w.dequantize().double().T
     err16 = ((out.double() - exact).norm() / exact.norm()).item()

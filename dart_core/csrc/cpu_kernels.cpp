@@ -1028,6 +1028,7 @@ void quantize_q8(const TX* x, int64_t x_stride, int64_t M, int64_t K, Q8Rows& r,
             const float d = amax / qmax, id = d != 0.0f ? 1.0f / d : 0.0f;
             int32_t s = 0;
             int8_t* q = r.q.data() + m * r.npair * 64 + b * 32;
+            int8_t* q2 = digits == 2 ? r.q2.data() + m * r.npair * 64 + b * 32 : nullptr;
             for (int i = 0; i < 32; ++i) {
                 float t = std::nearbyint(v[i] * id);
                 t = t > qmax ? qmax : (t < -qmax ? -qmax : (t == t ? t : 0.0f));
@@ -1039,7 +1040,7 @@ void quantize_q8(const TX* x, int64_t x_stride, int64_t M, int64_t K, Q8Rows& r,
                 }
                 const int32_t h = static_cast<int32_t>(std::nearbyint(t / static_cast<float>(Q16_BASE)));
                 q[i] = static_cast<int8_t>(h);
-                r.q2[m * r.npair * 64 + b * 32 + i] = static_cast<int8_t>(c - Q16_BASE * h);
+                q2[i] = static_cast<int8_t>(c - Q16_BASE * h);
             }
             float* dx = r.dx16.data() + m * r.npair * 16 + (b / 2) * 16 + (b % 2) * 8;
             for (int l = 0; l < 8; ++l) dx[l] = d;
@@ -1299,6 +1300,13 @@ template <class F> constexpr int64_t x16_codes_at() { return std::is_same_v<F, F
 template <class F> constexpr int x16_chunks() { return std::is_same_v<F, FmtQ8_0> ? 8 : 4; }  // 64-byte code chunks a block
 template <class F> constexpr int64_t x16_block_bytes() { return X16 * F::BYTES; }
 
+// Four code bytes at p (activation codes, or a weight row's bytes of an interleaved chunk) as one word.
+inline int32_t code_word(const void* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+}
+
 // Weight row `lane` of an interleaved group's block as its 32 codes (Q4: unsigned nibbles; Q8_0: the
 // signed bytes), scale and offset term (Q8_0 has none).
 template <class F> inline void x16_block_scalar(const uint8_t* gb, int lane, int32_t* c, float& d, float& o) {
@@ -1326,11 +1334,6 @@ template <class F> void dequant_row_x16(const uint8_t* group, int lane, int64_t 
     // one 32-bit word per chunk, so a block's codes are 4 (Q8_0: 8) scalar loads; then the scalar
     // loop's exact operations (one fma, or one product after an exact integer offset) lane by lane.
     // ~3x the scalar loop's rate; a prompt prefill dequantizes every layer's linears once.
-    auto word = [](const uint8_t* p) {
-        int32_t v;
-        std::memcpy(&v, p, 4);
-        return v;
-    };
     for (int64_t b = 0; b < K / 32; ++b) {
         const uint8_t* gb = group + b * x16_block_bytes<F>();
         const uint8_t* codes = gb + x16_codes_at<F>() + 4 * lane;
@@ -1338,13 +1341,13 @@ template <class F> void dequant_row_x16(const uint8_t* group, int lane, int64_t 
         float* o8 = out + b * 32;
         if constexpr (std::is_same_v<F, FmtQ8_0>) {
             alignas(32) int32_t w[8];
-            for (int j = 0; j < 8; ++j) w[j] = word(codes + j * 64);
+            for (int j = 0; j < 8; ++j) w[j] = code_word(codes + j * 64);
             for (int h = 0; h < 4; ++h) {
                 const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + 2 * h)));
                 _mm256_storeu_ps(o8 + 8 * h, _mm256_mul_ps(d, _mm256_cvtepi32_ps(q)));
             }
         } else {
-            const __m128i v = _mm_setr_epi32(word(codes), word(codes + 64), word(codes + 128), word(codes + 192));
+            const __m128i v = _mm_setr_epi32(code_word(codes), code_word(codes + 64), code_word(codes + 128), code_word(codes + 192));
             const __m128i m4 = _mm_set1_epi8(0x0F);
             const __m128i nib[2] = {_mm_and_si128(v, m4), _mm_and_si128(_mm_srli_epi16(v, 4), m4)};  // elements 0-15, 16-31
             const __m256 off = _mm256_set1_ps(std::is_same_v<F, FmtQ4_1> ? f16_at(gb + 32 + 2 * lane) : 0.0f);
@@ -1359,8 +1362,7 @@ template <class F> void dequant_row_x16(const uint8_t* group, int lane, int64_t 
             }
         }
     }
-    return;
-#endif
+#else
     for (int64_t b = 0; b < K / 32; ++b) {
         int32_t c[32];
         float d, o;
@@ -1370,6 +1372,7 @@ template <class F> void dequant_row_x16(const uint8_t* group, int lane, int64_t 
                               : std::is_same_v<F, FmtQ8_0> ? d * static_cast<float>(c[e])
                                                            : d * static_cast<float>(c[e] - 8);
     }
+#endif
 }
 
 template <class F> float x16_dot_ref(const Q8Rows& x, int64_t m, const uint8_t* group, int lane) {
@@ -1393,15 +1396,10 @@ template <class F> float x16_dot_ref(const Q8Rows& x, int64_t m, const uint8_t* 
 }
 
 #ifdef DART_V16
-// Four activation codes (one 32-bit word) to every lane, straight from memory: a broadcast load, no
-// ALU port. Copying a block's 32 codes to a local array first made GCC move them through general
-// registers (a 64-bit load, a shift and a register broadcast per word), and the broadcasts competed
-// with the dot products for the vector ports.
-inline int32_t code_word(const int8_t* p) {
-    int32_t v;
-    std::memcpy(&v, p, 4);
-    return v;
-}
+// Four activation codes (one 32-bit word, code_word) to every lane, straight from memory: a broadcast
+// load, no ALU port. Copying a block's 32 codes to a local array first made GCC move them through
+// general registers (a 64-bit load, a shift and a register broadcast per word), and the broadcasts
+// competed with the dot products for the vector ports.
 #if defined(DART_V16_AVX512)
 inline __m512i bcast_word512(const int8_t* p) { return _mm512_set1_epi32(code_word(p)); }
 #else
