@@ -68,8 +68,8 @@ def test_both_documents_are_written_between_their_markers(repo):
     assert report.main([]) == 0
     readme = (repo / "README.md").read_text()
     assert readme.startswith("# Title\n\nintro\n") and readme.endswith("\n\nlinks\n") and "old table" not in readme
-    # the README shows the run marked for it: one group of rows per CPU kind, llama.cpp named by its build
-    assert "| `avx512bf16` | ours, GGUF (auto) | plain | 100.0 | 120.0 | 1.00x | 1.00 | 2/2 |" in readme
+    # the README shows the run marked for it: one group of rows per CPU kind and model, llama.cpp named by its build
+    assert "| `avx512bf16` (Test CPU) | ours, GGUF (auto) | plain | 100.0 | 120.0 | 1.00x | 1.00 | 2/2 |" in readme
     assert "|  |  | DART (1 node) | 150.0 | 180.0 | 1.50x | 1.80 | 2/2 |" in readme
     assert "|  | llama.cpp (`avx2` build) | plain | 50.0 | 60.0 | 0.50x | 1.00 | 1/2 |" in readme
     assert "our DART 3.00x / 3.00x, our plain decoding 2.00x / 2.00x" in readme
@@ -80,7 +80,7 @@ def test_both_documents_are_written_between_their_markers(repo):
     assert ".venv/bin/python -m dart_core.bench --methods ar,dart,llamacpp --llamacpp-bin ~/llama/bin \\\n" in doc
     assert "--dataset ../shared/data/bench/{mt_bench,sum}.jsonl --limit 2 --out docs/results/fast.json" in doc
     assert "    DART_CPU_KERNELS=avx2 .venv/bin/python -m dart_core.bench --methods ar,dart" in doc
-    assert "A quiet machine." in doc and "(forced on an `avx512bf16` CPU) kernels" in doc
+    assert "A quiet machine." in doc and "(forced on an `avx512bf16` CPU, Test CPU) kernels" in doc
     assert "| llama.cpp plain | 50.0 | 60.0 | 0.50 | 0.50x | 1.00 | 256 | 256 | – / – / 9.00 / 0.30 | 1/2 |" in doc
     assert "| sum | 100.0 | 1.50x / 1.80 | 0.50x / 1.00 |" in doc
     assert "| DART (1 node) | 0.60 | 0.20 |" in doc

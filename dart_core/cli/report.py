@@ -143,12 +143,16 @@ def method_label(run: Run, method: str) -> str:
 
 
 def kernel_label(env: dict) -> str:
-    """The kernel build a run used, and the CPU kind when the build was forced below it."""
+    """The kernel build a run used and the CPU it ran on (its kind too when the build was forced below
+    it): runs on different CPUs share the README's table."""
     if env.get("device", "cpu") != "cpu":
         return env.get("gpu") or env["device"]
     build = (env.get("kernels") or "eager").split()[0]
     forced = "forced" in (env.get("kernels") or "")
-    return f"`{build}`" + (f" (forced on an `{env['cpu_kind']}` CPU)" if forced and env.get("cpu_kind") else "")
+    cpu = env.get("cpu")
+    if forced and env.get("cpu_kind"):
+        return f"`{build}` (forced on an `{env['cpu_kind']}` CPU{', ' + cpu if cpu else ''})"
+    return f"`{build}`" + (f" ({cpu})" if cpu else "")
 
 
 def weights_label(env: dict) -> str:
@@ -197,7 +201,8 @@ def peer_ratios(run: Run) -> str | None:
             text += f" / {r['decode_tokens_per_s'] / peer['decode_tokens_per_s']:.2f}x"
         return text
 
-    return (f"{kernel_label(run.env)}, against the plain decoding of {peer_label(run.env)} on the same GGUF (end to end / "
+    return (f"{kernel_label(run.env)}, ours on {weights_label(run.env)}, against the plain decoding of "
+            f"{peer_label(run.env)} on the GGUF (end to end / "
             f"decode-only): our DART {ratios(m['dart'])}, our plain decoding {ratios(m['ar'])}.")  # fmt: skip
 
 
