@@ -622,47 +622,6 @@ void linear_rows_q_avx2(const float* xf, int64_t K, const uint8_t* w, int64_t rb
         for (int i = 0; i < R; ++i) r[i] = v_reduce(acc[i]);
     }
 }
-// 1-2 rows: NW weight rows at a time (their dequantizations are independent work to overlap with
-// the few fma chains of one or two rows).
-template <class F, int R, int NW>
-void linear_rows_qn_avx2(const float* xf, int64_t K, const uint8_t* w, int64_t rb, int64_t n0, int64_t n1, int64_t N, float* res) {
-    constexpr int64_t PF = prefetch_every<F>();
-    for (int64_t n = n0; n < n1; n += NW) {
-        __m256 acc[NW][R][2];
-#pragma GCC unroll 8
-        for (int j = 0; j < NW; ++j)
-#pragma GCC unroll 2
-            for (int i = 0; i < R; ++i) acc[j][i][0] = acc[j][i][1] = _mm256_setzero_ps();
-        const uint8_t* pf = n + NW * (PREFETCH_BLOCKS + 1) <= N ? w + (n + NW * PREFETCH_BLOCKS) * rb : nullptr;
-        for (int64_t k = 0; k < K; k += 32) {
-            if (pf && k % PF == 0)
-#pragma GCC unroll 8
-                for (int j = 0; j < NW; ++j) prefetch_l2(pf + j * rb + (k / 32) * F::BYTES);
-#pragma GCC unroll 2
-            for (int h = 0; h < 2; ++h) {
-                const int64_t kk = k + 16 * h;
-#pragma GCC unroll 8
-                for (int j = 0; j < NW; ++j) {
-                    const V16 wv = w_half<F>(w + (n + j) * rb + (k / 32) * F::BYTES, h);
-#pragma GCC unroll 2
-                    for (int i = 0; i < R; ++i) {
-                        acc[j][i][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xf + i * K + kk), wv.lo, acc[j][i][0]);
-                        acc[j][i][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xf + i * K + kk + 8), wv.hi, acc[j][i][1]);
-                    }
-                }
-            }
-        }
-        for (int j = 0; j < NW; ++j)
-            for (int i = 0; i < R; ++i) res[(n - n0 + j) * R + i] = v_reduce({acc[j][i][0], acc[j][i][1]});
-    }
-}
-// Weight rows [n0, n1) NW at a time, the rest one at a time.
-template <class F, int R, int NW>
-void linear_rows_q_split(const float* xf, int64_t K, const uint8_t* w, int64_t rb, int64_t n0, int64_t n1, int64_t N, float* res) {
-    const int64_t nw_end = n0 + (n1 - n0) / NW * NW;
-    linear_rows_qn_avx2<F, R, NW>(xf, K, w, rb, n0, nw_end, N, res);
-    linear_rows_q_avx2<F, R>(xf, K, w, rb, nw_end, n1, N, res + (nw_end - n0) * R);
-}
 // Float formats against 3-6 rows: linear_row_avx2's arithmetic over weight rows [n0, n1) in one call
 // (bf16 forward after 200 tokens: 3 rows 16.2 -> 15.7 ms, 6 rows 23.6 -> 22.4, as above).
 template <class F, int R>
@@ -708,13 +667,25 @@ void linear_rows_f_avx2(const float* xf, int64_t K, const uint8_t* w, int64_t rb
         for (int i = 0; i < R; ++i) r[i] = v_reduce(acc[i]);
     }
 }
-// Float formats against 1-2 rows: NW weight rows at a time, so NW * R * 2 fma chains are in flight
-// (one weight row against one input row is 2 chains, a quarter of the fma rate at 4 cycles a fma).
-// On a 2-core AMD EPYC (AVX2 only) the bf16 one-row step ran 19.0 ms through linear_block's 2 x 1
-// block, more than the 3-row verify's 16.8 through linear_rows_f_avx2. Lane order as linear_row_avx2's.
+template <class F, int R>
+inline void linear_rows_avx2(const float* xf, int64_t K, const uint8_t* w, int64_t rb, int64_t n0, int64_t n1, int64_t N, float* res) {
+    if constexpr (F::QUANT) linear_rows_q_avx2<F, R>(xf, K, w, rb, n0, n1, N, res);
+    else linear_rows_f_avx2<F, R>(xf, K, w, rb, n0, n1, N, res);
+}
+// Elements [k, k + 16) of one weight row as fp32 lanes, any format (k a multiple of 16): a block
+// format's half block (w_half), a float format's 16 values.
+template <class F> inline V16 w_load16_any(const uint8_t* row, int64_t k) {
+    if constexpr (F::QUANT) return w_half<F>(row + (k / 32) * F::BYTES, static_cast<int>((k / 16) % 2));
+    else return w_load16<F>(row, k);
+}
+// 1-2 rows: NW weight rows at a time, so NW * R * 2 fma chains are in flight (one weight row against
+// one row is 2 chains, a quarter of the fma rate at 4 cycles a fma) and a block format's
+// dequantizations are independent work beside them. Lane order as linear_row_avx2's. For float
+// formats it replaced linear_block's 2 x 1 block: on a 2-core AMD EPYC (AVX2 only) the bf16 one-row
+// step ran 19.0 ms there, more than the 3-row verify's 16.8 through linear_rows_f_avx2.
 template <class F, int R, int NW>
-void linear_rows_fn_avx2(const float* xf, int64_t K, const uint8_t* w, int64_t rb, int64_t n0, int64_t n1, int64_t N, float* res) {
-    static_assert(!F::QUANT && R >= 1 && R <= 2 && NW * R <= 4, "float formats; up to 8 accumulators");
+void linear_rows_n_avx2(const float* xf, int64_t K, const uint8_t* w, int64_t rb, int64_t n0, int64_t n1, int64_t N, float* res) {
+    static_assert(R >= 1 && R <= 2 && NW * R <= 4, "up to 8 accumulators");
     constexpr int64_t PF = prefetch_every<F>();
     for (int64_t n = n0; n < n1; n += NW) {
         __m256 acc[NW][R][2];
@@ -723,13 +694,14 @@ void linear_rows_fn_avx2(const float* xf, int64_t K, const uint8_t* w, int64_t r
 #pragma GCC unroll 2
             for (int i = 0; i < R; ++i) acc[j][i][0] = acc[j][i][1] = _mm256_setzero_ps();
         const uint8_t* pf = n + NW * (PREFETCH_BLOCKS + 1) <= N ? w + (n + NW * PREFETCH_BLOCKS) * rb : nullptr;
+#pragma GCC unroll 2
         for (int64_t k = 0; k < K; k += LANES) {
             if (pf && k % PF == 0)
 #pragma GCC unroll 8
-                for (int j = 0; j < NW; ++j) prefetch_l2(pf + j * rb + k * F::BYTES);
+                for (int j = 0; j < NW; ++j) prefetch_l2(pf + j * rb + k * F::BYTES / F::BLOCK);
 #pragma GCC unroll 8
             for (int j = 0; j < NW; ++j) {
-                const V16 wv = w_load16<F>(w + (n + j) * rb, k);
+                const V16 wv = w_load16_any<F>(w + (n + j) * rb, k);
 #pragma GCC unroll 2
                 for (int i = 0; i < R; ++i) {
                     acc[j][i][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xf + i * K + k), wv.lo, acc[j][i][0]);
@@ -741,20 +713,15 @@ void linear_rows_fn_avx2(const float* xf, int64_t K, const uint8_t* w, int64_t r
             for (int i = 0; i < R; ++i) res[(n - n0 + j) * R + i] = v_reduce({acc[j][i][0], acc[j][i][1]});
     }
 }
-// 1-2 rows of a float format: NW weight rows at a time where K is whole vectors, the rest (and a K
-// with a tail) one at a time.
+// Weight rows [n0, n1) NW at a time (a float format only where K is whole vectors), the rest one at
+// a time.
 template <class F, int R, int NW>
-void linear_rows_f_split(const float* xf, int64_t K, const uint8_t* w, int64_t rb, int64_t n0, int64_t n1, int64_t N, float* res) {
-    const int64_t nw_end = K % LANES == 0 ? n0 + (n1 - n0) / NW * NW : n0;
-    linear_rows_fn_avx2<F, R, NW>(xf, K, w, rb, n0, nw_end, N, res);
-    linear_rows_f_avx2<F, R>(xf, K, w, rb, nw_end, n1, N, res + (nw_end - n0) * R);
+void linear_rows_split(const float* xf, int64_t K, const uint8_t* w, int64_t rb, int64_t n0, int64_t n1, int64_t N, float* res) {
+    const int64_t nw_end = F::QUANT || K % LANES == 0 ? n0 + (n1 - n0) / NW * NW : n0;
+    linear_rows_n_avx2<F, R, NW>(xf, K, w, rb, n0, nw_end, N, res);
+    linear_rows_avx2<F, R>(xf, K, w, rb, nw_end, n1, N, res + (nw_end - n0) * R);
 }
-template <class F, int R>
-inline void linear_rows_avx2(const float* xf, int64_t K, const uint8_t* w, int64_t rb, int64_t n0, int64_t n1, int64_t N, float* res) {
-    if constexpr (F::QUANT) linear_rows_q_avx2<F, R>(xf, K, w, rb, n0, n1, N, res);
-    else linear_rows_f_avx2<F, R>(xf, K, w, rb, n0, n1, N, res);
-}
-constexpr int64_t Q_CHUNK = 16;  // weight rows per call of linear_rows_q_split / linear_rows_q_avx2
+constexpr int64_t Q_CHUNK = 16;  // weight rows per call of linear_rows_split / linear_rows_avx2
 template <class TX, class F>
 void linear_rows_chunked_avx2(const float* xf, int64_t M, int64_t K, const uint8_t* w, int64_t rb, int64_t N, const TX* bias, TX* out,
                         int64_t out_stride) {
@@ -766,14 +733,8 @@ void linear_rows_chunked_avx2(const float* xf, int64_t M, int64_t K, const uint8
         for (int64_t c = 0; c < chunks; ++c) {
             const int64_t n0 = c * Q_CHUNK, n1 = std::min(N, n0 + Q_CHUNK);
             switch (M) {
-                case 1:
-                    if constexpr (F::QUANT) linear_rows_q_split<F, 1, 4>(xf, K, w, rb, n0, n1, N, res);
-                    else linear_rows_f_split<F, 1, 4>(xf, K, w, rb, n0, n1, N, res);
-                    break;
-                case 2:
-                    if constexpr (F::QUANT) linear_rows_q_split<F, 2, 2>(xf, K, w, rb, n0, n1, N, res);
-                    else linear_rows_f_split<F, 2, 2>(xf, K, w, rb, n0, n1, N, res);
-                    break;
+                case 1: linear_rows_split<F, 1, 4>(xf, K, w, rb, n0, n1, N, res); break;
+                case 2: linear_rows_split<F, 2, 2>(xf, K, w, rb, n0, n1, N, res); break;
                 case 3: linear_rows_avx2<F, 3>(xf, K, w, rb, n0, n1, N, res); break;
                 case 4: linear_rows_avx2<F, 4>(xf, K, w, rb, n0, n1, N, res); break;
                 case 5: linear_rows_avx2<F, 5>(xf, K, w, rb, n0, n1, N, res); break;
@@ -816,17 +777,13 @@ void run_block(const float* xf, int64_t K, int64_t mb, const uint8_t* w, int64_t
             }
         }
     }
+    // AVX2 runs no narrow block: 1-6 rows go to linear_rows_chunked_avx2 and more run wide row blocks.
     if constexpr (MBV >= 4) {
         switch (mb) {
             case 1: return linear_block<F, 1, NBV>(xf, K, w, rb, res, pf);
             case 2: return linear_block<F, 2, NBV>(xf, K, w, rb, res, pf);
             case 3: return linear_block<F, 3, NBV>(xf, K, w, rb, res, pf);
             case 4: return linear_block<F, 4, NBV>(xf, K, w, rb, res, pf);
-        }
-    } else {
-        switch (mb) {
-            case 1: return linear_block<F, 1, NBV>(xf, K, w, rb, res, pf);
-            case 2: return linear_block<F, 2, NBV>(xf, K, w, rb, res, pf);
         }
     }
     throw std::logic_error("linear: bad row block");
