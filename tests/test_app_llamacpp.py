@@ -171,7 +171,7 @@ def test_the_header_says_why_there_is_no_llamacpp_row(tmp_path, monkeypatch):
     empty = tmp_path / "empty"
     empty.mkdir()
     monkeypatch.setenv(peers.BIN_ENV, str(empty))
-    demo, loaded, settings = build_app(parse_args(["--compare-llamacpp", "--no-warmup", "--dtype", "float32"]))
+    demo, loaded, settings = build_app(parse_args(["--compare-llamacpp", "--no-warmup", "--no-calibration", "--dtype", "float32"]))
     assert not loaded.engine.peers and settings.peers_line is None
     header = " ".join(b.value for b in demo.blocks.values() if isinstance(b, gr.HTML) and isinstance(b.value, str))
     assert "--compare-llamacpp was given, but llama.cpp cannot run here" in header
