@@ -184,6 +184,61 @@ def measure_forwards(target: Target, rows: range | list[int], repeats: int | Non
     return {k: statistics.median(v) * 1e3 for k, v in times.items()}
 
 
+SPLIT_FORWARDS = 200  # one-token forwards forward_split times, after SPLIT_SETTLE_S of untimed ones
+SPLIT_SETTLE_S = 0.5
+
+
+@dataclass(frozen=True)
+class ForwardSplit:
+    """Where a one-token step's time goes on the kernels (forward_split): mean ms of one forward and
+    of its two parts that read weights, with the bytes each reads."""
+
+    ms: float  # the whole forward, as the generation loop calls it
+    layers_ms: float  # the decoder layers (one LayerStack call: linears, norms, attention)
+    head_ms: float  # the LM head's linear
+    layers_bytes: int  # every layer's linears and norms
+    head_bytes: int
+
+    @property
+    def rest_ms(self) -> float:
+        """The embedding lookup, the attention plan, the final norm and the Python around them."""
+        return self.ms - self.layers_ms - self.head_ms
+
+
+def forward_split(target: Target, forwards: int = SPLIT_FORWARDS, prefix: int = PREFIX) -> ForwardSplit:
+    """Time `forwards` one-token forwards back to back after `prefix` committed tokens, as a plain
+    decoding step runs them, and the decoder layers and the LM head inside them (the model's
+    stage_seconds); the rest is what is left of the forward's wall time."""
+    model = target.model
+    if not model.kernel_path(1, target.device):
+        raise ValueError("forward_split times the kernel path, and this target's one-token forward runs eager torch")
+    cache = target.new_cache(prefix + 8)
+    with torch.inference_mode():
+        target.prefill(list(range(100, 100 + prefix)), cache, capture=False)
+        cache.commit(prefix)
+        token, position = torch.tensor([500], device=target.device), torch.tensor([cache.length], device=target.device)
+        settle_end = time.perf_counter() + SPLIT_SETTLE_S
+        while time.perf_counter() < settle_end:
+            model(token, position, cache)  # writes past the committed length: never committed
+        model.stage_seconds = {}
+        try:
+            t0 = time.perf_counter()
+            for _ in range(forwards):
+                model(token, position, cache)
+            wall = time.perf_counter() - t0
+            stages = model.stage_seconds
+        finally:
+            model.stage_seconds = None
+    head_bytes = model.output.weight.nbytes
+    return ForwardSplit(
+        ms=wall / forwards * 1e3,
+        layers_ms=stages["layers"] / forwards * 1e3,
+        head_ms=stages["head"] / forwards * 1e3,
+        layers_bytes=model.step_weight_bytes() - head_bytes - model.norm.weight.nbytes,
+        head_bytes=head_bytes,
+    )
+
+
 @dataclass(frozen=True)
 class ForwardCosts:
     key: dict  # machine_key(): what the costs were measured on

@@ -16,6 +16,7 @@ nh / nkv = query / key-value heads, hd = head dim, V = vocab.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -312,6 +313,10 @@ class Transformer(nn.Module):
         self.prefill_dtype: torch.dtype | None = None
         self._stack: kernels.LayerStack | None = None
         self._rope_table: kernels.RopeTable | None = None  # fp32 angles for the kernel path, built on first use
+        # A dict here collects seconds by stage of kernel-path forwards ("layers": the decoder layers'
+        # one call, "head": the LM head's linear; the rest is the forward's wall minus these), for
+        # `python -m dart_core.cli.kernels --split`; None (the default) times nothing.
+        self.stage_seconds: dict[str, float] | None = None
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions[:, None].float() * self.inv_freq[None, :]  # (T, hd/2)
@@ -422,15 +427,24 @@ class Transformer(nn.Module):
         TreeAttention or RowsAttention, k_cache / v_cache (L, *attention.cache_shape). Every op here is
         row-wise, so a row's result depends on its own inputs only (attention: on its own key sequence)."""
         x = self.tok_embeddings(tokens)  # (T, H)
-        stack = self._layer_stack()
+        stack, timed = self._layer_stack(), self.stage_seconds
+        t0 = time.perf_counter() if timed is not None else 0.0
         if stack is not None:
             x, pending, hidden = stack(x, attention, k_cache, v_cache, self.capture if capture else ())
         else:
             x, pending, hidden = self._layers_per_op(x, attention, k_cache, v_cache, capture)
+        if timed is not None:
+            timed["layers"] = timed.get("layers", 0.0) + time.perf_counter() - t0
         if logits_at is not None:
             x, pending = x[logits_at].contiguous(), pending[logits_at].contiguous()
         _, normed = kernels.add_rmsnorm(x, pending, self.norm.weight, self.norm.eps)
-        out_logits = kernels.linear(normed, self.output.weight).float() if logits else None
+        out_logits = None
+        if logits:
+            t0 = time.perf_counter() if timed is not None else 0.0
+            out_logits = kernels.linear(normed, self.output.weight)
+            if timed is not None:
+                timed["head"] = timed.get("head", 0.0) + time.perf_counter() - t0
+            out_logits = out_logits.float()
         return ForwardOutput(logits=out_logits, hidden=hidden, final=normed if final else None)
 
     def _layer_stack(self) -> kernels.LayerStack | None:

@@ -167,6 +167,26 @@ def test_each_size_is_timed_after_its_own_forwards(monkeypatch):
     assert all(n == 2 + per_round for _, n in runs)  # two to settle, then the timed ones
 
 
+def test_forward_split_times_the_layers_and_the_head_inside_the_step(embedded_bf16, tiny_llama, monkeypatch):
+    """kernels --split: the layers and the LM head are timed inside real one-token forwards, the rest
+    is what is left of their wall time, the bytes are the step's, and the model times nothing after."""
+    from dart_core.cli.kernels import split_line
+
+    monkeypatch.setattr(calibrate, "SPLIT_SETTLE_S", 0.0)
+    s = calibrate.forward_split(embedded_bf16, forwards=4, prefix=16)
+    assert s.layers_ms > 0 and s.head_ms > 0 and s.rest_ms > 0 and s.ms > s.layers_ms + s.head_ms
+    model = embedded_bf16.model
+    assert s.head_bytes == model.output.weight.nbytes
+    assert s.layers_bytes + s.head_bytes + model.norm.weight.nbytes == model.step_weight_bytes()
+    assert model.stage_seconds is None
+    line = split_line("bfloat16", s, bandwidth=20.0)
+    assert f"layers {s.layers_ms:.2f} ms ({s.layers_bytes / 1e6:.1f} MB at" in line
+    assert line.endswith(f"the weights at 20.0 GB/s: {(s.layers_bytes + s.head_bytes) / 20e6:.2f} ms")
+    monkeypatch.setattr(tiny_llama.model, "use_kernels", False)
+    with pytest.raises(ValueError, match="eager torch"):
+        calibrate.forward_split(tiny_llama, forwards=1, prefix=4)
+
+
 def test_forward_costs_are_cached_per_machine_and_weights(embedded_target, tmp_path, monkeypatch):
     monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(calibrate, "REPEATS", 2)  # real timings, fewer of them: the cache is under test
