@@ -187,6 +187,14 @@ def test_forward_split_times_the_layers_and_the_head_inside_the_step(embedded_bf
         calibrate.forward_split(tiny_llama, forwards=1, prefix=4)
 
 
+def test_kernels_split_without_time_is_an_error(capsys):
+    from dart_core.cli import kernels as kernels_cli
+
+    with pytest.raises(SystemExit) as e:
+        kernels_cli.main(["--split"])
+    assert e.value.code == 2 and "give --time" in capsys.readouterr().err
+
+
 def test_forward_costs_are_cached_per_machine_and_weights(embedded_target, tmp_path, monkeypatch):
     monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(calibrate, "REPEATS", 2)  # real timings, fewer of them: the cache is under test

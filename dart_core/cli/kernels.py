@@ -37,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefix", type=int, default=200, help="committed tokens before the timed rows (default 200)")
     p.add_argument("--threads", type=int, default=None)
     args = p.parse_args(argv)
+    if args.split and not args.time:
+        p.error("--split splits the one-token step of the --time dtypes: give --time DTYPE [DTYPE ...] too")
     try:
         specs = {name: weights_spec(name) for name in args.time or []}
     except ValueError as e:
