@@ -156,6 +156,15 @@ def machine_key(target: Target, threads: int) -> dict:
     }
 
 
+def _prefilled_cache(target: Target, prefix: int, rows: int):
+    """A cache holding `prefix` committed tokens, with room for forwards of up to `rows` new ones
+    after them (the timed forwards write there and never commit)."""
+    cache = target.new_cache(prefix + rows + 8)
+    target.prefill(list(range(100, 100 + prefix)), cache, capture=False)
+    cache.commit(prefix)
+    return cache
+
+
 def measure_forwards(target: Target, rows: range | list[int], repeats: int | None = None, prefix: int = PREFIX) -> dict[int, float]:
     """Median wall ms of one target forward of k new rows (a chain after `prefix` committed tokens)
     for each k in `rows`: the one-token step (k = 1) against the verify of a tree of k - 1 nodes.
@@ -165,11 +174,9 @@ def measure_forwards(target: Target, rows: range | list[int], repeats: int | Non
     the loop runs them (a forward timed right after another size's was up to 1.7x dearer)."""
     rows, repeats = list(rows), repeats or REPEATS
     per_round = max(1, -(-repeats // ROUNDS))
-    cache = target.new_cache(prefix + max(rows) + 8)
     times: dict[int, list[float]] = {k: [] for k in rows}
     with torch.inference_mode():
-        target.prefill(list(range(100, 100 + prefix)), cache, capture=False)
-        cache.commit(prefix)
+        cache = _prefilled_cache(target, prefix, max(rows))
         inputs = {k: (torch.arange(k, device=target.device) + 500, torch.arange(k, device=target.device) + cache.length) for k in rows}
         for _ in range(ROUNDS):
             for k in rows:
@@ -212,10 +219,8 @@ def forward_split(target: Target, forwards: int = SPLIT_FORWARDS, prefix: int = 
     model = target.model
     if not model.kernel_path(1, target.device):
         raise ValueError("forward_split times the kernel path, and this target's one-token forward runs eager torch")
-    cache = target.new_cache(prefix + 8)
     with torch.inference_mode():
-        target.prefill(list(range(100, 100 + prefix)), cache, capture=False)
-        cache.commit(prefix)
+        cache = _prefilled_cache(target, prefix, 1)
         token, position = torch.tensor([500], device=target.device), torch.tensor([cache.length], device=target.device)
         settle_end = time.perf_counter() + SPLIT_SETTLE_S
         while time.perf_counter() < settle_end:

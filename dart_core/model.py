@@ -314,7 +314,7 @@ class Transformer(nn.Module):
         self._stack: kernels.LayerStack | None = None
         self._rope_table: kernels.RopeTable | None = None  # fp32 angles for the kernel path, built on first use
         # A dict here collects seconds by stage of kernel-path forwards ("layers": the decoder layers'
-        # one call, "head": the LM head's linear; the rest is the forward's wall minus these), for
+        # one call, "head": the LM head's linear and its fp32 logits; the rest is the forward's wall minus these), for
         # `python -m dart_core.cli.kernels --split`; None (the default) times nothing.
         self.stage_seconds: dict[str, float] | None = None
 
@@ -427,24 +427,21 @@ class Transformer(nn.Module):
         TreeAttention or RowsAttention, k_cache / v_cache (L, *attention.cache_shape). Every op here is
         row-wise, so a row's result depends on its own inputs only (attention: on its own key sequence)."""
         x = self.tok_embeddings(tokens)  # (T, H)
-        stack, timed = self._layer_stack(), self.stage_seconds
-        t0 = time.perf_counter() if timed is not None else 0.0
+        stack = self._layer_stack()
+        t0 = time.perf_counter()
         if stack is not None:
             x, pending, hidden = stack(x, attention, k_cache, v_cache, self.capture if capture else ())
         else:
             x, pending, hidden = self._layers_per_op(x, attention, k_cache, v_cache, capture)
-        if timed is not None:
-            timed["layers"] = timed.get("layers", 0.0) + time.perf_counter() - t0
+        t1 = time.perf_counter()
         if logits_at is not None:
             x, pending = x[logits_at].contiguous(), pending[logits_at].contiguous()
         _, normed = kernels.add_rmsnorm(x, pending, self.norm.weight, self.norm.eps)
-        out_logits = None
-        if logits:
-            t0 = time.perf_counter() if timed is not None else 0.0
-            out_logits = kernels.linear(normed, self.output.weight)
-            if timed is not None:
-                timed["head"] = timed.get("head", 0.0) + time.perf_counter() - t0
-            out_logits = out_logits.float()
+        t2 = time.perf_counter()
+        out_logits = kernels.linear(normed, self.output.weight).float() if logits else None
+        if self.stage_seconds is not None:  # the timestamps cost ~0.1 us each: not worth a branch apiece
+            s = self.stage_seconds
+            s["layers"], s["head"] = s.get("layers", 0.0) + t1 - t0, s.get("head", 0.0) + time.perf_counter() - t2
         return ForwardOutput(logits=out_logits, hidden=hidden, final=normed if final else None)
 
     def _layer_stack(self) -> kernels.LayerStack | None:
