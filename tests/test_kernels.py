@@ -130,7 +130,7 @@ HEAD_SHAPES = [(6, 2, 32), (4, 4, 16), (8, 4, 64), (8, 1, 128), (16, 2, 48), (6,
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("nh,nkv,hd", HEAD_SHAPES)
-@pytest.mark.parametrize("P", [37, 600])  # 600: a long softmax, past SPLIT_HEADS_FROM
+@pytest.mark.parametrize("P", [37, 600])  # 600: a long softmax, in passes (past ATT_PASSES_FROM)
 def test_tree_attention_matches_sdpa(dtype, nh, nkv, hd, P, kpath):
     """Against eager RoPE + SDPA with the tree mask, in fp32 arithmetic."""
     k_cache, v_cache, rope, inv_freq = _attention_setup(dtype, P, nh, nkv, hd)
@@ -161,8 +161,8 @@ def test_tree_attention_matches_sdpa(dtype, nh, nkv, hd, P, kpath):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("nh,nkv,hd", HEAD_SHAPES)
-# 300, 520: one-token calls past SPLIT_HEADS_FROM (256) run a query head per work item; 253: the tree's
-# rows run by group and their one-token calls cross the threshold on the way down
+# 300, 520: the tree and its one-token calls past ATT_PASSES_FROM (256) run in three passes; 253: the
+# tree's rows run by (row, KV group) and their one-token calls cross the threshold on the way down
 @pytest.mark.parametrize("P", [37, 253, 300, 520])
 def test_tree_attention_row_equals_one_token_call(dtype, nh, nkv, hd, P, kpath):
     """A node's output equals the one-token call made once its ancestors sit committed in the cache."""
@@ -183,7 +183,7 @@ def test_tree_attention_row_equals_one_token_call(dtype, nh, nkv, hd, P, kpath):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("nh,nkv,hd", [(6, 2, 32), (6, 3, 24)])
-# 600: rows on either side of SPLIT_HEADS_FROM, whose one-token calls run a query head per work item
+# 600: rows on either side of ATT_PASSES_FROM, whose one-token calls run in three passes
 @pytest.mark.parametrize("cap,lengths", [(40, [0, 7, 39, 16, 23]), (600, [0, 255, 256, 599, 300])])
 def test_rows_attention_is_each_sequence_alone(dtype, nh, nkv, hd, cap, lengths, kpath):
     """Rows of separate sequences (continuous batching): row b's output and its cache writes are the

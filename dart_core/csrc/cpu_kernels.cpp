@@ -40,6 +40,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -1904,6 +1905,20 @@ constexpr int ATT_KEYS = 4, ATT_GROUPS = 4;
 #else
 constexpr int ATT_KEYS = 1, ATT_GROUPS = 1;
 #endif
+// Committed keys ahead that the two loops prefetch: the cache streams from memory at every step (the
+// weights between two layers' attention evict it), and without it the loads of each new key stalled.
+#ifndef ATT_PF_K
+#define ATT_PF_K 8
+#endif
+#ifndef ATT_PF_V
+#define ATT_PF_V 8
+#endif
+constexpr int64_t ATT_PREFETCH = ATT_PF_K, ATT_PREFETCH_V = ATT_PF_V;
+
+// The cache lines of n bytes at p into L1 (a key or value row, or a row's lane group)
+inline void prefetch_bytes(const void* p, int64_t n) {
+    for (int64_t o = 0; o < n; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p) + o, _MM_HINT_T0);
+}
 
 template <int R, class T>
 void key_scores_v(const float* q, const T* kc, int64_t P, const std::vector<int64_t>& tl, int64_t L, int64_t hd,
@@ -1912,6 +1927,7 @@ void key_scores_v(const float* q, const T* kc, int64_t P, const std::vector<int6
     int64_t j = 0;
     if constexpr (ATT_KEYS == 4) {
         for (; j + 4 <= L; j += 4) {  // four keys, their four lane trees reduced side by side
+            if (j + 4 + ATT_PREFETCH <= P) prefetch_bytes(kc + (j + ATT_PREFETCH) * hd, 4 * hd * static_cast<int64_t>(sizeof(T)));
             const T* kr[4];
             for (int u = 0; u < 4; ++u) kr[u] = kc + (j + u < P ? j + u : tl[j + u - P]) * hd;
             V16 acc[R][4];
@@ -1930,6 +1946,7 @@ void key_scores_v(const float* q, const T* kc, int64_t P, const std::vector<int6
         }
     }
     for (; j < L; ++j) {
+        if (j + ATT_PREFETCH < P) prefetch_bytes(kc + (j + ATT_PREFETCH) * hd, hd * static_cast<int64_t>(sizeof(T)));
         const T* kr = kc + (j < P ? j : tl[j - P]) * hd;
         V16 acc[R];
         for (int r = 0; r < R; ++r) acc[r] = v_zero();
@@ -1943,14 +1960,14 @@ void key_scores_v(const float* q, const T* kc, int64_t P, const std::vector<int6
 
 template <int R, class T>
 void weighted_values_v(const float* p, int64_t p_stride, const T* vc, int64_t P, const std::vector<int64_t>& tl, int64_t L,
-                       int64_t hd, float* out) {
-    const int64_t C = hd / LANES;
-    for (int64_t c0 = 0; c0 < C; c0 += ATT_GROUPS) {  // ATT_GROUPS lane groups of the head dim at a time
-        const int64_t cn = std::min<int64_t>(ATT_GROUPS, C - c0);
+                       int64_t hd, int64_t g0, int64_t g1, float* out) {
+    for (int64_t c0 = g0; c0 < g1; c0 += ATT_GROUPS) {  // ATT_GROUPS lane groups of the head dim at a time
+        const int64_t cn = std::min<int64_t>(ATT_GROUPS, g1 - c0);
         V16 acc[R][ATT_GROUPS];
         for (int r = 0; r < R; ++r)
             for (int c = 0; c < ATT_GROUPS; ++c) acc[r][c] = v_zero();
         for (int64_t j = 0; j < L; ++j) {
+            if (j + ATT_PREFETCH_V < P) prefetch_bytes(vc + (j + ATT_PREFETCH_V) * hd + c0 * LANES, cn * LANES * static_cast<int64_t>(sizeof(T)));
             const T* vr = vc + (j < P ? j : tl[j - P]) * hd + c0 * LANES;
             V16 pj[R];
             for (int r = 0; r < R; ++r) pj[r] = v_set1(p[r * p_stride + j]);
@@ -1989,29 +2006,43 @@ void key_scores(const float* q /* [R][hd] */, int64_t R, const T* kc, int64_t P,
     }
 }
 
+// Lanes [LANES g0, LANES g1) of out (clipped to hd): each lane's sum is over the keys in order whatever
+// the range, so a head's output can be computed a lane group at a time (tree_attention_impl does).
 template <class T>
 void weighted_values(const float* p /* [R][p_stride] */, int64_t p_stride, int64_t R, const T* vc, int64_t P,
-                     const std::vector<int64_t>& tl, int64_t L, int64_t hd, float* vf, float* out /* [R][hd] */) {
+                     const std::vector<int64_t>& tl, int64_t L, int64_t hd, float* vf, float* out /* [R][hd] */, int64_t g0,
+                     int64_t g1) {
 #ifdef DART_V16
     if (hd % LANES == 0) {
         switch (R) {
-            case 1: return weighted_values_v<1>(p, p_stride, vc, P, tl, L, hd, out);
-            case 2: return weighted_values_v<2>(p, p_stride, vc, P, tl, L, hd, out);
-            case 3: return weighted_values_v<3>(p, p_stride, vc, P, tl, L, hd, out);
-            case 4: return weighted_values_v<4>(p, p_stride, vc, P, tl, L, hd, out);
+            case 1: return weighted_values_v<1>(p, p_stride, vc, P, tl, L, hd, g0, g1, out);
+            case 2: return weighted_values_v<2>(p, p_stride, vc, P, tl, L, hd, g0, g1, out);
+            case 3: return weighted_values_v<3>(p, p_stride, vc, P, tl, L, hd, g0, g1, out);
+            case 4: return weighted_values_v<4>(p, p_stride, vc, P, tl, L, hd, g0, g1, out);
             default:
                 for (int64_t r = 0; r < R; r += 4)
-                    weighted_values(p + r * p_stride, p_stride, std::min<int64_t>(4, R - r), vc, P, tl, L, hd, vf, out + r * hd);
+                    weighted_values(p + r * p_stride, p_stride, std::min<int64_t>(4, R - r), vc, P, tl, L, hd, vf, out + r * hd, g0, g1);
                 return;
         }
     }
 #endif
-    std::fill(out, out + R * hd, 0.0f);
+    const int64_t d0 = g0 * LANES, d1 = std::min(g1 * LANES, hd);
+    for (int64_t r = 0; r < R; ++r) std::fill(out + r * hd + d0, out + r * hd + d1, 0.0f);
     for (int64_t j = 0; j < L; ++j) {
-        load_row(vc + (j < P ? j : tl[j - P]) * hd, vf, hd);
+        load_row(vc + (j < P ? j : tl[j - P]) * hd + d0, vf + d0, d1 - d0);
         for (int64_t r = 0; r < R; ++r)
-            for (int64_t d = 0; d < hd; ++d) out[r * hd + d] = std::fma(p[r * p_stride + j], vf[d], out[r * hd + d]);
+            for (int64_t d = d0; d < d1; ++d) out[r * hd + d] = std::fma(p[r * p_stride + j], vf[d], out[r * hd + d]);
     }
+}
+
+// e^(a[j] - mx) in place for j < n, exp_nonpositive's bits (8 lanes at a time where the build has them)
+inline void exp_shifted(float* a, int64_t n, float mx) {
+    int64_t j = 0;
+#ifdef DART_V16
+    const __m256 m = _mm256_set1_ps(mx);
+    for (; j + 8 <= n; j += 8) _mm256_storeu_ps(a + j, exp_nonpositive8(_mm256_sub_ps(_mm256_loadu_ps(a + j), m)));
+#endif
+    for (; j < n; ++j) a[j] = exp_nonpositive(a[j] - mx);
 }
 
 // max(a[0..n)) as the scalar fold mx = std::max(mx, a[j]) from mx = a[0] computes it (a NaN a[j] is
@@ -2051,10 +2082,9 @@ void attend_group(const float* qf, int64_t rep, const T* kc, const T* vc, int64_
     key_scores(qf, rep, kc, P, tl, L, hd, scale, kf, scores, max_len);
     for (int64_t r = 0; r < rep; ++r) {
         float* sr = scores + r * max_len;
-        const float mx = max_of(sr, L);
-        for (int64_t j = 0; j < L; ++j) sr[j] = exp_nonpositive(sr[j] - mx);
+        exp_shifted(sr, L, max_of(sr, L));
     }
-    weighted_values(scores, max_len, rep, vc, P, tl, L, hd, vf, acc);
+    weighted_values(scores, max_len, rep, vc, P, tl, L, hd, vf, acc, 0, (hd + LANES - 1) / LANES);
     for (int64_t r = 0; r < rep; ++r) {
         const float denom = sum(scores + r * max_len, L);
         for (int64_t d = 0; d < hd; ++d) dst[r * hd + d] = from_f32<T>(acc[r * hd + d] / denom);
@@ -2094,14 +2124,29 @@ inline void rope_queries(const T* q, const float* c, const float* s, int64_t rep
     }
 }
 
-constexpr int64_t SPLIT_HEADS_FROM = 256;  // committed tokens from which a short tree's attention runs a head an item
+constexpr int64_t ATT_CHUNK = 64;  // committed keys per scores work item: its keys stay in L1 across the tree's rows
+// Committed keys from which a layer's attention runs as three passes (below: one). Measured on the
+// AVX2 EPYC, 30 layers of the embedded model's attention, fp32 cache: the passes cost ~4 us a layer
+// more below ~200 keys (their barriers), and save 1.6 ms of a 4.4 ms one-row step's attention at 700.
+constexpr int64_t ATT_PASSES_FROM = 256;
 
+// A tree's rows over a cache of P committed keys. Short caches: one work item per (row, KV group),
+// attend_group. From ATT_PASSES_FROM keys on, three passes over the layer's cache, each split across
+// the threads so that every cached key and value is read from memory once for all rows and query
+// heads: (1) scores, a work item per KV group and chunk of the committed keys for every row (plus an
+// item per group and row for its ancestors); (2) per row and head, the maximum, the exponentials and
+// their sum; (3) the weighted values, a work item per KV group and 16-lane group of the head dim for
+// every row. Every output element is the contract's one sequence either way (a score is one key's
+// lane tree wherever its chunk starts; a lane sums the keys in order whichever lanes share its item),
+// so both give attend_group's bits. One item per (row, KV group) alone, a one-token step of the
+// embedded model (3 KV groups, 2 threads) either left a thread idle or (one item per query head) read
+// each group's cache once per head: 30 layers' attention after 700 cached tokens took 4.4 ms.
 template <class T>
 void tree_attention_impl(const T* q, int64_t q_stride, const T* k, int64_t k_stride, const T* v, int64_t v_stride,
                          const float* cos, const float* sin, const int64_t* pos, T* k_cache, T* v_cache, int64_t cap,
                          int64_t P, int64_t T_, const int64_t* parents, int64_t nh, int64_t nkv, int64_t hd, float scale,
                          T* out, int64_t out_stride) {
-    const int64_t half = hd / 2, rep = nh / nkv;
+    const int64_t half = hd / 2, rep = nh / nkv, lane_groups = (hd + LANES - 1) / LANES;
     for (int64_t i = 0; i < T_; ++i)  // the new rows' keys and values at slots P+i
         store_key_value(k + i * k_stride, v + i * v_stride, cos + pos[i] * half, sin + pos[i] * half, k_cache, v_cache, cap,
                         P + i, nkv, hd);
@@ -2114,26 +2159,74 @@ void tree_attention_impl(const T* q, int64_t q_stride, const T* k, int64_t k_str
     }
     int64_t max_len = 0;
     for (auto& t : tail) max_len = std::max<int64_t>(max_len, P + static_cast<int64_t>(t.size()));
-    // Work items: (row, KV group), or (row, KV group, query head) where there are fewer groups than
-    // twice the threads and the context is long: a one-token step has 3 groups for 2 threads, so one
-    // thread did two while the other waited. A head's arithmetic is its own (key_scores_v,
-    // weighted_values_v), so its bits are the same computed alone or beside its group's other heads.
-    // The one-row int8 step of the embedded model, avx512bf16 build, medians of 5 interleaved
-    // processes: after 800 tokens 5.71 -> 5.39 ms; after 200, 3.48 -> 3.56 (within noise, but each
-    // head then reads its group's keys again), hence the threshold.
-    const int64_t split = T_ * nkv < 2 * n_threads() && P >= SPLIT_HEADS_FROM ? rep : 1, heads = rep / split;
-    const int64_t items = T_ * nkv * split;
+    if (P < ATT_PASSES_FROM) {
+#pragma omp parallel
+        {
+            std::vector<float> qf(static_cast<size_t>(rep * hd)), kf(hd), vf(hd), acc(static_cast<size_t>(rep * hd));
+            std::vector<float> scores(static_cast<size_t>(rep * max_len));
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t it = 0; it < T_ * nkv; ++it) {
+                const int64_t i = it / nkv, g = it % nkv;
+                rope_queries(q + i * q_stride + g * rep * hd, cos + pos[i] * half, sin + pos[i] * half, rep, hd, qf.data());
+                attend_group(qf.data(), rep, k_cache + g * cap * hd, v_cache + g * cap * hd, P, tail[i],
+                             P + static_cast<int64_t>(tail[i].size()), hd, scale, kf.data(), vf.data(), scores.data(), max_len,
+                             acc.data(), out + i * out_stride + g * rep * hd);
+            }
+        }
+        return;
+    }
+    // scores: (T, nh, max_len), then the softmax numerators. Not zero-filled: every element read is
+    // written first (zeroing them was ~3% of a 6-row call).
+    const std::unique_ptr<float[]> scores(new float[T_ * nh * max_len]), denom(new float[T_ * nh]);
+    const std::vector<int64_t> none;
+    const int64_t chunks = (P + ATT_CHUNK - 1) / ATT_CHUNK, prefix_items = nkv * chunks;
 #pragma omp parallel
     {
-        std::vector<float> qf(static_cast<size_t>(rep * hd)), kf(hd), vf(hd), acc(static_cast<size_t>(rep * hd));
-        std::vector<float> scores(static_cast<size_t>(rep * max_len));
+        std::vector<float> kf(hd), vf(hd), acc(static_cast<size_t>(rep * hd));
+        // Every row's queries of one KV group after RoPE, (T, rep, hd): each thread computes those of the
+        // group its item needs when the group changes (cheaper than a barrier and a shared table).
+        std::vector<float> qf(static_cast<size_t>(T_ * rep * hd));
+        int64_t roped = -1;
+        auto queries = [&](int64_t i, int64_t g) {
+            if (g != roped) {
+                for (int64_t r = 0; r < T_; ++r)
+                    rope_queries(q + r * q_stride + g * rep * hd, cos + pos[r] * half, sin + pos[r] * half, rep, hd, qf.data() + r * rep * hd);
+                roped = g;
+            }
+            return qf.data() + i * rep * hd;
+        };
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < items; ++it) {
-            const int64_t i = it / (nkv * split), g = it / split % nkv, h = g * rep + it % split * heads;  // first query head
-            rope_queries(q + i * q_stride + h * hd, cos + pos[i] * half, sin + pos[i] * half, heads, hd, qf.data());
-            const auto& tl = tail[i];
-            attend_group(qf.data(), heads, k_cache + g * cap * hd, v_cache + g * cap * hd, P, tl, P + static_cast<int64_t>(tl.size()),
-                         hd, scale, kf.data(), vf.data(), scores.data(), max_len, acc.data(), out + i * out_stride + h * hd);
+        for (int64_t it = 0; it < prefix_items + T_ * nkv; ++it) {
+            if (it < prefix_items) {  // committed keys j0..j0+n-1 of group g, every row
+                const int64_t g = it / chunks, j0 = it % chunks * ATT_CHUNK, n = std::min(ATT_CHUNK, P - j0);
+                for (int64_t i = 0; i < T_; ++i)
+                    key_scores(queries(i, g), rep, k_cache + (g * cap + j0) * hd, n, none, n, hd, scale,
+                               kf.data(), scores.get() + (i * nh + g * rep) * max_len + j0, max_len);
+            } else {  // row i's ancestors and itself, group g (rows of one group in a row: queries() ropes once)
+                const int64_t g = (it - prefix_items) / T_, i = (it - prefix_items) % T_;
+                key_scores(queries(i, g), rep, k_cache + g * cap * hd, 0, tail[i],
+                           static_cast<int64_t>(tail[i].size()), hd, scale, kf.data(),
+                           scores.get() + (i * nh + g * rep) * max_len + P, max_len);
+            }
+        }
+#pragma omp for schedule(static)
+        for (int64_t it = 0; it < T_ * nh; ++it) {
+            const int64_t L = P + static_cast<int64_t>(tail[it / nh].size());
+            float* sr = scores.get() + it * max_len;
+            exp_shifted(sr, L, max_of(sr, L));
+            denom[it] = sum(sr, L);
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < nkv * lane_groups; ++it) {
+            const int64_t g = it / lane_groups, c = it % lane_groups, d0 = c * LANES, d1 = std::min(d0 + LANES, hd);
+            for (int64_t i = 0; i < T_; ++i) {
+                const int64_t h = i * nh + g * rep, L = P + static_cast<int64_t>(tail[i].size());
+                weighted_values(scores.get() + h * max_len, max_len, rep, v_cache + g * cap * hd, P, tail[i], L, hd, vf.data(),
+                                acc.data(), c, c + 1);
+                for (int64_t r = 0; r < rep; ++r)
+                    for (int64_t d = d0; d < d1; ++d)
+                        out[i * out_stride + (g * rep + r) * hd + d] = from_f32<T>(acc[r * hd + d] / denom[h + r]);
+            }
         }
     }
 }
@@ -2142,7 +2235,7 @@ void tree_attention_impl(const T* q, int64_t q_stride, const T* k, int64_t k_str
 // B independent sequences, one new row each (continuous-batching generation, Transformer.decode_rows):
 // row b's committed length P_b = committed[b] is also its position; its cache is the slab at
 // k_cache + b * seq_stride, (nkv, cap, hd). Row b is exactly a one-token tree_attention call on its own
-// slab (the same helpers and attend_group over the prefix and the one-slot tail {P_b}), so a sequence
+// slab (attend_group over the prefix and the one-slot tail {P_b}: its bits), so a sequence
 // decoded beside others gets the bits plain decoding gives it alone, and no padding is computed.
 template <class T>
 void rows_attention_impl(const T* q, int64_t q_stride, const T* k, int64_t k_stride, const T* v, int64_t v_stride,
