@@ -499,6 +499,8 @@ def calibrate_drafter(
         "kind": "loop",
         "drafter": drafter.name,
         "head": str(head_dir),
+        # the head's kernel weights (Q8_0 or its own dtype) change what drafting costs
+        "head_int8": bool(getattr(getattr(drafter, "fast", None), "int8", False)),
         "params": repr(getattr(drafter, "params", None)),
         "sizes": sizes,
     }

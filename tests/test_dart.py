@@ -309,3 +309,22 @@ def test_draft_depth_limits_the_tree(tiny_llama):
     assert complete(tiny_llama, prompt, drafter, GenerationParams(20)).output_ids == ar.output_ids
     with pytest.raises(ValueError, match="depth"):
         DartDrafter(head, tiny_llama, None, DartParams(depth=0))
+
+
+def test_int8_head_beside_bf16_targets_only_without_bf16_arithmetic():
+    """The head's kernel forward reads Q8_0 weights beside GGUF targets, and beside bf16 targets on the
+    builds that widen bf16 to fp32 (all but avx512bf16); beside fp32 targets it keeps its weights."""
+    from types import SimpleNamespace
+
+    from dart_core import kernels
+    from dart_core.drafters.head import int8_beside
+
+    previous = kernels.PATH
+    try:
+        for path in kernels.runnable_paths():
+            kernels.use_path(path)
+            assert int8_beside(SimpleNamespace(weights="bfloat16", dtype=torch.bfloat16)) == (path != "avx512bf16"), path
+            assert int8_beside(SimpleNamespace(weights="gguf-int16", dtype=torch.float32)), path
+            assert not int8_beside(SimpleNamespace(weights="float32", dtype=torch.float32)), path
+    finally:
+        kernels.use_path(previous)

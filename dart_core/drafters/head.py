@@ -212,7 +212,7 @@ class KernelHead:
         rows interleaved in 16s where they divide (the fast int8 layout, BlockWeight.interleaved)."""
         c, layer = head.config, head.midlayer
         a, m = layer.self_attn, layer.mlp
-        self.c = c
+        self.c, self.int8 = c, int8
 
         def weight(w: torch.Tensor):
             if not int8:
@@ -412,10 +412,14 @@ def load_head(name: str | os.PathLike, dart: bool, target, dtype=None, device=No
 
 
 def int8_beside(target) -> bool:
-    """Whether a head's kernel forward runs on Q8_0 weights and int8 activations beside `target`: beside
-    the GGUF paths, whose target forward is block weights already (a draft step reads half the bytes of
-    the bf16 head, and drafts need no exactness: the verify decides)."""
-    return str(getattr(target, "weights", "")).startswith(GGUF)
+    """Whether a head's kernel forward runs on Q8_0 weights and int8 activations beside `target` (a draft
+    step reads half the bytes of the bf16 head, and drafts need no exactness: the verify decides):
+    beside the GGUF paths, whose target forward is block weights already, and beside a bf16 target on
+    kernels without bf16 arithmetic (any build but avx512bf16), which widen every bf16 weight to fp32
+    where int8 dot products need no conversion."""
+    if str(getattr(target, "weights", "")).startswith(GGUF):
+        return True
+    return getattr(target, "dtype", None) == torch.bfloat16 and kernels.PATH not in (None, "avx512bf16")
 
 
 def head_dtype(target) -> torch.dtype:
