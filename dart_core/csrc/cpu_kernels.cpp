@@ -593,7 +593,7 @@ template <class F> inline V16 w_half(const uint8_t* blk, int h) {
 // cost as much as its arithmetic). Lane order as linear_block's: per block, elements 0-15 then 16-31.
 // Against the panel path, the embedded model's Q4_1 forward after 200 tokens (forced AVX2 on the
 // Xeon, medians of 3 interleaved processes): 3 rows 18.5 -> 14.1 ms, 4 rows 19.5 -> 15.4, 6 rows
-// 28.2 -> 21.3; 1-2 rows (NW weight rows at a time, below) within noise of linear_block's.
+// 28.2 -> 21.3.
 template <class F, int R>
 void linear_rows_q_avx2(const float* xf, int64_t K, const uint8_t* w, int64_t rb, int64_t n0, int64_t n1, int64_t N, float* res) {
     static_assert(R >= 1 && R <= 6, "12 accumulators + 2 weights of 16 ymm registers");
@@ -673,56 +673,13 @@ inline void linear_rows_avx2(const float* xf, int64_t K, const uint8_t* w, int64
     if constexpr (F::QUANT) linear_rows_q_avx2<F, R>(xf, K, w, rb, n0, n1, N, res);
     else linear_rows_f_avx2<F, R>(xf, K, w, rb, n0, n1, N, res);
 }
-// Elements [k, k + 16) of one weight row as fp32 lanes, any format (k a multiple of 16): a block
-// format's half block (w_half), a float format's 16 values.
-template <class F> inline V16 w_load16_any(const uint8_t* row, int64_t k) {
-    if constexpr (F::QUANT) return w_half<F>(row + (k / 32) * F::BYTES, static_cast<int>((k / 16) % 2));
-    else return w_load16<F>(row, k);
-}
-// 1-2 rows: NW weight rows at a time, so NW * R * 2 fma chains are in flight (one weight row against
-// one row is 2 chains, a quarter of the fma rate at 4 cycles a fma) and a block format's
-// dequantizations are independent work beside them. Lane order as linear_row_avx2's. For float
-// formats it replaced linear_block's 2 x 1 block: on a 2-core AMD EPYC (AVX2 only) the bf16 one-row
-// step ran 19.0 ms there, more than the 3-row verify's 16.8 through linear_rows_f_avx2.
-template <class F, int R, int NW>
-void linear_rows_n_avx2(const float* xf, int64_t K, const uint8_t* w, int64_t rb, int64_t n0, int64_t n1, int64_t N, float* res) {
-    static_assert(R >= 1 && R <= 2 && NW * R <= 4, "up to 8 accumulators");
-    constexpr int64_t PF = prefetch_every<F>();
-    for (int64_t n = n0; n < n1; n += NW) {
-        __m256 acc[NW][R][2];
-#pragma GCC unroll 8
-        for (int j = 0; j < NW; ++j)
-#pragma GCC unroll 2
-            for (int i = 0; i < R; ++i) acc[j][i][0] = acc[j][i][1] = _mm256_setzero_ps();
-        const uint8_t* pf = n + NW * (PREFETCH_BLOCKS + 1) <= N ? w + (n + NW * PREFETCH_BLOCKS) * rb : nullptr;
-#pragma GCC unroll 2
-        for (int64_t k = 0; k < K; k += LANES) {
-            if (pf && k % PF == 0)
-#pragma GCC unroll 8
-                for (int j = 0; j < NW; ++j) prefetch_l2(pf + j * rb + k * F::BYTES / F::BLOCK);
-#pragma GCC unroll 8
-            for (int j = 0; j < NW; ++j) {
-                const V16 wv = w_load16_any<F>(w + (n + j) * rb, k);
-#pragma GCC unroll 2
-                for (int i = 0; i < R; ++i) {
-                    acc[j][i][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xf + i * K + k), wv.lo, acc[j][i][0]);
-                    acc[j][i][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xf + i * K + k + 8), wv.hi, acc[j][i][1]);
-                }
-            }
-        }
-        for (int j = 0; j < NW; ++j)
-            for (int i = 0; i < R; ++i) res[(n - n0 + j) * R + i] = v_reduce({acc[j][i][0], acc[j][i][1]});
-    }
-}
-// Weight rows [n0, n1) NW at a time (a float format only where K is whole vectors), the rest one at
-// a time.
-template <class F, int R, int NW>
-void linear_rows_split(const float* xf, int64_t K, const uint8_t* w, int64_t rb, int64_t n0, int64_t n1, int64_t N, float* res) {
-    const int64_t nw_end = F::QUANT || K % LANES == 0 ? n0 + (n1 - n0) / NW * NW : n0;
-    linear_rows_n_avx2<F, R, NW>(xf, K, w, rb, n0, nw_end, N, res);
-    linear_rows_avx2<F, R>(xf, K, w, rb, nw_end, n1, N, res + (nw_end - n0) * R);
-}
-constexpr int64_t Q_CHUNK = 16;  // weight rows per call of linear_rows_split / linear_rows_avx2
+// 1-6 rows, every format: one weight row at a time, its lines read in order. 1-2 rows ran 4 or 2
+// weight rows at a time from 5b749e3 (more FMA chains in flight), which measured faster in registers
+// but slower from memory: on a 2-core AMD EPYC (AVX2 only, every other process paused, interleaved
+// processes, three each) one weight row at a time took the bf16 one-row step from 14.8 to 12.6 ms
+// (two rows 15.3 -> 13.4) and the exact GGUF path's from 12.1 to 10.8 (two rows 14.7 -> 13.2). The
+// one-row bf16 step then cost less than three rows, which it had not since these kernels began.
+constexpr int64_t Q_CHUNK = 16;  // weight rows per call of linear_rows_avx2
 template <class TX, class F>
 void linear_rows_chunked_avx2(const float* xf, int64_t M, int64_t K, const uint8_t* w, int64_t rb, int64_t N, const TX* bias, TX* out,
                         int64_t out_stride) {
@@ -734,8 +691,8 @@ void linear_rows_chunked_avx2(const float* xf, int64_t M, int64_t K, const uint8
         for (int64_t c = 0; c < chunks; ++c) {
             const int64_t n0 = c * Q_CHUNK, n1 = std::min(N, n0 + Q_CHUNK);
             switch (M) {
-                case 1: linear_rows_split<F, 1, 4>(xf, K, w, rb, n0, n1, N, res); break;
-                case 2: linear_rows_split<F, 2, 2>(xf, K, w, rb, n0, n1, N, res); break;
+                case 1: linear_rows_avx2<F, 1>(xf, K, w, rb, n0, n1, N, res); break;
+                case 2: linear_rows_avx2<F, 2>(xf, K, w, rb, n0, n1, N, res); break;
                 case 3: linear_rows_avx2<F, 3>(xf, K, w, rb, n0, n1, N, res); break;
                 case 4: linear_rows_avx2<F, 4>(xf, K, w, rb, n0, n1, N, res); break;
                 case 5: linear_rows_avx2<F, 5>(xf, K, w, rb, n0, n1, N, res); break;
