@@ -316,15 +316,15 @@ def test_int8_head_beside_bf16_targets_only_without_bf16_arithmetic():
     builds that widen bf16 to fp32 (all but avx512bf16); beside fp32 targets it keeps its weights."""
     from types import SimpleNamespace
 
-    from dart_core import kernels
     from dart_core.drafters.head import int8_beside
 
-    previous = kernels.PATH
-    try:
-        for path in kernels.runnable_paths():
-            kernels.use_path(path)
-            assert int8_beside(SimpleNamespace(weights="bfloat16", dtype=torch.bfloat16)) == (path != "avx512bf16"), path
-            assert int8_beside(SimpleNamespace(weights="gguf-int16", dtype=torch.float32)), path
-            assert not int8_beside(SimpleNamespace(weights="float32", dtype=torch.float32)), path
-    finally:
-        kernels.use_path(previous)
+    from test_kernels import on_every_build
+
+    def choices():
+        return tuple(
+            int8_beside(SimpleNamespace(weights=w, dtype=d))
+            for w, d in (("bfloat16", torch.bfloat16), ("gguf-int16", torch.float32), ("float32", torch.float32))
+        )
+
+    for path, got in on_every_build(choices).items():
+        assert got == (path != "avx512bf16", True, False), path
