@@ -79,9 +79,10 @@ def test_silu_mul(dtype, kpath):
     assert torch.equal(kernels.silu_mul(gu), rows)
 
 
-def test_silu_mul_same_bits_on_every_build():
-    """The x86 builds run fp32 silu * u eight lanes at a time; each element keeps the scalar loop's
-    bits (the generic build's), special values and the tail past the last 8 lanes included."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul_same_bits_on_every_build(dtype):
+    """The x86 builds run fp32 and bf16 silu * u eight lanes at a time; each element keeps the scalar
+    loop's bits (the generic build's), special values and the tail past the last 8 lanes included."""
     torch.manual_seed(1)
     I = 8 * 13 + 5  # 13 vector steps and a scalar tail
     g = torch.randn(3, I) * torch.tensor([0.01, 3.0, 40.0]).unsqueeze(1)
@@ -89,13 +90,14 @@ def test_silu_mul_same_bits_on_every_build():
     g[0, : len(specials)] = torch.tensor(specials)
     g[1, 40 : 40 + len(specials)] = torch.tensor(specials)  # inside the vector steps of another row
     u = torch.randn(3, I)
-    gu = torch.cat([g, u], dim=1)
+    gu = torch.cat([g, u], dim=1).to(dtype)
     got = on_every_build(lambda: kernels.silu_mul(gu))
+    bits = torch.int32 if dtype == torch.float32 else torch.int16
     ref = got[PATHS[-1]]  # generic where it was built: the scalar loop alone
     for path, out in got.items():  # bit for bit, but a NaN is a NaN (its sign is the compiler's operand order)
         nan = out.isnan()
         assert torch.equal(nan, ref.isnan()) and nan.any(), path
-        assert torch.equal(out.masked_fill(nan, 0).view(torch.int32), ref.masked_fill(nan, 0).view(torch.int32)), path
+        assert torch.equal(out.masked_fill(nan, 0).view(bits), ref.masked_fill(nan, 0).view(bits)), path
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
