@@ -15,7 +15,7 @@ from dart_core.cli import calibrate as calibrate_cli
 from dart_core.cli.bench import parse_args
 from dart_core.cli.options import drafter_args, drafter_configs, unset_sizes
 from dart_core.drafters import DEFAULT_DART_HEAD, DEFAULT_EAGLE3_HEAD
-from dart_core.drafters.config import DartConfig, DrafterConfigs
+from dart_core.drafters.config import DartConfig, DrafterConfigs, Eagle3Config
 from dart_core.drafters.registry import build_drafter
 from dart_core.replay import record_greedy, replay
 
@@ -337,3 +337,34 @@ def calibrate_load_target():
     from dart_core.target import load_target
 
     return load_target
+
+
+def test_write_tau_measures_a_named_head_and_writes_beside_it(tmp_path):
+    """The shipped tables' command end to end, small: a copy of the embedded EAGLE3 head, one prompt,
+    two sizes. The table lands beside the named head (not in assets/) and equals the replay's τ."""
+    import shutil
+
+    from dart_core import kernels
+
+    if not kernels.AVAILABLE:
+        pytest.skip("the shipped tables were measured on the GGUF path, which needs the CPU kernels")
+    head = tmp_path / "head"
+    head.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(DEFAULT_EAGLE3_HEAD / name, head / name)
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"question_id": 1, "turns": [PROMPTS[0]]}) + "\n")
+    shipped = (DEFAULT_EAGLE3_HEAD / calibrate.TAU_FILE).read_text()
+    args = ["--dtype", "gguf", "--write-tau", "eagle3", "--eagle3-model", str(head), "--dataset", str(questions)]
+    assert calibrate_cli.main([*args, "--skip", "0", "--limit", "1", "--max-new-tokens", "12", "--sizes", "1,3", "--threads", "1"]) == 0
+    table = json.loads((head / calibrate.TAU_FILE).read_text())
+    assert (DEFAULT_EAGLE3_HEAD / calibrate.TAU_FILE).read_text() == shipped
+    assert table["method"] == "eagle3" and set(table["tau"]) == {"1", "3"} and "--eagle3-model" in table["command"]
+    from dart_core.target import load_target
+
+    target = load_target("default", "cpu", "gguf")
+    record = record_greedy(target, [{"role": "user", "content": PROMPTS[0]}], 12)
+    drafter = build_drafter("eagle3", target, Eagle3Config(head=str(head), max_nodes=3))
+    assert table["tau"]["3"] == round(calibrate.tau_by_size(drafter, [record], [3])[3], 4) and table["tau"]["1"] >= 1.0
+    with pytest.raises(SystemExit):  # a head that is not a directory gets a clear error, not a table elsewhere
+        calibrate_cli.main([*args[:4], "--eagle3-model", str(tmp_path / "missing")])

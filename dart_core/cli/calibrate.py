@@ -19,6 +19,7 @@ from ..drafters import DEFAULT_DART_HEAD, DEFAULT_EAGLE3_HEAD, default_max_nodes
 from ..drafters.config import DrafterConfigs
 from ..drafters.registry import build_drafter
 from ..loading import AUTO, DEFAULT_MODEL, TARGET_DTYPE_CHOICES
+from ..replay import record_greedy
 from ..target import load_target
 
 
@@ -40,6 +41,14 @@ def main(argv: list[str] | None = None) -> int:
         metavar="METHOD",
         help=f"measure τ by tree size for the default heads of these methods by exact replay and write {calibrate.TAU_FILE} beside each",
     )
+    for method, default in (("dart", DEFAULT_DART_HEAD), ("eagle3", DEFAULT_EAGLE3_HEAD)):
+        p.add_argument(
+            f"--{method}-model",
+            type=Path,
+            default=default,
+            metavar="DIR",
+            help=f"--write-tau: the {method.upper()} head to measure, the directory the table goes into (default assets/{default.name})",
+        )
     p.add_argument("--dataset", type=Path, nargs="+", default=None, help="--write-tau: question files (first turns)")
     p.add_argument("--skip", type=int, default=10, help="--write-tau: prompts skipped per file (the bench reports on the first 10)")
     p.add_argument("--limit", type=int, default=10, help="--write-tau: prompts per file after --skip")
@@ -56,7 +65,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--write-tau measures τ on one weights path, which the file records: give --dtype (the shipped tables used gguf)")
     if args.threads:
         torch.set_num_threads(args.threads)
-    heads = {"dart": DEFAULT_DART_HEAD, "eagle3": DEFAULT_EAGLE3_HEAD}
+    heads = {"dart": args.dart_model, "eagle3": args.eagle3_model}
+    defaults = {"dart": DEFAULT_DART_HEAD, "eagle3": DEFAULT_EAGLE3_HEAD}
+    tau_methods = (args.write_tau or ["dart", "eagle3"]) if args.write_tau is not None else []
+    for method in tau_methods:
+        if not heads[method].is_dir():
+            p.error(f"--{method}-model {heads[method]}: not a directory (--write-tau writes {calibrate.TAU_FILE} into it)")
     configs = DrafterConfigs()  # the embedded heads' presets
     known = {}
     if args.dtype == AUTO:
@@ -83,10 +97,11 @@ def main(argv: list[str] | None = None) -> int:
         sizes = list(range(int(lo), int(hi) + 1)) if hi else [int(x) for x in args.sizes.split(",")]
         questions = held_out_questions(args.dataset, args.skip, args.limit)
         t0 = time.perf_counter()
-        records = [calibrate.record_greedy(target, [{"role": "user", "content": q["turns"][0]}], args.max_new_tokens) for _, q in questions]
+        records = [record_greedy(target, [{"role": "user", "content": q["turns"][0]}], args.max_new_tokens) for _, q in questions]
         print(f"recorded {len(records)} greedy decodes in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-        for method in args.write_tau or ["dart", "eagle3"]:
-            drafter = build_drafter(method, target, replace(configs[method], max_nodes=max(sizes)))
+        for method in tau_methods:
+            head = None if heads[method] == defaults[method] else str(heads[method])  # None: the embedded head's presets
+            drafter = build_drafter(method, target, replace(configs[method], head=head, max_nodes=max(sizes)))
             tau = calibrate.tau_by_size(drafter, records, sizes)
             out = heads[method] / calibrate.TAU_FILE
             out.write_text(
