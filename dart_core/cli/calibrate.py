@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         metavar="METHOD",
         help=f"measure τ by tree size for the default heads of these methods by exact replay and write {calibrate.TAU_FILE} beside each",
     )
-    for method, default in (("dart", DEFAULT_DART_HEAD), ("eagle3", DEFAULT_EAGLE3_HEAD)):
+    defaults = {"dart": DEFAULT_DART_HEAD, "eagle3": DEFAULT_EAGLE3_HEAD}
+    for method, default in defaults.items():
         p.add_argument(
             f"--{method}-model",
             type=Path,
@@ -66,7 +67,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     heads = {"dart": args.dart_model, "eagle3": args.eagle3_model}
-    defaults = {"dart": DEFAULT_DART_HEAD, "eagle3": DEFAULT_EAGLE3_HEAD}
     tau_methods = (args.write_tau or ["dart", "eagle3"]) if args.write_tau is not None else []
     for method in tau_methods:
         if not heads[method].is_dir():
@@ -100,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         records = [record_greedy(target, [{"role": "user", "content": q["turns"][0]}], args.max_new_tokens) for _, q in questions]
         print(f"recorded {len(records)} greedy decodes in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
         for method in tau_methods:
-            head = None if heads[method] == defaults[method] else str(heads[method])  # None: the embedded head's presets
+            # None: the embedded head's presets, however its directory was spelled
+            head = None if heads[method].resolve() == defaults[method].resolve() else str(heads[method])
             drafter = build_drafter(method, target, replace(configs[method], head=head, max_nodes=max(sizes)))
             tau = calibrate.tau_by_size(drafter, records, sizes)
             out = heads[method] / calibrate.TAU_FILE
