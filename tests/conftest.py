@@ -96,6 +96,7 @@ def embedded_bf16() -> Target:
 
 
 EMBEDDED_DART_HEAD = Path(__file__).resolve().parent.parent / "assets" / "dart"
+EMBEDDED_EAGLE3_HEAD = EMBEDDED_DART_HEAD.parent / "eagle3"
 
 
 def eagle3_fixture_head(out: Path) -> Path:

@@ -88,6 +88,19 @@ def test_bench_cli_json_and_losslessness(questions, tmp_path, capsys):
     # --max-nodes given: DART not calibrated; the fixture EAGLE3 head has no τ table: the default, and why
     assert "dart" not in result["env"]["tree_sizes"] and not result["env"]["tree_sizes"]["eagle3"]["calibrated"]
     assert "no tree_sizes.json" in result["env"]["tree_sizes"]["eagle3"]["reason"]
+    # which heads were compared, at which training step: the embedded DART head's trained.json; the
+    # fixture EAGLE3 head has none, so only its directory
+    trained = json.loads((EMBEDDED_DART_HEAD / "trained.json").read_text())
+    assert result["env"]["heads"] == {"dart": {"head": "assets/dart", **trained}, "eagle3": {"head": str(e3)}}
+
+
+def test_bench_refuses_a_malformed_trained_json_before_running(questions, tmp_path):
+    e3 = eagle3_fixture_head(tmp_path / "e3")
+    (e3 / "trained.json").write_text('{"run": "x", "step": "many"}')
+    with pytest.raises(SystemExit, match="trained.json: expected"):
+        bench.main(["--methods", "ar,eagle3", "--dataset", str(questions), "--max-new-tokens", "4", "--dtype", "float32",
+                    "--eagle3-model", str(e3), "--out", str(tmp_path / "r.json")])  # fmt: skip
+    assert not (tmp_path / "r.json").exists()
 
 
 def test_bench_refuses_unknown_methods(questions):

@@ -108,6 +108,24 @@ def test_measure_runs_the_listed_command_then_rewrites(repo, monkeypatch):
         report.main(["--measure", "nope"])
 
 
+def test_methods_name_their_heads_training_step():
+    """A run that recorded its heads' trained.json names each drafting method's step in its label (so
+    a comparison of unequal budgets shows as one) and the heads in its environment table."""
+    data = result("avx512bf16 kernels", 150.0, peer=True)
+    data["env"]["heads"] = {"dart": {"head": "assets/dart", "run": "dart-v1", "step": 50473, "elapsed_s": 28802.4},
+                            "eagle3": {"head": "/tmp/e3"}}  # fmt: skip
+    run = report.Run("r", {}, data)
+    assert report.method_label(run, "dart") == "DART (1 node, 50,473 steps)"
+    assert report.method_label(run, "dart@5") == "DART (5 nodes, 50,473 steps)"
+    assert report.method_label(run, "ar") == "plain" and report.method_label(run, "eagle3") == "EAGLE3"  # no step known
+    data["env"]["heads"]["eagle3"] = {"head": "assets/eagle3", "step": 12188}
+    assert report.method_label(run, "llamacpp-eagle3@3") == "EAGLE3 chain, draft length 3, head at 12,188 steps"
+    text = report.env_table(run)
+    assert "| heads | DART `assets/dart` (dart-v1, step 50,473, 8.00 training hours); EAGLE3 `assets/eagle3` (step 12,188) |" in text
+    del data["env"]["heads"]  # runs before the bench recorded heads: labels as before
+    assert report.method_label(run, "dart") == "DART (1 node)" and "| heads |" not in report.env_table(run)
+
+
 def test_a_document_without_its_markers_is_an_error(repo):
     (repo / "README.md").write_text("no markers\n")
     with pytest.raises(SystemExit, match="README.md lacks the markers"):

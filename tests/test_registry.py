@@ -155,3 +155,16 @@ def test_build_drafter_takes_configs_only():
         build_drafter("dart", None, Eagle3Config())
     with pytest.raises(ValueError, match="unknown drafter"):
         build_drafter("medusa", None)
+
+
+def test_trained_record_reads_a_heads_training_step_and_refuses_a_bad_file(tmp_path):
+    from dart_core.drafters.head import trained_record
+
+    assert trained_record(None) is None and trained_record(tmp_path) is None  # no trained.json
+    assert trained_record("someone/some-head") is None  # a hub id: nothing local to read
+    (tmp_path / "trained.json").write_text('{"run": "r", "step": 7, "elapsed_s": 3.5, "other": 1}')
+    assert trained_record(tmp_path) == {"run": "r", "step": 7, "elapsed_s": 3.5}
+    for bad in ("not json", "[1, 2]", '{"step": true}', '{"run": "r"}'):
+        (tmp_path / "trained.json").write_text(bad)
+        with pytest.raises(ValueError, match="trained.json"):
+            trained_record(tmp_path)

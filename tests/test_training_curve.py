@@ -80,3 +80,32 @@ def test_the_head_snapshot_carries_the_step_it_was_copied_at(curve, tmp_path, mo
     monkeypatch.setattr(curve.time, "sleep", lambda s: None)
     with pytest.raises(SystemExit, match="kept changing"):
         curve.snapshot_head(run, tmp_path / "copy")
+
+
+def test_a_saved_head_is_a_point_at_its_trained_step(curve, tmp_path):
+    """`point --head DIR` benches a head saved earlier (a milestone) at the step and hours of its
+    trained.json, and leaves the run's history alone; a head without the file has no place on the curve."""
+    import shutil
+
+    from conftest import EMBEDDED_EAGLE3_HEAD
+
+    if not (EMBEDDED_EAGLE3_HEAD / "config.json").exists():
+        pytest.skip("the embedded EAGLE3 head is missing")
+    head = tmp_path / "head"
+    shutil.copytree(EMBEDDED_EAGLE3_HEAD, head)
+    (head / "trained.json").write_text('{"run": "r", "step": 1234, "elapsed_s": 5400.0}')
+    data = tmp_path / "bench"
+    data.mkdir()
+    for s in curve.BENCH_SETS:
+        (data / f"{s}.jsonl").write_text(json.dumps({"question_id": 1, "turns": [f"Say one word about {s}."]}) + "\n")
+    args = ["point", "--head", str(head), "--label", "e3", "--method", "eagle3", "--data", str(data), "--limit", "1",
+            "--max-new-tokens", "6", "--max-nodes", "2", "--dtype", "float32"]  # fmt: skip
+    assert curve.main(args) == 0
+    rec = json.loads(curve.POINTS.read_text().splitlines()[-1])
+    assert (rec["label"], rec["step"], rec["train_hours"], rec["max_nodes"]) == ("e3", 1234, 1.5, 2)
+    assert set(rec["tau_by_set"]) == set(curve.BENCH_SETS) and rec["tau"] >= 1.0
+    assert rec["command"].startswith("python -m dart_core.cli.curve point --head HEAD --label e3 --method eagle3")
+    assert not (curve.CURVE_DIR / "e3.history.json").exists()
+    (head / "trained.json").unlink()
+    with pytest.raises(SystemExit, match="no trained.json"):
+        curve.main(args)

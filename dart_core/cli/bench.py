@@ -36,6 +36,9 @@ from ..bench import (
     run_interleaved,
 )
 from ..drafters import DEFAULT_EAGLE3_HEAD
+from ..drafters.config import DrafterConfigs
+from ..drafters.head import trained_record
+from ..drafters.registry import DEFAULT_HEADS
 from ..loading import AUTO, DEFAULT_MODEL, TARGET_DTYPE_CHOICES
 from ..methods import METHODS, SIZED_METHODS, is_peer, split_method
 from ..sampling import SamplingParams
@@ -147,6 +150,31 @@ def environment(args: argparse.Namespace, target: Target) -> dict:
     }
 
 
+def heads_trained(methods: list[str], configs: DrafterConfigs, peer: PeerSetup) -> dict[str, dict]:
+    """Each head the run drafted with (llama.cpp's EAGLE3 draft included): its directory and what its
+    trained.json says of its run, step and training seconds, so a comparison of heads says whether
+    their training budgets were equal. Hub heads and heads without the file: the directory only."""
+    used = {}
+    for m in methods:
+        base, _ = split_method(m)
+        name = METHODS[base].drafter
+        if name is not None:
+            used[name] = getattr(configs, name).head or DEFAULT_HEADS[name]
+        elif peers.needs_draft(m):
+            used["eagle3"] = peer.eagle3_head
+    return {name: {"head": shown_path(head), **(trained_record(head) or {})} for name, head in used.items()}
+
+
+def shown_path(head: str | Path) -> str:
+    """A head as the result file records it: relative to the repository when inside it (assets/dart,
+    the same on every machine), else as given (a hub id, a directory elsewhere)."""
+    path = Path(head).expanduser()
+    try:
+        return str(path.resolve().relative_to(DEFAULT_HEADS["dart"].parent.parent))
+    except (ValueError, OSError):
+        return str(head)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -187,6 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     log(f"loading target {args.model!r} ({args.dtype}, {args.device})")
     known = {}
     configs = drafter_configs(args, default_target)
+    try:  # read before the run: a malformed trained.json stops the bench here, not after an hour
+        heads = heads_trained(methods, configs, peer)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     if args.dtype == AUTO:  # one weights path for every method: losslessness is per path (ids equal plain decoding's on it)
         target, weights, dart_size = calibrate.choose_weights(
             args.model, args.device, not args.eager, configs.dart, log=log, enabled=not args.no_calibration
@@ -222,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             f"memory limit {step_bytes / gb_s / 1e6:.2f} ms a step"
         )
     result["env"]["weights_choice"] = weights.as_dict()  # the --dtype the run used, why, and (auto) each path's measured costs
+    result["env"]["heads"] = heads
     if sizes:
         result["env"]["tree_sizes"] = {m: c.as_dict() for m, c in sizes.items()}
     if any(is_peer(m) for m in methods):

@@ -3,6 +3,8 @@ training hours, kept under assets/training/ so it survives the machine.
 
     # a milestone of a run: copy its validation history, bench its current head on the six bench sets
     python -m dart_core.cli.curve point --run ~/.cache/dart-demo/runs/dart-v1 --label dart-v1 --method dart
+    # a head saved earlier (its trained.json gives the step and hours), e.g. to compare at equal hours
+    python -m dart_core.cli.curve point --head DIR --label eagle3-v1 --method eagle3
     # the tables (markdown), or rewritten in place between the curve markers of assets/README.md
     python -m dart_core.cli.curve table [--readme]
 
@@ -27,6 +29,7 @@ from pathlib import Path
 
 from ..drafters import default_max_nodes
 from ..drafters.dart import UPSTREAM_WEIGHTS
+from ..drafters.head import trained_record
 from .options import weight_flag_args
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: the curve's files live under its assets/
@@ -63,14 +66,27 @@ def snapshot_head(run: Path, dest: Path) -> tuple[int, float]:
     raise SystemExit(f"{run}: the head kept changing while it was copied")
 
 
+def saved_head_state(head: Path, dest: Path) -> tuple[int, float]:
+    """Copy a saved head (a milestone, a kept step-N head) to `dest`; its (step, hours) from its
+    trained.json, without which the point has no place on the curve."""
+    record = trained_record(head)
+    if record is None or "elapsed_s" not in record:
+        raise SystemExit(f"{head}: no trained.json with step and elapsed_s, so the point has no step or hours")
+    shutil.copytree(head, dest)
+    return record["step"], float(record["elapsed_s"]) / 3600.0
+
+
 def point(args) -> int:
-    run = args.run.expanduser()
     CURVE_DIR.mkdir(parents=True, exist_ok=True)
     head_flag = "--dart-model" if args.method == "dart" else "--eagle3-model"
     with tempfile.TemporaryDirectory() as tmp:
-        step, hours = snapshot_head(run, Path(tmp) / "head")
-        history = [h for h in json.loads((run / "train" / "history.json").read_text()) if h["step"] <= step]
-        (CURVE_DIR / f"{args.label}.history.json").write_text(json.dumps(history, indent=1) + "\n")
+        if args.head is not None:  # a saved head: its step and hours from its trained.json; the history stays
+            step, hours = saved_head_state(args.head.expanduser(), Path(tmp) / "head")
+        else:
+            run = args.run.expanduser()
+            step, hours = snapshot_head(run, Path(tmp) / "head")
+            history = [h for h in json.loads((run / "train" / "history.json").read_text()) if h["step"] <= step]
+            (CURVE_DIR / f"{args.label}.history.json").write_text(json.dumps(history, indent=1) + "\n")
         out = Path(tmp) / "bench.json"
         cmd = [
             sys.executable,
@@ -114,8 +130,9 @@ def point(args) -> int:
         **({"weights": args.weights} if args.method == "dart" else {}),
         "date": datetime.date.today().isoformat(),
         "commit": git_commit(),
-        "command": f"python -m dart_core.cli.curve point --run RUN --label {args.label} --method {args.method} --limit {args.limit}"
-        f" --max-nodes {args.max_nodes}" + (f" --weights {args.weights}" if args.method == "dart" else ""),
+        "command": f"python -m dart_core.cli.curve point {'--head HEAD' if args.head is not None else '--run RUN'}"
+        f" --label {args.label} --method {args.method} --limit {args.limit} --max-nodes {args.max_nodes}"
+        + (f" --weights {args.weights}" if args.method == "dart" else ""),
     }
     with POINTS.open("a") as f:
         f.write(json.dumps(rec) + "\n")
@@ -181,7 +198,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub = p.add_subparsers(dest="cmd", required=True)
     pt = sub.add_parser("point", help="copy a run's validation history and bench its head")
-    pt.add_argument("--run", type=Path, required=True, help="the training --work directory")
+    source = pt.add_mutually_exclusive_group(required=True)
+    source.add_argument("--run", type=Path, help="the training --work directory: bench its current head, copy its history")
+    source.add_argument(
+        "--head", type=Path, help="a saved head directory with a trained.json (a milestone, a kept step-N head): bench it only"
+    )
     pt.add_argument("--label", required=True, help="the run's name in the tables (e.g. dart-v1)")
     pt.add_argument("--method", choices=["dart", "eagle3"], required=True)
     pt.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "bench", help="directory of the bench .jsonl files")

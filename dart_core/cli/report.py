@@ -131,15 +131,40 @@ def is_peer(method: str) -> bool:
     return method.startswith("llamacpp")
 
 
+# the head each drafting method reads (the bench's env["heads"]: its trained.json)
+METHOD_HEADS = {"dart": "dart", "dart-noctx": "dart", "eagle3": "eagle3", "llamacpp-eagle3": "eagle3"}
+
+
+def head_steps(env: dict, method: str) -> str | None:
+    """ "12,188 steps" for a method whose head's training step the run recorded, else None."""
+    head = (env.get("heads") or {}).get(METHOD_HEADS.get(method.partition("@")[0], ""), {})
+    return f"{head['step']:,} steps" if "step" in head else None
+
+
 def method_label(run: Run, method: str) -> str:
     base, _, at = method.partition("@")
     label = LABELS.get(base, base)
+    steps = head_steps(run.env, method)
     if base.startswith("llamacpp"):
-        return f"{label}, draft length {at}" if at else label
+        parts = [f"draft length {at}"] if at else []
+        parts += [f"head at {steps}"] if steps else []
+        return f"{label}, {', '.join(parts)}" if parts else label
     nodes = int(at) if at else (run.env.get("tree_sizes") or {}).get(base, {}).get("max_nodes")
-    if nodes is None or base == "ar":
-        return label
-    return f"{label} ({nodes} node{'s' if nodes != 1 else ''})"
+    parts = [f"{nodes} node{'s' if nodes != 1 else ''}"] if nodes is not None and base != "ar" else []
+    parts += [steps] if steps else []
+    return f"{label} ({', '.join(parts)})" if parts else label
+
+
+def heads_text(env: dict) -> str | None:
+    """The heads a run compared, for its environment table: directory, run, step and training hours."""
+    heads = env.get("heads") or {}
+    parts = []
+    for name, h in heads.items():
+        trained = [h["run"]] if "run" in h else []
+        trained += [f"step {h['step']:,}"] if "step" in h else []
+        trained += [f"{h['elapsed_s'] / 3600:.2f} training hours"] if "elapsed_s" in h else []
+        parts.append(f"{LABELS.get(name, name)} `{h['head']}`" + (f" ({', '.join(trained)})" if trained else " (no trained.json)"))
+    return "; ".join(parts) or None
 
 
 def kernel_label(env: dict) -> str:
@@ -248,6 +273,9 @@ def env_table(run: Run) -> str:
     rows = [["CPU", f"{e['cpu']} (kind `{e.get('cpu_kind', '?')}`), {e['threads']} threads"], ["kernels", e.get("kernels", "–")]]
     choice = e.get("weights_choice") or {}
     rows.append(["weights", choice.get("reason") or e.get("weights") or e["dtype"]])
+    heads = heads_text(e)
+    if heads:
+        rows.append(["heads", heads])
     for m, size in (e.get("tree_sizes") or {}).items():
         rows.append([f"{LABELS.get(m, m)} tree size", size.get("reason", str(size.get("max_nodes")))])
     mem = e.get("memory")

@@ -336,6 +336,27 @@ def expected_shapes(c: HeadConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+TRAINED_FILE = "trained.json"  # beside a head trained here: {"run", "step", "elapsed_s"} of the run that made it
+
+
+def trained_record(name: str | os.PathLike | None) -> dict | None:
+    """What a local head's TRAINED_FILE says of its training ({"run", "step", "elapsed_s"}, the keys it
+    has), or None for a hub id or a head without one: how the bench names which heads it compared.
+    A file that is not a JSON object with an integer step is a clear error, not a silent None."""
+    if name is None:
+        return None
+    path = Path(name).expanduser() / TRAINED_FILE
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not JSON: {e}") from None
+    if not isinstance(record, dict) or not isinstance(record.get("step"), int) or isinstance(record.get("step"), bool):
+        raise ValueError(f'{path}: expected {{"run": name, "step": int, "elapsed_s": seconds}}, got {record!r}')
+    return {k: record[k] for k in ("run", "step", "elapsed_s") if k in record}
+
+
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # safetensors preferred; EAGLE3 heads often ship .bin only
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from ..drafters.head import TRAINED_FILE
 from .cache import CachedRecord, cache_meta, load_split, vocab_mapping
 from .objectives import dart_record_loss, eagle3_record_loss
 
@@ -179,9 +180,6 @@ def bf16_arithmetic(device: torch.device) -> bool:
     from .. import kernels
 
     return kernels.cpu_features().get("avx512bf16", False)
-
-
-TRAINED_FILE = "trained.json"  # beside a kept or committed head: {"step", "elapsed_s"} of the run that made it
 
 
 def checkpoint_from_head(head_dir: str | Path, target, objective: str, history_file: str | Path | None = None) -> dict:
