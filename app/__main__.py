@@ -39,7 +39,8 @@ from dart_core.cli.options import (
 from dart_core.drafters import DEFAULT_DART_HEAD as DEFAULT_DART  # noqa: E402
 from dart_core.drafters import DEFAULT_EAGLE3_HEAD as DEFAULT_EAGLE3  # noqa: E402
 from dart_core.drafters.config import DartConfig, DrafterConfigs, Eagle3Config  # noqa: E402
-from dart_core.drafters.registry import build_drafter, embedded_head_exists, ngram_choice  # noqa: E402
+from dart_core.drafters.head import trained_record  # noqa: E402
+from dart_core.drafters.registry import DEFAULT_HEADS, build_drafter, embedded_head_exists, ngram_choice  # noqa: E402
 from dart_core.loading import AUTO, DEFAULT_MODEL, EMBEDDED_NAME, TARGET_DTYPE_CHOICES  # noqa: E402
 
 from .engine import MIN_REFERENCE_TOKENS, PEER_TIMEOUT_S, ComputeThread, Engine, Peer, available_cores, engine_threads, peer_label  # noqa: E402
@@ -143,6 +144,7 @@ class Loaded:
     weights_line: str | None = None  # the header's line on the weights path: chosen here, or given
     costs: CostView | None = None  # the "why" view's forward costs by rows
     costs_note: str = ""
+    heads_line: str | None = None  # the header's line on the heads' training (trained.json)
 
 
 class Progress:
@@ -396,8 +398,39 @@ def load_models(args, compute: ComputeThread) -> Loaded:
         import ngram_cpp
 
         pruner = "C++" if getattr(ngram_cpp, "HAVE_CPP", False) else "pure Python"
+    heads = heads_line({name: getattr(configs, name).head or DEFAULT_HEADS[name] for name in drafters}, notes)
     engine = Engine(target, drafters, args.max_new_tokens, args.max_length, compute, peer_list)
-    return Loaded(engine, notes, pruner, progress, threads, configs, peers_line, tree_line, weights_line, costs, costs_note)
+    return Loaded(engine, notes, pruner, progress, threads, configs, peers_line, tree_line, weights_line, costs, costs_note, heads)
+
+
+def heads_line(heads: dict[str, str | Path], notes: list[str]) -> str | None:
+    """The header's line on how long each loaded head trained (its trained.json), and whether DART and
+    EAGLE3 had the same number of training steps: compare mode is a fair comparison only then. A head
+    without the file says so; a malformed file is a note, not a failed start."""
+    said, steps = [], {}
+    for name, head in heads.items():
+        label = {"dart": "DART", "eagle3": "EAGLE3"}[name]
+        try:
+            record = trained_record(head)
+        except ValueError as e:
+            notes.append(f"The {label} head's training record is unreadable: {e}")
+            continue
+        if record is None:
+            said.append(f"{label} {head} (no trained.json: its training is unknown)")
+            continue
+        steps[name] = record["step"]
+        hours = f", {record['elapsed_s'] / 3600:.1f} training hours" if "elapsed_s" in record else ""
+        said.append(f"{label} {record.get('run', Path(head).name)} at step {record['step']:,}{hours}")
+    if not said:
+        return None
+    line = "Heads: " + "; ".join(said)
+    if len(steps) == 2:
+        line += (
+            ": the same number of training steps, on the same corpus"
+            if steps["dart"] == steps["eagle3"]
+            else ": unequal training, so compare mode does not show an equal-budget comparison"
+        )
+    return line + "."
 
 
 def warm_up(engine: Engine) -> None:
@@ -465,6 +498,7 @@ def build_app(args: argparse.Namespace):
         weights_line=loaded.weights_line,
         costs=loaded.costs,
         costs_note=loaded.costs_note,
+        heads_line=loaded.heads_line,
     )
     return build_demo(engine, settings), loaded, settings
 

@@ -67,6 +67,7 @@ class Settings:
     weights_line: str | None = None  # the header's line on the weights path: chosen on this machine (--dtype auto), or given
     costs: render.CostView | None = None  # the "why" view: forward cost by rows per weights path, from the calibration
     costs_note: str = ""  # what the "why" view shows, or why it has no table
+    heads_line: str | None = None  # the header's line on the heads' training steps (app/__main__.py heads_line)
 
 
 class StopSignals:
@@ -176,6 +177,8 @@ class DemoApp:
             gr.HTML(f"<p class='peers'>{html.escape(s.weights_line)}</p>", elem_id="weights-choice")
         if s.tree_line:  # the tree sizes chosen on this machine, and why (app/__main__.py calibrate_sizes)
             gr.HTML(f"<p class='peers'>{html.escape(s.tree_line)}</p>", elem_id="tree-sizes")
+        if s.heads_line:  # how long each head trained, and whether DART and EAGLE3 had equal steps
+            gr.HTML(f"<p class='peers'>{html.escape(s.heads_line)}</p>", elem_id="heads")
         if s.peers_line:  # what the llama.cpp row runs, or why there is none (app/__main__.py load_peers)
             gr.HTML(f"<p class='peers'>{html.escape(s.peers_line)}</p>", elem_id="llamacpp-status")
         if s.notes:

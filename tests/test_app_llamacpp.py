@@ -176,6 +176,7 @@ def test_the_header_says_why_there_is_no_llamacpp_row(tmp_path, monkeypatch):
     header = " ".join(b.value for b in demo.blocks.values() if isinstance(b, gr.HTML) and isinstance(b.value, str))
     assert "--compare-llamacpp was given, but llama.cpp cannot run here" in header
     assert html.escape(str(empty / "llama-completion")) in header and "make peers" in header
+    assert settings.heads_line and "Heads: DART dart-v1 at step " in header  # the embedded head's trained.json
 
     def line(*argv):
         args, notes = parse_args(list(argv)), []

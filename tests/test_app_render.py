@@ -261,3 +261,30 @@ def test_the_why_view_of_an_auto_choice():
         ("bfloat16", 2, 95.0, False),
     ]
     assert view.paths[0].ms == {1: 10.0, 2: 11.0, 3: 12.0}
+
+
+def test_the_header_says_whether_the_heads_had_equal_training(tmp_path):
+    """The heads line names each loaded head's run and step (its trained.json) and says whether DART
+    and EAGLE3 trained the same number of steps; a head without the file says its training is unknown;
+    a malformed file is a note, and the app still starts."""
+    from app.__main__ import heads_line
+
+    dart, eagle3 = tmp_path / "dart", tmp_path / "eagle3"
+    dart.mkdir(), eagle3.mkdir()
+    (dart / "trained.json").write_text('{"run": "dart-v1", "step": 50473, "elapsed_s": 28800}')
+    (eagle3 / "trained.json").write_text('{"run": "eagle3-v1", "step": 50473, "elapsed_s": 90000}')
+    notes = []
+    line = heads_line({"dart": dart, "eagle3": eagle3}, notes)
+    assert line == (
+        "Heads: DART dart-v1 at step 50,473, 8.0 training hours; EAGLE3 eagle3-v1 at step 50,473, 25.0 training hours: "
+        "the same number of training steps, on the same corpus."
+    )
+    (eagle3 / "trained.json").write_text('{"run": "eagle3-v1", "step": 12188}')
+    assert heads_line({"dart": dart, "eagle3": eagle3}, notes).endswith(
+        "EAGLE3 eagle3-v1 at step 12,188: unequal training, so compare mode does not show an equal-budget comparison."
+    )
+    (eagle3 / "trained.json").unlink()
+    assert heads_line({"eagle3": eagle3}, notes) == f"Heads: EAGLE3 {eagle3} (no trained.json: its training is unknown)."
+    (eagle3 / "trained.json").write_text("{broken")
+    assert heads_line({"eagle3": eagle3}, notes) is None and "EAGLE3 head's training record is unreadable" in notes[0]
+    assert not heads_line({}, [])
