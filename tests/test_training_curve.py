@@ -99,7 +99,7 @@ def test_a_saved_head_is_a_point_at_its_trained_step(curve, tmp_path):
     for s in curve.BENCH_SETS:
         (data / f"{s}.jsonl").write_text(json.dumps({"question_id": 1, "turns": [f"Say one word about {s}."]}) + "\n")
     args = ["point", "--head", str(head), "--label", "e3", "--method", "eagle3", "--data", str(data), "--limit", "1",
-            "--max-new-tokens", "6", "--max-nodes", "2", "--dtype", "float32"]  # fmt: skip
+            "--max-new-tokens", "6", "--max-nodes", "2", "--dtype", "float32", "--threads", "1"]  # fmt: skip
     assert curve.main(args) == 0
     rec = json.loads(curve.POINTS.read_text().splitlines()[-1])
     assert (rec["label"], rec["step"], rec["train_hours"], rec["max_nodes"]) == ("e3", 1234, 1.5, 2)

@@ -4,7 +4,7 @@ training hours, kept under assets/training/ so it survives the machine.
     # a milestone of a run: copy its validation history, bench its current head on the six bench sets
     python -m dart_core.cli.curve point --run ~/.cache/dart-demo/runs/dart-v1 --label dart-v1 --method dart
     # a head saved earlier (its trained.json gives the step and hours), e.g. to compare at equal hours
-    python -m dart_core.cli.curve point --head DIR --label eagle3-v1 --method eagle3
+    python -m dart_core.cli.curve point --head DIR --label eagle3-v1 --method eagle3 --threads 1
     # the tables (markdown), or rewritten in place between the curve markers of assets/README.md
     python -m dart_core.cli.curve table [--readme]
 
@@ -30,7 +30,7 @@ from pathlib import Path
 from ..drafters import default_max_nodes
 from ..drafters.dart import UPSTREAM_WEIGHTS
 from ..drafters.head import trained_record
-from .options import weight_flag_args
+from .options import add_threads_flag, weight_flag_args
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: the curve's files live under its assets/
 CURVE_DIR = ROOT / "assets" / "training"
@@ -109,6 +109,8 @@ def point(args) -> int:
             "--out",
             str(out),
         ]
+        if args.threads:
+            cmd += ["--threads", str(args.threads)]
         if args.method == "eagle3":
             cmd += ["--eagle3-max-nodes", str(args.max_nodes)]
         elif args.weights == "upstream":
@@ -215,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
         help="drafted tree nodes (both methods; default: the CPU default, so points compare)",
     )
     pt.add_argument("--dtype", default="bfloat16")
+    add_threads_flag(
+        pt, "the bench's torch CPU threads (default: torch's choice); τ does not depend on it, so 1 leaves a core to a training run"
+    )
     pt.add_argument(
         "--weights",
         choices=["embedded", "upstream"],
