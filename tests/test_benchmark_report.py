@@ -126,6 +126,23 @@ def test_methods_name_their_heads_training_step():
     assert report.method_label(run, "dart") == "DART (1 node)" and "| heads |" not in report.env_table(run)
 
 
+def test_the_readme_shows_eagle3_only_at_dart_s_training_steps():
+    """The README's table compares equal budgets only: a run whose EAGLE3 head trained fewer steps than
+    its DART head keeps its other rows, and a line says where its EAGLE3 row is."""
+    data = result("avx512bf16 kernels", 150.0, peer=False)
+    data["methods"]["eagle3"] = method(120.0, 100.0, 1.5, [0.4])
+    heads = {"dart": {"head": "assets/dart", "step": 50473}, "eagle3": {"head": "assets/eagle3", "step": 12188}}
+    data["env"]["heads"] = heads
+    unequal = report.readme_block([report.Run("r", {"readme": True}, data)])
+    assert "EAGLE3 (" not in unequal and "DART (1 node, 50,473 steps)" in unequal
+    assert "Runs without an EAGLE3 row (`avx512bf16` (Test CPU), GGUF (auto)) were made with an EAGLE3 head trained" in unequal
+    heads["eagle3"]["step"] = 50473
+    equal = report.readme_block([report.Run("r", {"readme": True}, data)])
+    assert "|  |  | EAGLE3 (50,473 steps) | 120.0 |" in equal and "Runs without an EAGLE3 row" not in equal
+    del data["env"]["heads"]  # a run that recorded no heads: shown as it was
+    assert "|  |  | EAGLE3 | 120.0 |" in report.readme_block([report.Run("r", {"readme": True}, data)])
+
+
 def test_a_document_without_its_markers_is_an_error(repo):
     (repo / "README.md").write_text("no markers\n")
     with pytest.raises(SystemExit, match="README.md lacks the markers"):

@@ -196,11 +196,22 @@ def peer_label(env: dict) -> str:
 # ------------------------------------------------------------------------------------------ tables
 
 
+def unequal_heads(env: dict) -> bool:
+    """Whether the run's DART and EAGLE3 heads were trained for different numbers of steps."""
+    heads = env.get("heads") or {}
+    steps = {heads.get(name, {}).get("step") for name in ("dart", "eagle3")}
+    return None not in steps and len(steps) == 2
+
+
 def summary_table(runs: list[Run]) -> str:
-    """One row per method of each run; the CPU kind and the engine are named where they change."""
+    """One row per method of each run; the CPU kind and the engine are named where they change. EAGLE3
+    rows of a run whose heads had unequal training are left out: the README compares equal budgets
+    only (the rows stay in each run's section of docs/benchmarks.md)."""
     rows, last_kind, last_engine = [], None, None
     for run in runs:
         for method, r in run.data["methods"].items():
+            if METHOD_HEADS.get(method.partition("@")[0]) == "eagle3" and unequal_heads(run.env):
+                continue
             kind = kernel_label(run.env)
             engine = peer_label(run.env) if is_peer(method) else f"ours, {weights_label(run.env)}"
             rows.append([
@@ -265,7 +276,17 @@ def readme_block(runs: list[Run], details: str = "in [docs/benchmarks.md](docs/b
         "",
     ]
     lines += [f"- {s}" for s in (peer_ratios(r) for r in shown) if s]
+    unequal = [kernel_label(r.env) + ", " + weights_label(r.env) for r in shown if unequal_heads(r.env) and has_eagle3(r)]
+    if unequal:
+        lines.append(
+            f"- Runs without an EAGLE3 row ({'; '.join(unequal)}) were made with an EAGLE3 head trained for fewer steps than "
+            f"DART's; their EAGLE3 rows, labelled with the head's step, are {details}."
+        )
     return "\n".join(lines).rstrip() + "\n"
+
+
+def has_eagle3(run: Run) -> bool:
+    return any(METHOD_HEADS.get(m.partition("@")[0]) == "eagle3" for m in run.data["methods"])
 
 
 def env_table(run: Run) -> str:
