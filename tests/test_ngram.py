@@ -137,6 +137,24 @@ def test_upstream_file_has_no_vocab_until_stamped(tmp_path):
     assert ngram_cpp.load(tmp_path / "again.trie").prob([7], 8) == 0.5
 
 
+@pytest.mark.parametrize(
+    "nodes",
+    [[(0, 0, 0, [])], [(0, 0, 5, [(4, 1)]), (4, 0, 5, [])]],
+    ids=["root alone", "one level of three"],
+)
+def test_a_trie_shallower_than_its_order_is_read_safely(tmp_path, nodes):
+    """An upstream trie whose deeper levels are empty (found by the fuzz test: a root alone crashed
+    validate()) loads, validates and answers lookups as the Python reader does, and converts."""
+    (tmp_path / "s.trie").write_bytes(upstream_bytes(3, nodes))
+    cpp, py = ngram_cpp.load(tmp_path / "s.trie"), PyNGramModel.load(tmp_path / "s.trie")
+    cpp.validate()
+    assert (cpp.num_nodes, cpp.total) == (py.num_nodes, py.total) == (len(nodes), nodes[0][2] if len(nodes) > 1 else 0)
+    for ctx in ([], [4], [4, 4], [1, 2]):
+        np.testing.assert_array_equal(cpp.probs(ctx, [0, 4, 5]), py.probs(ctx, [0, 4, 5]))
+    cpp.save(tmp_path / "s.ngram")
+    ngram_cpp.load(tmp_path / "s.ngram").validate()
+
+
 def test_upstream_counts_as_upstream_leaves_them(tmp_path):
     """A zero-count node (what upstream's reduce() can leave), a count past int32 (stored wrapped) and a
     negative root (reduce() again) all load; the root count is recomputed from level 1."""

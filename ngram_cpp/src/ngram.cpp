@@ -465,6 +465,11 @@ std::unique_ptr<NGramModel> NGramModel::load_upstream(const std::string& path) {
     }
     for (uint64_t i = 0; i < n_nodes; ++i)
         if (!seen[i]) throw file_error(path, "corrupt: node " + std::to_string(i) + " is unreachable from the root");
+    // A trie shallower than its order (the walk ran out of nodes, e.g. a root alone) left the child
+    // index of its empty levels unwritten: an empty level's index is the one sentinel 0, as the compact
+    // format stores it, so lookups and validate() never read past an empty array.
+    for (auto& index : first_child)
+        if (index.empty()) index.push_back(0);
     // The root's freq counts every token of the corpus, i.e. it equals the sum of level 1; take the
     // sum, which stays right where upstream's int32 root overflowed or reduce() made it negative.
     uint64_t total = 0;
