@@ -135,9 +135,14 @@ def is_peer(method: str) -> bool:
 METHOD_HEADS = {"dart": "dart", "dart-noctx": "dart", "eagle3": "eagle3", "llamacpp-eagle3": "eagle3"}
 
 
+def method_head(method: str) -> str | None:
+    """The head a method (method@N too) drafts with: "dart", "eagle3", or None for one without a head."""
+    return METHOD_HEADS.get(method.partition("@")[0])
+
+
 def head_steps(env: dict, method: str) -> str | None:
     """ "12,188 steps" for a method whose head's training step the run recorded, else None."""
-    head = (env.get("heads") or {}).get(METHOD_HEADS.get(method.partition("@")[0], ""), {})
+    head = (env.get("heads") or {}).get(method_head(method), {})
     return f"{head['step']:,} steps" if "step" in head else None
 
 
@@ -210,7 +215,7 @@ def summary_table(runs: list[Run]) -> str:
     rows, last_kind, last_engine = [], None, None
     for run in runs:
         for method, r in run.data["methods"].items():
-            if METHOD_HEADS.get(method.partition("@")[0]) == "eagle3" and unequal_heads(run.env):
+            if method_head(method) == "eagle3" and unequal_heads(run.env):
                 continue
             kind = kernel_label(run.env)
             engine = peer_label(run.env) if is_peer(method) else f"ours, {weights_label(run.env)}"
@@ -286,7 +291,7 @@ def readme_block(runs: list[Run], details: str = "in [docs/benchmarks.md](docs/b
 
 
 def has_eagle3(run: Run) -> bool:
-    return any(METHOD_HEADS.get(m.partition("@")[0]) == "eagle3" for m in run.data["methods"])
+    return any(method_head(m) == "eagle3" for m in run.data["methods"])
 
 
 def env_table(run: Run) -> str:
