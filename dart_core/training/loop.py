@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..drafters.head import TRAINED_FILE
+from ..drafters.head import TRAINED_FILE, trained_record
 from .cache import CachedRecord, cache_meta, load_split, vocab_mapping
 from .objectives import dart_record_loss, eagle3_record_loss
 
@@ -196,11 +196,9 @@ def checkpoint_from_head(head_dir: str | Path, target, objective: str, history_f
 
     head_dir = Path(head_dir)
     head = load_head(head_dir, objective == "dart", target, dtype=torch.float32, device=target.device)
-    trained = {"step": 0, "elapsed_s": 0.0}
-    if (head_dir / TRAINED_FILE).is_file():
-        trained = json.loads((head_dir / TRAINED_FILE).read_text())
-        if not isinstance(trained.get("step"), int) or trained["step"] < 0 or not isinstance(trained.get("elapsed_s"), (int, float)):
-            raise ValueError(f"{head_dir / TRAINED_FILE}: expected {{\"step\": int >= 0, \"elapsed_s\": seconds}}, got {trained}")
+    trained = trained_record(head_dir) or {"step": 0, "elapsed_s": 0.0}  # ValueError on a malformed file
+    if trained["step"] < 0 or not isinstance(trained.get("elapsed_s"), (int, float)):  # resuming needs both
+        raise ValueError(f"{head_dir / TRAINED_FILE}: expected {{\"step\": int >= 0, \"elapsed_s\": seconds}}, got {trained}")
     history = []
     if history_file is not None:
         history = [h for h in json.loads(Path(history_file).read_text()) if h["step"] <= trained["step"]]
