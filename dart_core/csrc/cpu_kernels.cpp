@@ -1487,86 +1487,116 @@ void x16_group(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, co
     }
     for (int i = 0; i < R; ++i) _mm512_storeu_ps(res + i * X16, acc[i]);
 }
-#else  // AVX2: the group as two halves of 8 rows, one after the other
+#else  // AVX2: the group as two halves of 8 rows (the first and second 32 bytes of each 64-byte chunk)
 constexpr int64_t X16_MB = 6;  // 6 accumulators + 8 code registers + scales of 16 ymm
-// Q8_0: |c| against the activations with c's signs (pair sums exact in int16), a chunk at a time.
+// Up to this many input rows, a group runs block by block with both halves inside each block (2R
+// accumulators), so every 64-byte line is used once, as it arrives; past it, half by half (R
+// accumulators, the codes of a block-half in registers), the second half re-reading the group from
+// L1. The one-row step is memory-bound, and half by half its demand loads stopped for the whole
+// second pass: forced AVX2 on the AMD EPYC, the layers of a one-row gguf-int16 step 5.0 -> 4.3 ms
+// and the Q8_0 LM head 1.7 -> 1.3 ms (its memory limit). More rows than this spill the 2R
+// accumulators past the 16 ymm registers and run slower fused. Q8_0 keeps no codes in registers.
+template <bool Wide> constexpr int x16_fused_rows() { return Wide ? 2 : 3; }
+constexpr int X16_FUSED_ROWS_Q8_0 = 6;
+
+// One block-half (8 weight rows) of a Q8_0 group against R input rows, into acc[R]:
+// |c| against the activations with c's signs (pair sums exact in int16), a chunk at a time.
 template <int R, bool Wide>
-void x16_group_q8_0(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, const uint8_t* pf) {
-    constexpr int64_t BB = x16_block_bytes<FmtQ8_0>();
+inline void x16_half_q8_0(const Q8Rows& x, int64_t m0, int64_t b, const uint8_t* gb, int half, __m256* acc) {
     const __m256i one = _mm256_set1_epi16(1);
-    for (int half = 0; half < 2; ++half) {
-        __m256 acc[R];
-        for (int i = 0; i < R; ++i) acc[i] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < x.nb; ++b) {
-            const uint8_t* gb = group + b * BB;
-            if (pf && half == 0)
-                for (int64_t o = 0; o < BB; o += 64) prefetch_l2(pf + b * BB + o);
-            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * half)));
-            const uint8_t* codes = gb + x16_codes_at<FmtQ8_0>() + 32 * half;
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * half)));
+    const uint8_t* codes = gb + x16_codes_at<FmtQ8_0>() + 32 * half;
 #pragma GCC unroll 6
-            for (int i = 0; i < R; ++i) {
-                const int8_t* xq = x.qrow(m0 + i) + b * 32;
-                auto dot = [&](const int8_t* xp) {
-                    __m256i p = _mm256_setzero_si256();
-                    for (int j = 0; j < 8; ++j) {
-                        const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * 64));
-                        const __m256i s = _mm256_maddubs_epi16(_mm256_sign_epi8(c, c), _mm256_sign_epi8(bcast_word256(xp + 4 * j), c));
-                        p = _mm256_add_epi32(p, _mm256_madd_epi16(s, one));
-                    }
-                    return p;
-                };
-                __m256i p = dot(xq);
-                if constexpr (Wide) p = q16_join(p, dot(x.qrow2(m0 + i) + b * 32));
-                acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(q8_dx(x, m0 + i, b))), _mm256_cvtepi32_ps(p), acc[i]);
+    for (int i = 0; i < R; ++i) {
+        const int8_t* xq = x.qrow(m0 + i) + b * 32;
+        auto dot = [&](const int8_t* xp) {
+            __m256i p = _mm256_setzero_si256();
+            for (int j = 0; j < 8; ++j) {
+                const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * 64));
+                const __m256i s = _mm256_maddubs_epi16(_mm256_sign_epi8(c, c), _mm256_sign_epi8(bcast_word256(xp + 4 * j), c));
+                p = _mm256_add_epi32(p, _mm256_madd_epi16(s, one));
             }
-        }
-        for (int i = 0; i < R; ++i) _mm256_storeu_ps(res + i * X16 + 8 * half, acc[i]);
+            return p;
+        };
+        __m256i p = dot(xq);
+        if constexpr (Wide) p = q16_join(p, dot(x.qrow2(m0 + i) + b * 32));
+        acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(q8_dx(x, m0 + i, b))), _mm256_cvtepi32_ps(p), acc[i]);
     }
 }
 
+// One block-half of a Q4_0 / Q4_1 group against R input rows, into acc[R].
+template <class F, int R, bool Wide>
+inline void x16_half_q4(const Q8Rows& x, int64_t m0, int64_t b, const uint8_t* gb, int half, __m256* acc) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi16(1);
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * half)));
+    const __m256 o = std::is_same_v<F, FmtQ4_1> ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 32 + 16 * half)))
+                                                  : _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
+    const uint8_t* codes = gb + x16_codes_at<F>() + 32 * half;
+    __m256i lo[4], hi[4];
+    for (int j = 0; j < 4; ++j) {
+        const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * 64));
+        lo[j] = _mm256_and_si256(c, m4);
+        hi[j] = _mm256_and_si256(_mm256_srli_epi16(c, 4), m4);
+    }
+#pragma GCC unroll 6
+    for (int i = 0; i < R; ++i) {
+        const int8_t* xq = x.qrow(m0 + i) + b * 32;
+        // 16-bit sums of the 8 products pairs: at most 8 * 2 * 15 * 127 = 30480, no saturation
+        auto dot = [&](const int8_t* xp) {
+            __m256i s = _mm256_maddubs_epi16(lo[0], bcast_word256(xp));
+            s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[0], bcast_word256(xp + 16)));
+#pragma GCC unroll 3
+            for (int j = 1; j < 4; ++j) {
+                s = _mm256_add_epi16(s, _mm256_maddubs_epi16(lo[j], bcast_word256(xp + 4 * j)));
+                s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[j], bcast_word256(xp + 16 + 4 * j)));
+            }
+            return _mm256_madd_epi16(s, one);
+        };
+        __m256i pi = dot(xq);
+        if constexpr (Wide) pi = q16_join(pi, dot(x.qrow2(m0 + i) + b * 32));
+        const __m256 p = _mm256_cvtepi32_ps(pi);
+        acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(q8_dx(x, m0 + i, b))), p, acc[i]);
+        acc[i] = _mm256_fmadd_ps(o, _mm256_set1_ps(x.sxrow(m0 + i)[b]), acc[i]);
+    }
+}
+
+// R input rows against one group of 16 weight rows (res: R x 16). Either loop order gives each
+// output the same operations in the same order (its half's block after block).
 template <class F, int R, bool Wide>
 void x16_group(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, const uint8_t* pf) {
-    if constexpr (std::is_same_v<F, FmtQ8_0>) return x16_group_q8_0<R, Wide>(x, m0, group, res, pf);
-    const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi16(1);
-    for (int half = 0; half < 2; ++half) {
-        __m256 acc[R];
-        for (int i = 0; i < R; ++i) acc[i] = _mm256_setzero_ps();
+    constexpr bool q8 = std::is_same_v<F, FmtQ8_0>;
+    constexpr int64_t BB = x16_block_bytes<F>();
+    auto half_rows = [&](int64_t b, int half, __m256* acc) {
+        if constexpr (q8)
+            x16_half_q8_0<R, Wide>(x, m0, b, group + b * BB, half, acc);
+        else
+            x16_half_q4<F, R, Wide>(x, m0, b, group + b * BB, half, acc);
+    };
+    auto prefetch = [&](int64_t b) {  // the same block of a group X16_PREFETCH_GROUPS ahead
+        if (pf)
+            for (int64_t o = 0; o < BB; o += 64) prefetch_l2(pf + b * BB + o);
+    };
+    if constexpr (R <= (q8 ? X16_FUSED_ROWS_Q8_0 : x16_fused_rows<Wide>())) {
+        __m256 acc[2][R];
+        for (int h = 0; h < 2; ++h)
+            for (int i = 0; i < R; ++i) acc[h][i] = _mm256_setzero_ps();
         for (int64_t b = 0; b < x.nb; ++b) {
-            const uint8_t* gb = group + b * x16_block_bytes<F>();
-            if (pf && half == 0)
-                for (int64_t o = 0; o < x16_block_bytes<F>(); o += 64) prefetch_l2(pf + b * x16_block_bytes<F>() + o);
-            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * half)));
-            const __m256 o = std::is_same_v<F, FmtQ4_1> ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 32 + 16 * half)))
-                                                          : _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
-            const uint8_t* codes = gb + x16_codes_at<F>() + 32 * half;
-            __m256i lo[4], hi[4];
-            for (int j = 0; j < 4; ++j) {
-                const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * 64));
-                lo[j] = _mm256_and_si256(c, m4);
-                hi[j] = _mm256_and_si256(_mm256_srli_epi16(c, 4), m4);
-            }
-#pragma GCC unroll 6
-            for (int i = 0; i < R; ++i) {
-                const int8_t* xq = x.qrow(m0 + i) + b * 32;
-                // 16-bit sums of the 8 products pairs: at most 8 * 2 * 15 * 127 = 30480, no saturation
-                auto dot = [&](const int8_t* xp) {
-                    __m256i s = _mm256_maddubs_epi16(lo[0], bcast_word256(xp));
-                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[0], bcast_word256(xp + 16)));
-#pragma GCC unroll 3
-                    for (int j = 1; j < 4; ++j) {
-                        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(lo[j], bcast_word256(xp + 4 * j)));
-                        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[j], bcast_word256(xp + 16 + 4 * j)));
-                    }
-                    return _mm256_madd_epi16(s, one);
-                };
-                __m256i pi = dot(xq);
-                if constexpr (Wide) pi = q16_join(pi, dot(x.qrow2(m0 + i) + b * 32));
-                const __m256 p = _mm256_cvtepi32_ps(pi);
-                acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(q8_dx(x, m0 + i, b))), p, acc[i]);
-                acc[i] = _mm256_fmadd_ps(o, _mm256_set1_ps(x.sxrow(m0 + i)[b]), acc[i]);
-            }
+            prefetch(b);
+            half_rows(b, 0, acc[0]);
+            half_rows(b, 1, acc[1]);
         }
-        for (int i = 0; i < R; ++i) _mm256_storeu_ps(res + i * X16 + 8 * half, acc[i]);
+        for (int h = 0; h < 2; ++h)
+            for (int i = 0; i < R; ++i) _mm256_storeu_ps(res + i * X16 + 8 * h, acc[h][i]);
+    } else {
+        for (int half = 0; half < 2; ++half) {
+            __m256 acc[R];
+            for (int i = 0; i < R; ++i) acc[i] = _mm256_setzero_ps();
+            for (int64_t b = 0; b < x.nb; ++b) {
+                if (half == 0) prefetch(b);
+                half_rows(b, half, acc);
+            }
+            for (int i = 0; i < R; ++i) _mm256_storeu_ps(res + i * X16 + 8 * half, acc[i]);
+        }
     }
 }
 #endif
