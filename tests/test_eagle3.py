@@ -95,6 +95,55 @@ def test_kernel_first_forward_matches_the_eager_head(tiny_llama):
     torch.testing.assert_close(trees[0].scores, trees[1].scores, atol=1e-4, rtol=0)
 
 
+def test_kernel_tree_layer_matches_the_eager_layer_with_the_ancestor_mask(tiny_llama):
+    """KernelHead.tree_layer, two levels of a tree after a committed prefix (the second re-feeding the
+    first's q|k|v rows), equals the eager layer run with each row's ancestor mask, and leaves the
+    cache's committed length as it was."""
+    from dart_core import kernels
+    from dart_core.drafters.head import KernelHead
+    from dart_core.model import KVCache
+
+    if not kernels.AVAILABLE:
+        pytest.skip("CPU kernels not built")
+    head = random_eagle3_head(tiny_llama, seed=3)
+    c, fast, H = head.config, KernelHead(head), head.config.hidden_size
+    g = torch.Generator().manual_seed(7)
+    committed = 5
+    caches = [KVCache(1, c.num_key_value_heads, c.head_dim, 32, torch.float32, torch.device("cpu")) for _ in range(2)]
+    for cache in caches:  # the same committed prefix in both
+        cache.k[0, 0, :, :committed] = torch.randn(c.num_key_value_heads, committed, c.head_dim, generator=g)
+        cache.v[0, 0, :, :committed] = torch.randn(c.num_key_value_heads, committed, c.head_dim, generator=g)
+        g.manual_seed(7)
+        cache.commit(committed)
+    # level 0: two children of the root; level 1: a child of each, the second's parent is row 0
+    levels = [([-1, -1], [committed] * 2), ([1, 0], [committed + 1] * 2)]
+    prior, fed_parents, fed_pos = None, [], []
+    for parents_new, pos_new in levels:
+        hidden, emb = torch.randn(2, H, generator=g), torch.randn(2, H, generator=g)
+        m = len(fed_parents)
+        parents = torch.tensor(fed_parents + parents_new)
+        positions = torch.tensor(fed_pos + pos_new)
+        u, residual = fast.inputs_from_hidden(hidden, emb)
+        out, qkv = fast.tree_layer(u, residual, caches[0], committed, positions, parents, prior)
+        assert caches[0].length == committed
+        prior = qkv if prior is None else torch.cat((prior, qkv))
+        # eager: the new rows attend to the prefix, their ancestors among the earlier rows, and themselves
+        ue, re = head.inputs(None, hidden, emb)
+        anc = torch.zeros(2, m + 2, dtype=torch.bool)
+        for r in range(2):
+            a = m + r
+            while a >= 0:
+                anc[r, a] = True
+                a = parents[a].item()
+        mask = torch.cat((torch.ones(2, committed, dtype=torch.bool), anc), dim=1)
+        cos, sin = head.rope(torch.tensor(pos_new), ue.dtype)
+        h = re + head.midlayer.attention(ue, cos, sin, mask[None, None], caches[1])
+        caches[1].commit(2)
+        torch.testing.assert_close(out, head.midlayer.mlp_block(h), atol=1e-5, rtol=1e-5)
+        fed_parents += parents_new
+        fed_pos += pos_new
+
+
 def test_head_types_are_not_mixed(tiny_llama, tmp_path):
     head = random_eagle3_head(tiny_llama)
     head.save(tmp_path / "e3")

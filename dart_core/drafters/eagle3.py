@@ -102,8 +102,8 @@ class Eagle3Drafter:
             raise ValueError("Eagle3Drafter needs an EAGLE3 head (no draft_length / mask_rep)")
         self.head, self.target, self.params = head, target, params
         self.max_nodes = params.max_nodes
-        # the first forward of a step (causal over the committed tokens) on the CPU kernels where they
-        # run; the expansions attend to scattered ancestors and stay on the eager module
+        # the whole step on the CPU kernels where they run (the eager module's bf16 matmuls are
+        # emulated on CPUs without bf16 arithmetic); elsewhere the eager module
         self.fast = KernelHead(head, int8=int8_beside(target)) if use_kernels and KernelHead.supports(head) else None
 
     def new_session(self, capacity: int) -> "_Eagle3Session":
@@ -193,7 +193,9 @@ class _Eagle3Session:
         dev = target.device
         committed = self.cache.length
         top_k, depth = max(1, min(p.top_k, keep)), min(p.depth, max(0, keep - 1))
-        logp = head.logits(h).float().log_softmax(-1)[0]
+        fast = self.d.fast  # the kernels where they run (Eagle3Drafter.__init__)
+        logits = fast.logits if fast is not None else head.logits
+        logp = logits(h).float().log_softmax(-1)[0]
         top = logp.topk(top_k)
         frontier = list(range(top_k))  # pool indices
         pool = _Pool(
@@ -206,25 +208,37 @@ class _Eagle3Session:
         )
         frontier_h = h.expand(top_k, -1)  # the parent state each frontier node is fed with
         fed: list[int] = []  # pool index of each scratch cache entry, in order
+        fed_positions: list[int] = []
+        prior = None  # the kernel path's q|k|v rows of the fed entries (KernelHead.tree_layer)
         for level in range(depth):
             n = len(frontier)
             ids = torch.tensor([pool.tokens[i] for i in frontier], device=dev)
-            u, residual = head.inputs(None, frontier_h, target.model.tok_embeddings(ids).to(frontier_h.dtype))
+            emb = target.model.tok_embeddings(ids).to(frontier_h.dtype)
             # each frontier node sees the committed prefix, its fed ancestors and itself
-            anc = torch.zeros(n, len(fed) + n, dtype=torch.bool, device=dev)
-            where = {node: j for j, node in enumerate(fed)}
-            for r, node in enumerate(frontier):
-                a = pool.parents[node]
-                while a >= 0:
-                    anc[r, where[a]] = True
-                    a = pool.parents[a]
-                anc[r, len(fed) + r] = True
-            mask = torch.cat((torch.ones(n, committed, dtype=torch.bool, device=dev), anc), dim=1)
-            positions = torch.full((n,), committed + level, device=dev)
-            out = self._forward(u, residual, positions, mask)
-            self.cache.commit(n)  # scratch: rewound below
+            if fast is not None:  # the tree in the kernels' attention: fed entries first, then the frontier
+                rows = fed + frontier
+                where = {node: j for j, node in enumerate(rows)}
+                parents = torch.tensor([where.get(pool.parents[node], -1) for node in rows])
+                fed_positions += [committed + level] * n
+                u, residual = fast.inputs_from_hidden(frontier_h, emb)
+                out, qkv = fast.tree_layer(u, residual, self.cache, committed, torch.tensor(fed_positions), parents, prior)
+                prior = qkv if prior is None else torch.cat((prior, qkv))
+            else:
+                u, residual = head.inputs(None, frontier_h, emb)
+                anc = torch.zeros(n, len(fed) + n, dtype=torch.bool, device=dev)
+                where = {node: j for j, node in enumerate(fed)}
+                for r, node in enumerate(frontier):
+                    a = pool.parents[node]
+                    while a >= 0:
+                        anc[r, where[a]] = True
+                        a = pool.parents[a]
+                    anc[r, len(fed) + r] = True
+                mask = torch.cat((torch.ones(n, committed, dtype=torch.bool, device=dev), anc), dim=1)
+                positions = torch.full((n,), committed + level, device=dev)
+                out = self._forward(u, residual, positions, mask)
+                self.cache.commit(n)  # scratch: rewound below
             fed += frontier
-            child_logp = head.logits(out).float().log_softmax(-1)
+            child_logp = logits(out.contiguous()).float().log_softmax(-1)
             top = child_logp.topk(top_k, dim=-1)
             cand = (pool.scores[frontier][:, None] + top.values).reshape(-1)  # (n*k,)
             base = len(pool.tokens)

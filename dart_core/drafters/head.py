@@ -286,6 +286,61 @@ class KernelHead:
         _, n = kernels.add_rmsnorm(g, None, self.hidden_norm, self.eps)
         return torch.cat((e, n), dim=-1), g
 
+    def inputs_from_hidden(self, hidden: torch.Tensor, emb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """As DraftHead.inputs from the head's own previous outputs (an EAGLE3 expansion): hidden (T, H),
+        emb (T, H) -> u (T, 2H), residual (T, H) = hidden."""
+        hidden = hidden.contiguous()
+        _, e = kernels.add_rmsnorm(emb.contiguous(), None, self.input_norm, self.eps)
+        _, n = kernels.add_rmsnorm(hidden, None, self.hidden_norm, self.eps)
+        return torch.cat((e, n), dim=-1), hidden
+
+    def tree_layer(
+        self,
+        u: torch.Tensor,
+        residual: torch.Tensor,
+        cache: KVCache,
+        committed: int,
+        positions: torch.Tensor,
+        parents: torch.Tensor,
+        prior: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoder layer for n new rows of a draft tree (u (n, 2H), residual (n, H)) after the
+        `committed` cache entries and m earlier scratch rows of the same tree, whose q|k|v rows are
+        `prior` (m, q+2kv) and whose keys and values sit at cache slots committed..committed+m-1 (as this
+        call leaves them). Every row attends to the committed entries, its ancestors and itself:
+        parents (m+n,) and positions (m+n,) cover the earlier rows first. The earlier rows go through
+        the attention again (their keys and values are rewritten unchanged), which keeps the tree in
+        the one attention kernel; only the new rows go on through o and the MLP. Nothing is committed.
+        Returns the new rows' outputs (n, H) and their q|k|v rows (n, q+2kv), the next call's prior."""
+        n = u.shape[0]
+        qkv_new = kernels.linear(u.contiguous(), self.wqkv)
+        qkv = qkv_new if prior is None else torch.cat((prior, qkv_new))
+        T = qkv.shape[0]
+        if cache.length != committed:
+            raise ValueError(f"tree_layer: the cache holds {cache.length} committed entries, the tree follows {committed}")
+        cache.check_room(T)
+        q, k, v = qkv.split((self.q_out, self.kv_out, self.kv_out), dim=1)
+        attn = kernels.tree_attention(
+            q,
+            k,
+            v,
+            self.rope,
+            positions,
+            cache.k[0, 0],
+            cache.v[0, 0],
+            committed,
+            parents,
+            self.c.num_attention_heads,
+            self.c.num_key_value_heads,
+        )
+        return self._attention_out_mlp(attn[T - n :], residual), qkv_new
+
+    def _attention_out_mlp(self, attn: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """o, the residual, the post-attention norm and the MLP: (keep, q_out) attention rows -> (keep, H)."""
+        h = residual + kernels.linear(attn.contiguous(), self.wo)
+        _, x = kernels.add_rmsnorm(h.contiguous(), None, self.post_norm, self.eps)
+        return h + kernels.linear(kernels.silu_mul(kernels.linear(x, self.wgu)), self.wdown)
+
     def layer(self, u: torch.Tensor, residual: torch.Tensor, cache: KVCache, keep: int) -> torch.Tensor:
         """The decoder layer for T new rows at cache positions cache.length.. (u (T, 2H), residual
         (T, H)); their keys/values are written as pending entries. Returns the last `keep` rows (keep, H)."""
@@ -299,9 +354,7 @@ class KernelHead:
         attn = kernels.tree_attention(
             q, k, v, self.rope, positions, cache.k[0, 0], cache.v[0, 0], P, chain, self.c.num_attention_heads, self.c.num_key_value_heads
         )
-        h = residual[T - keep :] + kernels.linear(attn[T - keep :], self.wo)
-        _, x = kernels.add_rmsnorm(h.contiguous(), None, self.post_norm, self.eps)
-        return h + kernels.linear(kernels.silu_mul(kernels.linear(x, self.wgu)), self.wdown)
+        return self._attention_out_mlp(attn[T - keep :], residual[T - keep :])
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """As DraftHead.logits: (T, H) -> (T, Vd)."""
