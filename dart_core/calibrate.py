@@ -120,9 +120,31 @@ def kernel_build_digest() -> str | None:
         return None
 
 
+# The Python a decoding step runs (the loop, the target's forward around the kernels, the drafters)
+# and the n-gram extension: a change there changes what a step costs as a kernel rebuild does.
+STEP_SOURCES = ("generate.py", "tree.py", "model.py", "kernels.py", "target.py", "sampling.py", "drafters/*.py")
+
+
+def step_code_digest() -> str:
+    """A digest of the code a decoding step runs besides the kernel build (STEP_SOURCES and the
+    ngram_cpp extension), so costs timed with other drafting code are measured again, not read back."""
+    import ngram_cpp
+
+    h = hashlib.sha256()
+    root = Path(__file__).parent
+    files = sorted(f for pattern in STEP_SOURCES for f in root.glob(pattern))
+    ext = getattr(getattr(ngram_cpp, "_ngram", None), "__file__", None)
+    for f in [*files, *([Path(ext)] if ext else [])]:
+        try:
+            h.update(f.name.encode() + b"\0" + f.read_bytes())
+        except OSError:
+            h.update(f.name.encode() + b"\0?")
+    return h.hexdigest()[:16]
+
+
 def host_key(threads: int) -> dict:
     """What any cost measured here depends on besides the model: the CPU model and flags, the kernel
-    build (its name and its file), threads and torch."""
+    build (its name and its file), the step's other code (step_code_digest), threads and torch."""
     from . import kernels
 
     cpu, flags = cpu_model(), ""
@@ -140,6 +162,7 @@ def host_key(threads: int) -> dict:
         "cpu_flags": flags,
         "kernels": kernels.describe(),
         "kernel_build": kernel_build_digest(),
+        "step_code": step_code_digest(),
         "threads": threads,
         "torch": torch.__version__,
     }
