@@ -281,14 +281,11 @@ class KernelHead:
 
     def inputs(self, aux: torch.Tensor, emb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """As DraftHead.inputs from target states: aux (T, 3Ht), emb (T, H) -> u (T, 2H), residual (T, H)."""
-        g = kernels.linear(aux.contiguous(), self.fc)
-        _, e = kernels.add_rmsnorm(emb.contiguous(), None, self.input_norm, self.eps)
-        _, n = kernels.add_rmsnorm(g, None, self.hidden_norm, self.eps)
-        return torch.cat((e, n), dim=-1), g
+        return self.inputs_from_hidden(kernels.linear(aux.contiguous(), self.fc), emb)
 
     def inputs_from_hidden(self, hidden: torch.Tensor, emb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """As DraftHead.inputs from the head's own previous outputs (an EAGLE3 expansion): hidden (T, H),
-        emb (T, H) -> u (T, 2H), residual (T, H) = hidden."""
+        """As DraftHead.inputs from a hidden state (T, H): the head's own previous outputs (an EAGLE3
+        expansion) or fc of the target states (`inputs`); emb (T, H) -> u (T, 2H), residual (T, H) = hidden."""
         hidden = hidden.contiguous()
         _, e = kernels.add_rmsnorm(emb.contiguous(), None, self.input_norm, self.eps)
         _, n = kernels.add_rmsnorm(hidden, None, self.hidden_norm, self.eps)
