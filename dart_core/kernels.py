@@ -96,6 +96,10 @@ _ext = _choose()
 AVAILABLE = _ext is not None
 PATH: str | None = _ext.PATH if _ext is not None else None
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+# KV cache dtypes the attention takes beside activations of another dtype: an fp16 cache beside fp32
+# activations (half the bytes a long context's attention reads; the GGUF paths with integer
+# activations keep theirs so, see docs/engine.md). Otherwise the cache is of the activations' dtype.
+CACHE_DTYPES = {torch.float32: (torch.float16,)}
 # Weight formats the linear reads (codes of cpu_kernels.cpp WFormat): the float dtypes, GGUF blocks.
 WEIGHT_FORMATS = {"float32": 0, "bfloat16": 1, "float16": 2, "Q4_0": 3, "Q4_1": 4, "Q8_0": 5}
 # Largest number of new rows (tree nodes) a forward sends through the kernels. The linear streams the
@@ -413,6 +417,7 @@ class _AttentionPlan:
     layers (its tensors' dtypes and shapes) against the geometry checked once per forward."""
 
     dtype: torch.dtype
+    cache_dtype: torch.dtype
     cache_shape: tuple[int, ...]
     q_shape: tuple[int, int]
     kv_shape: tuple[int, int]
@@ -423,8 +428,10 @@ class _AttentionPlan:
     def _output(self, q, k, v, k_cache, v_cache) -> torch.Tensor:
         """Check one layer's tensors; the (T, nh*hd) output to fill."""
         dt = self.dtype
-        if not (q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype == dt):
-            raise TypeError(f"q, k, v and the caches must all be {dt}")
+        if not (q.dtype == k.dtype == v.dtype == dt):
+            raise TypeError(f"q, k and v must all be {dt}")
+        if not (k_cache.dtype == v_cache.dtype == self.cache_dtype):
+            raise TypeError(f"the caches must be {self.cache_dtype}")
         if q.shape != self.q_shape or k.shape != self.kv_shape or v.shape != self.kv_shape:
             raise ValueError(
                 f"q/k/v shapes {tuple(q.shape)}/{tuple(k.shape)}/{tuple(v.shape)}: expected {self.q_shape}/{self.kv_shape}/{self.kv_shape}"
@@ -436,6 +443,15 @@ class _AttentionPlan:
         ):
             raise ValueError(f"k_cache and v_cache must be contiguous {self.cache_shape} tensors")
         return torch.empty(self.T, self.n_heads * self.hd, dtype=dt)
+
+    def _codes(self, dtype: torch.dtype, cache_dtype: torch.dtype | None) -> None:
+        """The activations' and the cache's dtype codes: the same dtype, or an fp16 cache beside fp32
+        activations (CACHE_DTYPES)."""
+        cache_dtype = dtype if cache_dtype is None else cache_dtype
+        if cache_dtype != dtype and cache_dtype not in CACHE_DTYPES.get(dtype, ()):
+            raise TypeError(f"a {cache_dtype} KV cache beside {dtype} activations: the cache is of their dtype, or float16 beside float32")
+        self.code, self.cache_code = _code(torch.empty(0, dtype=dtype)), _code(torch.empty(0, dtype=cache_dtype))
+        self.dtype, self.cache_dtype = dtype, cache_dtype
 
     def _rope_args(self) -> tuple[int, int, int]:
         return self.rope.cos.data_ptr(), self.rope.sin.data_ptr(), self.positions.data_ptr()
@@ -450,9 +466,10 @@ class TreeAttention(_AttentionPlan):
     """One forward's attention geometry, checked once for all its layers.
 
     positions (T,) int64 rope positions; parents (T,) int64, parents[i] < i (-1 for the root);
-    `committed` cache entries precede the new rows; caches of `cache_shape` (nkv, capacity, hd) and
-    `dtype`. Calling it runs one layer (see `tree_attention`); a layer's call checks only what can
-    differ between layers (its tensors' dtypes and shapes), so the per-layer cost is the C++ call."""
+    `committed` cache entries precede the new rows; activations of `dtype`, caches of `cache_shape`
+    (nkv, capacity, hd) and `cache_dtype` (default: `dtype`). Calling it runs one layer (see
+    `tree_attention`); a layer's call checks only what can differ between layers (its tensors' dtypes
+    and shapes), so the per-layer cost is the C++ call."""
 
     def __init__(
         self,
@@ -464,6 +481,7 @@ class TreeAttention(_AttentionPlan):
         n_kv_heads: int,
         cache_shape: tuple[int, int, int],
         dtype: torch.dtype,
+        cache_dtype: torch.dtype | None = None,
     ):
         T = positions.shape[0] if positions.dim() == 1 else -1
         if positions.shape != (T,) or parents.shape != (T,) or positions.dtype != torch.long or parents.dtype != torch.long:
@@ -471,8 +489,8 @@ class TreeAttention(_AttentionPlan):
         nkv, self.capacity, hd = cache_shape
         if nkv != n_kv_heads:
             raise ValueError(f"the cache holds {nkv} KV heads, the model {n_kv_heads}")
-        self.code = _code(torch.empty(0, dtype=dtype))
-        self.dtype, self.cache_shape = dtype, tuple(cache_shape)
+        self._codes(dtype, cache_dtype)
+        self.cache_shape = tuple(cache_shape)
         self.positions, self.parents = positions.contiguous(), parents.contiguous()
         self.committed, self.T, self.n_heads, self.n_kv_heads, self.hd = committed, T, n_heads, n_kv_heads, hd
         self.q_shape, self.kv_shape = (T, n_heads * hd), (T, nkv * hd)
@@ -482,7 +500,7 @@ class TreeAttention(_AttentionPlan):
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         out = self._output(q, k, v, k_cache, v_cache)
         heads = self._head_args(out)
-        _ext.tree_attention(self.code, *_row_args(q, k, v), *self._rope_args(), k_cache.data_ptr(), v_cache.data_ptr(),
+        _ext.tree_attention(self.code, self.cache_code, *_row_args(q, k, v), *self._rope_args(), k_cache.data_ptr(), v_cache.data_ptr(),
                             self.capacity, self.committed, self.T, self.parents.data_ptr(), *heads)  # fmt: skip
         return out
 
@@ -572,8 +590,8 @@ class LayerStack:
         L = self.plan.shape[0]
         shape = (L, *attention.cache_shape)
         for c in (k_cache, v_cache):
-            if tuple(c.shape) != shape or c.dtype != self.dtype or not c[0].is_contiguous():
-                raise ValueError(f"LayerStack: caches must be ({shape}) {self.dtype} with contiguous layers")
+            if tuple(c.shape) != shape or c.dtype != attention.cache_dtype or not c[0].is_contiguous():
+                raise ValueError(f"LayerStack: caches must be ({shape}) {attention.cache_dtype} with contiguous layers")
         if k_cache.stride() != v_cache.stride():
             raise ValueError("LayerStack: the k and v caches must have one layout")
         tree = isinstance(attention, TreeAttention)
@@ -584,6 +602,7 @@ class LayerStack:
         captured = torch.empty(T, len(capture) * H, dtype=x.dtype) if capture else None
         _ext.layers_forward(
             self.code,
+            attention.cache_code,
             self.plan.data_ptr(),
             L,
             T,
@@ -628,14 +647,14 @@ def tree_attention(
     """One layer's attention for T new rows after `committed` cache entries.
 
     q (T, nh*hd), k and v (T, nkv*hd): rows contiguous, q and k before RoPE; positions (T,) int64;
-    k_cache / v_cache (nkv, capacity, hd) contiguous: row i's key and value are written at slot
-    committed+i; parents (T,) int64, parents[i] < i (-1 for the root). Row i attends to slots
+    k_cache / v_cache (nkv, capacity, hd) contiguous, of q's dtype or float16 beside float32 q: row i's
+    key and value are written at slot committed+i; parents (T,) int64, parents[i] < i (-1 for the root). Row i attends to slots
     0..committed-1, its ancestors' slots root first, then its own. Returns (T, nh*hd). A forward over
     many layers builds one `TreeAttention` instead (the same call, checked once).
     """
     if q.dim() != 2:
         raise ValueError(f"q must be (T, n_heads*head_dim), got {tuple(q.shape)}")
-    plan = TreeAttention(rope, positions, parents, committed, n_heads, n_kv_heads, tuple(k_cache.shape), q.dtype)
+    plan = TreeAttention(rope, positions, parents, committed, n_heads, n_kv_heads, tuple(k_cache.shape), q.dtype, k_cache.dtype)
     return plan(q, k, v, k_cache, v_cache)
 
 
@@ -644,7 +663,8 @@ class RowsAttention(_AttentionPlan):
     `Transformer.decode_rows`), its geometry checked once for all layers.
 
     committed (B,) int64: sequence b's committed length, which is also its new row's position and
-    cache slot; caches of `cache_shape` (B, nkv, capacity, hd) and `dtype`, sequence b's in [b].
+    cache slot; caches of `cache_shape` (B, nkv, capacity, hd) and `cache_dtype` (default: the
+    activations' `dtype`), sequence b's in [b].
     Calling it runs one layer: q (B, nh*hd), k and v (B, nkv*hd), before RoPE; row b's key and value
     are written at slot committed[b] of cache b. Row b runs exactly the arithmetic of a one-token
     `TreeAttention` call on cache b alone (the C++ shares the code), so a sequence decoded beside
@@ -658,6 +678,7 @@ class RowsAttention(_AttentionPlan):
         n_kv_heads: int,
         cache_shape: tuple[int, int, int, int],
         dtype: torch.dtype,
+        cache_dtype: torch.dtype | None = None,
     ):
         B, nkv, self.capacity, hd = cache_shape
         if committed.shape != (B,) or committed.dtype != torch.long:
@@ -667,8 +688,8 @@ class RowsAttention(_AttentionPlan):
         self.positions = committed.contiguous().cpu()
         if B and (int(self.positions.min()) < 0 or int(self.positions.max()) >= self.capacity):
             raise ValueError(f"every sequence needs a free cache slot: lengths {self.positions.tolist()}, capacity {self.capacity}")
-        self.code = _code(torch.empty(0, dtype=dtype))
-        self.dtype, self.cache_shape = dtype, tuple(cache_shape)
+        self._codes(dtype, cache_dtype)
+        self.cache_shape = tuple(cache_shape)
         self.T, self.n_heads, self.n_kv_heads, self.hd = B, n_heads, n_kv_heads, hd
         self.q_shape, self.kv_shape = (B, n_heads * hd), (B, nkv * hd)
         rope.ensure(int(self.positions.max()) + 1 if B else 1)
@@ -677,7 +698,7 @@ class RowsAttention(_AttentionPlan):
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         out = self._output(q, k, v, k_cache, v_cache)
         heads = self._head_args(out)
-        _ext.rows_attention(self.code, *_row_args(q, k, v), *self._rope_args(), k_cache.data_ptr(), v_cache.data_ptr(),
+        _ext.rows_attention(self.code, self.cache_code, *_row_args(q, k, v), *self._rope_args(), k_cache.data_ptr(), v_cache.data_ptr(),
                             k_cache.stride(0), self.capacity, self.T, *heads)  # fmt: skip
         return out
 

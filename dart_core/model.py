@@ -357,6 +357,7 @@ class Transformer(nn.Module):
                 self.args.n_heads,
                 self.args.n_kv_heads,
                 tuple(cache.k.shape[2:]),
+                self.norm.weight.dtype,
                 cache.k.dtype,
             )
             return self._forward_kernels(tokens, attention, cache.k[:, 0], cache.v[:, 0], logits_at, capture, final, logits)
@@ -387,6 +388,7 @@ class Transformer(nn.Module):
                 self.args.n_heads,
                 self.args.n_kv_heads,
                 tuple(cache.k.shape[1:]),
+                self.norm.weight.dtype,
                 cache.k.dtype,
             )
             return self._forward_kernels(tokens, attention, cache.k, cache.v, None, capture, final, logits)

@@ -34,8 +34,13 @@ class Target:
     tokenizer: object  # a transformers tokenizer
     eos_ids: frozenset[int]
     device: torch.device
-    dtype: torch.dtype  # of activations and the KV cache
+    dtype: torch.dtype  # of activations
     weights: str = ""  # what the weights are read as: the dtype's name, or "gguf (Q4_1, Q8_0)"
+    cache_dtype: torch.dtype | None = None  # of the KV cache; None: `dtype`
+
+    def __post_init__(self):
+        if self.cache_dtype is None:
+            self.cache_dtype = self.dtype
 
     @property
     def context_limit(self) -> int:
@@ -97,7 +102,7 @@ class Target:
 
     def new_cache(self, capacity: int) -> KVCache:
         a = self.model.args
-        return KVCache(a.n_layers, a.n_kv_heads, a.head_dim, capacity, self.dtype, self.device)
+        return KVCache(a.n_layers, a.n_kv_heads, a.head_dim, capacity, self.cache_dtype, self.device)
 
     def prefill(self, ids: list[int], cache: KVCache, capture: bool) -> ForwardOutput:
         """Run the prompt causally after the cache's prefix. Logits (1, V) for the last token; hidden (T, 3H)."""
@@ -182,8 +187,10 @@ def load_target(
 
         return choose_weights(model, device, kernels)[0]
     if dtype in GGUF_PATHS:
-        # The embedded default's own GGUF blocks on the CPU kernels; activations and the cache in fp32
-        # (gguf-int8 / gguf-int16: each linear's input quantized per block inside the kernel).
+        # The embedded default's own GGUF blocks on the CPU kernels; activations in fp32 (gguf-int8 /
+        # gguf-int16: each linear's input quantized per block inside the kernel). The KV cache is fp32
+        # on the exact path and fp16 beside integer activations: a long context's attention reads half
+        # the bytes (docs/engine.md, "An fp16 KV cache").
         if name != DEFAULT_MODEL:
             raise ValueError(f"--dtype {dtype} reads the GGUF the embedded default ships; for {name!r} use float32, bfloat16 or float16")
         if device.type != "cpu" or not kernels:
@@ -201,13 +208,15 @@ def load_target(
         mode = f"; {activations} activations" if activations != "float" else ""
         if float_inputs:
             mode += f" (fp32 inputs to {', '.join(float_inputs)})"
-        weights = f"{dtype} ({', '.join(formats)}{mode})"
+        cache_dtype = torch.float32 if dtype == GGUF else torch.float16
+        weights = f"{dtype} ({', '.join(formats)}{mode}" + ("; fp16 KV cache)" if cache_dtype == torch.float16 else ")")
         dtype = torch.float32
     else:
         dtype = parse_dtype(dtype)
         model_dir = resolve_model_dir(model)
         transformer = load_transformer(model_dir, dtype, device)
         weights = str(dtype).removeprefix("torch.")
+        cache_dtype = dtype
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     transformer.use_kernels = kernels
-    return Target(name, model_dir, transformer, tokenizer, _eos_ids(model_dir, tokenizer), device, dtype, weights)
+    return Target(name, model_dir, transformer, tokenizer, _eos_ids(model_dir, tokenizer), device, dtype, weights, cache_dtype)

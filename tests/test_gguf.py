@@ -50,7 +50,7 @@ def test_blocks_are_the_fp32_copy(gguf_target, fp32_target):
     assert n_block == 4 * g.args.n_layers + 2  # wqkv, wo, w13, w2 per layer; embedding; output (tied)
     for name, p in g.named_parameters():
         assert torch.equal(p, f.get_parameter(name)), name
-    assert gguf_target.weights == "gguf (Q4_1, Q8_0)" and gguf_target.dtype == torch.float32
+    assert gguf_target.weights == "gguf (Q4_1, Q8_0)" and gguf_target.dtype == gguf_target.cache_dtype == torch.float32
     # the exact path's prompt prefill multiplies in fp32 on every CPU (bf16 GEMMs are gguf-int8's)
     assert all(m.gemm_dtype == torch.float32 for m in g.modules() if isinstance(m, BlockLinear)) and g.prefill_dtype is None
     block_bytes = sum(m.weight.nbytes for m in g.modules() if isinstance(m, BlockLinear) and m is not g.output)
@@ -140,7 +140,8 @@ def test_gguf_quantized_generation_is_lossless(dtype, fp32_target, request):
 
     t = request.getfixturevalue(QUANTIZED[dtype])
     act = dtype.removeprefix("gguf-")
-    assert t.weights == f"{dtype} (Q4_1, Q8_0; {act} activations)"
+    assert t.weights == f"{dtype} (Q4_1, Q8_0; {act} activations; fp16 KV cache)"
+    assert t.cache_dtype == torch.float16 and t.new_cache(8).k.dtype == torch.float16
     assert all(m.weight.activations == act and m.weight.layout == "x16" for m in t.model.modules() if isinstance(m, BlockLinear))
     # its prompt prefill multiplies in bf16 exactly where the CPU has bf16 arithmetic
     assert t.model.prefill_dtype == (torch.bfloat16 if kernels.PATH == "avx512bf16" else None)
@@ -165,7 +166,7 @@ def test_int8_path_with_some_fp32_inputs(gguf_target, gguf_int8_target):
     from dart_core.target import weights_spec
 
     t = load_target("default", "cpu", GGUF_INT8, float_inputs=("w2", "head"))
-    assert t.weights == "gguf-int8 (Q4_1, Q8_0; int8 activations (fp32 inputs to w2, head))"
+    assert t.weights == "gguf-int8 (Q4_1, Q8_0; int8 activations (fp32 inputs to w2, head); fp16 KV cache)"
     layer, exact, int8 = t.model.layers[3], gguf_target.model.layers[3], gguf_int8_target.model.layers[3]
     assert layer.feed_forward.w2.weight.activations == "float" and t.model.output.weight.activations == "float"
     assert layer.attention.wqkv.weight.activations == "int8" and layer.attention.wqkv.weight.layout == "x16"

@@ -49,6 +49,10 @@ def on_every_build(fn, paths=PATHS) -> dict:
 
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+# (activations, KV cache) dtypes the attention takes: the same, or an fp16 cache beside fp32 (the GGUF
+# paths with integer activations)
+ATT_DTYPES = [(d, d) for d in DTYPES] + [(torch.float32, torch.float16)]
+ATT_IDS = [f"{str(a)[6:]}" + ("" if a == c else f"-{str(c)[6:]}-cache") for a, c in ATT_DTYPES]
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 
 
@@ -130,12 +134,13 @@ def _attention_setup(dtype, P=37, nh=6, nkv=2, hd=32, seed=0):
 HEAD_SHAPES = [(6, 2, 32), (4, 4, 16), (8, 4, 64), (8, 1, 128), (16, 2, 48), (6, 3, 24)]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype,cache_dtype", ATT_DTYPES, ids=ATT_IDS)
 @pytest.mark.parametrize("nh,nkv,hd", HEAD_SHAPES)
 @pytest.mark.parametrize("P", [37, 600])  # 600: a long softmax, in passes (past ATT_PASSES_FROM)
-def test_tree_attention_matches_sdpa(dtype, nh, nkv, hd, P, kpath):
+def test_tree_attention_matches_sdpa(dtype, cache_dtype, nh, nkv, hd, P, kpath):
     """Against eager RoPE + SDPA with the tree mask, in fp32 arithmetic."""
-    k_cache, v_cache, rope, inv_freq = _attention_setup(dtype, P, nh, nkv, hd)
+    k_cache, v_cache, rope, inv_freq = _attention_setup(cache_dtype, P, nh, nkv, hd)
+    tol = max(TOL[dtype], TOL[cache_dtype])
     tree = random_tree(random.Random(1), 9, 50)
     T = len(tree)
     q, k, v = (torch.randn(T, n * hd).to(dtype) for n in (nh, nkv, nkv))
@@ -153,22 +158,23 @@ def test_tree_attention_matches_sdpa(dtype, nh, nkv, hd, P, kpath):
     qf = rope_f(q.float().view(T, nh, hd).transpose(0, 1))
     kf = rope_f(k.float().view(T, nkv, hd).transpose(0, 1))
     ref_k[:, P : P + T], ref_v[:, P : P + T] = kf, v.float().view(T, nkv, hd).transpose(0, 1)
-    torch.testing.assert_close(k_cache[:, P : P + T].float(), ref_k[:, P : P + T], atol=TOL[dtype] * 8, rtol=TOL[dtype])
+    torch.testing.assert_close(k_cache[:, P : P + T].float(), ref_k[:, P : P + T], atol=tol * 8, rtol=tol)
     mask = torch.cat((torch.ones(T, P, dtype=torch.bool), tree.mask), 1)
     ref = F.scaled_dot_product_attention(
         qf[None], ref_k[None, :, : P + T], ref_v[None, :, : P + T], attn_mask=mask[None, None], enable_gqa=True
     )[0]
-    torch.testing.assert_close(out.float().view(T, nh, hd), ref.transpose(0, 1), atol=TOL[dtype] * 8, rtol=TOL[dtype] * 4)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float().view(T, nh, hd), ref.transpose(0, 1), atol=tol * 8, rtol=tol * 4)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype,cache_dtype", ATT_DTYPES, ids=ATT_IDS)
 @pytest.mark.parametrize("nh,nkv,hd", HEAD_SHAPES)
 # 300, 520: the tree and its one-token calls past ATT_PASSES_FROM (256) run in three passes; 253: the
 # tree's rows run by (row, KV group) and their one-token calls cross the threshold on the way down
 @pytest.mark.parametrize("P", [37, 253, 300, 520])
-def test_tree_attention_row_equals_one_token_call(dtype, nh, nkv, hd, P, kpath):
+def test_tree_attention_row_equals_one_token_call(dtype, cache_dtype, nh, nkv, hd, P, kpath):
     """A node's output equals the one-token call made once its ancestors sit committed in the cache."""
-    k_cache, v_cache, rope, _ = _attention_setup(dtype, P, nh, nkv, hd, seed=3)
+    k_cache, v_cache, rope, _ = _attention_setup(cache_dtype, P, nh, nkv, hd, seed=3)
     tree = random_tree(random.Random(5), 12, 50)
     T = len(tree)
     q, k, v = (torch.randn(T, n * hd).to(dtype) for n in (nh, nkv, nkv))
@@ -183,22 +189,22 @@ def test_tree_attention_row_equals_one_token_call(dtype, nh, nkv, hd, P, kpath):
         assert torch.equal(o[0], out[node]), f"node {node} (depth {len(path) - 1}) differs"
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype,cache_dtype", ATT_DTYPES, ids=ATT_IDS)
 @pytest.mark.parametrize("nh,nkv,hd", [(6, 2, 32), (6, 3, 24)])
 # 600: rows on either side of ATT_PASSES_FROM, whose one-token calls run in three passes
 @pytest.mark.parametrize("cap,lengths", [(40, [0, 7, 39, 16, 23]), (600, [0, 255, 256, 599, 300])])
-def test_rows_attention_is_each_sequence_alone(dtype, nh, nkv, hd, cap, lengths, kpath):
+def test_rows_attention_is_each_sequence_alone(dtype, cache_dtype, nh, nkv, hd, cap, lengths, kpath):
     """Rows of separate sequences (continuous batching): row b's output and its cache writes are the
     bits of a one-token tree_attention call on sequence b's cache alone, whatever the other rows."""
     torch.manual_seed(7)
     B = 5
     committed = torch.tensor(lengths)
-    kc, vc = torch.randn(B, nkv, cap, hd).to(dtype), torch.randn(B, nkv, cap, hd).to(dtype)
+    kc, vc = torch.randn(B, nkv, cap, hd).to(cache_dtype), torch.randn(B, nkv, cap, hd).to(cache_dtype)
     q, k, v = (torch.randn(B, n * hd).to(dtype) for n in (nh, nkv, nkv))
     inv_freq = 1.0 / (10000 ** (torch.arange(0, hd, 2).float() / hd))
     rope = kernels.RopeTable(inv_freq, 1.0)
     rows_k, rows_v = kc.clone(), vc.clone()
-    plan = kernels.RowsAttention(rope, committed, nh, nkv, (B, nkv, cap, hd), dtype)
+    plan = kernels.RowsAttention(rope, committed, nh, nkv, (B, nkv, cap, hd), dtype, cache_dtype)
     out = plan(q, k, v, rows_k, rows_v)
     root = torch.tensor([-1])
     for b in range(B):
@@ -434,12 +440,16 @@ def test_builds_give_the_same_bits(weights):
         dt = getattr(torch, weights)
         w, x = (torch.randn(N, K, generator=g) / 24).to(dt), torch.randn(9, K, generator=g).to(dt)
     dt = x.dtype
-    k_cache, v_cache, rope, _ = _attention_setup(dt, 37, 9, 3, 64)
+    k_cache, v_cache, rope, _ = _attention_setup(dt, 300, 9, 3, 64)  # 300: the three-pass attention
     tree = random_tree(random.Random(4), 7, 50)
     q, k, v = (torch.randn(len(tree), n * 64, generator=g).to(dt) for n in (9, 3, 3))
+    # fp32 activations also over an fp16 cache (the GGUF paths with integer activations)
+    caches = [(k_cache, v_cache)] + ([(k_cache.half(), v_cache.half())] if dt == torch.float32 else [])
 
     def run():
-        att = kernels.tree_attention(q, k, v, rope, tree.depths + 37, k_cache.clone(), v_cache.clone(), 37, tree.parents, 9, 3)
+        att = [
+            kernels.tree_attention(q, k, v, rope, tree.depths + 300, kc.clone(), vc.clone(), 300, tree.parents, 9, 3) for kc, vc in caches
+        ]
         # every row count has its own register blocking on some build (1, 2, 3-6 and more rows)
         return [kernels.linear(x[:m].contiguous(), w) for m in (1, 2, 3, 4, 5, 6, 9)], att
 
@@ -448,7 +458,8 @@ def test_builds_give_the_same_bits(weights):
     for p in FP32_CONTRACT[1:]:
         for a, b in zip(results[p][0], results[first][0]):
             assert torch.equal(a, b), f"linear of {a.shape[0]} rows: {p} != {first}"
-        assert torch.equal(results[p][1], results[first][1]), f"attention: {p} != {first}"
+        for a, b in zip(results[p][1], results[first][1]):
+            assert torch.equal(a, b), f"attention ({a.dtype} activations): {p} != {first}"
 
 
 def test_forced_path_is_reported_and_checked(monkeypatch):
@@ -487,6 +498,17 @@ def test_bad_kernel_inputs_are_errors():
         kernels.tree_attention(q, k, v, rope, torch.tensor([37, 38]), k_cache, v_cache, 37, torch.tensor([-1, 1]), 6, 2)
     with pytest.raises(ValueError):  # past the cache
         kernels.tree_attention(q, k, v, rope, torch.tensor([52, 53]), k_cache, v_cache, 52, torch.tensor([-1, 0]), 6, 2)
+    for cache in (torch.bfloat16, torch.float64):  # fp32 activations take an fp32 or fp16 cache only
+        with pytest.raises(TypeError, match="KV cache"):
+            kernels.tree_attention(
+                q, k, v, rope, torch.tensor([37, 38]), k_cache.to(cache), v_cache.to(cache), 37, torch.tensor([-1, 0]), 6, 2
+            )
+    with pytest.raises(TypeError, match="caches must be"):  # the k and v caches of two dtypes
+        kernels.tree_attention(q, k, v, rope, torch.tensor([37, 38]), k_cache.half(), v_cache, 37, torch.tensor([-1, 0]), 6, 2)
+    with pytest.raises(TypeError, match="KV cache"):  # an fp32 cache beside fp16 activations
+        kernels.tree_attention(
+            q.half(), k.half(), v.half(), rope, torch.tensor([37, 38]), k_cache, v_cache, 37, torch.tensor([-1, 0]), 6, 2
+        )
 
 
 def _node_logits_equal_steps(target, prompt, tree) -> list[int]:
@@ -695,11 +717,12 @@ def test_decode_rows_eager_path_agrees(tiny_ckpt):
         torch.testing.assert_close(out.logits[b], one.logits[0], atol=1e-4, rtol=1e-4)
 
 
-def test_layer_stack_on_the_embedded_gguf_with_capture(kpath):
+@pytest.mark.parametrize("weights", ["gguf", "gguf-int16"])  # an fp32 KV cache, and fp16 beside int16 activations
+def test_layer_stack_on_the_embedded_gguf_with_capture(weights, kpath):
     """The embedded target on its GGUF blocks (Q4_1 layers), the three captured layers included."""
     from dart_core import load_target
 
-    target = load_target("default", "cpu", "gguf")
+    target = load_target("default", "cpu", weights)
     assert target.model.capture, "the embedded target captures three layers"
     rng = random.Random(5)
     tree, prompt = random_tree(rng, 9, 49152), [rng.randrange(49152) for _ in range(40)]

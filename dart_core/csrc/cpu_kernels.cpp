@@ -85,6 +85,15 @@ template <class Fn> void with_dtype(int dtype, const char* what, Fn&& fn) {
     }
     throw std::invalid_argument(std::string(what) + ": unknown dtype code " + std::to_string(dtype));
 }
+// Calls fn(T{}, C{}) for the activation dtype code and the KV cache's: the same dtype, or fp32
+// activations over an fp16 cache (the GGUF paths with integer activations: half the bytes a step's
+// attention reads).
+template <class Fn> void with_cache_dtype(int dtype, int cache_dtype, const char* what, Fn&& fn) {
+    if (cache_dtype == dtype) return with_dtype(dtype, what, [&](auto t) { fn(t, t); });
+    if (static_cast<DType>(dtype) == DType::F32 && static_cast<DType>(cache_dtype) == DType::F16) return fn(float{}, _Float16{});
+    throw std::invalid_argument(std::string(what) + ": a cache of dtype code " + std::to_string(cache_dtype) +
+                                " beside activations of code " + std::to_string(dtype) + " (the same, or fp16 beside fp32)");
+}
 // Weight formats (dart_core/kernels.py WEIGHT_FORMATS): the three float dtypes, then GGUF blocks.
 // Q4_0X16 / Q4_1X16 / Q8_0X16: the same blocks with 16 weight rows interleaved (int8 activations
 // only; see below).
@@ -1888,7 +1897,8 @@ template <class T> void silu_mul_impl(const T* gu, int64_t gu_stride, int64_t M,
 // One layer, new rows i = 0..T-1 after P committed cache entries.
 //   q/k/v: row i at q + i*q_stride (nh*hd, heads contiguous), k + i*k_stride (nkv*hd), v likewise;
 //          q and k are pre-RoPE.  cos/sin: fp32 tables (positions, hd/2); row i uses position pos[i].
-//   k_cache/v_cache: (nkv, cap, hd) contiguous for this layer; row i is written at slot P+i.
+//   k_cache/v_cache: (nkv, cap, hd) contiguous for this layer, of element type C (the activations' T, or
+//          fp16 beside fp32 activations); row i is written at slot P+i, its key and value rounded to C.
 //   parents[i]: the parent row of row i (-1 for the root).  Row i attends, in this order, to slots
 //          0..P-1, its ancestors' slots from the root down, and its own slot: exactly the keys (and
 //          the order) a one-token step would see once the ancestors are committed.
@@ -1905,7 +1915,7 @@ template <class T> void silu_mul_impl(const T* gu, int64_t gu_stride, int64_t M,
 #if defined(DART_V16_AVX512)
 constexpr int ATT_KEYS = 4, ATT_GROUPS = 4;
 #else
-constexpr int ATT_KEYS = 1, ATT_GROUPS = 1;
+constexpr int ATT_KEYS = 1, ATT_GROUPS = 2;
 #endif
 // Committed keys ahead that the two loops prefetch: the cache streams from memory at every step (the
 // weights between two layers' attention evict it). On the AVX2 EPYC 8, 16 and 32 keys for the scores
@@ -1955,28 +1965,40 @@ void key_scores_v(const float* q, const T* kc, int64_t P, const std::vector<int6
     }
 }
 
+// G lane groups of R heads' weighted values in one pass over the keys. G is a template parameter so
+// that the R x G accumulators stay in registers: with a run-time group count GCC kept them on the
+// stack, a store and a load on every key's dependency chain (AVX2, two groups a pass: 700 keys'
+// values of an fp16 cache 30 -> 20 us a layer, the attention benchmark below).
+template <int R, int G, class T>
+void weighted_values_g(const float* p, int64_t p_stride, const T* vc, int64_t P, const std::vector<int64_t>& tl, int64_t L,
+                       int64_t hd, int64_t c0, float* out) {
+    V16 acc[R][G];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < G; ++c) acc[r][c] = v_zero();
+    for (int64_t j = 0; j < L; ++j) {
+        if (j + ATT_PREFETCH < P) prefetch_bytes(vc + (j + ATT_PREFETCH) * hd + c0 * LANES, G * LANES * static_cast<int64_t>(sizeof(T)));
+        const T* vr = vc + (j < P ? j : tl[j - P]) * hd + c0 * LANES;
+        V16 pj[R];
+        for (int r = 0; r < R; ++r) pj[r] = v_set1(p[r * p_stride + j]);
+        for (int c = 0; c < G; ++c) {
+            const V16 vv = v_load(vr + c * LANES);
+            for (int r = 0; r < R; ++r) acc[r][c] = v_fma(pj[r], vv, acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < G; ++c) v_store(out + r * hd + (c0 + c) * LANES, acc[r][c]);
+}
+
+// Lane groups [g0, g1): ATT_GROUPS at a time, then pairs, then one by one (every lane's sum is over
+// the keys in order however the groups are batched).
 template <int R, class T>
 void weighted_values_v(const float* p, int64_t p_stride, const T* vc, int64_t P, const std::vector<int64_t>& tl, int64_t L,
                        int64_t hd, int64_t g0, int64_t g1, float* out) {
-    for (int64_t c0 = g0; c0 < g1; c0 += ATT_GROUPS) {  // ATT_GROUPS lane groups of the head dim at a time
-        const int64_t cn = std::min<int64_t>(ATT_GROUPS, g1 - c0);
-        V16 acc[R][ATT_GROUPS];
-        for (int r = 0; r < R; ++r)
-            for (int c = 0; c < ATT_GROUPS; ++c) acc[r][c] = v_zero();
-        for (int64_t j = 0; j < L; ++j) {
-            if (j + ATT_PREFETCH < P) prefetch_bytes(vc + (j + ATT_PREFETCH) * hd + c0 * LANES, cn * LANES * static_cast<int64_t>(sizeof(T)));
-            const T* vr = vc + (j < P ? j : tl[j - P]) * hd + c0 * LANES;
-            V16 pj[R];
-            for (int r = 0; r < R; ++r) pj[r] = v_set1(p[r * p_stride + j]);
-            for (int c = 0; c < ATT_GROUPS; ++c) {
-                if (c >= cn) break;
-                const V16 vv = v_load(vr + c * LANES);
-                for (int r = 0; r < R; ++r) acc[r][c] = v_fma(pj[r], vv, acc[r][c]);
-            }
-        }
-        for (int r = 0; r < R; ++r)
-            for (int64_t c = 0; c < cn; ++c) v_store(out + r * hd + (c0 + c) * LANES, acc[r][c]);
-    }
+    int64_t c = g0;
+    for (; c + ATT_GROUPS <= g1; c += ATT_GROUPS) weighted_values_g<R, ATT_GROUPS>(p, p_stride, vc, P, tl, L, hd, c, out);
+    if constexpr (ATT_GROUPS > 2)
+        for (; c + 2 <= g1; c += 2) weighted_values_g<R, 2>(p, p_stride, vc, P, tl, L, hd, c, out);
+    for (; c < g1; ++c) weighted_values_g<R, 1>(p, p_stride, vc, P, tl, L, hd, c, out);
 }
 #endif
 
@@ -2073,8 +2095,8 @@ inline float max_of(const float* a, int64_t n) {
 // logical key sequence: slots 0..P-1 of kc/vc, then the slots listed in tl (L = P + tl.size() keys).
 // Scores, softmax and values in the fixed order of the contract; writes head r's output to
 // dst + r * hd. kf, vf [hd], scores [rep][max_len], acc [rep][hd] are the caller's scratch.
-template <class T>
-void attend_group(const float* qf, int64_t rep, const T* kc, const T* vc, int64_t P, const std::vector<int64_t>& tl, int64_t L,
+template <class C, class T>
+void attend_group(const float* qf, int64_t rep, const C* kc, const C* vc, int64_t P, const std::vector<int64_t>& tl, int64_t L,
                   int64_t hd, float scale, float* kf, float* vf, float* scores, int64_t max_len, float* acc, T* dst) {
     key_scores(qf, rep, kc, P, tl, L, hd, scale, kf, scores, max_len);
     for (int64_t r = 0; r < rep; ++r) {
@@ -2088,21 +2110,25 @@ void attend_group(const float* qf, int64_t rep, const T* kc, const T* vc, int64_
     }
 }
 
-// A new row's key, RoPE in fp32 rounded to the cache dtype, and its value, written at `slot` of every
-// KV group of one sequence's cache (nkv, cap, hd). c / s: the row's cos / sin (hd/2).
-template <class T>
-inline void store_key_value(const T* k, const T* v, const float* c, const float* s, T* k_cache, T* v_cache, int64_t cap,
+// A new row's key, RoPE in fp32 rounded to the cache dtype, and its value (rounded to it), written at
+// `slot` of every KV group of one sequence's cache (nkv, cap, hd). c / s: the row's cos / sin (hd/2).
+template <class T, class C>
+inline void store_key_value(const T* k, const T* v, const float* c, const float* s, C* k_cache, C* v_cache, int64_t cap,
                             int64_t slot, int64_t nkv, int64_t hd) {
     const int64_t half = hd / 2;
     for (int64_t g = 0; g < nkv; ++g) {
         const T* src = k + g * hd;
-        T* dst = k_cache + (g * cap + slot) * hd;
+        C* dst = k_cache + (g * cap + slot) * hd;
         for (int64_t d = 0; d < half; ++d) {
             const float x1 = to_f32(src[d]), x2 = to_f32(src[d + half]);
-            dst[d] = from_f32<T>(x1 * c[d] - x2 * s[d]);
-            dst[d + half] = from_f32<T>(x2 * c[d] + x1 * s[d]);
+            dst[d] = from_f32<C>(x1 * c[d] - x2 * s[d]);
+            dst[d + half] = from_f32<C>(x2 * c[d] + x1 * s[d]);
         }
-        std::memcpy(v_cache + (g * cap + slot) * hd, v + g * hd, hd * sizeof(T));
+        if constexpr (std::is_same_v<T, C>) {
+            std::memcpy(v_cache + (g * cap + slot) * hd, v + g * hd, hd * sizeof(T));
+        } else {
+            for (int64_t d = 0; d < hd; ++d) v_cache[(g * cap + slot) * hd + d] = from_f32<C>(to_f32(v[g * hd + d]));
+        }
     }
 }
 
@@ -2138,9 +2164,9 @@ constexpr int64_t ATT_PASSES_FROM = 256;
 // so both give attend_group's bits. One item per (row, KV group) alone, a one-token step of the
 // embedded model (3 KV groups, 2 threads) either left a thread idle or (one item per query head) read
 // each group's cache once per head: 30 layers' attention after 700 cached tokens took 4.4 ms.
-template <class T>
+template <class T, class C>
 void tree_attention_impl(const T* q, int64_t q_stride, const T* k, int64_t k_stride, const T* v, int64_t v_stride,
-                         const float* cos, const float* sin, const int64_t* pos, T* k_cache, T* v_cache, int64_t cap,
+                         const float* cos, const float* sin, const int64_t* pos, C* k_cache, C* v_cache, int64_t cap,
                          int64_t P, int64_t T_, const int64_t* parents, int64_t nh, int64_t nkv, int64_t hd, float scale,
                          T* out, int64_t out_stride) {
     const int64_t half = hd / 2, rep = nh / nkv, lane_groups = (hd + LANES - 1) / LANES;
@@ -2177,6 +2203,11 @@ void tree_attention_impl(const T* q, int64_t q_stride, const T* k, int64_t k_str
     const std::unique_ptr<float[]> scores(new float[T_ * nh * max_len]), denom(new float[T_ * nh]);
     const std::vector<int64_t> none;
     const int64_t chunks = (P + ATT_CHUNK - 1) / ATT_CHUNK, prefix_items = nkv * chunks;
+    // value items of a 64-byte line of each value row (one lane group of an fp32 cache, two of a 16-bit
+    // one): two threads never fetch the same line (Zen 2's L3 is filled by L2 evictions, so the second
+    // thread would read it from memory again)
+    const int64_t item_groups = std::max<int64_t>(1, 64 / (LANES * static_cast<int64_t>(sizeof(C))));
+    const int64_t value_items = (lane_groups + item_groups - 1) / item_groups;
 #pragma omp parallel
     {
         std::vector<float> kf(hd), vf(hd), acc(static_cast<size_t>(rep * hd));
@@ -2214,12 +2245,13 @@ void tree_attention_impl(const T* q, int64_t q_stride, const T* k, int64_t k_str
             denom[it] = sum(sr, L);
         }
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < nkv * lane_groups; ++it) {
-            const int64_t g = it / lane_groups, c = it % lane_groups, d0 = c * LANES, d1 = std::min(d0 + LANES, hd);
+        for (int64_t it = 0; it < nkv * value_items; ++it) {
+            const int64_t g = it / value_items, c = it % value_items * item_groups, c1 = std::min(c + item_groups, lane_groups);
+            const int64_t d0 = c * LANES, d1 = std::min(c1 * LANES, hd);
             for (int64_t i = 0; i < T_; ++i) {
                 const int64_t h = i * nh + g * rep, L = P + static_cast<int64_t>(tail[i].size());
                 weighted_values(scores.get() + h * max_len, max_len, rep, v_cache + g * cap * hd, P, tail[i], L, hd, vf.data(),
-                                acc.data(), c, c + 1);
+                                acc.data(), c, c1);
                 for (int64_t r = 0; r < rep; ++r)
                     for (int64_t d = d0; d < d1; ++d)
                         out[i * out_stride + (g * rep + r) * hd + d] = from_f32<T>(acc[r * hd + d] / denom[h + r]);
@@ -2234,9 +2266,9 @@ void tree_attention_impl(const T* q, int64_t q_stride, const T* k, int64_t k_str
 // k_cache + b * seq_stride, (nkv, cap, hd). Row b is exactly a one-token tree_attention call on its own
 // slab (attend_group over the prefix and the one-slot tail {P_b}: its bits), so a sequence
 // decoded beside others gets the bits plain decoding gives it alone, and no padding is computed.
-template <class T>
+template <class T, class C>
 void rows_attention_impl(const T* q, int64_t q_stride, const T* k, int64_t k_stride, const T* v, int64_t v_stride,
-                         const float* cos, const float* sin, const int64_t* committed, T* k_cache, T* v_cache,
+                         const float* cos, const float* sin, const int64_t* committed, C* k_cache, C* v_cache,
                          int64_t seq_stride, int64_t cap, int64_t B, int64_t nh, int64_t nkv, int64_t hd, float scale, T* out,
                          int64_t out_stride) {
     const int64_t half = hd / 2, rep = nh / nkv;
@@ -2257,8 +2289,8 @@ void rows_attention_impl(const T* q, int64_t q_stride, const T* k, int64_t k_str
         for (int64_t it = 0; it < B * nkv; ++it) {
             const int64_t b = it / nkv, g = it % nkv, P = committed[b];
             rope_queries(q + b * q_stride + g * rep * hd, cos + P * half, sin + P * half, rep, hd, qf.data());
-            const T* kc = k_cache + b * seq_stride + g * cap * hd;
-            const T* vc = v_cache + b * seq_stride + g * cap * hd;
+            const C* kc = k_cache + b * seq_stride + g * cap * hd;
+            const C* vc = v_cache + b * seq_stride + g * cap * hd;
             attend_group(qf.data(), rep, kc, vc, P, tail[b], P + 1, hd, scale, kf.data(), vf.data(), scores.data(), max_len,
                          acc.data(), out + b * out_stride + g * rep * hd);
         }
@@ -2431,23 +2463,24 @@ void silu_mul(int dtype, uintptr_t gu, int64_t gu_stride, int64_t M, int64_t I, 
     });
 }
 
-void tree_attention(int dtype, uintptr_t q, int64_t q_stride, uintptr_t k, int64_t k_stride, uintptr_t v,
+void tree_attention(int dtype, int cache_dtype, uintptr_t q, int64_t q_stride, uintptr_t k, int64_t k_stride, uintptr_t v,
                     int64_t v_stride, uintptr_t cos, uintptr_t sin, uintptr_t pos, uintptr_t k_cache,
                     uintptr_t v_cache, int64_t cap, int64_t P, int64_t T_, uintptr_t parents, int64_t nh, int64_t nkv,
                     int64_t hd, float scale, uintptr_t out, int64_t out_stride) {
     if (hd % 2 || nh % nkv) throw std::invalid_argument("tree_attention: head_dim must be even and nkv divide nh");
     if (P + T_ > cap) throw std::invalid_argument("tree_attention: the cache is too small");
     py::gil_scoped_release release;
-    with_dtype(dtype, "tree_attention", [&](auto t) {
+    with_cache_dtype(dtype, cache_dtype, "tree_attention", [&](auto t, auto c) {
         using T = decltype(t);
+        using C = decltype(c);
         tree_attention_impl(ptr<const T>(q), q_stride, ptr<const T>(k), k_stride, ptr<const T>(v), v_stride,
-            ptr<const float>(cos), ptr<const float>(sin), ptr<const int64_t>(pos), ptr<T>(k_cache),
-            ptr<T>(v_cache), cap, P, T_, ptr<const int64_t>(parents), nh, nkv, hd, scale,
+            ptr<const float>(cos), ptr<const float>(sin), ptr<const int64_t>(pos), ptr<C>(k_cache),
+            ptr<C>(v_cache), cap, P, T_, ptr<const int64_t>(parents), nh, nkv, hd, scale,
             ptr<T>(out), out_stride);
     });
 }
 
-void rows_attention(int dtype, uintptr_t q, int64_t q_stride, uintptr_t k, int64_t k_stride, uintptr_t v, int64_t v_stride,
+void rows_attention(int dtype, int cache_dtype, uintptr_t q, int64_t q_stride, uintptr_t k, int64_t k_stride, uintptr_t v, int64_t v_stride,
                     uintptr_t cos, uintptr_t sin, uintptr_t committed, uintptr_t k_cache, uintptr_t v_cache, int64_t seq_stride,
                     int64_t cap, int64_t B, int64_t nh, int64_t nkv, int64_t hd, float scale, uintptr_t out, int64_t out_stride) {
     if (hd % 2 || nkv < 1 || nh % nkv) throw std::invalid_argument("rows_attention: head_dim must be even and nkv divide nh");
@@ -2455,10 +2488,11 @@ void rows_attention(int dtype, uintptr_t q, int64_t q_stride, uintptr_t k, int64
     for (int64_t b = 0; b < B; ++b)
         if (len[b] < 0 || len[b] >= cap) throw std::invalid_argument("rows_attention: a sequence's cache is full");
     py::gil_scoped_release release;
-    with_dtype(dtype, "rows_attention", [&](auto t) {
+    with_cache_dtype(dtype, cache_dtype, "rows_attention", [&](auto t, auto c) {
         using T = decltype(t);
+        using C = decltype(c);
         rows_attention_impl(ptr<const T>(q), q_stride, ptr<const T>(k), k_stride, ptr<const T>(v), v_stride,
-            ptr<const float>(cos), ptr<const float>(sin), len, ptr<T>(k_cache), ptr<T>(v_cache),
+            ptr<const float>(cos), ptr<const float>(sin), len, ptr<C>(k_cache), ptr<C>(v_cache),
             seq_stride, cap, B, nh, nkv, hd, scale, ptr<T>(out), out_stride);
     });
 }
@@ -2481,10 +2515,10 @@ enum PlanField : int64_t {
     QKV_FMT, QKV_W, QKV_RB, QKV_B, O_FMT, O_W, O_RB, W13_FMT, W13_W, W13_RB, W2_FMT, W2_W, W2_RB, ATT_NORM, FFN_NORM, PLAN_FIELDS
 };
 
-template <class T>
+template <class T, class C>
 void layers_forward_impl(const int64_t* plan, int64_t L, int64_t T_, int64_t H, int64_t I, int64_t nh, int64_t nkv,
                          int64_t hd, float eps, const float* cos, const float* sin, const int64_t* pos,
-                         const int64_t* parents, int64_t P, T* k_cache, T* v_cache, int64_t layer_stride, int64_t seq_stride,
+                         const int64_t* parents, int64_t P, C* k_cache, C* v_cache, int64_t layer_stride, int64_t seq_stride,
                          int64_t cap, T* x, T* pending, const int64_t* capture, int64_t n_capture, T* captured) {
     const int64_t q_out = nh * hd, kv_out = nkv * hd, qkv_n = q_out + 2 * kv_out;
     std::vector<T> h(T_ * H), qkv(T_ * qkv_n), o(T_ * q_out), gu(T_ * 2 * I), act(T_ * I);
@@ -2498,11 +2532,11 @@ void layers_forward_impl(const int64_t* plan, int64_t L, int64_t T_, int64_t H, 
                 for (int64_t t = 0; t < T_; ++t) std::memcpy(captured + t * n_capture * H + c * H, x + t * H, H * sizeof(T));
         linear_fmt<T>(p[QKV_FMT], h.data(), H, T_, H, ptr<const uint8_t>(p[QKV_W]), p[QKV_RB], qkv_n, ptr<const T>(p[QKV_B]), qkv.data(), qkv_n);
         if (seq_stride == 0)
-            tree_attention_impl<T>(qkv.data(), qkv_n, qkv.data() + q_out, qkv_n, qkv.data() + q_out + kv_out, qkv_n, cos, sin,
+            tree_attention_impl<T, C>(qkv.data(), qkv_n, qkv.data() + q_out, qkv_n, qkv.data() + q_out + kv_out, qkv_n, cos, sin,
                                    pos, k_cache + l * layer_stride, v_cache + l * layer_stride, cap, P, T_, parents, nh, nkv, hd,
                                    scale, o.data(), q_out);
         else
-            rows_attention_impl<T>(qkv.data(), qkv_n, qkv.data() + q_out, qkv_n, qkv.data() + q_out + kv_out, qkv_n, cos, sin,
+            rows_attention_impl<T, C>(qkv.data(), qkv_n, qkv.data() + q_out, qkv_n, qkv.data() + q_out + kv_out, qkv_n, cos, sin,
                                    pos, k_cache + l * layer_stride, v_cache + l * layer_stride, seq_stride, cap, T_, nh, nkv,
                                    hd, scale, o.data(), q_out);
         linear_fmt<T>(p[O_FMT], o.data(), q_out, T_, q_out, ptr<const uint8_t>(p[O_W]), p[O_RB], H, nullptr, pending, H);
@@ -2514,7 +2548,7 @@ void layers_forward_impl(const int64_t* plan, int64_t L, int64_t T_, int64_t H, 
     }
 }
 
-void layers_forward(int dtype, uintptr_t plan, int64_t L, int64_t T_, int64_t H, int64_t I, int64_t nh, int64_t nkv, int64_t hd,
+void layers_forward(int dtype, int cache_dtype, uintptr_t plan, int64_t L, int64_t T_, int64_t H, int64_t I, int64_t nh, int64_t nkv, int64_t hd,
                     float eps, uintptr_t cos, uintptr_t sin, uintptr_t pos, uintptr_t parents, int64_t P, uintptr_t k_cache,
                     uintptr_t v_cache, int64_t layer_stride, int64_t seq_stride, int64_t cap, uintptr_t x, uintptr_t pending,
                     uintptr_t capture, int64_t n_capture, uintptr_t captured) {
@@ -2533,10 +2567,11 @@ void layers_forward(int dtype, uintptr_t plan, int64_t L, int64_t T_, int64_t H,
                 throw std::invalid_argument("layers_forward: layer " + std::to_string(l) + ": weight rows do not hold " + std::to_string(widths[j][0]) + " elements");
         }
     py::gil_scoped_release release;
-    with_dtype(dtype, "layers_forward", [&](auto t) {
+    with_cache_dtype(dtype, cache_dtype, "layers_forward", [&](auto t, auto c) {
         using T = decltype(t);
-        layers_forward_impl<T>(pl, L, T_, H, I, nh, nkv, hd, eps, ptr<const float>(cos), ptr<const float>(sin),
-            ptr<const int64_t>(pos), ptr<const int64_t>(parents), P, ptr<T>(k_cache), ptr<T>(v_cache),
+        using C = decltype(c);
+        layers_forward_impl<T, C>(pl, L, T_, H, I, nh, nkv, hd, eps, ptr<const float>(cos), ptr<const float>(sin),
+            ptr<const int64_t>(pos), ptr<const int64_t>(parents), P, ptr<C>(k_cache), ptr<C>(v_cache),
             layer_stride, seq_stride, cap, ptr<T>(x), ptr<T>(pending), ptr<const int64_t>(capture),
             n_capture, ptr<T>(captured));
     });
@@ -2590,7 +2625,7 @@ void draft_forward_impl(const int64_t* pl, int64_t S, int64_t D, int64_t H, int6
     std::vector<int64_t> pos(T_), parents(T_);
     for (int64_t t = 0; t < T_; ++t) pos[t] = P + t, parents[t] = t - 1;
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
-    tree_attention_impl<T>(qkv.data(), qkv_n, qkv.data() + q_out, qkv_n, qkv.data() + q_out + kv_out, qkv_n, cos, sin, pos.data(),
+    tree_attention_impl<T, T>(qkv.data(), qkv_n, qkv.data() + q_out, qkv_n, qkv.data() + q_out + kv_out, qkv_n, cos, sin, pos.data(),
                            k_cache, v_cache, cap, P, T_, parents.data(), nh, nkv, hd, scale, att.data(), q_out);
     linear_fmt<T>(pl[DO_FMT], att.data() + (T_ - keep) * q_out, q_out, keep, q_out, W(DO_W), pl[DO_RB], H, nullptr, o.data(), H);
     add_rmsnorm_impl<T>(res.data() + (T_ - keep) * H, o.data(), V(POST_NORM), keep, H, eps, h.data(), x.data());  // h = res + o

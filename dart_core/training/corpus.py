@@ -154,7 +154,7 @@ class ContinuousBatcher:
         a = target.model.args
         self.target, self.model = target, target.model
         self.slots, self.capacity, self.temperature, self.capture = slots, capacity, temperature, capture
-        self.cache = RowCache(a.n_layers, a.n_kv_heads, a.head_dim, slots, capacity, target.dtype, target.device)
+        self.cache = RowCache(a.n_layers, a.n_kv_heads, a.head_dim, slots, capacity, target.cache_dtype, target.device)
         self.jobs: list[_Job | None] = [None] * slots
         self.next_token = torch.zeros(slots, dtype=torch.long, device=target.device)
 
