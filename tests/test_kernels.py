@@ -529,13 +529,15 @@ def _node_logits_equal_steps(target, prompt, tree) -> list[int]:
     return bad
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_tree_verify_is_bit_identical_to_steps(tiny_ckpt, dtype, kpath):
+@pytest.mark.parametrize("dtype,cache_dtype", ATT_DTYPES, ids=ATT_IDS)
+def test_tree_verify_is_bit_identical_to_steps(tiny_ckpt, dtype, cache_dtype, kpath):
     """Layer-level exactness on tiny Llama / Qwen2 / Qwen3 (GQA, biases, q/k norm): every node's
-    logits and captured hidden states equal the one-token steps' bit for bit, trees up to 64 rows."""
+    logits and captured hidden states equal the one-token steps' bit for bit, trees up to 64 rows
+    (also over an fp16 cache beside fp32 activations, as the GGUF paths with integer ones run)."""
     _, path = tiny_ckpt
     target = tiny_target(path, dtype)
-    assert target.model.kernel_path(1, torch.device("cpu"))
+    target.cache_dtype = cache_dtype
+    assert target.model.kernel_path(1, torch.device("cpu")) and target.new_cache(4).k.dtype == cache_dtype
     rng = random.Random(7)
     for n in (2, 9, 17, kernels.MAX_ROWS):
         tree = random_tree(rng, n, 96)
@@ -668,7 +670,7 @@ def _decode_rows_against_alone(target, prompts, steps: int, capacity: int = 40):
     from dart_core.model import RowCache
 
     model, a = target.model, target.model.args
-    rows = RowCache(a.n_layers, a.n_kv_heads, a.head_dim, len(prompts), capacity, target.dtype, "cpu")
+    rows = RowCache(a.n_layers, a.n_kv_heads, a.head_dim, len(prompts), capacity, target.cache_dtype, "cpu")
     alone = []
     for b, p in enumerate(prompts):
         cache = target.new_cache(capacity)
@@ -687,14 +689,15 @@ def _decode_rows_against_alone(target, prompts, steps: int, capacity: int = 40):
         tokens = out.logits.argmax(-1)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_decode_rows_are_one_sequence_steps(tiny_ckpt, dtype, kpath):
+@pytest.mark.parametrize("dtype,cache_dtype", ATT_DTYPES, ids=ATT_IDS)
+def test_decode_rows_are_one_sequence_steps(tiny_ckpt, dtype, cache_dtype, kpath):
     """Continuous batching's forward (Transformer.decode_rows: the corpus generator's): each row of
     separate sequences of different lengths gets the bits of plain decoding's one-token step of that
     sequence alone (logits, final states, the keys and values written), on the layer stack (Llama,
     Qwen2) and the per-op loop (Qwen3's q/k norms)."""
     arch, path = tiny_ckpt
     target = tiny_target(path, dtype)
+    target.cache_dtype = cache_dtype
     rng = random.Random(13)
     prompts = [[rng.randrange(4, 96) for _ in range(n)] for n in (3, 9, 1, 14)]
     for b, out, one, rows, cache in _decode_rows_against_alone(target, prompts, steps=4):
