@@ -1968,7 +1968,7 @@ void key_scores_v(const float* q, const T* kc, int64_t P, const std::vector<int6
 // G lane groups of R heads' weighted values in one pass over the keys. G is a template parameter so
 // that the R x G accumulators stay in registers: with a run-time group count GCC kept them on the
 // stack, a store and a load on every key's dependency chain (AVX2, two groups a pass: 700 keys'
-// values of an fp16 cache 30 -> 20 us a layer, the attention benchmark below).
+// values of an fp16 cache 30 -> 20 us a layer; docs/engine.md, "An fp16 KV cache").
 template <int R, int G, class T>
 void weighted_values_g(const float* p, int64_t p_stride, const T* vc, int64_t P, const std::vector<int64_t>& tl, int64_t L,
                        int64_t hd, int64_t c0, float* out) {
