@@ -444,9 +444,9 @@ class _AttentionPlan:
             raise ValueError(f"k_cache and v_cache must be contiguous {self.cache_shape} tensors")
         return torch.empty(self.T, self.n_heads * self.hd, dtype=dt)
 
-    def _codes(self, dtype: torch.dtype, cache_dtype: torch.dtype | None) -> None:
-        """The activations' and the cache's dtype codes: the same dtype, or an fp16 cache beside fp32
-        activations (CACHE_DTYPES)."""
+    def _set_dtypes(self, dtype: torch.dtype, cache_dtype: torch.dtype | None) -> None:
+        """The activations' and the cache's dtypes and their codes: the same dtype, or an fp16 cache
+        beside fp32 activations (CACHE_DTYPES); cache_dtype None: `dtype`."""
         cache_dtype = dtype if cache_dtype is None else cache_dtype
         if cache_dtype != dtype and cache_dtype not in CACHE_DTYPES.get(dtype, ()):
             raise TypeError(f"a {cache_dtype} KV cache beside {dtype} activations: the cache is of their dtype, or float16 beside float32")
@@ -489,7 +489,7 @@ class TreeAttention(_AttentionPlan):
         nkv, self.capacity, hd = cache_shape
         if nkv != n_kv_heads:
             raise ValueError(f"the cache holds {nkv} KV heads, the model {n_kv_heads}")
-        self._codes(dtype, cache_dtype)
+        self._set_dtypes(dtype, cache_dtype)
         self.cache_shape = tuple(cache_shape)
         self.positions, self.parents = positions.contiguous(), parents.contiguous()
         self.committed, self.T, self.n_heads, self.n_kv_heads, self.hd = committed, T, n_heads, n_kv_heads, hd
@@ -648,8 +648,8 @@ def tree_attention(
 
     q (T, nh*hd), k and v (T, nkv*hd): rows contiguous, q and k before RoPE; positions (T,) int64;
     k_cache / v_cache (nkv, capacity, hd) contiguous, of q's dtype or float16 beside float32 q: row i's
-    key and value are written at slot committed+i; parents (T,) int64, parents[i] < i (-1 for the root). Row i attends to slots
-    0..committed-1, its ancestors' slots root first, then its own. Returns (T, nh*hd). A forward over
+    key and value are written at slot committed+i; parents (T,) int64, parents[i] < i (-1 for the
+    root). Row i attends to slots 0..committed-1, its ancestors' slots root first, then its own. Returns (T, nh*hd). A forward over
     many layers builds one `TreeAttention` instead (the same call, checked once).
     """
     if q.dim() != 2:
@@ -688,7 +688,7 @@ class RowsAttention(_AttentionPlan):
         self.positions = committed.contiguous().cpu()
         if B and (int(self.positions.min()) < 0 or int(self.positions.max()) >= self.capacity):
             raise ValueError(f"every sequence needs a free cache slot: lengths {self.positions.tolist()}, capacity {self.capacity}")
-        self._codes(dtype, cache_dtype)
+        self._set_dtypes(dtype, cache_dtype)
         self.cache_shape = tuple(cache_shape)
         self.T, self.n_heads, self.n_kv_heads, self.hd = B, n_heads, n_kv_heads, hd
         self.q_shape, self.kv_shape = (B, n_heads * hd), (B, nkv * hd)

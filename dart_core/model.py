@@ -243,7 +243,7 @@ class Attention(nn.Module):
         k = apply_rope(k.transpose(1, 2), cos, sin)  # (B, nkv, T, hd)
         v = v.view(B, T, a.n_kv_heads, a.head_dim).transpose(1, 2)
         k_all, v_all = cache.write(layer, k, v)  # (B, nkv, P+T, hd)
-        if k_all.dtype != q.dtype:  # a prefill in Transformer.prefill_dtype against a cache in the model's dtype
+        if k_all.dtype != q.dtype:  # a prefill in Transformer.prefill_dtype, or an fp16 cache beside fp32 activations
             k_all, v_all = k_all.to(q.dtype), v_all.to(q.dtype)
         # mask None: one new token, or a causal forward into an empty cache (Transformer._attention_mask),
         # where SDPA's own causal masking is exact and skips the masked half of the work

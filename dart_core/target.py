@@ -209,7 +209,9 @@ def load_target(
         if float_inputs:
             mode += f" (fp32 inputs to {', '.join(float_inputs)})"
         cache_dtype = torch.float32 if dtype == GGUF else torch.float16
-        weights = f"{dtype} ({', '.join(formats)}{mode}" + ("; fp16 KV cache)" if cache_dtype == torch.float16 else ")")
+        if cache_dtype == torch.float16:
+            mode += "; fp16 KV cache"
+        weights = f"{dtype} ({', '.join(formats)}{mode})"
         dtype = torch.float32
     else:
         dtype = parse_dtype(dtype)
