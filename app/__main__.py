@@ -42,6 +42,7 @@ from dart_core.drafters.config import DartConfig, DrafterConfigs, Eagle3Config  
 from dart_core.drafters.head import trained_record  # noqa: E402
 from dart_core.drafters.registry import DEFAULT_HEADS, build_drafter, embedded_head_exists, ngram_choice  # noqa: E402
 from dart_core.loading import AUTO, DEFAULT_MODEL, EMBEDDED_NAME, TARGET_DTYPE_CHOICES  # noqa: E402
+from dart_core.methods import METHODS  # noqa: E402
 
 from .engine import MIN_REFERENCE_TOKENS, PEER_TIMEOUT_S, ComputeThread, Engine, Peer, available_cores, engine_threads, peer_label  # noqa: E402
 from .render import CostPath, CostView  # noqa: E402
@@ -294,8 +295,7 @@ def calibrate_sizes(
         return configs, None, {}
     if not choices:
         return configs, None, {}
-    names = {"dart": "DART", "eagle3": "EAGLE3"}
-    line = "Tree size " + "; ".join(f"{names[m]}: {c.reason}" for m, c in choices.items()) + " (--max-nodes N overrides)."
+    line = "Tree size " + "; ".join(f"{METHODS[m].label}: {c.reason}" for m, c in choices.items()) + " (--max-nodes N overrides)."
     return configs, line, choices
 
 
@@ -409,7 +409,7 @@ def heads_line(heads: dict[str, str | Path], notes: list[str]) -> str | None:
     without the file says so; a malformed file is a note, not a failed start."""
     said, steps = [], {}
     for name, head in heads.items():
-        label = {"dart": "DART", "eagle3": "EAGLE3"}[name]
+        label = METHODS[name].label
         try:
             record = trained_record(head)
         except ValueError as e:
