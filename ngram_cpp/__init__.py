@@ -18,7 +18,6 @@ read and written unchanged; it records no vocabulary size or tokenizer (`vocab_k
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import os
 import tempfile
@@ -252,26 +251,6 @@ class ContextIndex:
         return self._impl.lookup(np.asarray(virtual_tokens, dtype=np.int64).reshape(-1), int(min_len))
 
 
-def _to_native(params: PruneParams):
-    native = _ngram.PruneParams()
-    for f in dataclasses.fields(PruneParams):
-        setattr(native, f.name, getattr(params, f.name))
-    return native
-
-
-_cached_native = functools.lru_cache(maxsize=64)(_to_native)
-
-
-def _native_params(params: PruneParams):
-    """The extension's copy of `params`, made once per distinct value (PruneParams is frozen, so a copy
-    stays valid; the extension only reads it): the field-by-field copy took ~20-40 us of every draft
-    step, which passes one of a few values. Params holding a list (unhashable) are copied each call."""
-    try:
-        return _cached_native(params)
-    except TypeError:
-        return _to_native(params)
-
-
 def prune(
     tokens,
     probs,
@@ -301,13 +280,16 @@ def prune(
         return prune_reference(
             tokens, probs, root, context, None if model is None else model._impl, params, eos_id, None if index is None else index._impl
         )
+    native = _ngram.PruneParams()
+    for f in dataclasses.fields(PruneParams):
+        setattr(native, f.name, getattr(params, f.name))
     out = _ngram.prune(
         np.asarray(tokens, dtype=np.int64),
         np.asarray(probs, dtype=np.float32),
         int(root),
         np.asarray(context, dtype=np.int64).reshape(-1),
         None if model is None else model.native,
-        _native_params(params),
+        native,
         int(eos_id),
         None if index is None else index._impl,
     )
