@@ -649,8 +649,9 @@ def tree_attention(
     q (T, nh*hd), k and v (T, nkv*hd): rows contiguous, q and k before RoPE; positions (T,) int64;
     k_cache / v_cache (nkv, capacity, hd) contiguous, of q's dtype or float16 beside float32 q: row i's
     key and value are written at slot committed+i; parents (T,) int64, parents[i] < i (-1 for the
-    root). Row i attends to slots 0..committed-1, its ancestors' slots root first, then its own. Returns (T, nh*hd). A forward over
-    many layers builds one `TreeAttention` instead (the same call, checked once).
+    root). Row i attends to slots 0..committed-1, its ancestors' slots root first, then its own.
+    Returns (T, nh*hd). A forward over many layers builds one `TreeAttention` instead (the same call,
+    checked once).
     """
     if q.dim() != 2:
         raise ValueError(f"q must be (T, n_heads*head_dim), got {tuple(q.shape)}")
