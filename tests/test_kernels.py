@@ -440,7 +440,7 @@ def test_builds_give_the_same_bits(weights):
         dt = getattr(torch, weights)
         w, x = (torch.randn(N, K, generator=g) / 24).to(dt), torch.randn(9, K, generator=g).to(dt)
     dt = x.dtype
-    k_cache, v_cache, rope, _ = _attention_setup(dt, 300, 9, 3, 64)  # 300: the three-pass attention
+    k_cache, v_cache, rope, _ = _attention_setup(dt, 300, 9, 3, 64)
     tree = random_tree(random.Random(4), 7, 50)
     q, k, v = (torch.randn(len(tree), n * 64, generator=g).to(dt) for n in (9, 3, 3))
     # fp32 activations also over an fp16 cache (the GGUF paths with integer activations)
@@ -448,7 +448,9 @@ def test_builds_give_the_same_bits(weights):
 
     def run():
         att = [
-            kernels.tree_attention(q, k, v, rope, tree.depths + 300, kc.clone(), vc.clone(), 300, tree.parents, 9, 3) for kc, vc in caches
+            kernels.tree_attention(q, k, v, rope, tree.depths + P, kc.clone(), vc.clone(), P, tree.parents, 9, 3)
+            for kc, vc in caches
+            for P in (37, 300)  # the one-pass attention, and the three passes past ATT_PASSES_FROM
         ]
         # every row count has its own register blocking on some build (1, 2, 3-6 and more rows)
         return [kernels.linear(x[:m].contiguous(), w) for m in (1, 2, 3, 4, 5, 6, 9)], att
