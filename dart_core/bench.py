@@ -208,7 +208,8 @@ def embedded_gguf_or_none() -> Path | None:
 
 
 def method_drafter(name: str, target: Target, configs: DrafterConfigs) -> Drafter:
-    """The drafter of one of the loop's methods ('ar', 'dart', 'dart-noctx', 'eagle3', each maybe @N)."""
+    """The drafter of one of the loop's methods ('ar', 'dart', 'dart-noctx', 'dart-adaptive', 'eagle3',
+    each maybe @N; dart-adaptive's N caps its per-step size)."""
     base, size = split_method(name)
     method = METHODS[base]
     if method.engine != LOOP:
@@ -218,6 +219,8 @@ def method_drafter(name: str, target: Target, configs: DrafterConfigs) -> Drafte
     config = configs[method.drafter]
     if not method.context:
         config = replace(config, context=False)
+    if method.adaptive:
+        config = replace(config, adaptive=True)
     if size is not None:  # this method's own tree size; the other methods keep their configs'
         config = replace(config, max_nodes=size)
     return build_drafter(method.drafter, target, config)

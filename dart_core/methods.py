@@ -22,6 +22,7 @@ class Method:
     engine: str  # LOOP: our generation loop; HF: transformers' generate; PEER: llama.cpp (dart_core/peers.py)
     drafter: str | None = None  # the loop's drafter (dart_core.drafters.registry); None: plain decoding
     context: bool = True  # DART's context n-gram (off: dart-noctx, the ablation)
+    adaptive: bool = False  # DART's tree size chosen per step (dart-adaptive; DartConfig.adaptive)
     prompt_lookup: bool = False  # transformers' prompt-lookup decoding
 
     @property
@@ -42,6 +43,7 @@ METHODS: dict[str, Method] = {
         Method("pld", "transformers prompt lookup", HF, prompt_lookup=True),
         Method("dart", "DART", LOOP, "dart"),
         Method("dart-noctx", "DART without the context n-gram", LOOP, "dart", context=False),
+        Method("dart-adaptive", "DART, adaptive tree size", LOOP, "dart", adaptive=True),
         Method("eagle3", "EAGLE3", LOOP, "eagle3"),
         *(Method(p, _peer_label(p), PEER) for p in PEER_METHODS),
     )

@@ -116,7 +116,7 @@ def test_bench_sweeps_tree_sizes_in_one_run(questions, tmp_path):
         bench.main(
             [
                 "--methods",
-                "ar,dart@2,dart@12",
+                "ar,dart@2,dart@12,dart-adaptive@8",
                 "--dataset",
                 str(questions),
                 "--max-new-tokens",
@@ -130,10 +130,12 @@ def test_bench_sweeps_tree_sizes_in_one_run(questions, tmp_path):
         == 0
     )
     result = json.loads(out.read_text())
-    assert list(result["methods"]) == ["ar", "dart@2", "dart@12"]
+    assert list(result["methods"]) == ["ar", "dart@2", "dart@12", "dart-adaptive@8"]
     small, large = result["methods"]["dart@2"], result["methods"]["dart@12"]
     assert sum(small["accept_hist"][3:]) == 0  # two drafted nodes: at most two accepted per step
     assert small["tau"] <= large["tau"]
+    # the adaptive tree: a size chosen per step, never past its cap of 8 (its ids: the loop below)
+    assert sum(result["methods"]["dart-adaptive@8"]["accept_hist"][9:]) == 0
     for s in result["samples"]:
         assert s["output_ids"] == next(
             x["output_ids"] for x in result["samples"] if x["method"] == "ar" and x["question_id"] == s["question_id"]

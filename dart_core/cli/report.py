@@ -42,7 +42,8 @@ BENCH_MODULE = "dart_core.bench"
 # how the tables name the bench's methods (method@N adds its size)
 LABELS = {
     "ar": "plain", "hf": "transformers generate", "pld": "transformers prompt lookup", "eagle3": "EAGLE3", "dart": "DART",
-    "dart-noctx": "DART, no context n-gram", "llamacpp": "plain", "llamacpp-lookup": "lookup", "llamacpp-eagle3": "EAGLE3 chain",
+    "dart-noctx": "DART, no context n-gram", "dart-adaptive": "DART, adaptive tree",
+    "llamacpp": "plain", "llamacpp-lookup": "lookup", "llamacpp-eagle3": "EAGLE3 chain",
     "llamacpp-ngram-simple": "ngram-simple", "llamacpp-ngram-map-k": "ngram-map-k", "llamacpp-ngram-mod": "ngram-mod",
 }  # fmt: skip
 
@@ -132,7 +133,7 @@ def is_peer(method: str) -> bool:
 
 
 # the head each drafting method reads (the bench's env["heads"]: its trained.json)
-METHOD_HEADS = {"dart": "dart", "dart-noctx": "dart", "eagle3": "eagle3", "llamacpp-eagle3": "eagle3"}
+METHOD_HEADS = {"dart": "dart", "dart-noctx": "dart", "dart-adaptive": "dart", "eagle3": "eagle3", "llamacpp-eagle3": "eagle3"}
 
 
 def method_head(method: str) -> str | None:
