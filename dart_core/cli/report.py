@@ -28,6 +28,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..methods import METHODS
+
 ROOT = Path(__file__).resolve().parents[2]  # the repository: the report reads and writes files named from it
 RESULTS = Path("docs") / "results"  # relative to ROOT, as the commands name it
 README = Path("README.md")
@@ -132,13 +134,14 @@ def is_peer(method: str) -> bool:
     return method.startswith("llamacpp")
 
 
-# the head each drafting method reads (the bench's env["heads"]: its trained.json)
-METHOD_HEADS = {"dart": "dart", "dart-noctx": "dart", "dart-adaptive": "dart", "eagle3": "eagle3", "llamacpp-eagle3": "eagle3"}
-
-
 def method_head(method: str) -> str | None:
-    """The head a method (method@N too) drafts with: "dart", "eagle3", or None for one without a head."""
-    return METHOD_HEADS.get(method.partition("@")[0])
+    """The head a method (method@N too) drafts with, whose trained.json the bench's env["heads"]
+    records: "dart", "eagle3" (our loop's drafter, or llama.cpp's EAGLE3 on ours), or None."""
+    base = method.partition("@")[0]
+    if base == "llamacpp-eagle3":
+        return "eagle3"
+    known = METHODS.get(base)
+    return None if known is None else known.drafter
 
 
 def head_steps(env: dict, method: str) -> str | None:
