@@ -101,7 +101,7 @@ DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 # activations keep theirs so, see docs/engine.md). Otherwise the cache is of the activations' dtype.
 CACHE_DTYPES = {torch.float32: (torch.float16,)}
 # Weight formats the linear reads (codes of cpu_kernels.cpp WFormat): the float dtypes, GGUF blocks.
-WEIGHT_FORMATS = {"float32": 0, "bfloat16": 1, "float16": 2, "Q4_0": 3, "Q4_1": 4, "Q8_0": 5}
+WEIGHT_FORMATS = {"float32": 0, "bfloat16": 1, "float16": 2, "Q4_0": 3, "Q4_1": 4, "Q8_0": 5, "BF16X16": 9}
 # Largest number of new rows (tree nodes) a forward sends through the kernels. The linear streams the
 # weights once per call and computes rows in the core, so it is the fast path for decode-sized
 # batches; longer runs (prompt prefill) go to torch's GEMMs, which no exactness argument needs.
@@ -115,6 +115,7 @@ ACTIVATIONS = ("float", "int8", "int16")
 QUANTIZED_ACTIVATIONS = ("int8", "int16")
 X16_FORMATS = ("Q4_0", "Q4_1", "Q8_0")  # block formats that interleave 16 rows (BlockWeight.interleaved)
 X16_CODE_OFFSET = 3  # Q4_0 -> Q4_0X16 (6), Q4_1 -> Q4_1X16 (7), Q8_0 -> Q8_0X16 (8) in the extension's format codes
+BF16X16 = "BF16X16"  # bf16 with 16 rows interleaved element by element (InterleavedBF16)
 
 
 @dataclass(frozen=True)
@@ -233,25 +234,7 @@ class BlockWeight:
     def dequantize(self, rows: torch.Tensor | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """(n, cols) values of `rows` (int64 indices; None: all): the exact fp32 values, rounded once
         to `dtype` (float32, bfloat16, float16) in the same pass."""
-        _need_ext()
-        if dtype not in DTYPES:
-            raise TypeError(f"dequantize to float32, bfloat16 or float16, not {dtype}")
-        idx = None if rows is None else rows.reshape(-1).to("cpu", torch.long).contiguous()
-        n = self.rows if idx is None else idx.numel()
-        out = torch.empty(n, self.cols, dtype=dtype)
-        _ext.dequantize(
-            self.storage_code,
-            self.data.data_ptr(),
-            self.data.shape[1],
-            self.cols,
-            self.rows,
-            0 if idx is None else idx.data_ptr(),
-            n,
-            out.data_ptr(),
-            self.cols,
-            DTYPES[dtype],
-        )
-        return out
+        return _dequantize(self, rows, dtype)
 
 
 def quantize_q8_0(w: torch.Tensor, activations: str = "int8") -> BlockWeight:
@@ -269,6 +252,91 @@ def quantize_q8_0(w: torch.Tensor, activations: str = "int8") -> BlockWeight:
     return BlockWeight("Q8_0", N, K, data.reshape(N, -1).contiguous(), activations)
 
 
+@dataclass(frozen=True)
+class InterleavedBF16:
+    """A bf16 weight of `rows` x `cols` with every 16 rows interleaved element by element (format
+    BF16X16 of cpu_kernels.cpp): `data` (rows, 2 * cols) uint8, per group of 16 rows and element k the
+    16 rows' values (row r at position 2r for r < 8, 2(r - 8) + 1 above). For CPUs without bf16
+    arithmetic (the AVX2 and AVX-512F builds): an input element broadcast meets 16 weight rows in one
+    fma pair, so a 6-row verify costs little more than one row (docs/engine.md). Its outputs are one
+    fma chain over k in order: other bits than the same weight as a bf16 tensor (the 16-lane
+    contract), the same bits on every build. `from_tensor` builds it; `dequantize` gives the values."""
+
+    rows: int
+    cols: int
+    data: torch.Tensor
+    fmt = BF16X16
+    activations = "float"
+
+    def __post_init__(self):
+        if self.rows % 16 or self.rows < 16 or self.cols < 1:
+            raise ValueError(f"an interleaved bf16 weight holds whole groups of 16 rows, got {self.rows} x {self.cols}")
+        want = (self.rows, 2 * self.cols)
+        if self.data.dtype != torch.uint8 or tuple(self.data.shape) != want or not self.data.is_contiguous():
+            raise ValueError(
+                f"BF16X16 weight of {self.rows}x{self.cols}: data must be contiguous uint8 {want}, got {self.data.dtype} {tuple(self.data.shape)}"
+            )
+
+    # row order within a group's 16 positions: position p holds row ORDER[p]
+    ORDER = (0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15)
+
+    @staticmethod
+    def from_tensor(w: torch.Tensor) -> "InterleavedBF16":
+        """A (N, K) weight, N a multiple of 16, rounded to bf16 (exact for a bf16 tensor) and interleaved."""
+        if w.dim() != 2 or w.shape[0] % 16:
+            raise ValueError(f"interleave (N, K) weights with N a multiple of 16, got {tuple(w.shape)}")
+        N, K = w.shape
+        order = torch.tensor(InterleavedBF16.ORDER)
+        g = w.detach().to("cpu", torch.bfloat16).reshape(N // 16, 16, K)[:, order].transpose(1, 2)  # (groups, K, 16)
+        return InterleavedBF16(N, K, g.contiguous().view(torch.uint8).reshape(N, 2 * K))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.rows, self.cols)
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+    @property
+    def dtype(self) -> str:
+        return self.fmt
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    @property
+    def storage_code(self) -> int:
+        return WEIGHT_FORMATS[BF16X16]
+
+    @property
+    def code(self) -> int:
+        return self.storage_code
+
+    def dequantize(self, rows: torch.Tensor | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """(n, cols) values of `rows` (int64 indices; None: all), exactly (float32, bfloat16) or rounded to float16."""
+        return _dequantize(self, rows, dtype)
+
+
+# Weights stored in a layout of their own (anything but a plain float tensor): `linear`, `plan_fields`
+# and model.BlockLinear take them alike (rows, cols, data, code, dequantize).
+PackedWeight = BlockWeight | InterleavedBF16
+
+
+def _dequantize(w: PackedWeight, rows: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    _need_ext()
+    if dtype not in DTYPES:
+        raise TypeError(f"dequantize to float32, bfloat16 or float16, not {dtype}")
+    idx = None if rows is None else rows.reshape(-1).to("cpu", torch.long).contiguous()
+    n = w.rows if idx is None else idx.numel()
+    out = torch.empty(n, w.cols, dtype=dtype)
+    _ext.dequantize(
+        w.storage_code, w.data.data_ptr(), w.data.shape[1], w.cols, w.rows, 0 if idx is None else idx.data_ptr(), n, out.data_ptr(), w.cols, DTYPES[dtype]
+    )  # fmt: skip
+    return out
+
+
 def use_path(path: str | None) -> str | None:
     """Switch this process to another build (None: the automatic choice); returns the previous one.
     For tests that run every path the CPU offers in one process; a forward in flight keeps its build."""
@@ -284,14 +352,20 @@ def use_path(path: str | None) -> str | None:
     return previous
 
 
+def bf16_arithmetic() -> bool:
+    """Whether the build in use multiplies bf16 in hardware (AVX512-BF16's vdpbf16ps). Without it a bf16
+    model's linears read InterleavedBF16 copies of their weights (target.load_target)."""
+    return AVAILABLE and bool(_ext.BF16_DOT)
+
+
 def _need_ext():
     if _ext is None:
         raise RuntimeError("the dart_core CPU kernels are not built (pip install -e . builds them; see setup.py)")
 
 
 def supports(dtype: torch.dtype | str, device: torch.device) -> bool:
-    """Whether the kernels run weights of this dtype (or block format, e.g. "Q4_1") on this device."""
-    return AVAILABLE and device.type == "cpu" and (dtype in DTYPES or dtype in BLOCK_FORMATS)
+    """Whether the kernels run weights of this dtype (or block format, e.g. "Q4_1", or BF16X16) on this device."""
+    return AVAILABLE and device.type == "cpu" and (dtype in DTYPES or dtype in BLOCK_FORMATS or dtype == BF16X16)
 
 
 def _code(t: torch.Tensor) -> int:
@@ -312,12 +386,13 @@ def _rows(t: torch.Tensor, name: str) -> int:
     return t.stride(0)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor | BlockWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor | PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x (M, K) @ weight (N, K)^T + bias (N,) -> (M, N) in x's dtype. A float weight has x's dtype; a
-    BlockWeight takes x of any float dtype (each row converted to fp32 first, as for float weights)."""
+    BlockWeight or InterleavedBF16 takes x of any float dtype (each row converted to fp32 first, as
+    for float weights)."""
     code = _code(x)
     M, K = x.shape
-    if isinstance(weight, BlockWeight):
+    if isinstance(weight, PackedWeight):
         N, fmt, w, row_bytes = weight.rows, weight.code, weight.data, weight.data.shape[1]
         if weight.cols != K:
             raise ValueError(f"{weight.fmt} weight of width {weight.cols} against x of width {K}")
@@ -505,10 +580,10 @@ class TreeAttention(_AttentionPlan):
         return out
 
 
-def plan_fields(w: torch.Tensor | BlockWeight, dtype: torch.dtype) -> list[int]:
+def plan_fields(w: torch.Tensor | PackedWeight, dtype: torch.dtype) -> list[int]:
     """A weight as the C++ plans take it (LayerStack, KernelHead.draft): format code, data pointer, row
     bytes. A float weight must be a contiguous `dtype` tensor (the activations' dtype)."""
-    if isinstance(w, BlockWeight):
+    if isinstance(w, PackedWeight):
         return [w.code, w.data.data_ptr(), w.data.shape[1]]
     if w.dtype != dtype or not w.is_contiguous():
         raise ValueError(f"weights must be contiguous {dtype} tensors or BlockWeights, got {w.dtype}")

@@ -610,14 +610,15 @@ def load_transformer(model_dir: Path, dtype: torch.dtype, device: torch.device |
 
 
 class BlockLinear(nn.Module):
-    """A bias-free linear whose weight is a kernels.BlockWeight (GGUF blocks). The kernel path reads
-    the blocks directly. Longer inputs (prompt prefill) multiply by the blocks' values dequantized
-    for the call in `gemm_dtype`: fp32 (exact values), or bf16 where the CPU multiplies bf16 in
-    hardware (AVX512-BF16/AMX: a 769-token prefill 1.3 s -> ~0.4 s on one thread of a Xeon; the
-    prompt's keys and values then carry bf16 rounding, shared by every method). The exact gguf path
-    keeps fp32; gguf-int8 takes bf16 where it can."""
+    """A bias-free linear whose weight is stored in a layout of its own: a kernels.BlockWeight (GGUF
+    blocks) or kernels.InterleavedBF16 (bf16 rows interleaved in 16s). The kernel path reads it
+    directly. Longer inputs (prompt prefill) multiply by its values dequantized for the call in
+    `gemm_dtype`: fp32 (exact values), or bf16 where the CPU multiplies bf16 in hardware
+    (AVX512-BF16/AMX: a 769-token prefill 1.3 s -> ~0.4 s on one thread of a Xeon; the prompt's keys
+    and values then carry bf16 rounding, shared by every method). The exact gguf path keeps fp32;
+    gguf-int8 takes bf16 where it can."""
 
-    def __init__(self, weight: kernels.BlockWeight, gemm_dtype: torch.dtype = torch.float32):
+    def __init__(self, weight: kernels.PackedWeight, gemm_dtype: torch.dtype = torch.float32):
         super().__init__()
         self.weight = weight
         self.bias = None
@@ -639,6 +640,36 @@ class BlockEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.weight.dequantize(ids).view(*ids.shape, self.weight.cols)
+
+
+def interleave_bf16_linears(model: Transformer) -> int:
+    """Every bias-free linear of a bf16 model's decoder layers, and its LM head, read from an
+    InterleavedBF16 copy (kernels.py) instead of the bf16 tensor, in place; returns how many. For CPUs
+    without bf16 arithmetic (target.load_target decides): there a verify of 6 rows costs ~1.1x a
+    one-row step in that layout against ~1.4-1.6x as stored (docs/engine.md). A tied embedding keeps
+    its tensor for lookups (one row a token) and the LM head gets the copy. Linears whose rows are not
+    whole groups of 16, or that have a bias, stay as they are; the prompt prefill reads the copies'
+    values (exact) in the model's prefill dtype."""
+    gemm = model.prefill_dtype or torch.bfloat16
+
+    def convert(lin: nn.Module) -> nn.Module:
+        w = lin.weight
+        if not isinstance(w, torch.Tensor) or w.dtype != torch.bfloat16 or w.shape[0] % 16 or getattr(lin, "bias", None) is not None:
+            return lin
+        return BlockLinear(kernels.InterleavedBF16.from_tensor(w), gemm)
+
+    done = 0
+    for layer in model.layers:
+        att, ffn = layer.attention, layer.feed_forward
+        for owner, name in ((att, "wqkv"), (att, "wo"), (ffn, "w13"), (ffn, "w2")):
+            new = convert(getattr(owner, name))
+            done += new is not getattr(owner, name)
+            setattr(owner, name, new)
+    head = convert(model.output)
+    done += head is not model.output
+    model.output = head
+    model.reset_layer_stack()
+    return done
 
 
 # The GGUF layout of a llama-family checkpoint (llama.cpp's names) -> ours.

@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 
 from .loading import AUTO, DEFAULT_MODEL, GGUF, GGUF_INT8, GGUF_INT16, GGUF_PATHS, embedded_gguf_path, parse_dtype, resolve_model_dir
-from .model import BlockLinear, ForwardOutput, KVCache, Transformer, load_gguf_transformer, load_transformer
+from . import kernels as kernel_ops
+from .model import BlockLinear, ForwardOutput, KVCache, Transformer, interleave_bf16_linears, load_gguf_transformer, load_transformer
 from .tree import DraftTree
 
 log = logging.getLogger(__name__)
@@ -156,6 +157,17 @@ def weights_spec(spec: str) -> tuple[str, tuple[str, ...]]:
     return dtype, names
 
 
+def interleave_for_this_cpu(transformer: Transformer) -> bool:
+    """A bf16 model on a CPU whose kernels in use have no bf16 arithmetic (AVX2, AVX-512F, generic):
+    its linears read InterleavedBF16 copies of their weights (model.interleave_bf16_linears), where
+    a verify's rows cost little more than one. Returns whether any linear was converted; other
+    models, devices and the avx512bf16 build (vdpbf16ps reads the weights as stored) are left alone."""
+    w = transformer.norm.weight
+    if w.dtype != torch.bfloat16 or w.device.type != "cpu" or not kernel_ops.AVAILABLE or kernel_ops.bf16_arithmetic():
+        return False
+    return interleave_bf16_linears(transformer) > 0
+
+
 def load_target(
     model: str | os.PathLike | None = DEFAULT_MODEL,
     device: str | torch.device = "cpu",
@@ -219,6 +231,8 @@ def load_target(
         transformer = load_transformer(model_dir, dtype, device)
         weights = str(dtype).removeprefix("torch.")
         cache_dtype = dtype
+        if kernels and interleave_for_this_cpu(transformer):
+            weights += f" ({kernel_ops.BF16X16} linears)"
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     transformer.use_kernels = kernels
     return Target(name, model_dir, transformer, tokenizer, _eos_ids(model_dir, tokenizer), device, dtype, weights, cache_dtype)

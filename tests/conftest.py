@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dart_core.model import load_transformer
-from dart_core.target import Target
+from dart_core.target import Target, interleave_for_this_cpu
 
 TINY_VOCAB = 96
 TINY_LAYERS = 8  # >= 7, so the three captured layers (2, L//2, L-3) are distinct
@@ -66,7 +66,10 @@ def build_tiny_checkpoint(path: Path, arch: str, seed: int = 0, vocab: int = TIN
 
 
 def tiny_target(path: Path, dtype=torch.float32) -> Target:
+    """A tiny checkpoint as load_target would give it: in bf16 on kernels without bf16 arithmetic
+    its linears read 16-row interleaved weights (target.interleave_for_this_cpu)."""
     model = load_transformer(path, dtype, "cpu")
+    interleave_for_this_cpu(model)
     return Target(f"tiny:{path.name}", path, model, None, frozenset({TINY_EOS}), torch.device("cpu"), dtype)
 
 

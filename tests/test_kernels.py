@@ -421,6 +421,104 @@ def test_interleaving_is_checked():
         kernels.linear(torch.randn(1, 64), _random_blocks("Q4_1", 16, 64, seed=1).with_activations("int16"))
 
 
+def _chain_reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The BF16X16 contract in fp64: per output acc = fma(x_k, w_k, acc) in k order, each step rounded
+    once to fp32 (bf16 x bf16 products are exact in fp64, and so is their sum with an fp32 acc at
+    these magnitudes), then + bias in fp32 and one rounding to x's dtype."""
+    xd, wd = x.double(), w.double()
+    acc = torch.zeros(x.shape[0], w.shape[0], dtype=torch.float64)
+    for k in range(x.shape[1]):
+        acc = (acc + xd[:, k, None] * wd[None, :, k]).float().double()
+    out = acc.float()
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype)
+
+
+@pytest.mark.parametrize("K,N", [(576, 48), (1536, 32), (100, 16), (7, 64)])
+def test_interleaved_bf16_is_the_chain_of_its_weight_and_row_invariant(K, N, kpath):
+    """BF16X16 (16 rows interleaved element by element, for CPUs without bf16 arithmetic): the same
+    values (dequantized exactly), every output the documented fma chain over k in order (so no
+    build's vector width shows in it), a row's bits never depend on the other rows (1..26 rows: every
+    row block of AVX2's 6 and AVX-512's 12), with and without a bias, for bf16 and fp32 inputs."""
+    g = torch.Generator().manual_seed(K + N)
+    w = (torch.randn(N, K, generator=g) / K**0.5).bfloat16()
+    bias = torch.randn(N, generator=g).bfloat16()
+    wx = kernels.InterleavedBF16.from_tensor(w)
+    assert wx.nbytes == w.numel() * 2 and wx.shape == (N, K) and wx.dtype == kernels.BF16X16
+    assert torch.equal(wx.dequantize(dtype=torch.bfloat16), w) and torch.equal(wx.dequantize(), w.float())
+    rows = torch.tensor([N - 1, 0, 9, 9])
+    assert torch.equal(wx.dequantize(rows, torch.bfloat16), w[rows])
+    assert torch.equal(wx.dequantize(rows, torch.float16), w[rows].half())
+    x = torch.randn(26, K, generator=g).bfloat16()
+    x[4] = 0
+    for b in (None, bias):
+        out = kernels.linear(x, wx, b)
+        assert torch.equal(out, _chain_reference(x, w, b)), "not the fma chain"
+        for M in range(1, 27):
+            assert torch.equal(kernels.linear(x[:M], wx, b), out[:M]), f"rows differ at M={M}"
+        assert torch.equal(kernels.linear(x[5:12], wx, b), out[5:12])
+    xf = x.float()
+    assert torch.equal(kernels.linear(xf, wx), _chain_reference(xf, w, None))
+
+
+@pytest.mark.skipif(len(PATHS) < 2, reason="one build on this CPU: nothing to compare")
+def test_interleaved_bf16_gives_the_same_bits_on_every_build():
+    """One fma chain per output: avx512bf16 (whose bf16 weights as stored take vdpbf16ps), avx512,
+    avx2 and generic all give the same bits for this format, at every row count."""
+    g = torch.Generator().manual_seed(3)
+    wx = kernels.InterleavedBF16.from_tensor((torch.randn(96, 1536 + 8, generator=g) / 40).bfloat16())
+    x = torch.randn(19, wx.cols, generator=g).bfloat16()
+    results = on_every_build(lambda: [kernels.linear(x[:m].contiguous(), wx) for m in (1, 2, 3, 6, 7, 12, 13, 19)])
+    for p in PATHS[1:]:
+        for a, b in zip(results[p], results[PATHS[0]]):
+            assert torch.equal(a, b), f"{a.shape[0]} rows: {p} != {PATHS[0]}"
+
+
+def test_interleaved_bf16_is_checked():
+    with pytest.raises(ValueError, match="multiple of 16"):
+        kernels.InterleavedBF16.from_tensor(torch.randn(24, 32))
+    with pytest.raises(ValueError, match="groups of 16"):
+        kernels.InterleavedBF16(20, 32, torch.zeros(20, 64, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="contiguous uint8"):
+        kernels.InterleavedBF16(16, 32, torch.zeros(16, 32, dtype=torch.uint8))
+    wx = kernels.InterleavedBF16.from_tensor(torch.randn(16, 32))
+    with pytest.raises(ValueError, match="width"):
+        kernels.linear(torch.randn(2, 31), wx)
+    with pytest.raises(ValueError, match="out of range"):
+        wx.dequantize(torch.tensor([16]))
+
+
+def test_bf16_models_interleave_where_the_kernels_lack_bf16_arithmetic(tmp_path):
+    """load_target's rule (target.interleave_for_this_cpu), as the tests' tiny targets follow it: a bf16
+    model's bias-free linears and LM head read BF16X16 copies on every build without bf16 arithmetic,
+    never on avx512bf16 nor in fp32; the tied embedding keeps its tensor; the converted model's logits
+    are the bf16 model's up to summation order."""
+    from conftest import build_tiny_checkpoint
+    from dart_core.model import BlockLinear
+
+    path = build_tiny_checkpoint(tmp_path / "qwen2", "qwen2")  # q|k|v biases: that linear stays as it is
+    tokens = torch.tensor([5, 9, 11, 40])
+    logits = {}
+    for p in PATHS:
+        previous = kernels.use_path(p)
+        try:
+            for dt in (torch.bfloat16, torch.float32):
+                t = tiny_target(path, dt)
+                m = t.model
+                lin = (m.layers[0].attention.wo, m.layers[0].feed_forward.w13, m.layers[-1].feed_forward.w2, m.output)
+                converted = dt == torch.bfloat16 and not kernels.bf16_arithmetic()
+                assert all(isinstance(x, BlockLinear) == converted for x in lin), (p, dt)
+                assert isinstance(m.layers[0].attention.wqkv, torch.nn.Linear)
+                assert isinstance(m.tok_embeddings.weight, torch.Tensor)
+                cache = t.new_cache(8)
+                logits[(p, dt)] = m(tokens, torch.arange(4), cache).logits
+        finally:
+            kernels.use_path(previous)
+    for p in PATHS:
+        torch.testing.assert_close(logits[(p, torch.bfloat16)], logits[(p, torch.float32)], atol=0.25, rtol=0.05)
+
+
 def test_int8_activations_reject_float_weights_and_bad_modes():
     with pytest.raises(ValueError, match="activations"):
         _random_blocks("Q4_1", 4, 64, seed=1).with_activations("int4")
@@ -551,6 +649,51 @@ def test_embedded_bf16_tree_verify_is_bit_identical(embedded_bf16):
     tree = random_tree(random.Random(2), 9, 49152)
     prompt = embedded_bf16.encode("Name three rivers in Europe.")
     assert _node_logits_equal_steps(embedded_bf16, prompt, tree) == []
+
+
+@pytest.fixture(scope="module")
+def embedded_bf16_other_layout(embedded_bf16):
+    """The embedded model in bf16 loaded on the avx2 build, as an AVX2 CPU loads it (BF16X16 linears),
+    for machines whose best build multiplies bf16 in hardware: their embedded_bf16 reads the weights
+    as stored, and this one tests the AVX2 machines' model there. Elsewhere embedded_bf16 already is
+    this model (skipped)."""
+    from dart_core import load_target
+
+    if not kernels.bf16_arithmetic() or "avx2" not in PATHS:
+        pytest.skip("the embedded bf16 fixture already reads BF16X16 here (no bf16 arithmetic)")
+    previous = kernels.use_path("avx2")
+    try:
+        target = load_target("default", "cpu", "bfloat16")
+    finally:
+        kernels.use_path(previous)
+    assert kernels.BF16X16 in target.weights
+    return target
+
+
+@pytest.mark.parametrize("path", ["avx2", "avx512bf16"])
+def test_embedded_bf16x16_is_lossless_on_every_build(embedded_bf16_other_layout, path):
+    """The embedded model's BF16X16 copy (what AVX2 CPUs run): verifies equal the one-token steps bit
+    for bit, and DART's greedy output equals plain decoding's, on the avx2 build and on avx512bf16."""
+    from dart_core import ARDrafter, GenerationParams, complete
+    from dart_core.drafters import DEFAULT_DART_HEAD, DEFAULT_NGRAM
+    from dart_core.drafters.dart import load_dart_drafter
+
+    if path not in PATHS:
+        pytest.skip(f"no {path} build runs here")
+    target = embedded_bf16_other_layout
+    previous = kernels.use_path(path)
+    try:
+        tree = random_tree(random.Random(5), 9, 49152)
+        assert _node_logits_equal_steps(target, target.encode("Name three rivers in Europe."), tree) == []
+        drafter = load_dart_drafter(DEFAULT_DART_HEAD, target, DEFAULT_NGRAM)
+        for prompt in EXACT_PROMPTS[:2]:
+            ids = target.encode(prompt)
+            ar = complete(target, ids, ARDrafter(), GenerationParams(64))
+            s = complete(target, ids, drafter, GenerationParams(64))
+            assert s.output_ids == ar.output_ids, prompt
+            assert sum(s.accepted) > 0
+    finally:
+        kernels.use_path(previous)
 
 
 EXACT_PROMPTS = [

@@ -96,8 +96,9 @@ template <class Fn> void with_cache_dtype(int dtype, int cache_dtype, const char
 }
 // Weight formats (dart_core/kernels.py WEIGHT_FORMATS): the three float dtypes, then GGUF blocks.
 // Q4_0X16 / Q4_1X16 / Q8_0X16: the same blocks with 16 weight rows interleaved (int8 activations
-// only; see below).
-enum class WFormat : int { F32 = 0, BF16 = 1, F16 = 2, Q4_0 = 3, Q4_1 = 4, Q8_0 = 5, Q4_0X16 = 6, Q4_1X16 = 7, Q8_0X16 = 8 };
+// only; see below). BF16X16: bf16 with 16 rows interleaved element by element (CPUs without bf16
+// arithmetic; see "bf16, rows interleaved").
+enum class WFormat : int { F32 = 0, BF16 = 1, F16 = 2, Q4_0 = 3, Q4_1 = 4, Q8_0 = 5, Q4_0X16 = 6, Q4_1X16 = 7, Q8_0X16 = 8, BF16X16 = 9 };
 
 // ------------------------------------------------------------------------------------- conversions
 
@@ -1660,6 +1661,156 @@ void linear_q8x16_impl(const TX* x, int64_t x_stride, int64_t M, int64_t K, cons
 #endif
 }
 
+// ------------------------------------------------------------------------------------- bf16, rows interleaved
+// bf16 weights for CPUs without bf16 arithmetic (AVX2, AVX-512F): the blocks of 16 consecutive weight
+// rows interleaved element by element ("BF16X16"), so that one input element broadcast to every lane
+// meets 16 weight rows in one fma pair. Per group of 16 rows and element k: 16 bf16 (32 bytes), the
+// value of row r at position 2r (r < 8) or 2(r - 8) + 1, so that one 256-bit load widens to rows 0-7
+// by a shift and to rows 8-15 by a mask (no shuffle). Against the layout as stored (a weight row's 16
+// elements in lanes, one pass per input row, lanes reduced at the end) an input row costs 2 fmas and
+// one broadcast per 16 weights instead of 2 fmas and 2 loads, and there is no reduction: on the Zen 4
+// EPYC with AVX2 code a 6-row pass from memory costs ~1.1-1.2x one row against ~1.6x (docs/engine.md,
+// scripts/bf16_verify_layouts.cpp). The weights stream the same bytes.
+//
+// Contract (chain), per output (weight row n, input row m): acc = +0; for k = 0 .. K-1 in order:
+// acc = fma(x_mk, w_nk, acc) in fp32; then + bias and one rounding to the activations' dtype. No lane
+// reduction, so the generic, AVX2 and AVX-512 builds give the same bits (the avx512bf16 build too: it
+// keeps vdpbf16ps for bf16 weights as stored, not for this format). Another order than the 16-lane
+// contract: a model reads its bf16 weights in one layout or the other, never both.
+
+inline int bf16x16_pos(int64_t r) { return r < 8 ? static_cast<int>(2 * r) : static_cast<int>(2 * (r - 8) + 1); }
+
+inline float bf16x16_dot_ref(const float* xf, const uint16_t* group, int64_t lane, int64_t K) {
+    const int p = bf16x16_pos(lane);
+    float acc = 0.0f;
+    for (int64_t k = 0; k < K; ++k) acc = std::fmaf(xf[k], to_f32(group[k * X16 + p]), acc);
+    return acc;
+}
+
+#if defined(DART_V16_AVX512)
+constexpr int64_t BF16X16_MB = 12;  // input rows per row block: 12 accumulators + weights + input of 32 zmm registers
+#else
+constexpr int64_t BF16X16_MB = 6;  // 12 accumulators + 2 weights + 1 input of 16 ymm registers
+#endif
+// Prefetch distance within a thread's stream of groups (its share of the weights is one contiguous
+// run, read in order). Measured on the Zen 4 EPYC with the AVX2 build, 120 linears of the embedded
+// target's shapes (212 MB) from memory, paired rounds: 8 KB ahead against 4 KB took the 6-row pass
+// from 10.7 to 10.3 ms and 4 rows from 10.6 to 9.5 (16 KB: 10.8 and 9.9), one row 9.35 to 9.20.
+constexpr int64_t BF16X16_PREFETCH = 8192;
+
+#ifdef DART_V16
+// One group of 16 weight rows (w: K x 16 bf16) against R input rows of xf (K apart): res[i * ld + l]
+// = the chain of input row i and weight row l. One group at a time, although that is only 2R (AVX2)
+// or R (AVX-512) fma chains: several groups at once (more chains in flight) read several streams
+// 18-48 KB apart and measured slower from memory (Zen 4 EPYC, AVX2 build, paired rounds: one row 2
+// groups +3%, 4 groups +10%; two rows +6%, +22%; three rows, 2 groups +30%). Prefetches the line BF16X16_PREFETCH ahead while pf_end is
+// past it (nullptr: none; row blocks after the first find the group in L1 or L2).
+template <int R>
+void bf16x16_group(const float* xf, int64_t K, const uint16_t* w, float* res, int64_t ld, const uint16_t* pf_end) {
+    constexpr int64_t PF = BF16X16_PREFETCH / 2;  // elements ahead
+    const int64_t pf_until = pf_end ? std::max<int64_t>(0, std::min<int64_t>(K, (pf_end - w - PF) / X16)) : 0;  // k with k*16 + PF inside
+#if defined(DART_V16_AVX512)
+    // named accumulators, not an array: GCC kept an array of vectors on the stack, storing every one
+    // each step (the AVX2 6-row pass ran at half speed)
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0, a9 = a0, a10 = a0, a11 = a0;
+    for (int64_t k = 0; k < K; ++k) {
+        const uint16_t* p = w + k * X16;
+        if ((k & 1) == 0 && k < pf_until) prefetch_l2(p + PF);
+        const __m512 wv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+#define DART_X16_ROW(i) \
+    if constexpr (R > i) a##i = _mm512_fmadd_ps(_mm512_set1_ps(xf[i * K + k]), wv, a##i);
+        DART_X16_ROW(0) DART_X16_ROW(1) DART_X16_ROW(2) DART_X16_ROW(3) DART_X16_ROW(4) DART_X16_ROW(5)
+        DART_X16_ROW(6) DART_X16_ROW(7) DART_X16_ROW(8) DART_X16_ROW(9) DART_X16_ROW(10) DART_X16_ROW(11)
+#undef DART_X16_ROW
+    }
+    // lane p holds row p / 2 (p even) or 8 + p / 2 (p odd): back to row order
+    const __m512i order = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    const __m512 acc[12] = {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11};
+    for (int i = 0; i < R; ++i) _mm512_storeu_ps(res + i * ld, _mm512_permutexvar_ps(order, acc[i]));
+#else
+    __m256 l0 = _mm256_setzero_ps(), h0 = l0, l1 = l0, h1 = l0, l2 = l0, h2 = l0, l3 = l0, h3 = l0, l4 = l0, h4 = l0, l5 = l0, h5 = l0;
+    const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+    for (int64_t k = 0; k < K; ++k) {
+        const uint16_t* p = w + k * X16;
+        if ((k & 1) == 0 && k < pf_until) prefetch_l2(p + PF);
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+        const __m256 wl = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));  // rows 0-7
+        const __m256 wh = _mm256_castsi256_ps(_mm256_and_si256(v, high));  // rows 8-15
+#define DART_X16_ROW(i)                                         \
+    if constexpr (R > i) {                                      \
+        const __m256 xb = _mm256_broadcast_ss(xf + i * K + k);  \
+        l##i = _mm256_fmadd_ps(xb, wl, l##i);                   \
+        h##i = _mm256_fmadd_ps(xb, wh, h##i);                   \
+    }
+        DART_X16_ROW(0) DART_X16_ROW(1) DART_X16_ROW(2) DART_X16_ROW(3) DART_X16_ROW(4) DART_X16_ROW(5)
+#undef DART_X16_ROW
+    }
+    const __m256 lo[6] = {l0, l1, l2, l3, l4, l5}, hi[6] = {h0, h1, h2, h3, h4, h5};
+    for (int i = 0; i < R; ++i) {
+        _mm256_storeu_ps(res + i * ld, lo[i]);
+        _mm256_storeu_ps(res + i * ld + 8, hi[i]);
+    }
+#endif
+}
+
+template <int R = 1>
+void bf16x16_dispatch(int64_t mb, const float* xf, int64_t K, const uint16_t* w, float* res, int64_t ld, const uint16_t* pf_end) {
+    if constexpr (R < BF16X16_MB)
+        if (mb > R) return bf16x16_dispatch<R + 1>(mb, xf, K, w, res, ld, pf_end);
+    bf16x16_group<R>(xf, K, w, res, ld, pf_end);
+}
+#endif
+
+template <class TX>
+void linear_bf16x16_impl(const TX* x, int64_t x_stride, int64_t M, int64_t K, const uint8_t* wb, int64_t N, const TX* bias, TX* out,
+                         int64_t out_stride) {
+    if (N % X16) throw std::invalid_argument("linear: interleaved weights hold whole groups of 16 rows, got " + std::to_string(N));
+    std::vector<float> xf(static_cast<size_t>(M * K));
+    for (int64_t m = 0; m < M; ++m) load_row(x + m * x_stride, xf.data() + m * K, K);
+    const uint16_t* w = reinterpret_cast<const uint16_t*>(wb);
+    const int64_t groups = N / X16, gstride = X16 * K;
+    const auto store = [&](const float* res, int64_t m0, int64_t mb, int64_t n0) {
+        for (int64_t i = 0; i < mb; ++i)
+            for (int64_t l = 0; l < X16; ++l) {
+                float v = res[i * X16 + l];
+                if (bias) v = v + to_f32(bias[n0 + l]);
+                out[(m0 + i) * out_stride + n0 + l] = from_f32<TX>(v);
+            }
+    };
+#ifdef DART_V16
+    const uint16_t* end = w + N * K;
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < groups; ++g) {
+        float res[BF16X16_MB * X16];
+        for (int64_t m0 = 0, r = 0; m0 < M; m0 += row_block(M, r++, BF16X16_MB)) {  // the first row block streams the group
+            const int64_t mb = row_block(M, r, BF16X16_MB);
+            bf16x16_dispatch(mb, xf.data() + m0 * K, K, w + g * gstride, res, X16, m0 == 0 ? end : nullptr);
+            store(res, m0, mb, g * X16);
+        }
+    }
+#else
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < groups; ++g) {
+        float res[X16];
+        for (int64_t m = 0; m < M; ++m) {
+            for (int64_t l = 0; l < X16; ++l) res[l] = bf16x16_dot_ref(xf.data() + m * K, w + g * gstride, l, K);
+            store(res, m, 1, g * X16);
+        }
+    }
+#endif
+}
+
+// rows (n,) of a BF16X16 weight (nullptr: rows 0..n-1) -> out (n, K), exactly (rounded to TO if fp16).
+template <class TO> void dequantize_bf16x16_impl(const uint16_t* w, int64_t K, const int64_t* rows, int64_t n, TO* out, int64_t out_stride) {
+#pragma omp parallel for schedule(static) if (n * K > 65536)
+    for (int64_t i = 0; i < n; ++i) {
+        const int64_t r = rows ? rows[i] : i;
+        const uint16_t* src = w + (r / X16) * X16 * K + bf16x16_pos(r % X16);
+        TO* dst = out + i * out_stride;
+        for (int64_t k = 0; k < K; ++k) dst[k] = from_f32<TO>(to_f32(src[k * X16]));
+    }
+}
+
 #ifdef __AVX512BF16__
 // bf16 on CPUs with AVX512-BF16: vdpbf16ps multiplies bf16 pairs and adds them into fp32 lanes with
 // the ISA's fixed order and rounding (lane l of a 32-element chunk takes elements 2l and 2l+1), twice
@@ -2342,6 +2493,7 @@ void linear_fmt(int wfmt, const TX* x, int64_t x_stride, int64_t M, int64_t K, c
         case WFormat::Q4_0X16:
         case WFormat::Q4_1X16:
         case WFormat::Q8_0X16: throw std::invalid_argument("linear: interleaved weights multiply against int8 or 16-bit activations only");
+        case WFormat::BF16X16: return linear_bf16x16_impl<TX>(x, x_stride, M, K, w, N, bias, out, out_stride);
     }
     throw std::invalid_argument("linear: unknown weight format code " + std::to_string(wfmt));
 }
@@ -2362,6 +2514,7 @@ int64_t row_bytes(int wfmt, int64_t K) {  // the Q8_ACT / Q16_ACT flags do not c
         case WFormat::Q4_0X16: return format_row_bytes<FmtQ4_0>(K);
         case WFormat::Q4_1X16: return format_row_bytes<FmtQ4_1>(K);
         case WFormat::Q8_0X16: return format_row_bytes<FmtQ8_0>(K);
+        case WFormat::BF16X16: return format_row_bytes<FmtBF16>(K);
     }
     throw std::invalid_argument("unknown weight format code " + std::to_string(wfmt));
 }
@@ -2442,6 +2595,11 @@ void dequantize(int wfmt, uintptr_t w, int64_t rb, int64_t K, int64_t n_rows, ui
         case WFormat::Q4_0X16: return dequantize_x16_to<FmtQ4_0>(out_dtype, wp, rb, K, r, n, out, out_stride);
         case WFormat::Q4_1X16: return dequantize_x16_to<FmtQ4_1>(out_dtype, wp, rb, K, r, n, out, out_stride);
         case WFormat::Q8_0X16: return dequantize_x16_to<FmtQ8_0>(out_dtype, wp, rb, K, r, n, out, out_stride);
+        case WFormat::BF16X16:
+            if (n_rows % X16) throw std::invalid_argument("dequantize: interleaved weights hold whole groups of 16 rows");
+            return with_dtype(out_dtype, "dequantize (output)", [&](auto t) {
+                dequantize_bf16x16_impl(reinterpret_cast<const uint16_t*>(wp), K, r, n, ptr<decltype(t)>(out), out_stride);
+            });
     }
     throw std::invalid_argument("dequantize: unknown weight format code " + std::to_string(wfmt));
 }
