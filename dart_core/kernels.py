@@ -273,9 +273,8 @@ class InterleavedBF16:
             raise ValueError(f"an interleaved bf16 weight holds whole groups of 16 rows, got {self.rows} x {self.cols}")
         want = (self.rows, 2 * self.cols)
         if self.data.dtype != torch.uint8 or tuple(self.data.shape) != want or not self.data.is_contiguous():
-            raise ValueError(
-                f"BF16X16 weight of {self.rows}x{self.cols}: data must be contiguous uint8 {want}, got {self.data.dtype} {tuple(self.data.shape)}"
-            )
+            got = f"{self.data.dtype} {tuple(self.data.shape)}"
+            raise ValueError(f"BF16X16 weight of {self.rows}x{self.cols}: data must be contiguous uint8 {want}, got {got}")
 
     # row order within a group's 16 positions: position p holds row ORDER[p]
     ORDER = (0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15)
@@ -331,9 +330,8 @@ def _dequantize(w: PackedWeight, rows: torch.Tensor | None, dtype: torch.dtype) 
     idx = None if rows is None else rows.reshape(-1).to("cpu", torch.long).contiguous()
     n = w.rows if idx is None else idx.numel()
     out = torch.empty(n, w.cols, dtype=dtype)
-    _ext.dequantize(
-        w.storage_code, w.data.data_ptr(), w.data.shape[1], w.cols, w.rows, 0 if idx is None else idx.data_ptr(), n, out.data_ptr(), w.cols, DTYPES[dtype]
-    )  # fmt: skip
+    rows_ptr = 0 if idx is None else idx.data_ptr()
+    _ext.dequantize(w.storage_code, w.data.data_ptr(), w.data.shape[1], w.cols, w.rows, rows_ptr, n, out.data_ptr(), w.cols, DTYPES[dtype])
     return out
 
 

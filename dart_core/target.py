@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from .loading import AUTO, DEFAULT_MODEL, GGUF, GGUF_INT8, GGUF_INT16, GGUF_PATHS, embedded_gguf_path, parse_dtype, resolve_model_dir
 from . import kernels as kernel_ops
+from .loading import AUTO, DEFAULT_MODEL, GGUF, GGUF_INT8, GGUF_INT16, GGUF_PATHS, embedded_gguf_path, parse_dtype, resolve_model_dir
 from .model import BlockLinear, ForwardOutput, KVCache, Transformer, interleave_bf16_linears, load_gguf_transformer, load_transformer
 from .tree import DraftTree
 

@@ -494,8 +494,9 @@ def test_bf16_models_interleave_where_the_kernels_lack_bf16_arithmetic(tmp_path)
     model's bias-free linears and LM head read BF16X16 copies on every build without bf16 arithmetic,
     never on avx512bf16 nor in fp32; the tied embedding keeps its tensor; the converted model's logits
     are the bf16 model's up to summation order."""
-    from conftest import build_tiny_checkpoint
     from dart_core.model import BlockLinear
+
+    from conftest import build_tiny_checkpoint
 
     path = build_tiny_checkpoint(tmp_path / "qwen2", "qwen2")  # q|k|v biases: that linear stays as it is
     tokens = torch.tensor([5, 9, 11, 40])
