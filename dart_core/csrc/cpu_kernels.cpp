@@ -1693,17 +1693,18 @@ constexpr int64_t BF16X16_MB = 12;  // input rows per row block: 12 accumulators
 constexpr int64_t BF16X16_MB = 6;  // 12 accumulators + 2 weights + 1 input of 16 ymm registers
 #endif
 // Prefetch distance within a thread's stream of groups (its share of the weights is one contiguous
-// run, read in order). Measured on the Zen 4 EPYC with the AVX2 build, 120 linears of the embedded
-// target's shapes (212 MB) from memory, paired rounds: 8 KB ahead against 4 KB took the 6-row pass
-// from 10.7 to 10.3 ms and 4 rows from 10.6 to 9.5 (16 KB: 10.8 and 9.9), one row 9.35 to 9.20.
+// run, read in order). Measured on the Zen 4 EPYC with the AVX2 build, the embedded target's 121
+// linears (269 MB) from memory, paired rounds, against 8 KB: no prefetch +5% at one row, +40% at 3
+// rows, +48% at 6; 4 KB +6%, +10%, -5%; 16 KB +3%, +1%, +2%.
 constexpr int64_t BF16X16_PREFETCH = 8192;
 
 #ifdef DART_V16
 // One group of 16 weight rows (w: K x 16 bf16) against R input rows of xf (K apart): res[i * ld + l]
 // = the chain of input row i and weight row l. One group at a time, although that is only 2R (AVX2)
 // or R (AVX-512) fma chains: several groups at once (more chains in flight) read several streams
-// 18-48 KB apart and measured slower from memory (Zen 4 EPYC, AVX2 build, paired rounds: one row 2
-// groups +3%, 4 groups +10%; two rows +6%, +22%; three rows, 2 groups +30%). Prefetches the line BF16X16_PREFETCH ahead while pf_end is
+// 18-48 KB apart and measured slower from memory (Zen 4 EPYC, AVX2 build, named accumulators, the
+// 121 linears of the embedded target with its LM head, paired rounds: one row 2 groups +5%, 3 groups
+// +9%; two rows +10%, +14%; three rows, 2 groups +20%). Prefetches the line BF16X16_PREFETCH ahead while pf_end is
 // past it (nullptr: none; row blocks after the first find the group in L1 or L2).
 template <int R>
 void bf16x16_group(const float* xf, int64_t K, const uint16_t* w, float* res, int64_t ld, const uint16_t* pf_end) {
