@@ -19,8 +19,10 @@ and writes the cache itself.
 
 Weights are float32/bfloat16/float16 tensors or `BlockWeight`s: GGUF blocks (Q8_0, Q4_0, Q4_1) read
 as stored and dequantized in registers to the exact fp32 values of the GGUF's own dequantization, so
-a model on its GGUF blocks computes bit for bit what the same model computes on its fp32 copy.
-Activations are CPU tensors in float32, bfloat16 or float16.
+a model on its GGUF blocks computes bit for bit what the same model computes on its fp32 copy. An
+`InterleavedBF16` is a bf16 weight with 16 rows interleaved, for builds without bf16 arithmetic (one
+fma chain per output: the same bits on every build). Activations are CPU tensors in float32, bfloat16
+or float16.
 
 The extension is built once per instruction set (setup.py); this module imports the best build the
 CPU runs (`PATH`: avx512bf16 > avx512 > avx2 > generic). `DART_CPU_KERNELS=<path>` forces one (to test

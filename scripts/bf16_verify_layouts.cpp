@@ -1,5 +1,6 @@
 // How fast can an AVX2 CPU multiply R = 1..6 rows against bf16 weights? A standalone measurement of
-// two weight layouts for a verify's linear, outside the package (docs/engine.md, "Not yet done"):
+// two weight layouts for a verify's linear, outside the package. The second became the kernels' BF16X16
+// format (docs/engine.md, "bf16 without bf16 arithmetic"):
 //
 //   rows       the layout the kernels read today (N rows of K, one weight row at a time against the R
 //              input rows; 2 + 2R loads for 2R FMAs per 16 weights, as linear_rows_f_avx2)
