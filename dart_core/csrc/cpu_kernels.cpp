@@ -1801,8 +1801,54 @@ void linear_bf16x16_impl(const TX* x, int64_t x_stride, int64_t M, int64_t K, co
 #endif
 }
 
+#if defined(DART_X86) && defined(__AVX2__)
+inline void transpose8(__m256 r[8]) {  // r[j] lane i -> r[i] lane j
+    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]), t2 = _mm256_unpacklo_ps(r[2], r[3]),
+                 t3 = _mm256_unpackhi_ps(r[2], r[3]), t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]),
+                 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE), s2 = _mm256_shuffle_ps(t1, t3, 0x44),
+                 s3 = _mm256_shuffle_ps(t1, t3, 0xEE), s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE),
+                 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(s0, s4, 0x20), r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+    r[2] = _mm256_permute2f128_ps(s2, s6, 0x20), r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+    r[4] = _mm256_permute2f128_ps(s0, s4, 0x31), r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+    r[6] = _mm256_permute2f128_ps(s2, s6, 0x31), r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+// Whole groups to fp32 (a prefill's GEMM operand), 8 elements of 16 rows at a time: widened as the
+// kernel widens them, then two 8 x 8 transposes. The same values as the scalar loop below, faster
+// (the embedded model's 120 layer linears, each result freed before the next as in a prefill, forced
+// AVX2 on the Zen 4 EPYC: 28.8 -> 18.4 ms; torch's .to(float32) of the bf16 tensors: 9-11 ms).
+inline void dequantize_bf16x16_groups_f32(const uint16_t* w, int64_t K, int64_t groups, float* out, int64_t out_stride) {
+#pragma omp parallel for schedule(static) if (groups * X16 * K > 65536)
+    for (int64_t g = 0; g < groups; ++g) {
+        const uint16_t* src = w + g * X16 * K;
+        float* dst = out + g * X16 * out_stride;
+        const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+        for (int64_t k = 0; k < K; k += 8) {
+            __m256 lo[8], hi[8];
+            for (int j = 0; j < 8; ++j) {
+                const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + (k + j) * X16));
+                lo[j] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));  // rows 0-7 at element k + j
+                hi[j] = _mm256_castsi256_ps(_mm256_and_si256(v, high));  // rows 8-15
+            }
+            transpose8(lo);
+            transpose8(hi);
+            for (int r = 0; r < 8; ++r) {
+                _mm256_storeu_ps(dst + r * out_stride + k, lo[r]);
+                _mm256_storeu_ps(dst + (8 + r) * out_stride + k, hi[r]);
+            }
+        }
+    }
+}
+#endif
+
 // rows (n,) of a BF16X16 weight (nullptr: rows 0..n-1) -> out (n, K), exactly (rounded to TO if fp16).
 template <class TO> void dequantize_bf16x16_impl(const uint16_t* w, int64_t K, const int64_t* rows, int64_t n, TO* out, int64_t out_stride) {
+#if defined(DART_X86) && defined(__AVX2__)
+    if constexpr (std::is_same_v<TO, float>)
+        if (!rows && K % 8 == 0 && n % X16 == 0) return dequantize_bf16x16_groups_f32(w, K, n / X16, out, out_stride);
+#endif
 #pragma omp parallel for schedule(static) if (n * K > 65536)
     for (int64_t i = 0; i < n; ++i) {
         const int64_t r = rows ? rows[i] : i;
