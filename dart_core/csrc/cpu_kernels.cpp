@@ -1662,15 +1662,16 @@ void linear_q8x16_impl(const TX* x, int64_t x_stride, int64_t M, int64_t K, cons
 }
 
 // ------------------------------------------------------------------------------------- bf16, rows interleaved
-// bf16 weights for CPUs without bf16 arithmetic (AVX2, AVX-512F): the blocks of 16 consecutive weight
+// bf16 weights for builds without bf16 arithmetic (avx2, avx512, generic): the blocks of 16 consecutive weight
 // rows interleaved element by element ("BF16X16"), so that one input element broadcast to every lane
 // meets 16 weight rows in one fma pair. Per group of 16 rows and element k: 16 bf16 (32 bytes), the
 // value of row r at position 2r (r < 8) or 2(r - 8) + 1, so that one 256-bit load widens to rows 0-7
 // by a shift and to rows 8-15 by a mask (no shuffle). Against the layout as stored (a weight row's 16
 // elements in lanes, one pass per input row, lanes reduced at the end) an input row costs 2 fmas and
-// one broadcast per 16 weights instead of 2 fmas and 2 loads, and there is no reduction: on the Zen 4
-// EPYC with AVX2 code a 6-row pass from memory costs ~1.1-1.2x one row against ~1.6x (docs/engine.md,
-// scripts/bf16_verify_layouts.cpp). The weights stream the same bytes.
+// one broadcast per 16 weights instead of 2 fmas and 2 loads, and there is no reduction: with the AVX2
+// build forced on the Zen 4 EPYC the embedded model's 6-row forward costs 1.2-1.3x its one-row step
+// against 1.7x as stored (docs/engine.md, "bf16 without bf16 arithmetic"). The weights stream the
+// same bytes.
 //
 // Contract (chain), per output (weight row n, input row m): acc = +0; for k = 0 .. K-1 in order:
 // acc = fma(x_mk, w_nk, acc) in fp32; then + bias and one rounding to the activations' dtype. No lane
@@ -1704,8 +1705,8 @@ constexpr int64_t BF16X16_PREFETCH = 8192;
 // or R (AVX-512) fma chains: several groups at once (more chains in flight) read several streams
 // 18-48 KB apart and measured slower from memory (Zen 4 EPYC, AVX2 build, named accumulators, the
 // 121 linears of the embedded target with its LM head, paired rounds: one row 2 groups +5%, 3 groups
-// +9%; two rows +10%, +14%; three rows, 2 groups +20%). Prefetches the line BF16X16_PREFETCH ahead while pf_end is
-// past it (nullptr: none; row blocks after the first find the group in L1 or L2).
+// +9%; two rows +10%, +14%; three rows, 2 groups +20%). Prefetches the line BF16X16_PREFETCH ahead
+// while pf_end is past it (nullptr: none; row blocks after the first find the group in L1 or L2).
 template <int R>
 void bf16x16_group(const float* xf, int64_t K, const uint16_t* w, float* res, int64_t ld, const uint16_t* pf_end) {
     constexpr int64_t PF = BF16X16_PREFETCH / 2;  // elements ahead
