@@ -120,8 +120,34 @@ X16_CODE_OFFSET = 3  # Q4_0 -> Q4_0X16 (6), Q4_1 -> Q4_1X16 (7), Q8_0 -> Q8_0X16
 BF16X16 = "BF16X16"  # bf16 with 16 rows interleaved element by element (InterleavedBF16)
 
 
+class _PackedRows:
+    """What BlockWeight and InterleavedBF16 share: a `rows` x `cols` weight stored in `data` (rows,
+    row bytes) uint8 under the format name `fmt`, which stands where a tensor's dtype would."""
+
+    rows: int
+    cols: int
+    data: torch.Tensor
+    fmt: str
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.rows, self.cols)
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+    @property
+    def dtype(self) -> str:
+        return self.fmt
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+
 @dataclass(frozen=True)
-class BlockWeight:
+class BlockWeight(_PackedRows):
     """A weight of `rows` x `cols` elements stored as GGUF blocks: `data` (rows, row_bytes) uint8, one
     row per output feature, in `fmt` (Q8_0, Q4_0, Q4_1). Read by `linear` as it is; `dequantize`
     gives the exact fp32 values."""
@@ -159,22 +185,6 @@ class BlockWeight:
                 f"{self.fmt} weight of {self.rows}x{self.cols}: data must be contiguous uint8 {want}, "
                 f"got {self.data.dtype} {tuple(self.data.shape)}"
             )
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self.rows, self.cols)
-
-    @property
-    def nbytes(self) -> int:
-        return self.data.numel()
-
-    @property
-    def dtype(self) -> str:
-        return self.fmt
-
-    @property
-    def device(self) -> torch.device:
-        return self.data.device
 
     @staticmethod
     def cat(parts: list["BlockWeight"]) -> "BlockWeight":
@@ -255,7 +265,7 @@ def quantize_q8_0(w: torch.Tensor, activations: str = "int8") -> BlockWeight:
 
 
 @dataclass(frozen=True)
-class InterleavedBF16:
+class InterleavedBF16(_PackedRows):
     """A bf16 weight of `rows` x `cols` with every 16 rows interleaved element by element (format
     BF16X16 of cpu_kernels.cpp): `data` (rows, 2 * cols) uint8, per group of 16 rows and element k the
     16 rows' values (row r at position 2r for r < 8, 2(r - 8) + 1 above). For CPUs without bf16
@@ -268,7 +278,6 @@ class InterleavedBF16:
     cols: int
     data: torch.Tensor
     fmt = BF16X16
-    activations = "float"
 
     def __post_init__(self):
         if self.rows % 16 or self.rows < 16 or self.cols < 1:
@@ -290,22 +299,6 @@ class InterleavedBF16:
         order = torch.tensor(InterleavedBF16.ORDER)
         g = w.detach().to("cpu", torch.bfloat16).reshape(N // 16, 16, K)[:, order].transpose(1, 2)  # (groups, K, 16)
         return InterleavedBF16(N, K, g.contiguous().view(torch.uint8).reshape(N, 2 * K))
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self.rows, self.cols)
-
-    @property
-    def nbytes(self) -> int:
-        return self.data.numel()
-
-    @property
-    def dtype(self) -> str:
-        return self.fmt
-
-    @property
-    def device(self) -> torch.device:
-        return self.data.device
 
     @property
     def storage_code(self) -> int:
