@@ -1,0 +1,510 @@
+"""The GPU check (issue #53): where the engine stands on a CUDA device, in one command.
+
+    python scripts/gpu_check.py --out DIR [--stages env,exact,sampling,big,embedded] [--device cuda]
+
+Stages, each writing DIR/gpu_check.json (every result so far) and appending to DIR/gpu_check.log as
+soon as it ends, so a run cut short keeps what it measured:
+
+  env       the device, torch, and the memory bandwidth measured by a large copy (the HBM limit below)
+  exact     tiny random Llama / Qwen2 / Qwen3 targets x bf16 / fp16 / fp32 with random DART and EAGLE3
+            heads: greedy ids of dart and eagle3 against plain decoding, and every node of random
+            trees verified in one forward against the one-token steps along its path (bitwise)
+  sampling  the one-step chi-square test of speculative sampling (tests/test_acceptance.py) on CUDA logits
+  big       a random-weight target of Qwen3-8B's shape in bf16: the one-row step against the HBM limit,
+            the verify's cost by rows at 512 and 4096 cached tokens, verify == steps at that size,
+            DART draft + prune against EAGLE3's rollout at 60 nodes, the loop's stage costs a step,
+            and the host-device synchronizations a step makes
+  embedded  the embedded model (needs its converted checkpoint or GGUF on the machine; see --model):
+            ids, tau and tokens/s of ar, dart and eagle3
+
+It measures the engine as it is; nothing here changes how the engine runs. Runs on a CPU too
+(--device cpu --small: the same code at toy sizes, which is how it is tested without a GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import ngram_cpp  # noqa: E402
+from dart_core import ARDrafter, GenerationParams, complete, generate  # noqa: E402
+from dart_core.drafters.dart import DartDrafter, DartParams  # noqa: E402
+from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3Params  # noqa: E402
+from dart_core.drafters.head import head_dtype  # noqa: E402
+from dart_core.generate import Summary  # noqa: E402
+from dart_core.model import ModelArgs, Transformer, load_transformer  # noqa: E402
+from dart_core.target import Target  # noqa: E402
+from dart_core.training import new_head_from_target  # noqa: E402
+from dart_core.tree import DraftTree  # noqa: E402
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+STAGES = ("env", "exact", "sampling", "big", "embedded")
+
+# Qwen3-8B's config.json (the fields our loader reads)
+QWEN3_8B = dict(
+    architectures=["Qwen3ForCausalLM"],
+    vocab_size=151936,
+    hidden_size=4096,
+    intermediate_size=12288,
+    num_hidden_layers=36,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=40960,
+    tie_word_embeddings=False,
+)
+SMALL_BIG = dict(QWEN3_8B, vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=8, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=64)  # fmt: skip
+
+
+class Report:
+    def __init__(self, out: Path):
+        self.out = out
+        out.mkdir(parents=True, exist_ok=True)
+        self.data: dict = {"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "stages": {}}
+        self.log_file = open(out / "gpu_check.log", "a", buffering=1)
+
+    def log(self, msg: str) -> None:
+        line = f"[{time.strftime('%H:%M:%S')}] {msg}"
+        print(line, flush=True)
+        self.log_file.write(line + "\n")
+
+    def save(self, stage: str, result) -> None:
+        self.data["stages"][stage] = result
+        tmp = self.out / "gpu_check.json.tmp"
+        tmp.write_text(json.dumps(self.data, indent=1, default=str))
+        tmp.replace(self.out / "gpu_check.json")
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_ms(fn, device: torch.device, warmup: int = 2, reps: int = 7) -> float:
+    """Median wall time of fn() in ms, the device synchronized around each call."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+@contextlib.contextmanager
+def count_syncs(device: torch.device):
+    """Counts the host-device synchronizations torch reports (its sync debug mode: .item(), .tolist(),
+    .cpu(), nonzero, ...; explicit torch.cuda.synchronize() calls are not among them)."""
+    box = {"n": 0, "sites": {}}
+    if device.type != "cuda":
+        yield box
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield box
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    for w in caught:
+        if "synchroniz" in str(w.message):
+            box["n"] += 1
+            site = f"{Path(w.filename).name}:{w.lineno}"
+            box["sites"][site] = box["sites"].get(site, 0) + 1
+
+
+# ----------------------------------------------------------------------------------------- targets
+
+
+def target_from_transformer(model: Transformer, name: str, device: torch.device, dtype: torch.dtype, eos: int) -> Target:
+    return Target(name, Path("."), model, None, frozenset({eos}), device, dtype)
+
+
+def random_head(target: Target, seed: int, draft_length: int | None, vd: int):
+    """A random DART (draft_length set) or EAGLE3 head shaped like the target's layers, built on the
+    target's device, in the dtype a loaded head would take beside it."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randperm(target.vocab_size, generator=g)[:vd].sort().values
+    head = new_head_from_target(target, ids, draft_length, seed).to(target.device)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn(p.shape, device=p.device, generator=torch.Generator(p.device).manual_seed(seed)) * 0.05)
+    return head.to(dtype=head_dtype(target)).eval()
+
+
+def random_tree(rng: random.Random, root: int, n: int, vocab: int) -> DraftTree:
+    from drafters import random_tree_under
+
+    return random_tree_under(rng, root, n, vocab)
+
+
+def verify_against_steps(target: Target, prefix: list[int], tree: DraftTree) -> dict:
+    """Every node's logits from one tree verify against the one-token steps along its path."""
+    cache = target.new_cache(len(prefix) + len(tree) + 1)
+    target.prefill(prefix, cache, capture=False)
+    cache.commit(len(prefix))
+    P = cache.length
+    tree_logits = target.verify(tree, cache, capture=False).logits
+    step_logits: dict[int, torch.Tensor] = {}
+    for path in tree.leaf_paths():
+        cache.rewind(P)
+        for node in path:
+            out = target.verify(DraftTree.root_only(int(tree.tokens[node])), cache, capture=False)
+            cache.commit(1)
+            step_logits.setdefault(node, out.logits[0])
+    same = sum(bool(torch.equal(tree_logits[i], step_logits[i])) for i in range(len(tree)))
+    diff = max(float((tree_logits[i] - step_logits[i]).abs().max()) for i in range(len(tree)))
+    argmax = sum(int(tree_logits[i].argmax()) == int(step_logits[i].argmax()) for i in range(len(tree)))
+    return {"nodes": len(tree), "bitwise_equal": same, "argmax_equal": argmax, "max_abs_diff": diff}
+
+
+# ------------------------------------------------------------------------------------------ stages
+
+
+def stage_env(dev: torch.device, small: bool, rep: Report) -> dict:
+    r = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "device": str(dev),
+        "ngram_cpp_built": ngram_cpp.HAVE_CPP,
+    }
+    if dev.type == "cuda":
+        p = torch.cuda.get_device_properties(dev)
+        r.update(name=p.name, sms=p.multi_processor_count, memory_gib=round(p.total_memory / 2**30, 1), capability=f"{p.major}.{p.minor}")
+    n = (2**24 if small else 2**31) // 2  # bf16 elements: 32 MiB / 4 GiB a buffer
+    a = torch.empty(n, dtype=torch.bfloat16, device=dev).normal_()
+    b = torch.empty_like(a)
+    ms = timed_ms(lambda: b.copy_(a), dev, warmup=3, reps=10)
+    r["copy_gb_s"] = round(2 * a.nbytes / ms / 1e6, 1)  # bytes read + written
+    ms = timed_ms(lambda: a.sum(dtype=torch.float32), dev, warmup=3, reps=10)
+    r["read_gb_s"] = round(a.nbytes / ms / 1e6, 1)  # a reduction reads each byte once
+    a = b = None  # free the buffers
+    rep.log(f"env: {r}")
+    return r
+
+
+def tiny_checkpoints(tmp: Path) -> dict[str, Path]:
+    from conftest import build_tiny_checkpoint
+
+    return {arch: build_tiny_checkpoint(tmp / arch, arch, seed=1) for arch in ("llama", "qwen2", "qwen3")}
+
+
+def stage_exact(dev: torch.device, small: bool, rep: Report) -> dict:
+    from conftest import TINY_EOS, TINY_VOCAB
+
+    results = []
+    prompts = [[5, 6, 7], [60], [11, 40, 12, 90, 4, 4, 4, 17], [2, 30, 31, 32, 33, 34]]
+    new_tokens = 40
+    with tempfile.TemporaryDirectory() as tmp:
+        for arch, path in tiny_checkpoints(Path(tmp)).items():
+            for dname, dtype in DTYPES.items():
+                model = load_transformer(path, dtype, dev)
+                target = target_from_transformer(model, f"tiny-{arch}", dev, dtype, TINY_EOS)
+                row = {"arch": arch, "dtype": dname}
+                dart = DartDrafter(
+                    random_head(target, 5, 3, 64), target, None, DartParams(ngram_cpp.PruneParams(top_k=8, beam_width=4, max_nodes=12))
+                )
+                eagle = Eagle3Drafter(random_head(target, 6, None, 64), target, Eagle3Params(depth=4, top_k=4, max_nodes=15))
+                ar_out = [complete(target, p, ARDrafter(), GenerationParams(new_tokens)).output_ids for p in prompts]
+                for name, drafter in (("dart", dart), ("eagle3", eagle)):
+                    outs = [complete(target, p, drafter, GenerationParams(new_tokens)) for p in prompts]
+                    row[f"{name}_ids_equal"] = sum(o.output_ids == a for o, a in zip(outs, ar_out))
+                    row[f"{name}_tau"] = round(sum(o.new_tokens for o in outs) / sum(o.steps for o in outs), 3)
+                row["prompts"] = len(prompts)
+                rng = random.Random(7)
+                checks = []
+                for n in (4, 16, 33):
+                    prefix = [rng.randrange(TINY_VOCAB) for _ in range(rng.randrange(3, 40))]
+                    checks.append(verify_against_steps(target, prefix, random_tree(rng, prefix[-1], n, TINY_VOCAB)))
+                row["verify_nodes"] = sum(c["nodes"] for c in checks)
+                row["verify_bitwise_equal"] = sum(c["bitwise_equal"] for c in checks)
+                row["verify_argmax_equal"] = sum(c["argmax_equal"] for c in checks)
+                row["verify_max_abs_diff"] = max(c["max_abs_diff"] for c in checks)
+                rep.log(f"exact: {row}")
+                results.append(row)
+    return {"rows": results}
+
+
+def stage_sampling(dev: torch.device, small: bool, rep: Report) -> dict:
+    from test_acceptance import TREE, V, chi_square_p
+
+    from dart_core.sampling import SamplingParams, accept_sampling, target_probs
+
+    out = []
+    n = 4000 if small else 20000
+    for params in (SamplingParams(1.0), SamplingParams(0.7, top_p=0.95), SamplingParams(1.3, top_k=4)):
+        gen = torch.Generator().manual_seed(0)
+        logits = torch.randn(len(TREE), V, generator=gen) * 1.5
+        logits[0, [2, 4]] += 2.0
+        logits = logits.to(dev)
+        probs = target_probs(logits, params).cpu()
+        first: dict = {}
+        t0 = time.perf_counter()
+        for _ in range(n):
+            acc = accept_sampling(TREE, logits, params, gen)
+            tok = (TREE.tokens[acc.path[1:]].tolist() + [acc.bonus])[0]
+            first[tok] = first.get(tok, 0) + 1
+        p = chi_square_p(first, {t: float(probs[0, t]) for t in range(V) if probs[0, t] > 0}, n)
+        row = {
+            "params": repr(params),
+            "draws": n,
+            "p_value": p,
+            "passed": p > 1e-3,
+            "us_per_accept": round((time.perf_counter() - t0) / n * 1e6, 1),
+        }
+        rep.log(f"sampling: {row}")
+        out.append(row)
+    return {"rows": out}
+
+
+def random_big_target(dev: torch.device, small: bool) -> Target:
+    cfg = SMALL_BIG if small else QWEN3_8B
+    args = ModelArgs.from_hf_config(cfg)
+    inv_freq = 1.0 / (1_000_000.0 ** (torch.arange(0, args.head_dim, 2, dtype=torch.float) / args.head_dim))
+    with torch.device("meta"):
+        model = Transformer(args, torch.empty(args.head_dim // 2))
+    model = model.to_empty(device=dev).to(torch.bfloat16)
+    g = torch.Generator(dev).manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=g)
+        model.output.weight.mul_(40.0)  # peaked next-token distributions, as a trained model's
+    model.inv_freq = inv_freq.to(dev)
+    model.eval()
+    return target_from_transformer(
+        model, "random-qwen3-8b-shape" if not small else "random-small", dev, torch.bfloat16, 151645 % args.vocab_size
+    )
+
+
+def fill_cache(target: Target, P: int, capacity: int):
+    cache = target.new_cache(capacity)
+    cache.k.normal_(0, 1)
+    cache.v.normal_(0, 1)
+    cache.length = P
+    return cache
+
+
+def stage_big(dev: torch.device, small: bool, rep: Report) -> dict:
+    r: dict = {}
+    t0 = time.perf_counter()
+    target = random_big_target(dev, small)
+    a = target.model.args
+    r["shape"] = {
+        k: getattr(a, k) for k in ("n_layers", "hidden_size", "intermediate_size", "n_heads", "n_kv_heads", "head_dim", "vocab_size")
+    }
+    r["weight_bytes_a_step"] = target.model.step_weight_bytes()
+    rep.log(f"big: built {r['shape']} in {time.perf_counter() - t0:.1f} s, {r['weight_bytes_a_step'] / 1e9:.2f} GB a step")
+    env = rep.data["stages"].get("env", {})
+    bw = env.get("read_gb_s") or env.get("copy_gb_s")
+    rng = random.Random(3)
+    V = a.vocab_size
+    rows_list = [1, 2, 4, 8, 16, 32, 48, 64]
+    by_context = {}
+    for P in (512, 4096):
+        cache = fill_cache(target, P, P + 80)
+        kv_bytes = 2 * a.n_layers * a.n_kv_heads * a.head_dim * P * cache.k.element_size()
+        costs = {}
+        for rows in rows_list:
+            tree = random_tree(rng, rng.randrange(V), rows, V)
+            costs[rows] = round(timed_ms(lambda: target.verify(tree, cache, capture=False), dev), 3)
+        entry = {"ms_by_rows": costs, "ratio_64_to_1": round(costs[64] / costs[1], 3)}
+        if bw:
+            limit_ms = (r["weight_bytes_a_step"] + kv_bytes) / (bw * 1e6)
+            entry["hbm_limit_ms"] = round(limit_ms, 3)
+            entry["step_over_hbm_limit"] = round(costs[1] / limit_ms, 3)
+        by_context[P] = entry
+        rep.log(f"big: P={P} {entry}")
+        cache = None
+    r["verify"] = by_context
+    rep.save("big", r)
+
+    # verify == steps at this size (cuBLAS picks kernels by row count; SDPA's backend by mask)
+    prefix = [rng.randrange(V) for _ in range(300)]
+    tree = random_tree(rng, prefix[-1], 24, V)
+    r["verify_vs_steps"] = verify_against_steps(target, prefix, tree)
+    rep.log(f"big: verify vs steps {r['verify_vs_steps']}")
+    rep.save("big", r)
+
+    # drafting at 60 nodes: DART's one head forward + the C++ pruner, EAGLE3's 7-deep rollout
+    vd = 2048 if small else 32000
+    dart_head = random_head(target, 11, 4, vd)
+    eagle_head = random_head(target, 12, None, vd)
+    trie = ngram_cpp.build([[rng.randrange(V) for _ in range(64)] for _ in range(200)], V)
+    drafters = {
+        "dart": DartDrafter(dart_head, target, trie, DartParams(ngram_cpp.PruneParams(max_nodes=60, context_weight=0.5))),
+        "eagle3": Eagle3Drafter(eagle_head, target, Eagle3Params(depth=7, top_k=10, max_nodes=60)),
+    }
+    prompt = [rng.randrange(V) for _ in range(512)]
+    cache = target.new_cache(700)
+    out = target.prefill(prompt, cache, capture=True)
+    drafting = {}
+    for name, drafter in drafters.items():
+        session = drafter.new_session(700)
+        session.extend(prompt, out.hidden)
+        draft, prune, wall = [], [], []
+        for i in range(12):
+            sync(dev)
+            t_start = time.perf_counter()
+            prop = session.propose(rng.randrange(V), 60)
+            sync(dev)
+            wall.append((time.perf_counter() - t_start) * 1e3)
+            draft.append(prop.draft_s * 1e3)
+            prune.append(prop.prune_s * 1e3)
+            session.extend([int(prop.tree.tokens[0])], out.hidden[-1:])
+        drafting[name] = {
+            "nodes": len(prop.tree) - 1,
+            "draft_ms": round(statistics.median(draft[2:]), 3),
+            "prune_ms": round(statistics.median(prune[2:]), 3),
+            "propose_ms": round(statistics.median(wall[2:]), 3),
+        }
+        rep.log(f"big: drafting {name} {drafting[name]}")
+    r["drafting_60"] = drafting
+    cache = out = None
+    rep.save("big", r)
+
+    # the loop, a step: stage times and synchronizations (greedy; random weights accept little)
+    loop = {}
+    for name, drafter in (("ar", ARDrafter()), *drafters.items()):
+        params = GenerationParams(24)
+        complete(target, prompt, drafter, params)  # warm-up
+        with count_syncs(dev) as syncs:
+            summary = None
+            for ev in generate(target, prompt, drafter, params):
+                summary = ev
+        assert isinstance(summary, Summary)
+        steps = summary.steps - 1
+        t = summary.times
+        loop[name] = {
+            "steps": steps,
+            "tau": round(summary.tau, 3),
+            "ms_a_step": {k: round(getattr(t, k) / steps * 1e3, 3) for k in ("draft", "prune", "verify", "other")},
+            "tokens_per_s": round(summary.tokens_per_s, 1),
+            "prefill_ms": round(summary.prefill_s * 1e3, 2),
+            "syncs_a_step": round(syncs["n"] / summary.steps, 1),
+            "sync_sites": dict(sorted(syncs["sites"].items(), key=lambda kv: -kv[1])[:8]),
+        }
+        rep.log(f"big: loop {name} {loop[name]}")
+    r["loop"] = loop
+    return r
+
+
+def stage_embedded(dev: torch.device, small: bool, rep: Report, opts) -> dict:
+    from dart_core import load_target
+    from dart_core.drafters.config import DartConfig, Eagle3Config
+    from dart_core.drafters.registry import build_drafter
+
+    r = {}
+    texts = [json.loads(line) for line in opts.prompts.read_text().splitlines() if line.strip()] if opts.prompts else []
+    texts = texts or ["Write a haiku about the sea.", "Explain what a hash table is in two sentences."]
+    heads = opts.heads
+    for dname in opts.embedded_dtypes.split(","):
+        target = load_target(opts.model, dev, dname)
+        methods = {
+            "ar": ARDrafter(),
+            f"dart@{opts.nodes}": build_drafter(
+                "dart",
+                target,
+                DartConfig.embedded(head=str(heads / "dart"), ngram=str(heads / "ngram" / "smollm2-3gram.ngram"), max_nodes=opts.nodes),
+            ),
+            f"eagle3@{opts.nodes}": build_drafter("eagle3", target, Eagle3Config(head=str(heads / "eagle3"), max_nodes=opts.nodes)),
+        }
+        params = GenerationParams(opts.max_new_tokens)
+        for drafter in methods.values():  # warm-up
+            complete(target, texts[0], drafter, GenerationParams(16))
+        res = {m: {"ids": [], "tokens": 0, "steps": 0, "wall": 0.0, "decode": 0.0} for m in methods}
+        for text in texts:
+            for m, drafter in methods.items():  # interleaved prompt by prompt
+                s = complete(target, text, drafter, params)
+                v = res[m]
+                v["ids"].append(s.output_ids)
+                v["tokens"] += s.new_tokens
+                v["steps"] += s.steps
+                v["wall"] += s.wall_s
+                v["decode"] += s.wall_s - s.prefill_s
+        rows = {}
+        ar_rate = res["ar"]["tokens"] / res["ar"]["wall"]
+        for m, v in res.items():
+            rows[m] = {
+                "tokens_per_s": round(v["tokens"] / v["wall"], 1),
+                "decode_tokens_per_s": round((v["tokens"] - len(texts)) / v["decode"], 1),
+                "vs_ar": round(v["tokens"] / v["wall"] / ar_rate, 3),
+                "tau": round(v["tokens"] / v["steps"], 3),
+                "ids_equal_ar": sum(a == b for a, b in zip(v["ids"], res["ar"]["ids"])),
+                "prompts": len(texts),
+            }
+        rep.log(f"embedded {dname} ({target.weights}): {rows}")
+        r[dname] = rows
+        rep.save("embedded", r)
+    return r
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, required=True, help="folder for gpu_check.json and gpu_check.log")
+    p.add_argument("--stages", default="env,exact,sampling,big", help=f"comma-separated, from {', '.join(STAGES)}")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--small", action="store_true", help="toy sizes for the big stage and the bandwidth test (a CPU run)")
+    p.add_argument("--model", default="default", help="embedded stage: the target (default: the embedded model)")
+    p.add_argument("--heads", type=Path, default=ROOT / "assets", help="embedded stage: folder with dart/, eagle3/, ngram/")
+    p.add_argument("--prompts", type=Path, default=None, help="embedded stage: a JSONL file, a prompt (string or chat messages) a line")
+    p.add_argument("--embedded-dtypes", default="bfloat16,float32", help="embedded stage: the target's dtypes, comma-separated")
+    p.add_argument("--nodes", type=int, default=60, help="embedded stage: drafted nodes a tree (DART and EAGLE3)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="embedded stage: tokens a prompt")
+    a = p.parse_args(argv)
+    stages = [s for s in a.stages.split(",") if s]
+    unknown = set(stages) - set(STAGES)
+    if unknown:
+        p.error(f"unknown stages {sorted(unknown)}: choose from {', '.join(STAGES)}")
+    dev = torch.device(a.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        p.error("CUDA is not available (use --device cpu --small for a CPU run)")
+    rep = Report(a.out)
+    rep.data["argv"] = sys.argv
+    failed = 0
+    for stage in stages:
+        t0 = time.perf_counter()
+        rep.log(f"--- {stage}")
+        try:
+            if stage == "embedded":
+                result = stage_embedded(dev, a.small, rep, a)
+            else:
+                result = globals()[f"stage_{stage}"](dev, a.small, rep)
+            result["seconds"] = round(time.perf_counter() - t0, 1)
+        except Exception as e:  # a stage's failure is recorded; the next stages still run
+            failed += 1
+            result = {**rep.data["stages"].get(stage, {}), "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+            rep.log(f"{stage} FAILED: {result['traceback']}")
+        rep.save(stage, result)
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    rep.log(f"done: {len(stages) - failed}/{len(stages)} stages ran")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
