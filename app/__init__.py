@@ -1,1 +1,1 @@
-"""The Gradio demo over dart_core. `python -m app` loads the models and serves it (app/__main__.py)."""
+"""The Gradio demo over dart_core. `dart-app` loads the models and serves it (app/launch.py)."""

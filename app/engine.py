@@ -12,7 +12,7 @@ Speeds count engine time only: the seconds spent inside the generation loop (pre
 not the time the UI spends drawing between steps, nor time spent waiting in the queue.
 
 Compare mode may end with a peer, another engine on the same prompt ids: llama.cpp's own binaries on
-the GGUF the target came from (`Peer`, dart_core/peers.py). It runs as one subprocess on the compute
+the GGUF the target came from (`Peer`, dart_core/tools/peers.py). It runs as one subprocess on the compute
 thread too, so it never shares the cores with an engine step, and yields a `PeerResult`, a Run
 without steps whose time is llama.cpp's own prefill + decode timers.
 """
@@ -27,11 +27,11 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, TypeVar
 
 from dart_core import ARDrafter, Drafter, DraftTree, GenerationParams, SamplingParams, StepEvent, Summary, generate
-from dart_core.methods import METHODS
-from dart_core.peers import PeerError, PeerRun, split_peer_method
 from dart_core.target import Target
+from dart_core.tools.methods import METHODS
+from dart_core.tools.peers import PeerError, PeerRun, split_peer_method
 
-METHOD_ORDER = ("dart", "eagle3", "ar")  # the methods the app runs (dart_core.methods), in compare mode's order
+METHOD_ORDER = ("dart", "eagle3", "ar")  # the methods the app runs (dart_core.tools.methods), in compare mode's order
 PEER_TIMEOUT_S = 300.0  # a llama.cpp run longer than this is killed and shown as failed (Stop cannot end it sooner)
 MAX_PROMPT_CHARS = 20_000  # rejects pasted novels before tokenising them
 MIN_REFERENCE_TOKENS = 16  # an AR run shorter than this is mostly prefill: a poor speed reference
@@ -175,7 +175,7 @@ class Run:
 
 
 def method_label(method: str) -> str:
-    """How the page names a method: its label in the one method table (dart_core.methods)."""
+    """How the page names a method: its label in the one method table (dart_core.tools.methods)."""
     return METHODS[method].label if method in METHODS else method
 
 
@@ -187,9 +187,9 @@ def peer_label(method: str, gguf_note: str = "same GGUF") -> str:
 
 @dataclass(frozen=True)
 class Peer:
-    """Another engine compare mode runs on the same prompt: a llama.cpp method (dart_core/peers.py)."""
+    """Another engine compare mode runs on the same prompt: a llama.cpp method (dart_core/tools/peers.py)."""
 
-    method: str  # a dart_core.peers method name: "llamacpp", "llamacpp-lookup@4", ...
+    method: str  # a dart_core.tools.peers method name: "llamacpp", "llamacpp-lookup@4", ...
     label: str  # how the panes and the summary name it
     runner: object  # has .generate(ids, max_new_tokens, sampling) -> PeerRun (peers.LlamaCppPeer)
     threads: int  # the CPU threads it runs with (the engine's)
@@ -272,7 +272,7 @@ class Engine:
         compute: ComputeThread | None = None,
         peers: list[Peer] = (),
     ):
-        """compute: the thread that loaded `target` (app/__main__.py loads on it); None: a new one.
+        """compute: the thread that loaded `target` (app/launch.py loads on it); None: a new one.
         peers: what compare mode runs after the engine's methods (llama.cpp), in this order."""
         self.target = target
         loaded = {**drafters, "ar": ARDrafter()}

@@ -1,6 +1,6 @@
 """Drive the running app in headless Chromium: send a prompt, wait for the answer, take a screenshot.
 
-    python -m app.screenshot http://127.0.0.1:7860/ docs/screenshot.png --compare
+    dart-screenshot http://127.0.0.1:7860/ docs/screenshot.png --compare
 
 Used to make docs/screenshot.png and by the browser test. Needs Debian's chromium (/usr/bin/chromium)
 and the playwright Python package (its bundled driver; no `playwright install`).
@@ -66,7 +66,7 @@ def chat_once(page, url: str, prompt: str, compare: bool = False, timeout_s: flo
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m app.screenshot", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="dart-screenshot", description=__doc__.splitlines()[0])
     p.add_argument("url")
     p.add_argument("out", type=Path)
     p.add_argument("--prompt", default="Write a short poem about the sea.")
@@ -85,7 +85,3 @@ def main(argv=None) -> int:
         browser.close()
     print(args.out)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

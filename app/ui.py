@@ -1,6 +1,6 @@
 """The Gradio Blocks over an already-loaded Engine: chat, compare panes, plots and the /generate API.
 
-Nothing here loads a model; `python -m app` (app/__main__.py) does, once, then calls `build_demo`.
+Nothing here loads a model; `dart-app` (app/launch.py) does, once, then calls `build_demo`.
 Every generation event shares one concurrency group of size 1, so requests queue for the one target.
 """
 
@@ -67,7 +67,7 @@ class Settings:
     weights_line: str | None = None  # the header's line on the weights path: chosen on this machine (--dtype auto), or given
     costs: render.CostView | None = None  # the "why" view: forward cost by rows per weights path, from the calibration
     costs_note: str = ""  # what the "why" view shows, or why it has no table
-    heads_line: str | None = None  # the header's line on the heads' training steps (app/__main__.py heads_line)
+    heads_line: str | None = None  # the header's line on the heads' training steps (app/launch.py heads_line)
 
 
 class StopSignals:
@@ -173,13 +173,13 @@ class DemoApp:
         if s.pruner:
             badges.append(f"tree pruner: {html.escape(s.pruner)}")
         gr.HTML(f"<h1>DART speculative decoding</h1><p>{_md_bold(INTRO)}</p><p class='badges'>{' · '.join(badges)}</p>")
-        if s.weights_line:  # the weights path, chosen on this machine or given, and why (app/__main__.py load_weights)
+        if s.weights_line:  # the weights path, chosen on this machine or given, and why (app/launch.py load_weights)
             gr.HTML(f"<p class='peers'>{html.escape(s.weights_line)}</p>", elem_id="weights-choice")
-        if s.tree_line:  # the tree sizes chosen on this machine, and why (app/__main__.py calibrate_sizes)
+        if s.tree_line:  # the tree sizes chosen on this machine, and why (app/launch.py calibrate_sizes)
             gr.HTML(f"<p class='peers'>{html.escape(s.tree_line)}</p>", elem_id="tree-sizes")
         if s.heads_line:  # how long each head trained, and whether DART and EAGLE3 had equal steps
             gr.HTML(f"<p class='peers'>{html.escape(s.heads_line)}</p>", elem_id="heads")
-        if s.peers_line:  # what the llama.cpp row runs, or why there is none (app/__main__.py load_peers)
+        if s.peers_line:  # what the llama.cpp row runs, or why there is none (app/launch.py load_peers)
             gr.HTML(f"<p class='peers'>{html.escape(s.peers_line)}</p>", elem_id="llamacpp-status")
         if s.notes:
             gr.HTML('<div class="notes">' + "".join(f"<p>⚠ {html.escape(n)}</p>" for n in s.notes) + "</div>", elem_id="notes")

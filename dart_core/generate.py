@@ -80,7 +80,10 @@ class Drafter(Protocol):
     def new_session(self, capacity: int) -> DraftSession: ...
 
 
-class _ARSession:
+class ARSession:
+    """Plain decoding's session: it drafts nothing (each tree is the root alone). Public so that tools
+    can extend it (dart_core.tools.replay records what the loop commits)."""
+
     def extend(self, ids, hidden) -> None:
         pass
 
@@ -96,7 +99,7 @@ class ARDrafter:
     max_nodes = 0
 
     def new_session(self, capacity: int) -> DraftSession:
-        return _ARSession()
+        return ARSession()
 
 
 @dataclass

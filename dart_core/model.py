@@ -315,7 +315,7 @@ class Transformer(nn.Module):
         self._rope_table: kernels.RopeTable | None = None  # fp32 angles for the kernel path, built on first use
         # A dict here collects seconds by stage of kernel-path forwards ("layers": the decoder layers'
         # one call, "head": the LM head's linear and its fp32 logits; the rest is the forward's wall minus these), for
-        # `python -m dart_core.cli.kernels --split`; None (the default) times nothing.
+        # `dart-kernels --split`; None (the default) times nothing.
         self.stage_seconds: dict[str, float] | None = None
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -180,9 +180,9 @@ def load_target(
     dtype: float32 | bfloat16 | float16, or "gguf" for the embedded default read in its own GGUF
     blocks (Q4_1 layers, Q8_0 embedding) on the CPU kernels, exactly its fp32 values; "gguf-int8" for
     the same blocks against int8-quantized activations (llama.cpp's arithmetic); "gguf-int16" against
-    activations quantized to 16 bits (near the exact path's answers, near int8's speed); or "auto": the
-    path the calibration finds fastest for DART on this machine (dart_core/calibrate.py choose_weights:
-    measured once, cached; bfloat16 for any other target).
+    activations quantized to 16 bits (near the exact path's answers, near int8's speed). ("auto", the
+    path the calibration finds fastest for DART on this machine, is resolved before this call:
+    dart_core.tools.calibrate.choose_weights.)
 
     kernels=False keeps every forward on the eager torch path (see Transformer). float_inputs, with
     "gguf-int8" only: linears (model.FLOAT_INPUT_LINEARS) whose inputs stay fp32, a diagnostic."""
@@ -195,9 +195,10 @@ def load_target(
     if float_inputs and dtype != GGUF_INT8:
         raise ValueError(f"float_inputs apply to --dtype {GGUF_INT8} (its int8 activations), not {dtype}")
     if dtype == AUTO:
-        from .calibrate import choose_weights  # it loads each candidate with this function, never with "auto"
-
-        return choose_weights(model, device, kernels)[0]
+        raise ValueError(
+            "dtype 'auto' is chosen by measuring this machine, which the command lines and the app do before loading "
+            "(dart_core.tools.calibrate.choose_weights); load_target takes the chosen path"
+        )
     if dtype in GGUF_PATHS:
         # The embedded default's own GGUF blocks on the CPU kernels; activations in fp32 (gguf-int8 /
         # gguf-int16: each linear's input quantized per block inside the kernel). The KV cache is fp32

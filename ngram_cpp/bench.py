@@ -1,6 +1,6 @@
 """Micro-benchmark of the n-gram trie and the pruner on the embedded default's trie.
 
-    python -m ngram_cpp.bench --json
+    dart-ngram-bench --json
 
 Prints one JSON line:
     query_us        one (2-token context, token) lookup, timed inside C++ (the paper's 6 us figure is that)
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -131,7 +130,7 @@ def run(trie: Path, seed: int = 0) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ngram_cpp.bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="dart-ngram-bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--trie", type=Path, default=DEFAULT_TRIE)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON line (otherwise a readable summary)")
@@ -143,7 +142,3 @@ def main(argv: list[str] | None = None) -> int:
         for k, v in result.items():
             print(f"{k:>14}: {v}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

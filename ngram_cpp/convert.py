@@ -1,6 +1,6 @@
 """Convert an n-gram file between our compact format and the upstream `.trie` layout.
 
-    python -m ngram_cpp.convert IN OUT [--format compact|upstream]
+    dart-ngram-convert IN OUT [--format compact|upstream]
 
 The input format is detected; the output format defaults to the other one.
 """
@@ -14,7 +14,7 @@ import ngram_cpp
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ngram_cpp.convert", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="dart-ngram-convert", description=__doc__.split("\n\n")[0])
     p.add_argument("src")
     p.add_argument("dst")
     p.add_argument("--format", choices=["compact", "upstream"], default=None, help="output format (default: the other one)")
@@ -25,7 +25,3 @@ def main(argv: list[str] | None = None) -> int:
     vocab = f"vocab {model.vocab_size}" + ("" if model.vocab_known else " (max id + 1)")
     print(f"{args.dst}: order {model.order}, {model.num_nodes} nodes, {vocab}", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -518,7 +518,7 @@ def _search(tokens, probs, kk: int, root: int, context: list[int], model, params
 def pool_features(tokens, probs, root: int, context, model, params: PruneParams, index, eos_id: int = -1) -> list[tuple]:
     """Every node the pruner's search expands, as (token, parent pool index or -1, depth, features), the
     features those the fitted ranking scores it with (the parent's fitted value left 0: it depends on
-    the fit): what dart_core/fitting.py fits on. The search is the score's, as in the pruner."""
+    the fit): what dart_core/tools/fitting.py fits on. The search is the score's, as in the pruner."""
     tokens = np.asarray(tokens, dtype=np.int64)
     probs = np.asarray(probs, dtype=np.float32)
     plain = dataclasses.replace(params, acceptance=(), row_costs=())

@@ -50,7 +50,7 @@ from dart_core.drafters.head import head_dtype  # noqa: E402
 from dart_core.generate import Summary  # noqa: E402
 from dart_core.model import ModelArgs, Transformer, load_transformer  # noqa: E402
 from dart_core.target import Target  # noqa: E402
-from dart_core.training import new_head_from_target  # noqa: E402
+from dart_core.tools.training import new_head_from_target  # noqa: E402
 from dart_core.tree import DraftTree  # noqa: E402
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}

@@ -18,7 +18,7 @@ TINY_EOS = 3
 
 def fake_bin_dir(tmp_path: Path) -> Path:
     """Executable stand-ins for llama.cpp's binaries (they exit 1 and are never run), so that a
-    dart_core.peers.LlamaCppPeer can be built to read captured output."""
+    dart_core.tools.peers.LlamaCppPeer can be built to read captured output."""
     d = tmp_path / "bin"
     d.mkdir()
     for name in ("llama-completion", "llama-lookup", "llama-speculative-simple"):

@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +28,9 @@ import pytest
 
 from app.engine import MIN_REFERENCE_TOKENS
 from app.screenshot import CHROMIUM, DONE_JS, LOCKED_JS, launch, open_app, send, send_and_wait
-from dart_core import kernels, peers
+from dart_core import kernels
+from dart_core.cli import installed_command
+from dart_core.tools import peers
 
 from conftest import eagle3_fixture_head
 
@@ -68,9 +69,7 @@ def free_port() -> int:
 def server(tmp_path_factory):
     port = free_port()
     cmd = [
-        sys.executable,
-        "-m",
-        "app",
+        *installed_command("dart-app"),
         "--dtype",
         DTYPE,
         "--server-port",

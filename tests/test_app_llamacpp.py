@@ -1,8 +1,8 @@
 """The app's llama.cpp row in compare mode (app/engine.py Peer, PeerResult; app/render.py; the
---compare-llamacpp flag in app/__main__.py).
+--compare-llamacpp flag in app/launch.py).
 
 Offline: the panes and the summary table built from real llama.cpp output (the captured stdout and
-stderr in tests/fixtures/llamacpp/, read by dart_core.peers.LlamaCppPeer.read_output through the
+stderr in tests/fixtures/llamacpp/, read by dart_core.tools.peers.LlamaCppPeer.read_output through the
 engine's own run_peer), failures shown rather than raised, and the header's reason when the binaries
 are absent. Where `make peers` has built the binaries: a real compare turn with the embedded model
 whose summary has the llama.cpp row."""
@@ -19,7 +19,8 @@ import pytest
 
 from app import render
 from app.engine import Engine, Peer, PeerResult, Run, append_step, peer_label
-from dart_core import StageTimes, StepEvent, Summary, peers
+from dart_core import StageTimes, StepEvent, Summary
+from dart_core.tools import peers
 
 from conftest import fake_bin_dir
 
@@ -166,7 +167,7 @@ def test_the_header_says_why_there_is_no_llamacpp_row(tmp_path, monkeypatch):
     (naming `make peers`); without the flag, a plain line says the same; --no-compare-llamacpp says it is off."""
     import gradio as gr
 
-    from app.__main__ import build_app, load_peers, parse_args
+    from app.launch import build_app, load_peers, parse_args
 
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -196,7 +197,7 @@ def test_the_header_says_why_there_is_no_llamacpp_row(tmp_path, monkeypatch):
 
 
 def test_gguf_label_names_another_file(tmp_path):
-    from app.__main__ import llamacpp_gguf
+    from app.launch import llamacpp_gguf
 
     other = tmp_path / "other.Q8_0.gguf"
     assert llamacpp_gguf(Namespace(gguf=other), default_target=False) == (other, "other.Q8_0.gguf")
@@ -222,7 +223,7 @@ def test_real_compare_turn_with_the_llamacpp_row(embedded_target):
         pytest.skip(reason)
     import torch
 
-    from app.__main__ import load_peers, parse_args
+    from app.launch import load_peers, parse_args
     from app.ui import DemoApp, Settings
 
     engine = Engine(embedded_target, {}, max_new_tokens=16)

@@ -228,8 +228,8 @@ def test_the_why_view_shows_the_verify_cost_by_rows_per_weights_path():
 
 
 def test_the_why_view_of_an_auto_choice():
-    from app.__main__ import cost_view
-    from dart_core import calibrate
+    from app.launch import cost_view
+    from dart_core.tools import calibrate
 
     def path(dtype, weights, ms, best, tps):
         table = [{"nodes": n, "tokens_per_s": t} for n, t in tps.items()]
@@ -267,7 +267,7 @@ def test_the_header_says_whether_the_heads_had_equal_training(tmp_path):
     """The heads line names each loaded head's run and step (its trained.json) and says whether DART
     and EAGLE3 trained the same number of steps; a head without the file says its training is unknown;
     a malformed file is a note, and the app still starts."""
-    from app.__main__ import heads_line
+    from app.launch import heads_line
 
     dart, eagle3 = tmp_path / "dart", tmp_path / "eagle3"
     dart.mkdir(), eagle3.mkdir()

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from dart_core import bench as bench_lib
 from dart_core.cli import bench
+from dart_core.tools import bench as bench_lib
 
 from conftest import EMBEDDED_DART_HEAD, eagle3_fixture_head
 

@@ -1,4 +1,4 @@
-"""python -m dart_core.cli.report: the README's results table and docs/benchmarks.md are what the kept
+"""dart-report: the README's results table and docs/benchmarks.md are what the kept
 bench results (docs/results/) give; both are rewritten between their markers only, from stored
 result files (the bench runs themselves are covered by tests/test_bench.py)."""
 
@@ -15,7 +15,7 @@ SETS = ["../shared/data/bench/mt_bench.jsonl", "../shared/data/bench/sum.jsonl"]
 
 
 def test_the_committed_report_is_what_the_kept_results_give():
-    """README.md and docs/benchmarks.md as committed equal `python scripts/benchmark_report.py`'s output."""
+    """README.md and docs/benchmarks.md as committed equal `dart-report`'s output."""
     assert report.main(["--check"]) == 0
 
 
@@ -77,9 +77,9 @@ def test_both_documents_are_written_between_their_markers(repo):
     doc = (repo / "docs" / "benchmarks.md").read_text()
     assert doc.endswith(f"{report.DOC_MARKS[1]}\n\n## Changelog\n\n- kept\n") and "\nold\n" not in doc
     # each run's section: the command that wrote it (datasets in brace form), its note, totals, sets, calibration
-    assert ".venv/bin/python -m dart_core.bench --methods ar,dart,llamacpp --llamacpp-bin ~/llama/bin \\\n" in doc
+    assert "dart-bench --methods ar,dart,llamacpp --llamacpp-bin ~/llama/bin \\\n" in doc
     assert "--dataset ../shared/data/bench/{mt_bench,sum}.jsonl --limit 2 --out docs/results/fast.json" in doc
-    assert "    DART_CPU_KERNELS=avx2 .venv/bin/python -m dart_core.bench --methods ar,dart" in doc
+    assert "    DART_CPU_KERNELS=avx2 dart-bench --methods ar,dart" in doc
     assert "A quiet machine." in doc and "(forced on an `avx512bf16` CPU, Test CPU) kernels" in doc
     assert "| llama.cpp plain | 50.0 | 60.0 | 0.50 | 0.50x | 1.00 | 256 | 256 | – / – / 9.00 / 0.30 | 1/2 |" in doc
     assert "| sum | 100.0 | 1.50x / 1.80 | 0.50x / 1.00 |" in doc
@@ -99,7 +99,7 @@ def test_measure_runs_the_listed_command_then_rewrites(repo, monkeypatch):
     monkeypatch.setattr(report.subprocess, "run", fake_run)
     assert report.main(["--measure", "forced"]) == 0
     ((cmd, env),) = calls
-    assert cmd[1:5] == ["-m", "dart_core.cli.bench", "--methods", "ar,dart"] and env["DART_CPU_KERNELS"] == "avx2"
+    assert Path(cmd[0]).name == "dart-bench" and cmd[1:3] == ["--methods", "ar,dart"] and env["DART_CPU_KERNELS"] == "avx2"
     assert not (repo / "docs" / "results" / "forced.tmp").exists()
     assert "| DART (1 node) | 120.0 |" in (repo / "docs" / "benchmarks.md").read_text()
     report.main(["--measure", "fast"])

@@ -1,4 +1,4 @@
-"""The per-machine tree size (dart_core/calibrate.py): the choice rule on hand-made tables, capped
+"""The per-machine tree size (dart_core/tools/calibrate.py): the choice rule on hand-made tables, capped
 drafters replaying as drafters built at that size, the τ tables and the forward-cost cache, and the
 flags left to it."""
 
@@ -10,14 +10,14 @@ import json
 import pytest
 import torch
 
-from dart_core import calibrate
 from dart_core.cli import calibrate as calibrate_cli
 from dart_core.cli.bench import parse_args
 from dart_core.cli.options import drafter_args, drafter_configs, unset_sizes
 from dart_core.drafters import DEFAULT_DART_HEAD, DEFAULT_EAGLE3_HEAD
 from dart_core.drafters.config import DartConfig, DrafterConfigs, Eagle3Config
 from dart_core.drafters.registry import build_drafter
-from dart_core.replay import record_greedy, replay
+from dart_core.tools import calibrate
+from dart_core.tools.replay import record_greedy, replay
 
 PROMPTS = ["Write a short poem about a lighthouse keeper.", "List the planets of the solar system in order."]
 

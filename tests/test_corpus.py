@@ -1,4 +1,4 @@
-"""The self-distilled corpus (dart_core.training.corpus) on a tiny target with a word tokenizer: the prompt
+"""The self-distilled corpus (dart_core.tools.training.corpus) on a tiny target with a word tokenizer: the prompt
 pool, continuous batching against plain decoding, the captured states against a teacher-forced
 forward, resuming, the exported corpus, the draft vocabulary, and training on answers only."""
 
@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from dart_core import GenerationParams, SamplingParams, Summary, generate, kernels
-from dart_core.data import iter_records
 from dart_core.drafters.head import load_head
 from dart_core.target import load_target
-from dart_core.training import TrainConfig, adopt_vocabulary, load_split, new_head_from_target, sample_anchors, train_dart
-from dart_core.training.corpus import (
+from dart_core.tools.data import iter_records
+from dart_core.tools.training import TrainConfig, adopt_vocabulary, load_split, new_head_from_target, sample_anchors, train_dart
+from dart_core.tools.training.corpus import (
     ContinuousBatcher,
     CorpusConfig,
     _Job,
@@ -150,7 +150,7 @@ def corpus_cfg(prompt_files, out, **kw):
 
 
 def test_corpus_resumes_exports_and_rebuilds(word_target, prompt_files, tmp_path, monkeypatch):
-    import dart_core.training.corpus as corpus
+    import dart_core.tools.training.corpus as corpus
 
     monkeypatch.setattr(corpus, "SHARD_TOKENS", 150)
     one = generate_corpus(word_target, corpus_cfg(prompt_files, tmp_path / "one"))
@@ -212,7 +212,7 @@ def test_corpus_resumes_exports_and_rebuilds(word_target, prompt_files, tmp_path
 def test_sigterm_keeps_the_finished_records_and_the_run_resumes(word_target, prompt_files, tmp_path, monkeypatch):
     import signal
 
-    import dart_core.training.corpus as corpus
+    import dart_core.tools.training.corpus as corpus
 
     full = {r["index"]: r["ids"] for r in corpus_records(generate_corpus(word_target, corpus_cfg(prompt_files, tmp_path / "full")))}
     step, calls = corpus.ContinuousBatcher.step, []
@@ -290,7 +290,7 @@ def test_draft_vocab_coverage_and_answer_only_training(word_target, prompt_files
     assert again["kept"] and again["draft_ids"] == first_ids
     other = choose_draft_vocab(run, 12, word_target.vocab_size)["draft_ids"]  # another size: chosen anew
     assert other != first_ids
-    with caplog.at_level("WARNING", logger="dart_core.training.loop"):
+    with caplog.at_level("WARNING", logger="dart_core.tools.training.loop"):
         head_dir = train_dart(
             word_target,
             TrainConfig(
@@ -333,7 +333,7 @@ def test_draft_vocab_coverage_and_answer_only_training(word_target, prompt_files
             assert torch.equal(moved["head"]["lm_head.weight"][j], word_target.model.output.weight[t].float())
             assert not moved["opt"]["state"][lm]["exp_avg"][j].any()
     assert moved["vocab_changes"] == [{"step": before["step"], "size": 12, "carried_over": len(set(other) & set(first_ids))}]
-    with caplog.at_level("WARNING", logger="dart_core.training.loop"):
+    with caplog.at_level("WARNING", logger="dart_core.tools.training.loop"):
         head_dir = train_dart(word_target, TrainConfig(**{**cfg.__dict__, "epochs": 3}), draft_length=3)
     assert "adopting the cache's draft vocabulary" in caplog.text
     head = load_head(head_dir, dart=True, target=word_target)

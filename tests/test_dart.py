@@ -13,7 +13,7 @@ import ngram_cpp
 from dart_core import ARDrafter, GenerationParams, complete
 from dart_core.drafters.dart import DartDrafter, DartParams, load_dart_drafter
 from dart_core.drafters.head import load_head
-from dart_core.training import dart_anchor_logits, new_head_from_target
+from dart_core.tools.training import dart_anchor_logits, new_head_from_target
 
 from conftest import EMBEDDED_DART_HEAD, TINY_VOCAB, build_tiny_checkpoint, tiny_target
 
@@ -274,9 +274,9 @@ def test_embedded_dart_head_is_lossless(embedded_target):
 def test_embedded_fitted_ranking_and_adaptive_size(embedded_target, tmp_path, monkeypatch):
     """The embedded head's fitted ranking (assets/dart/acceptance.json) is the registry's default, and
     with --adaptive-tree the tree size follows this machine's costs: both lossless (fp32)."""
-    from dart_core import calibrate
     from dart_core.drafters.config import DartConfig
     from dart_core.drafters.registry import build_drafter
+    from dart_core.tools import calibrate
 
     if not (EMBEDDED_DART_HEAD / "acceptance.json").exists():
         pytest.skip("no fitted ranking in assets/dart")
@@ -287,7 +287,7 @@ def test_embedded_fitted_ranking_and_adaptive_size(embedded_target, tmp_path, mo
     assert fitted.params.prune.acceptance and not fitted.params.prune.row_costs
     score = build_drafter("dart", embedded_target, DartConfig.embedded(max_nodes=8, ranking="score"))
     assert not score.params.prune.acceptance
-    adaptive = build_drafter("dart", embedded_target, DartConfig.embedded(max_nodes=8, adaptive=True))
+    adaptive = calibrate.build_measured("dart", embedded_target, DartConfig.embedded(max_nodes=8, adaptive=True))
     assert len(adaptive.params.prune.row_costs) == calibrate.MAX_CALIBRATED_ROWS
     ids = embedded_target.encode("List three uses of a paperclip.")
     ar = complete(embedded_target, ids, ARDrafter(), GenerationParams(32))

@@ -9,7 +9,7 @@ from dart_core import ARDrafter, GenerationParams, complete
 from dart_core.drafters.dart import DartDrafter
 from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3Params
 from dart_core.drafters.head import load_head
-from dart_core.training import new_head_from_target
+from dart_core.tools.training import new_head_from_target
 
 from conftest import tiny_target
 
@@ -158,7 +158,7 @@ def test_training_time_test_matches_drafting(tiny_llama):
     """The EAGLE3 training forward, teacher-forced on a chain, computes what drafting computes along
     that chain: with top_k=1 drafting follows its own greedy chain, and the training rows of the same
     anchor (batched with another anchor, which must not leak in) give the same tokens and log-probs."""
-    from dart_core.training import eagle3_anchor_logits
+    from dart_core.tools.training import eagle3_anchor_logits
 
     K = 4
     head = random_eagle3_head(tiny_llama, seed=3)

@@ -20,9 +20,9 @@ from gguf.quants import dequantize
 from safetensors.torch import load_file, save_file
 
 from dart_core.cli.export_gguf import main
-from dart_core.export_gguf import cached_eagle3_gguf, export_eagle3_gguf
 from dart_core.loading import cache_root, embedded_gguf_path, ensure_embedded_model
 from dart_core.model import ModelArgs, apply_rope
+from dart_core.tools.export_gguf import cached_eagle3_gguf, export_eagle3_gguf
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAD = ROOT / "assets" / "eagle3"

@@ -1,4 +1,4 @@
-"""dart_core/fitting.py (python -m dart_core.cli.fit): the per-level logistic fit of P(node accepted),
+"""dart_core/tools/fitting.py (dart-fit): the per-level logistic fit of P(node accepted),
 capped by the parent's, on a synthetic table whose labels follow a known rule."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dart_core.fitting import PARENT_FIT, fit, fitted_values, logistic, report, stack
+from dart_core.tools.fitting import PARENT_FIT, fit, fitted_values, logistic, report, stack
 
 
 def synthetic_steps(n_steps: int = 300, seed: int = 0):

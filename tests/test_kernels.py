@@ -763,7 +763,7 @@ def test_embedded_heads_match_ar_on_bench_prompts(embedded_int16, embedded_draft
     weights path, heads and tree size; DART's and EAGLE3's output ids equal plain decoding's on every
     prompt."""
     from dart_core import ARDrafter, GenerationParams, complete
-    from dart_core.bench import read_questions
+    from dart_core.tools.bench import read_questions
 
     params = GenerationParams(EXACT_NEW_TOKENS)
     for q in read_questions(path, EXACT_PER_FILE):

@@ -329,7 +329,7 @@ def test_corrupt_compact_header_fields(tmp_path):
 
 
 class CharTokenizer:
-    """Just enough of a HF tokenizer for scripts/build_ngram.py: one id per character, EOS = 0."""
+    """Just enough of a HF tokenizer for dart-ngram: one id per character, EOS = 0."""
 
     eos_token_id = 0
 
@@ -350,7 +350,7 @@ class CharTokenizer:
 
 
 def build_script(monkeypatch, tok):
-    """python -m dart_core.cli.ngram's module, loading `tok` for any tokenizer name."""
+    """dart-ngram's module, loading `tok` for any tokenizer name."""
     from dart_core.cli import ngram as script
 
     monkeypatch.setattr(script, "load_tokenizer", lambda name: tok)

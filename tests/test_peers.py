@@ -1,4 +1,4 @@
-"""llama.cpp as the bench's peer (dart_core/peers.py): parsing of llama.cpp's real output (captured
+"""llama.cpp as the bench's peer (dart_core/tools/peers.py): parsing of llama.cpp's real output (captured
 from `make peers` binaries on the embedded GGUF, in tests/fixtures/llamacpp/), the skip when the
 binaries are absent, and real runs of llama-completion (and the bench with it) where they are built."""
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from dart_core import peers
 from dart_core.cli import bench
-from dart_core.methods import split_method
+from dart_core.tools import peers
+from dart_core.tools.methods import split_method
 
 from conftest import fake_bin_dir
 

@@ -34,7 +34,7 @@ def test_upstream_names_are_aliases_of_ours():
 
 
 def test_the_app_and_the_bench_take_the_same_drafter_flags():
-    from app.__main__ import parse_args as app_args
+    from app.launch import parse_args as app_args
     from dart_core.cli.bench import parse_args as bench_args
 
     flags = ["--dart-model", "h", "--max-nodes", "5", "--context-weight", "0.3", "--eagle3-max-nodes", "7", "--no-context-ngram"]

@@ -1,13 +1,13 @@
-"""Greedy replay (dart_core/replay.py) takes the same steps as the generation loop with the same drafter."""
+"""Greedy replay (dart_core/tools/replay.py) takes the same steps as the generation loop with the same drafter."""
 
 from __future__ import annotations
 
 import pytest
 
 from dart_core import GenerationParams, complete
-from dart_core.bench import method_drafter
 from dart_core.drafters.config import DartConfig, DrafterConfigs
-from dart_core.replay import record_greedy, replay
+from dart_core.tools.bench import method_drafter
+from dart_core.tools.replay import record_greedy, replay
 
 PROMPTS = [
     "Write a short poem about a lighthouse keeper.",
@@ -45,13 +45,13 @@ def test_record_is_plain_decoding(embedded_bf16, records):
 
 
 def test_tune_scoring_searches_by_replay(tmp_path, embedded_bf16):
-    """python -m dart_core.cli.tune scoring: records once (then reads its cache), every setting's τ is a
+    """dart-tune scoring: records once (then reads its cache), every setting's τ is a
     replay, the search keeps the best, and --sizes replays both weights at each size."""
     import json
     from pathlib import Path
 
     from dart_core.cli.tune import scoring_main
-    from dart_core.tuning import load_records
+    from dart_core.tools.tuning import load_records
 
     root = Path(__file__).resolve().parent.parent
     argv = [

@@ -12,7 +12,7 @@ import torch
 
 from dart_core.drafters.head import load_head
 from dart_core.target import load_target
-from dart_core.training import (
+from dart_core.tools.training import (
     SELF_DISTILL_FILE,
     CacheConfig,
     TrainConfig,
@@ -133,7 +133,7 @@ def test_cosine_schedule():
 def test_loss_weights_follow_gamma(word_target):
     ids = list(range(10, 40))
     out = word_target.model(torch.tensor(ids), torch.arange(len(ids)), word_target.new_cache(64), capture=True, final=True, logits=False)
-    from dart_core.training import CachedRecord
+    from dart_core.tools.training import CachedRecord
 
     rec = CachedRecord(torch.tensor(ids), out.hidden.clone(), out.final.clone())  # out of inference mode
     head = new_head_from_target(word_target, torch.arange(40, 90), D)
@@ -210,7 +210,7 @@ def test_cache_train_resume_export(word_target, data_files, tmp_path):
 def test_a_new_run_starts_from_a_saved_head(word_target, data_files, tmp_path, monkeypatch):
     """A machine that lost the run directory goes on from the committed head: its weights, step,
     training time and history; fresh optimizer moments with a new warm-up."""
-    from dart_core.training import loop
+    from dart_core.tools.training import loop
 
     cache_dir = tmp_path / "cache"
     build_cache(word_target, CacheConfig(data=data_files, out_dir=str(cache_dir), max_tokens=4_000, val_records=4, draft_vocab_size=32))
@@ -282,7 +282,7 @@ def test_time_budget_stops_and_evaluates(word_target, data_files, tmp_path):
 def test_sigterm_saves_a_checkpoint_and_the_run_resumes_from_it(word_target, data_files, tmp_path, monkeypatch):
     import signal
 
-    from dart_core.training import loop
+    from dart_core.tools.training import loop
 
     cache_dir = tmp_path / "cache"
     build_cache(word_target, CacheConfig(data=data_files, out_dir=str(cache_dir), max_tokens=4_000, val_records=4, draft_vocab_size=32))
@@ -452,7 +452,7 @@ def test_bf16_autocast_only_where_the_hardware_has_bf16(monkeypatch):
     """Training autocasts to bf16 on a GPU or a CPU with AVX512-BF16; on other CPUs torch emulates bf16
     matmuls (~8x slower than fp32 for an EAGLE3 step on an AVX2 EPYC), so it trains in fp32."""
     from dart_core import kernels
-    from dart_core.training.loop import bf16_arithmetic
+    from dart_core.tools.training.loop import bf16_arithmetic
 
     monkeypatch.setattr(kernels, "cpu_features", lambda: {"avx2": True, "avx512bf16": True})
     assert bf16_arithmetic(torch.device("cpu"))

@@ -1,4 +1,4 @@
-"""python -m dart_core.cli.curve: the curve tables from a run's history and bench points, and the README block."""
+"""dart-curve: the curve tables from a run's history and bench points, and the README block."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def test_a_saved_head_is_a_point_at_its_trained_step(curve, tmp_path):
     rec = json.loads(curve.POINTS.read_text().splitlines()[-1])
     assert (rec["label"], rec["step"], rec["train_hours"], rec["max_nodes"]) == ("e3", 1234, 1.5, 2)
     assert set(rec["tau_by_set"]) == set(curve.BENCH_SETS) and rec["tau"] >= 1.0
-    assert rec["command"].startswith("python -m dart_core.cli.curve point --head HEAD --label e3 --method eagle3")
+    assert rec["command"].startswith("dart-curve point --head HEAD --label e3 --method eagle3")
     assert not (curve.CURVE_DIR / "e3.history.json").exists()
     (head / "trained.json").unlink()
     with pytest.raises(SystemExit, match="no trained.json"):

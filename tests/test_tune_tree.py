@@ -1,4 +1,4 @@
-"""dart_core/tuning.py's tree sizes (python -m dart_core.cli.tune tree): the cut of a logged tree by size
+"""dart_core/tools/tuning.py's tree sizes (dart-tune tree): the cut of a logged tree by size
 and score floor, the acceptance it implies (checked against real steps of the embedded model), and the
 CLI end to end."""
 
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def tune():
-    from dart_core import tuning
+    from dart_core.tools import tuning
 
     return tuning
 

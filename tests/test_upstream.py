@@ -6,7 +6,7 @@
 - the pruner's EOS is the tokenizer's eos_token_id, as upstream's, while every EOS id of the target
   still stops the loop (a tiny Qwen3-like target whose tokenizer ends turns with <|im_end|> and whose
   generation config also stops at the lower <|endoftext|>, as Qwen3's);
-- `python -m dart_core.export_upstream` writes a head that, read as upstream's loader reads it (key
+- `dart-export-upstream` writes a head that, read as upstream's loader reads it (key
   names, shapes, config fields, the final norm applied twice), gives our head's logits;
 - upstream's `qwen3_8b_app.sh` command line starts the app on tiny stand-ins placed in an HF cache.
 
@@ -34,9 +34,9 @@ from dart_core.cli.options import add_drafter_flags, dart_config
 from dart_core.drafters.dart import DartDrafter, DartParams
 from dart_core.drafters.head import load_head
 from dart_core.drafters.registry import UPSTREAM_NGRAM, ngram_choice, resolve_ngram
-from dart_core.export_upstream import export_upstream
 from dart_core.target import load_target
-from dart_core.training import new_head_from_target
+from dart_core.tools.export_upstream import export_upstream
+from dart_core.tools.training import new_head_from_target
 
 from conftest import TINY_VOCAB, build_tiny_checkpoint, tiny_target
 
@@ -360,7 +360,7 @@ def test_export_runs_under_upstreams_reading(qwen3, tmp_path):
     """Our head (final norm once) exported, read the way upstream's loader reads it and run with its
     double norm, gives our logits. Tolerance (fp32): 5e-5 relative + 1e-5 absolute. The fold is exact
     up to one factor per row, s = (m/(m+eps) + eps)^-1/2 with m the row's mean square before the norm
-    (dart_core/export_upstream.py): |1 - s| ~ eps/2 |1 - 1/m|, which is 1.8e-5 on this random head's
+    (dart_core/tools/export_upstream.py): |1 - s| ~ eps/2 |1 - 1/m|, which is 1.8e-5 on this random head's
     real row (m 0.027, eps 1e-6) and 1e-7 on its mask rows; summation order adds ~1e-6 absolute.
     Reading the head without the export is off by far more."""
     ids = torch.randperm(TINY_VOCAB, generator=torch.Generator().manual_seed(3))[:64].sort().values
@@ -434,7 +434,7 @@ UPSTREAM_8B_ARGV = [
 
 APP_PROBE = r"""
 import json, sys
-from app.__main__ import build_app, parse_args
+from app.launch import build_app, parse_args
 args = parse_args(sys.argv[1:])
 demo, loaded, settings = build_app(args)
 engine = loaded.engine

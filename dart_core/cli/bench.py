@@ -1,15 +1,15 @@
 """Benchmark CLI: every method on the same prompts, interleaved prompt by prompt.
 
-    python -m dart_core.cli.bench --methods ar,hf --dataset ../shared/data/bench/mt_bench.jsonl \\
+    dart-bench --methods ar,hf --dataset ../shared/data/bench/mt_bench.jsonl \\
         --limit 5 --max-new-tokens 64 --out results.json
 
 Methods run on the same target weights. `ar` (and every drafter) go through our one generation
 loop; `hf` is transformers' own `generate` and `pld` its prompt-lookup decoding, i.e. what a user
 would run instead. `llamacpp*` run llama.cpp's binaries on the GGUF the target came from (the peers:
-see dart_core/peers.py and docs/peers.md; skipped with a message where they are not built).
+see dart_core/tools/peers.py and docs/peers.md; skipped with a message where they are not built).
 Interleaving methods per prompt cancels slow machine drift; a warm-up run of each method precedes
 the timed ones. Progress goes to stderr, the markdown table to stdout. The bench itself is
-dart_core/bench.py; `python -m dart_core.bench` is this command too.
+dart_core/tools/bench.py; `dart-bench` is this command too.
 """
 
 from __future__ import annotations
@@ -24,8 +24,16 @@ from pathlib import Path
 
 import torch
 
-from .. import calibrate, kernels, peers
-from ..bench import (
+from .. import kernels
+from ..drafters import DEFAULT_EAGLE3_HEAD
+from ..drafters.config import DrafterConfigs
+from ..drafters.head import trained_record
+from ..drafters.registry import DEFAULT_HEADS
+from ..loading import AUTO, DEFAULT_MODEL, TARGET_DTYPE_CHOICES
+from ..sampling import SamplingParams
+from ..target import Target, load_target
+from ..tools import calibrate, peers
+from ..tools.bench import (
     PeerSetup,
     build_runner,
     dataset_names,
@@ -35,14 +43,7 @@ from ..bench import (
     read_questions,
     run_interleaved,
 )
-from ..drafters import DEFAULT_EAGLE3_HEAD
-from ..drafters.config import DrafterConfigs
-from ..drafters.head import trained_record
-from ..drafters.registry import DEFAULT_HEADS
-from ..loading import AUTO, DEFAULT_MODEL, TARGET_DTYPE_CHOICES
-from ..methods import METHODS, SIZED_METHODS, is_peer, split_method
-from ..sampling import SamplingParams
-from ..target import Target, load_target
+from ..tools.methods import METHODS, SIZED_METHODS, is_peer, split_method
 from .options import (
     AUTO_HELP,
     WEIGHTS_HELP,
@@ -58,7 +59,7 @@ from .options import (
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m dart_core.cli.bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="dart-bench", description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--methods",
         default="ar,hf",
@@ -277,7 +278,3 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(result, indent=1))
         log(f"wrote {args.out}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,5 @@
-"""python -m dart_core.cli.calibrate (also python -m dart_core.calibrate): this machine's forward
-costs by rows, the weights path and each default head's tree size (dart_core/calibrate.py), and
+"""dart-calibrate (also dart-calibrate): this machine's forward
+costs by rows, the weights path and each default head's tree size (dart_core/tools/calibrate.py), and
 --write-tau, which measures a head's τ by tree size by exact replay and ships it beside the head."""
 
 from __future__ import annotations
@@ -13,18 +13,17 @@ from pathlib import Path
 
 import torch
 
-from .. import calibrate
-from ..bench import held_out_questions
 from ..drafters import DEFAULT_DART_HEAD, DEFAULT_EAGLE3_HEAD, default_max_nodes
 from ..drafters.config import DrafterConfigs
-from ..drafters.registry import build_drafter
 from ..loading import AUTO, DEFAULT_MODEL, TARGET_DTYPE_CHOICES
-from ..replay import record_greedy
 from ..target import load_target
+from ..tools import calibrate
+from ..tools.bench import held_out_questions
+from ..tools.replay import record_greedy
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dart_core.calibrate", description=calibrate.__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="dart-calibrate", description=calibrate.__doc__.split("\n\n")[0])
     p.add_argument(
         "--dtype",
         choices=TARGET_DTYPE_CHOICES,
@@ -102,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         for method in tau_methods:
             # None: the embedded head's presets, however its directory was spelled
             head = None if heads[method].resolve() == defaults[method].resolve() else str(heads[method])
-            drafter = build_drafter(method, target, replace(configs[method], head=head, max_nodes=max(sizes)))
+            drafter = calibrate.build_measured(method, target, replace(configs[method], head=head, max_nodes=max(sizes)))
             tau = calibrate.tau_by_size(drafter, records, sizes)
             out = heads[method] / calibrate.TAU_FILE
             out.write_text(
@@ -114,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                         + ", ".join(d.name for d in args.dataset),
                         "max_new_tokens": args.max_new_tokens,
                         "weights": target.weights,
-                        "command": "python -m dart_core.calibrate " + " ".join(argv if argv is not None else sys.argv[1:]),
+                        "command": "dart-calibrate " + " ".join(argv if argv is not None else sys.argv[1:]),
                     },
                     indent=1,
                 )
@@ -132,13 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         if method in known:  # timed while choosing the weights, on this very target and flags
             choice = known[method]
         else:
-            drafter = build_drafter(method, target, replace(configs[method], max_nodes=calibrate.MAX_CALIBRATED_ROWS - 1))
+            drafter = calibrate.build_measured(method, target, replace(configs[method], max_nodes=calibrate.MAX_CALIBRATED_ROWS - 1))
             choice = calibrate.calibrate_drafter(
                 target, drafter, head, fallback=default_max_nodes(target.device.type), threads=args.threads
             )
         print(f"{method}: {choice.reason}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,11 +1,11 @@
 """Generate the self-distilled corpus: the target's own answers to a pool of chat prompts, with its
 hidden states captured in the generating forward (a training cache), resumably.
 
-    python -m dart_core.cli.corpus --data ../shared/data/train/*.json* \\
+    dart-corpus --data ../shared/data/train/*.json* \\
         --exclude ../shared/data/bench/*.jsonl --out ~/.cache/dart-demo/runs/corpus-v1
 
 Re-running the same command resumes. `--export DIR` writes the compact corpus (token ids, offsets,
-provenance) that is committed under assets/corpus/; see dart_core/training/corpus.py. scripts/make_corpus.py
+provenance) that is committed under assets/corpus/; see dart_core/tools/training/corpus.py. dart-corpus
 is this command.
 """
 
@@ -18,14 +18,14 @@ import sys
 from pathlib import Path
 
 from ..target import load_target
-from ..training.corpus import CACHE_META, CorpusConfig, choose_draft_vocab, corpus_to_cache, export_corpus, generate_corpus
+from ..tools.training.corpus import CACHE_META, CorpusConfig, choose_draft_vocab, corpus_to_cache, export_corpus, generate_corpus
 from .options import add_device_flag, add_model_flag, add_threads_flag, apply_threads
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="Generate the self-distilled corpus (see dart_core/training/corpus.py).")
+    p = argparse.ArgumentParser(description="Generate the self-distilled corpus (see dart_core/tools/training/corpus.py).")
     add_model_flag(p, help="target: 'default', a local dir or a hub id")
-    p.add_argument("--data", nargs="+", required=True, help="prompt files (.json/.jsonl, see dart_core.data)")
+    p.add_argument("--data", nargs="+", required=True, help="prompt files (.json/.jsonl, see dart_core.tools.data)")
     p.add_argument("--exclude", nargs="*", default=[], help="question.jsonl files whose prompts are held out (the bench sets)")
     p.add_argument("--out", type=Path, required=True, help="run directory (resumable; a training cache when states are captured)")
     add_device_flag(p)
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_generate:
         generate_corpus(load_target(args.model, args.device, args.dtype), cfg)
     if args.export is not None:
-        command = "python scripts/make_corpus.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        command = "dart-corpus " + " ".join(argv if argv is not None else sys.argv[1:])
         m = export_corpus(args.out, args.export, command)
         print(f"{args.export}: {len(m['parts'])} parts, {m['records']} records, {m['answer_tokens']} answer tokens", file=sys.stderr)
     if args.draft_vocab is not None:
@@ -107,7 +107,3 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

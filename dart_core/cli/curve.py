@@ -2,13 +2,13 @@
 training hours, kept under assets/training/ so it survives the machine.
 
     # a milestone of a run: copy its validation history, bench its current head on the six bench sets
-    python -m dart_core.cli.curve point --run ~/.cache/dart-demo/runs/dart-v1 --label dart-v1 --method dart
+    dart-curve point --run ~/.cache/dart-demo/runs/dart-v1 --label dart-v1 --method dart
     # a head saved earlier (its trained.json gives the step and hours), e.g. to compare at equal hours
-    python -m dart_core.cli.curve point --head DIR --label eagle3-v1 --method eagle3 --threads 1
+    dart-curve point --head DIR --label eagle3-v1 --method eagle3 --threads 1
     # the tables (markdown), or rewritten in place between the curve markers of assets/README.md
-    python -m dart_core.cli.curve table [--readme]
+    dart-curve table [--readme]
 
-A run directory is a `python -m dart_core.cli.train dart|eagle3` --work directory: train/checkpoint.pt
+A run directory is a `dart-train dart|eagle3` --work directory: train/checkpoint.pt
 (step, cumulative training seconds), train/history.json (the periodic validation) and train/head.
 Bench points are appended to assets/training/points.jsonl, one JSON object per line, each with the
 command that reproduces it.
@@ -30,6 +30,7 @@ from pathlib import Path
 from ..drafters import default_max_nodes
 from ..drafters.dart import UPSTREAM_WEIGHTS
 from ..drafters.head import trained_record
+from . import installed_command
 from .options import add_threads_flag, weight_flag_args
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: the curve's files live under its assets/
@@ -89,9 +90,7 @@ def point(args) -> int:
             (CURVE_DIR / f"{args.label}.history.json").write_text(json.dumps(history, indent=1) + "\n")
         out = Path(tmp) / "bench.json"
         cmd = [
-            sys.executable,
-            "-m",
-            "dart_core.cli.bench",
+            *installed_command("dart-bench"),
             "--methods",
             args.method,
             head_flag,
@@ -132,7 +131,7 @@ def point(args) -> int:
         **({"weights": args.weights} if args.method == "dart" else {}),
         "date": datetime.date.today().isoformat(),
         "commit": git_commit(),
-        "command": f"python -m dart_core.cli.curve point {'--head HEAD' if args.head is not None else '--run RUN'}"
+        "command": f"dart-curve point {'--head HEAD' if args.head is not None else '--run RUN'}"
         f" --label {args.label} --method {args.method} --limit {args.limit} --max-nodes {args.max_nodes}"
         + (f" --weights {args.weights}" if args.method == "dart" else ""),
     }
@@ -193,7 +192,7 @@ def table(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m dart_core.cli.curve",
+        prog="dart-curve",
         description=__doc__.splitlines()[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__.split("\n\n", 1)[1],
@@ -231,7 +230,3 @@ def main(argv: list[str] | None = None) -> int:
     tb.add_argument("--readme", action="store_true", help=f"rewrite the block between {MARK_START} and {MARK_END} in assets/README.md")
     args = p.parse_args(argv)
     return point(args) if args.cmd == "point" else table(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,8 +1,8 @@
 """Export an EAGLE3 head as a GGUF draft model for llama.cpp (`--spec-type draft-eagle3 -md FILE`).
 
-    python -m dart_core.cli.export_gguf --head assets/eagle3 --out eagle3.gguf
+    dart-export-gguf --head assets/eagle3 --out eagle3.gguf
 
-What the file holds, and why, is in dart_core/export_gguf.py (`python -m dart_core.export_gguf` is this command too).
+What the file holds, and why, is in dart_core/tools/export_gguf.py (`dart-export-gguf` is this command too).
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..export_gguf import OUTTYPES, export_eagle3_gguf
 from ..loading import DEFAULT_MODEL
+from ..tools.export_gguf import OUTTYPES, export_eagle3_gguf
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dart_core.cli.export_gguf", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="dart-export-gguf", description=__doc__.split("\n\n")[0])
     p.add_argument("--head", required=True, help="EAGLE3 head: a local dir or hub id (e.g. assets/eagle3)")
     p.add_argument("--out", required=True, type=Path, help="the .gguf file to write")
     p.add_argument(
@@ -36,7 +36,3 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB): llama-speculative-simple -m TARGET.gguf -md {out} --spec-type draft-eagle3")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,9 +1,9 @@
 """Export a DART head trained here so that upstream's loader (fvliang/DART) runs it right.
 
-    python -m dart_core.cli.export_upstream --head assets/dart --out dart-upstream [--dtype float32]
+    dart-export-upstream --head assets/dart --out dart-upstream [--dtype float32]
 
-Why and how (the final norm folded into the LM head) is in dart_core/export_upstream.py
-(`python -m dart_core.export_upstream` is this command too).
+Why and how (the final norm folded into the LM head) is in dart_core/tools/export_upstream.py
+(`dart-export-upstream` is this command too).
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..export_upstream import export_upstream
+from ..tools.export_upstream import export_upstream
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dart_core.cli.export_upstream", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="dart-export-upstream", description=__doc__.split("\n\n")[0])
     p.add_argument("--head", required=True, help="DART head directory (or hub id) to export")
     p.add_argument("--out", type=Path, required=True, help="output directory (config.json + model.safetensors)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32", help="tensor dtype written (default float32)")
@@ -28,7 +28,3 @@ def main(argv: list[str] | None = None) -> int:
     what = "final norm folded into lm_head" if folded else "already twice-normed, written unchanged"
     print(f"exported {args.head} -> {args.out} ({what})", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,11 +1,11 @@
 """What a weights path changes against the fp32 copy: teacher-forced top-1 agreement on held-out prompts.
 
-    python -m dart_core.cli.fidelity --paths gguf-int8,bfloat16,gguf --dataset ../shared/data/bench/*.jsonl \\
+    dart-fidelity --paths gguf-int8,bfloat16,gguf --dataset ../shared/data/bench/*.jsonl \\
         --skip 10 --limit 10 --max-new-tokens 128
 
 For each prompt (the first turn of questions skip+1 .. skip+limit of each set: held out from the
 bench's first ten), the fp32 copy writes its greedy continuation; each path then reads the same text
-and we count the positions where it would pick the same next token (dart_core/fidelity.py), the
+and we count the positions where it would pick the same next token (dart_core/tools/fidelity.py), the
 largest relative logit error, and where its own greedy text parts from the reference's.
 
 --float-inputs asks where gguf-int8's 8-bit activations cost agreement: each SPEC (linears joined by
@@ -21,12 +21,12 @@ import sys
 from pathlib import Path
 
 from .. import kernels
-from ..bench import held_out_questions
-from ..fidelity import first_divergence, teacher_forced_agreement
 from ..generate import ARDrafter, GenerationParams, complete
 from ..loading import DTYPE_CHOICES, GGUF_INT8
 from ..model import FLOAT_INPUT_LINEARS
 from ..target import FLOAT_INPUTS_MARK, load_target, weights_spec
+from ..tools.bench import held_out_questions
+from ..tools.fidelity import first_divergence, teacher_forced_agreement
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,7 +88,3 @@ def main(argv: list[str] | None = None) -> int:
     if a.out:
         a.out.write_text(json.dumps({"reference": reference.weights, "kernels": kernels.describe(), "rows": rows}, indent=1))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,10 +1,10 @@
 """Fit the DART pruner's ranking: a calibrated model of P(node accepted) per tree level, by exact replay.
 
-    python -m dart_core.cli.fit --records ~/.cache/dart-demo/acceptance/train-val-gguf.pt \\
+    dart-fit --records ~/.cache/dart-demo/acceptance/train-val-gguf.pt \\
         --prompts 200 --dtype gguf --threads 1 --out assets/dart/acceptance.json
 
-1. Decodes training prompts greedily once (`--records FILE` caches them; dart_core/replay.py): the
-   first prompts of the self-distilled corpus's pool (dart_core.training.corpus.prompt_pool over `--data`,
+1. Decodes training prompts greedily once (`--records FILE` caches them; dart_core/tools/replay.py): the
+   first prompts of the self-distilled corpus's pool (dart_core.tools.training.corpus.prompt_pool over `--data`,
    the bench sets excluded, seed 0), which are its validation split: no head was trained on them,
    and no bench prompt is among them. Prompts longer than `--max-prompt-tokens` are skipped.
 2. Replays DART on every record (the embedded head and trie, the hand-weighted score at
@@ -22,10 +22,10 @@
 
 `--method eagle3` does the same for EAGLE3's pool (dart_core/drafters/eagle3.py has its features).
 `--evaluate RECORDS` replays the score and the fitted ranking (and the adaptive tree, with this
-machine's forward costs by rows from dart_core/calibrate.py) on other records, e.g. held-out prompts
-11-20 of the bench sets (python -m dart_core.cli.tune scoring --records writes them), and prints τ by tree size.
+machine's forward costs by rows from dart_core/tools/calibrate.py) on other records, e.g. held-out prompts
+11-20 of the bench sets (dart-tune scoring --records writes them), and prints τ by tree size.
 
-The fit is dart_core/fitting.py; scripts/fit_acceptance.py is this command.
+The fit is dart_core/tools/fitting.py; dart-fit is this command.
 """
 
 from __future__ import annotations
@@ -39,15 +39,26 @@ from pathlib import Path
 
 from ngram_cpp.reference import ACCEPTANCE_FEATURES, FEATURE_NAMES
 
-from .. import calibrate
 from ..drafters import DEFAULT_DART_HEAD, DEFAULT_EAGLE3_HEAD
 from ..drafters.dart import CONTEXT_ORDER, load_fitted_ranking
-from ..drafters.registry import build_drafter, resolve_ngram
-from ..fitting import BENCH_SETS, PARENT_FIT, TRAIN_DATA, collect, evaluate, evaluate_eagle3, fit, record_training_prompts, report, stack
+from ..drafters.registry import resolve_ngram
 from ..loading import DEFAULT_MODEL
-from ..replay import record_greedy
 from ..target import load_target
-from ..tuning import save_records
+from ..tools import calibrate
+from ..tools.fitting import (
+    BENCH_SETS,
+    PARENT_FIT,
+    TRAIN_DATA,
+    collect,
+    evaluate,
+    evaluate_eagle3,
+    fit,
+    record_training_prompts,
+    report,
+    stack,
+)
+from ..tools.replay import record_greedy
+from ..tools.tuning import save_records
 from .options import add_drafter_flags, add_dtype_flag, add_model_flag, add_threads_flag, apply_threads, drafter_configs
 from .tune import read_records
 
@@ -93,7 +104,7 @@ def collect_and_fit(drafter, feature_params, records, args: argparse.Namespace, 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m dart_core.cli.fit",
+        prog="dart-fit",
         description=__doc__.splitlines()[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__.split("\n\n", 1)[1],
@@ -120,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         "--costs",
         type=Path,
         default=None,
-        help="--evaluate: a forward-cost file of dart_core/calibrate.py's cache (~/.cache/dart-demo/calibration/forwards-*.json) "
+        help="--evaluate: a forward-cost file of dart_core/tools/calibrate.py's cache (~/.cache/dart-demo/calibration/forwards-*.json) "
         "to estimate tokens/s and size adaptive trees with (default: this process's forward_costs at --threads)",
     )
     p.add_argument(
@@ -146,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.evaluate is not None:
         sizes = [int(x) for x in args.sizes.split(",")]
-        drafter = build_drafter("dart", target, dataclasses.replace(config, max_nodes=max(sizes)))
+        drafter = calibrate.build_measured("dart", target, dataclasses.replace(config, max_nodes=max(sizes)))
         ranking = load_fitted_ranking(args.ranking or config.head or DEFAULT_DART_HEAD)
         if ranking is None:
             raise SystemExit("no fitted ranking to evaluate (--ranking DIR with an acceptance.json)")
@@ -193,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         return 0
 
-    drafter = build_drafter("dart", target, dataclasses.replace(config, max_nodes=args.collect_nodes))
+    drafter = calibrate.build_measured("dart", target, dataclasses.replace(config, max_nodes=args.collect_nodes))
     records = training_records(args, target)
     prune = drafter.params.prune
     trie = resolve_ngram(config, target)
@@ -202,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     feature_params = dataclasses.replace(prune, acceptance=(0.0,) * ACCEPTANCE_FEATURES)  # the fitted ranking's features
     data, table, holdout, W = collect_and_fit(drafter, feature_params, records, args, PARENT_FIT)
     if args.out:
-        command = "python -m dart_core.cli.fit " + " ".join(argv if argv is not None else sys.argv[1:])
+        command = "dart-fit " + " ".join(argv if argv is not None else sys.argv[1:])
         args.out.write_text(
             json.dumps(
                 {
@@ -251,7 +262,7 @@ def eagle3_main(args, config, target, argv) -> int:
 
     if args.evaluate is not None:
         sizes = [int(x) for x in args.sizes.split(",")]
-        drafter = build_drafter("eagle3", target, dataclasses.replace(config, max_nodes=max(sizes)))
+        drafter = calibrate.build_measured("eagle3", target, dataclasses.replace(config, max_nodes=max(sizes)))
         weights = load_fitted_ranking(args.ranking or config.head or DEFAULT_EAGLE3_HEAD)
         if weights is None:
             raise SystemExit("no fitted EAGLE3 ranking to evaluate (--ranking DIR with an acceptance.json)")
@@ -268,11 +279,11 @@ def eagle3_main(args, config, target, argv) -> int:
         if args.eval_out:
             args.eval_out.write_text(json.dumps({"records": str(args.evaluate), "rows": rows}, indent=1) + "\n")
         return 0
-    drafter = build_drafter("eagle3", target, dataclasses.replace(config, max_nodes=args.collect_nodes))
+    drafter = calibrate.build_measured("eagle3", target, dataclasses.replace(config, max_nodes=args.collect_nodes))
     records = training_records(args, target)
     data, table, holdout, W = collect_and_fit(drafter, None, records, args, E3_PARENT)
     if args.out:
-        command = "python -m dart_core.cli.fit " + " ".join(argv if argv is not None else sys.argv[1:])
+        command = "dart-fit " + " ".join(argv if argv is not None else sys.argv[1:])
         args.out.write_text(
             json.dumps(
                 {
@@ -303,7 +314,3 @@ def eagle3_main(args, config, target, argv) -> int:
         )
         print(f"wrote {args.out}", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

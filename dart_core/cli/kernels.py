@@ -1,5 +1,5 @@
-"""python -m dart_core.cli.kernels: the CPU kernel builds this machine has and runs, the one in use, and
-optionally the embedded target's forward cost by rows (python -m dart_core.kernels runs it too, with a
+"""dart-kernels: the CPU kernel builds this machine has and runs, the one in use, and
+optionally the embedded target's forward cost by rows (dart-kernels runs it too, with a
 RuntimeWarning from runpy: the package imports dart_core.kernels before running it)."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ import argparse
 
 import torch
 
-from .. import calibrate, kernels
+from .. import kernels
 from ..loading import DTYPE_CHOICES
 from ..target import load_target, weights_spec
+from ..tools import calibrate
 
 TIMED = 15  # timed forwards per row count (median)
 
@@ -77,7 +78,3 @@ def split_line(name: str, s: calibrate.ForwardSplit, bandwidth: float) -> str:
         f"{part('LM head', s.head_ms, s.head_bytes)} + the rest {s.rest_ms:.2f} ms; "
         f"the weights at {bandwidth:.1f} GB/s: {limit:.2f} ms"
     )
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

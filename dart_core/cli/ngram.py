@@ -1,12 +1,12 @@
 """Build an n-gram trie for DART's tree pruner from instruction data and the target's own answers.
 
-    python -m dart_core.cli.ngram ../shared/data/train/*.json* --corpus assets/corpus --out assets/ngram/smollm2-3gram.ngram
+    dart-ngram ../shared/data/train/*.json* --corpus assets/corpus --out assets/ngram/smollm2-3gram.ngram
 
-Every record is rendered as the target sees it (chat template applied, see dart_core.data) and
+Every record is rendered as the target sees it (chat template applied, see dart_core.tools.data) and
 tokenized with the target's tokenizer; n-grams never cross records. Like upstream, a document ends
 with the EOS id: plain-text documents get it appended, and chat-rendered records already end their
 last turn with the template's end-of-turn token (the EOS of the embedded SmolLM2, `<|im_end|>`).
-With --corpus, the training records of a self-distilled corpus (dart_core.training.corpus: prompt and the
+With --corpus, the training records of a self-distilled corpus (dart_core.tools.training.corpus: prompt and the
 target's answer, already token ids, ending with EOS unless the answer hit its token limit) are added;
 its validation records are left out, as they are for the heads. The output is deterministic for the
 same inputs and tokenizer. Writes our compact format (.ngram,
@@ -25,12 +25,12 @@ from tqdm import tqdm
 
 import ngram_cpp
 
-from ..data import iter_records, render
 from ..loading import DEFAULT_MODEL, load_tokenizer
+from ..tools.data import iter_records, render
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dart_core.cli.ngram", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="dart-ngram", description=__doc__.split("\n\n")[0])
     p.add_argument("data", nargs="*", type=Path, help="data files (.json, .jsonl, .txt)")
     p.add_argument(
         "--corpus", type=Path, default=None, help="an exported self-distilled corpus (assets/corpus) whose training records to add"
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.data and args.corpus is None:
         p.error("give data files, --corpus, or both")
     if args.corpus is not None:
-        from ..training.corpus import CORPUS_META
+        from ..tools.training.corpus import CORPUS_META
 
         corpus_target = json.loads((args.corpus / CORPUS_META).read_text())["target"]
         if corpus_target != args.tokenizer:
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                 stats["tokens"] += len(ids)
                 yield ids
         if args.corpus is not None:
-            from ..training.corpus import read_corpus
+            from ..tools.training.corpus import read_corpus
 
             for record in tqdm(read_corpus(args.corpus), desc=args.corpus.name, unit=" rec", file=sys.stderr):
                 if record["split"] != "train":
@@ -92,7 +92,3 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -45,7 +45,7 @@ WEIGHTS_HELP = (
 AUTO_HELP = (
     "Default auto: for the embedded default on the CPU kernels, the path of calibrate.WEIGHTS_CANDIDATES (gguf, "
     "gguf-int16: at least 99.5%% top-1 agreement with the fp32 copy) whose DART is expected fastest from this machine's "
-    "measured costs (dart_core/calibrate.py; measured once, cached); else (and with --no-calibration) bfloat16."
+    "measured costs (dart_core/tools/calibrate.py; measured once, cached); else (and with --no-calibration) bfloat16."
 )
 
 
@@ -137,7 +137,7 @@ def _dart_flags(g: argparse._ArgumentGroup) -> None:
         type=int,
         default=None,
         help="drafted tree nodes besides the root (default: on the CPU kernels, the size calibrated on this machine for a head "
-        f"with a tree_sizes.json (dart_core/calibrate.py); else per device: {DEFAULT_MAX_NODES})",
+        f"with a tree_sizes.json (dart_core/tools/calibrate.py); else per device: {DEFAULT_MAX_NODES})",
     )
     g.add_argument(
         "--no-calibration",
@@ -180,7 +180,7 @@ def _dart_flags(g: argparse._ArgumentGroup) -> None:
         choices=["fitted", "score"],
         default=None,
         help="how the pruner ranks tree nodes: 'fitted', the head's model of P(node accepted) (acceptance.json beside it, "
-        "python -m dart_core.cli.fit), or 'score', the hand-weighted head and trie log-probabilities (the --level-exponent "
+        "dart-fit), or 'score', the hand-weighted head and trie log-probabilities (the --level-exponent "
         "... flags). Default: fitted where the head has one for the trie in use, else score",
     )
     g.add_argument(
@@ -210,7 +210,7 @@ def _eagle3_flags(g: argparse._ArgumentGroup) -> None:
         choices=["fitted", "score"],
         default=None,
         help="how EAGLE3 keeps its pool's nodes: 'score', EAGLE's cumulative log-probability, or 'fitted', the head's model "
-        "of P(node accepted) (acceptance.json beside it, python -m dart_core.cli.fit --method eagle3). Default: the score",
+        "of P(node accepted) (acceptance.json beside it, dart-fit --method eagle3). Default: the score",
     )
     g.add_argument(
         "--eagle3-max-nodes",

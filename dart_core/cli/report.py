@@ -2,11 +2,11 @@
 result files the repository keeps (docs/results/NAME.json, listed with their commands in
 docs/results/runs.json).
 
-    python -m dart_core.cli.report                   # rewrite both from docs/results/
-    python -m dart_core.cli.report --check           # exit 1 if either is not what the results give
-    python -m dart_core.cli.report --measure NAME    # run NAME's bench command again, then rewrite
+    dart-report                   # rewrite both from docs/results/
+    dart-report --check           # exit 1 if either is not what the results give
+    dart-report --measure NAME    # run NAME's bench command again, then rewrite
 
-Each result file is one run of the bench CLI (`python -m dart_core.bench ... --out FILE`): every
+Each result file is one run of the bench CLI (`dart-bench ... --out FILE`): every
 method on the same prompts, interleaved prompt by prompt, so a run's speed-ups are ratios to its own
 plain decoding (`ar`). The report writes, between its markers, the README's table (every run marked
 "readme", one group of rows per CPU kind) and docs/benchmarks.md's report: per run, the command that
@@ -28,7 +28,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..methods import METHODS
+from ..tools.methods import METHODS
+from . import installed_command
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: the report reads and writes files named from it
 RESULTS = Path("docs") / "results"  # relative to ROOT, as the commands name it
@@ -37,9 +38,9 @@ DOC = Path("docs") / "benchmarks.md"
 README_MARKS = ("<!-- bench:start -->", "<!-- bench:end -->")
 DOC_MARKS = ("<!-- report:start -->", "<!-- report:end -->")
 # How the generated documents name this command and the bench's. They are the old names (thin aliases,
-# scripts/benchmark_report.py and dart_core/bench.py) until the documents are regenerated with the new ones.
-COMMAND = "python scripts/benchmark_report.py"
-BENCH_MODULE = "dart_core.bench"
+# dart-report and dart_core/tools/bench.py) until the documents are regenerated with the new ones.
+COMMAND = "dart-report"
+BENCH_COMMAND = "dart-bench"
 
 # how the tables name the bench's methods (method@N adds its size)
 LABELS = {
@@ -65,9 +66,7 @@ class Run:
         env = [f"{k}={v}" for k, v in self.entry.get("env", {}).items()]
         words = [
             *env,
-            ".venv/bin/python",
-            "-m",
-            BENCH_MODULE,
+            BENCH_COMMAND,
             *shell_args([*self.entry["args"], "--out", str(RESULTS / f"{self.name}.json")]),
         ]
         chunks: list[str] = []  # an option with its values, or a word before the first option
@@ -488,7 +487,7 @@ def measure(root: Path, name: str) -> None:
     out = root / RESULTS / f"{name}.json"
     tmp = out.with_suffix(".tmp")
     args = [os.path.expanduser(a) for a in entry["args"]]
-    cmd = [sys.executable, "-m", "dart_core.cli.bench", *args, "--out", str(tmp)]
+    cmd = [*installed_command(BENCH_COMMAND), *args, "--out", str(tmp)]
     print(f"[{name}] {Run(name, entry, {}).command()}", file=sys.stderr, flush=True)
     subprocess.run(cmd, check=True, cwd=root, env={**os.environ, **entry.get("env", {})})
     tmp.replace(out)
@@ -496,7 +495,7 @@ def measure(root: Path, name: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m dart_core.cli.report",
+        prog="dart-report",
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__.split("\n\n", 1)[1],
@@ -522,7 +521,3 @@ def main(argv: list[str] | None = None) -> int:
     if not stale:
         print("README.md and docs/benchmarks.md are up to date", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,14 +1,14 @@
 """Train a DART or EAGLE3 draft head for a target model: one data pipeline (self-distillation, the
-target-state cache, the draft vocabulary), one training loop (dart_core/training), two objectives.
+target-state cache, the draft vocabulary), one training loop (dart_core/tools/training), two objectives.
 
-    python -m dart_core.cli.train dart --data ../shared/data/train/*.json* --work runs/dart \\
+    dart-train dart --data ../shared/data/train/*.json* --work runs/dart \\
         --self-distill 8000 --self-distill-minutes 30 --cache-tokens 700000 --train-minutes 30 --export assets/dart
-    python -m dart_core.cli.train eagle3 --data ../shared/data/train/*.json* --work runs/eagle3 \\
+    dart-train eagle3 --data ../shared/data/train/*.json* --work runs/eagle3 \\
         --cache runs/dart/cache --train-minutes 30 --export assets/eagle3
 
 Two resumable phases: (1) run the frozen target over the data once and cache its captured hidden
 states and final hidden state (`build_cache`); (2) train the head on the cache (`train_head`).
-Re-running the same command resumes either phase. scripts/train_dart.py and scripts/train_eagle3.py
+Re-running the same command resumes either phase. dart-train dart and dart-train eagle3
 are this command with the objective fixed.
 """
 
@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from ..target import load_target
-from ..training import CACHE_META, CacheConfig, TrainConfig, build_cache, train_head
+from ..tools.training import CACHE_META, CacheConfig, TrainConfig, build_cache, train_head
 from .options import add_device_flag, add_model_flag, add_threads_flag, apply_threads
 
 OBJECTIVES = {
@@ -34,7 +34,7 @@ OBJECTIVES = {
 def main(objective: str, description: str, argv: list[str] | None = None, prog: str | None = None) -> int:
     p = argparse.ArgumentParser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_flag(p, help="target: 'default', a local dir or a hub id")
-    p.add_argument("--data", nargs="+", required=True, help="training files (.json/.jsonl/.txt, see dart_core.data)")
+    p.add_argument("--data", nargs="+", required=True, help="training files (.json/.jsonl/.txt, see dart_core.tools.data)")
     p.add_argument("--work", type=Path, required=True, help="work dir: cache/, train/ (checkpoints, history)")
     p.add_argument(
         "--cache", type=Path, default=None, help="target-state cache dir (default WORK/cache); share one between DART and EAGLE3"
@@ -176,16 +176,12 @@ def main(objective: str, description: str, argv: list[str] | None = None, prog: 
 
 
 def cli(argv: list[str] | None = None) -> int:
-    """`python -m dart_core.cli.train dart|eagle3 FLAGS...`"""
+    """`dart-train dart|eagle3 FLAGS...`"""
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] not in OBJECTIVES:
         print(
-            f"usage: python -m dart_core.cli.train {{{','.join(OBJECTIVES)}}} [flags] (-h after the objective for its flags)",
+            f"usage: dart-train {{{','.join(OBJECTIVES)}}} [flags] (-h after the objective for its flags)",
             file=sys.stderr,
         )
         return 0 if argv and argv[0] in ("-h", "--help") else 2
-    return main(argv[0], OBJECTIVES[argv[0]], argv[1:], prog=f"python -m dart_core.cli.train {argv[0]}")
-
-
-if __name__ == "__main__":
-    sys.exit(cli())
+    return main(argv[0], OBJECTIVES[argv[0]], argv[1:], prog=f"dart-train {argv[0]}")

@@ -1,10 +1,10 @@
 """Choose tree settings by replay: `tree`, DART's tree size (and score floor) for this machine from one
-logged run; `scoring`, the pruner's score weights by exact replay. The logic is dart_core/tuning.py.
+logged run; `scoring`, the pruner's score weights by exact replay. The logic is dart_core/tools/tuning.py.
 
-    python -m dart_core.cli.tune tree --dataset ../shared/data/bench/*.jsonl --skip 10 --limit 5 --cap 16
-    python -m dart_core.cli.tune scoring --dataset ../shared/data/bench/*.jsonl --skip 10 --limit 10 [--max-nodes 5]
+    dart-tune tree --dataset ../shared/data/bench/*.jsonl --skip 10 --limit 5 --cap 16
+    dart-tune scoring --dataset ../shared/data/bench/*.jsonl --skip 10 --limit 10 [--max-nodes 5]
 
-(scripts/tune_tree.py and scripts/tune_scoring.py are these two commands.)
+(dart-tune tree and dart-tune scoring are these two commands.)
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import statistics
 import sys
 from pathlib import Path
 
-from ..bench import held_out_questions
 from ..drafters import default_max_nodes
-from ..drafters.registry import build_drafter
 from ..loading import DEFAULT_MODEL, DTYPES
-from ..replay import record_greedy
 from ..target import load_target
-from ..tuning import (
+from ..tools import calibrate
+from ..tools.bench import held_out_questions
+from ..tools.replay import record_greedy
+from ..tools.tuning import (
     GRID,
     VerifyTimes,
     evaluate,
@@ -38,7 +38,7 @@ from .options import add_drafter_flags, add_target_flags, apply_threads, drafter
 
 TREE_DOC = """Choose DART's tree size (and score floor) for this machine and head from one logged run.
 
-    python -m dart_core.cli.tune tree --dataset ../shared/data/bench/*.jsonl --skip 10 --limit 5 --cap 16 [--dart-model DIR]
+    dart-tune tree --dataset ../shared/data/bench/*.jsonl --skip 10 --limit 5 --cap 16 [--dart-model DIR]
 
 1. Generates greedily with DART at `--cap` drafted nodes on held-out prompts (by default prompts 11-15
    of each file: the bench reports on the first 10) and logs every step's tree scores and accepted path.
@@ -59,10 +59,10 @@ bench CLI in one interleaved run, e.g. `--methods ar,dart@5,dart@8`.
 
 SCORING_DOC = """Tune the DART pruner's score (weights of the head, the trie and the context n-gram) by exact replay.
 
-    python -m dart_core.cli.tune scoring --dataset ../shared/data/bench/*.jsonl --skip 10 --limit 10 [--max-nodes 5]
+    dart-tune scoring --dataset ../shared/data/bench/*.jsonl --skip 10 --limit 10 [--max-nodes 5]
 
 1. Decodes the prompts greedily once (by default prompts 11-20 of each file: the bench reports on the
-   first 10), keeping what a drafter is given (dart_core/replay.py; `--records FILE` caches them).
+   first 10), keeping what a drafter is given (dart_core/tools/replay.py; `--records FILE` caches them).
 2. Replays DART on every record for each setting: the real head forward and pruner at every step,
    the recorded continuation as the target's verdict. At temperature 0 on the CPU kernels this is
    the loop's own τ, step for step (tests/test_replay.py), in seconds of drafting per setting.
@@ -111,7 +111,7 @@ def read_records(path: Path):
 
 def tree_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m dart_core.cli.tune tree",
+        prog="dart-tune tree",
         description=TREE_DOC.splitlines()[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=TREE_DOC.split("\n\n", 1)[1],
@@ -129,7 +129,7 @@ def tree_main(argv: list[str] | None = None) -> int:
     apply_threads(args)
     default_nodes = default_max_nodes(args.device)
     target = load_target(args.model, args.device, args.dtype)
-    drafter = build_drafter(
+    drafter = calibrate.build_measured(
         "dart", target, dataclasses.replace(config, max_nodes=args.cap, min_score=None)
     )  # full trees; the settings are simulated
     questions = held_out_or_exit(args)
@@ -189,7 +189,7 @@ def tree_main(argv: list[str] | None = None) -> int:
 
 def scoring_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m dart_core.cli.tune scoring",
+        prog="dart-tune scoring",
         description=SCORING_DOC.splitlines()[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=SCORING_DOC.split("\n\n", 1)[1],
@@ -224,7 +224,7 @@ def scoring_main(argv: list[str] | None = None) -> int:
     if config.ranking is None:
         config = dataclasses.replace(config, ranking="score")  # the weights searched here are the score's (the fitted ranking ignores them)
     target = load_target(args.model, args.device, args.dtype)
-    drafter = build_drafter("dart", target, config)
+    drafter = calibrate.build_measured("dart", target, config)
     if args.records is not None and args.records.exists():
         records = read_records(args.records)
         print(f"{len(records)} records from {args.records}", file=sys.stderr)
@@ -284,13 +284,9 @@ COMMANDS = {"tree": tree_main, "scoring": scoring_main}
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m dart_core.cli.tune tree|scoring FLAGS...`"""
+    """`dart-tune tree|scoring FLAGS...`"""
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] not in COMMANDS:
         print(__doc__, file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     return COMMANDS[argv[0]](argv[1:])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,7 +11,7 @@ DEFAULT_NGRAM = ASSETS / "ngram" / "smollm2-3gram.ngram"
 DEFAULT_EAGLE3_HEAD = ASSETS / "eagle3"
 # Draft tree size (drafted nodes besides the root) per device, where nothing better is known: on the
 # CPU kernels a head with a tree_sizes.json gets the size calibrated on the machine instead
-# (dart_core/calibrate.py). CPU 5: in one interleaved bf16 sweep on a 2-core AMD EPYC (the changelog of
+# (dart_core/tools/calibrate.py). CPU 5: in one interleaved bf16 sweep on a 2-core AMD EPYC (the changelog of
 # docs/benchmarks.md, "Heads trained on the self-distilled corpus") DART ran at 1.57x plain decoding
 # with 5 nodes against 1.55x / 1.48x / 1.28x / 1.14x with 6 / 7 / 12 / 16, its verify costing 16.3 ms
 # at 6 rows and 31.0 at 17 against a 14.2 ms step: τ grew more slowly than the verify's cost.

@@ -78,6 +78,9 @@ class DartConfig:
     context_order: int = CONTEXT_ORDER
     ranking: str | None = None  # "fitted", "score", or None: fitted where the head has one for this trie
     adaptive: bool = False  # per-step tree size from the fitted ranking and this machine's step cost
+    # With adaptive: ms of a step verifying r rows at [r - 1], the target's forward plus drafting, measured
+    # on this machine by the caller before building (dart_core.tools.calibrate.with_row_costs).
+    row_costs: tuple[float, ...] = ()
 
     def __post_init__(self):
         check_weights(self.weights)
@@ -95,6 +98,8 @@ class DartConfig:
         if self.context_order < 1:
             raise ConfigError("context_order", "must be >= 1")
         _check_ranking(self.ranking, RANKINGS)
+        if any(not (math.isfinite(c) and c > 0) for c in self.row_costs):
+            raise ConfigError("row_costs", "must be positive, finite milliseconds")
 
     @classmethod
     def embedded(cls, **fields) -> "DartConfig":

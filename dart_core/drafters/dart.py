@@ -56,7 +56,7 @@ UPSTREAM_WEIGHTS = ScoreWeights(
     context_weight=0.8,
     context_max_candidates=4,
 )
-# The embedded head on the CPU default tree, chosen by exact greedy replay (python -m dart_core.cli.tune scoring,
+# The embedded head on the CPU default tree, chosen by exact greedy replay (dart-tune scoring,
 # coordinate ascent over 9 fields at 5 nodes on prompts 11-20 of the six bench sets: τ 2.306 ->
 # 2.351); on the bench's own first 10 prompts τ 2.241 -> 2.287 at 5 nodes, 2.424 -> 2.473 at 8.
 EMBEDDED_WEIGHTS = ScoreWeights(
@@ -92,7 +92,7 @@ def with_context(prune: ngram_cpp.PruneParams, on: bool, weight: float, extend: 
     return replace(prune, context_weight=weight, context_extend=extend, context_extend_min_match=CONTEXT_EXTEND_MIN_MATCH)
 
 
-ACCEPTANCE_FILE = "acceptance.json"  # beside a DART head: the pruner's fitted ranking (python -m dart_core.cli.fit)
+ACCEPTANCE_FILE = "acceptance.json"  # beside a DART head: the pruner's fitted ranking (dart-fit)
 ACCEPTANCE_FORMAT = "dart-acceptance/1"
 
 
@@ -140,7 +140,7 @@ def load_fitted_ranking(head_dir: str | os.PathLike | None) -> FittedRanking | N
             path,
         )
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f"{path}: not a fitted ranking ({e}); refit it with python -m dart_core.cli.fit") from None
+        raise ValueError(f"{path}: not a fitted ranking ({e}); refit it with dart-fit") from None
 
 
 def with_fitted_ranking(prune: ngram_cpp.PruneParams, ranking: FittedRanking) -> ngram_cpp.PruneParams:
@@ -300,31 +300,12 @@ def ranked_params(params: DartParams, ranking: str | None, head_dir: str | os.Pa
     fitted = load_fitted_ranking(head_dir)
     if fitted is None:
         if ranking == "fitted":
-            raise ValueError(f"the DART head {head_dir} has no fitted ranking ({ACCEPTANCE_FILE}; python -m dart_core.cli.fit writes one)")
+            raise ValueError(f"the DART head {head_dir} has no fitted ranking ({ACCEPTANCE_FILE}; dart-fit writes one)")
         return params
     same_inputs = ngram_path is not None and Path(ngram_path).name == fitted.trie and params.prune.context_weight > 0
     if ranking is None and not same_inputs:
         return params  # its features would not mean what they meant in the fit
     return replace(params, prune=with_fitted_ranking(params.prune, fitted), context_order=fitted.context_order)
-
-
-def adaptive(drafter: DartDrafter, threads: int | None = None) -> DartDrafter:
-    """`drafter` with trees whose size adapts per step (ngram_cpp/src/pruner.h): the prefix of the
-    fitted ranking with the most expected tokens per ms of this machine's step, the target's forward
-    cost by rows (dart_core/calibrate.py: measured once per machine, build, weights and threads, then
-    cached) plus the drafter's own drafting time (timed here by replay of one short greedy decode).
-    Trees stay within the drafter's max_nodes and the rows calibrated. Needs the fitted ranking."""
-    from .. import calibrate
-    from ..replay import record_greedy
-
-    if not drafter.params.prune.acceptance:
-        raise ValueError("an adaptive tree size needs the fitted ranking (P(node accepted)); this drafter ranks by the score")
-    costs = calibrate.forward_costs(drafter.target, threads)
-    record = record_greedy(drafter.target, [{"role": "user", "content": calibrate.OVERHEAD_PROMPT}], calibrate.OVERHEAD_TOKENS)
-    n = min(drafter.max_nodes, max(costs.ms) - 1)
-    draft_ms = calibrate.drafting_ms(drafter, record, [n])[n]
-    row_costs = tuple(costs.ms[r] + draft_ms for r in range(1, max(costs.ms) + 1))
-    return drafter.with_params(replace(drafter.params, prune=replace(drafter.params.prune, row_costs=row_costs)))
 
 
 def load_dart_drafter(
@@ -334,9 +315,13 @@ def load_dart_drafter(
     params: DartParams = DartParams(),
     ranking: str | None = "score",
     adaptive_size: bool = False,
+    row_costs: tuple[float, ...] = (),
 ) -> DartDrafter:
     """A DART drafter for `target` from a head checkpoint and (optionally) an n-gram file; `ranking`
-    as ranked_params (the default keeps `params` as given); `adaptive_size`: see adaptive()."""
+    as ranked_params (the default keeps `params` as given). adaptive_size: trees whose size adapts per
+    step (ngram_cpp/src/pruner.h): the prefix of the fitted ranking with the most expected tokens per
+    unit of `row_costs` (row_costs[r - 1]: a step verifying r rows, measured by the caller on this
+    machine: dart_core.tools.calibrate.with_row_costs); needs the fitted ranking."""
     from .head import resolve_head_dir
 
     head = load_head(head_path, dart=True, target=target)
@@ -346,5 +331,10 @@ def load_dart_drafter(
     if ngram_path is not None:
         fingerprint = ngram_cpp.tokenizer_fingerprint(target.tokenizer) if target.tokenizer is not None else None
         ngram = ngram_cpp.load(ngram_path, expected_fingerprint=fingerprint, expected_vocab_size=target.vocab_size)
-    drafter = DartDrafter(head, target, ngram, params)
-    return adaptive(drafter) if adaptive_size else drafter
+    if adaptive_size:
+        if not params.prune.acceptance:
+            raise ValueError("an adaptive tree size needs the fitted ranking (P(node accepted)); this drafter ranks by the score")
+        if not row_costs:
+            raise ValueError("an adaptive tree size needs this machine's step cost by rows (dart_core.tools.calibrate.with_row_costs)")
+        params = replace(params, prune=replace(params.prune, row_costs=tuple(row_costs)))
+    return DartDrafter(head, target, ngram, params)

@@ -30,7 +30,7 @@ from ..model import KVCache
 from ..tree import DraftTree
 from .head import DraftHead, KernelHead, int8_beside, load_head
 
-ACCEPTANCE_FILE = "acceptance.json"  # beside an EAGLE3 head: its fitted ranking (python -m dart_core.cli.fit --method eagle3)
+ACCEPTANCE_FILE = "acceptance.json"  # beside an EAGLE3 head: its fitted ranking (dart-fit --method eagle3)
 ACCEPTANCE_FORMAT = "eagle3-acceptance/1"
 # The fitted ranking's features of a pool node: what the head said of it and of its siblings, and its
 # parent's fitted value (eagle3_features computes them).
@@ -90,7 +90,7 @@ def load_fitted_ranking(head_dir: str | os.PathLike | None) -> tuple | None:
             raise ValueError("weights must be rows of one weight per feature")
         return tuple(float(w) for row in data["weights"] for w in row)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f"{path}: not a fitted EAGLE3 ranking ({e}); refit it with python -m dart_core.cli.fit --method eagle3") from None
+        raise ValueError(f"{path}: not a fitted EAGLE3 ranking ({e}); refit it with dart-fit --method eagle3") from None
 
 
 class Eagle3Drafter:
@@ -126,7 +126,7 @@ class _Eagle3Session:
     def __init__(self, drafter: Eagle3Drafter, capacity: int):
         self.d = drafter
         c, p = drafter.head.config, drafter.params
-        self.collect = False  # keep last_pool (dart_core/fitting.py sets it)
+        self.collect = False  # keep last_pool (dart_core/tools/fitting.py sets it)
         scratch = p.top_k * p.depth
         self.cache = KVCache(
             1, c.num_key_value_heads, c.head_dim, capacity + scratch + 1, drafter.head.fc.weight.dtype, drafter.target.device

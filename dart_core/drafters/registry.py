@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..loading import ngram_hub_dir
 from . import DEFAULT_DART_HEAD, DEFAULT_EAGLE3_HEAD, DEFAULT_NGRAM
-from .config import DartConfig, DrafterConfig, Eagle3Config
+from .config import ConfigError, DartConfig, DrafterConfig, Eagle3Config
 
 # Upstream's app defaults --ngram-model-name-or-path to this hub repo (full.trie, small.trie with
 # --use-small-ngram); its tries are built with Qwen3's tokenizer.
@@ -126,7 +126,9 @@ def _build_dart(target, config: DartConfig):
 
     ngram = ngram_choice(config, target).path
     params = DartParams(prune_params(config, target.device.type, ngram is not None), config.depth, config.context_order)
-    return load_dart_drafter(config.head or DEFAULT_DART_HEAD, target, ngram, params, config.ranking, config.adaptive)
+    if config.adaptive and not config.row_costs:
+        raise ConfigError("row_costs", "must be measured for an adaptive tree size (dart_core.tools.calibrate.with_row_costs)")
+    return load_dart_drafter(config.head or DEFAULT_DART_HEAD, target, ngram, params, config.ranking, config.adaptive, config.row_costs)
 
 
 def _build_eagle3(target, config: Eagle3Config):

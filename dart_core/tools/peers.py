@@ -94,7 +94,7 @@ def cpu_kind(cpuinfo: str | None = None) -> str:
 
 
 def default_bin_dir() -> Path:
-    from .loading import cache_root
+    from ..loading import cache_root
 
     return cache_root() / "llamacpp" / cpu_kind() / "bin"
 

@@ -1,10 +1,10 @@
 """The benchmark: every method on the same prompts, interleaved prompt by prompt. Its command line
-is dart_core/cli/bench.py (`python -m dart_core.cli.bench`, also `python -m dart_core.bench`).
+is dart_core/cli/bench.py (`dart-bench`, also `dart-bench`).
 
 Methods run on the same target weights. `ar` (and every drafter) go through our one generation
 loop; `hf` is transformers' own `generate` and `pld` its prompt-lookup decoding, i.e. what a user
 would run instead. `llamacpp*` run llama.cpp's binaries on the GGUF the target came from (the peers:
-see dart_core/peers.py and docs/peers.md). Every method's run is a `Summary` (dart_core/generate.py),
+see dart_core/tools/peers.py and docs/peers.md). Every method's run is a `Summary` (dart_core/generate.py),
 summed per method by `Totals`. Interleaving methods per prompt cancels slow machine drift; a warm-up
 run of each method precedes the timed ones. The peers run each prompt first, then our methods with
 the first of them rotating prompt by prompt (`method_order`): the first of ours after a llama.cpp
@@ -23,13 +23,12 @@ from typing import Callable
 
 import torch
 
-from . import peers
-from .drafters.config import DrafterConfigs
-from .drafters.registry import build_drafter
-from .generate import ARDrafter, Drafter, GenerationParams, StageTimes, Summary, complete
+from ..drafters.config import DrafterConfigs
+from ..generate import ARDrafter, Drafter, GenerationParams, StageTimes, Summary, complete
+from ..sampling import SamplingParams
+from ..target import Target
+from . import calibrate, peers
 from .methods import HF, LOOP, METHODS, PEER, is_peer, split_method
-from .sampling import SamplingParams
-from .target import Target
 
 WARMUP_NEW_TOKENS = 16
 PLD_NUM_TOKENS = 10  # transformers' documented default for prompt_lookup_num_tokens
@@ -154,7 +153,7 @@ def hf_runner(target: Target, prompt_lookup: bool) -> Runner:
 
 
 def peer_runner(name: str, target: Target, gguf: Path, bin_dir: Path, threads: int, draft: Path | None = None) -> Runner:
-    """A llama.cpp method (dart_core/peers.py) on the same prompt ids, measured by llama.cpp's own timers."""
+    """A llama.cpp method (dart_core/tools/peers.py) on the same prompt ids, measured by llama.cpp's own timers."""
     peer = peers.LlamaCppPeer(name, bin_dir, gguf, threads, target.tokenizer, target.eos_ids, draft=draft)
 
     def run(ids: list[int], params: GenerationParams) -> Summary:
@@ -199,7 +198,7 @@ class PeerSetup:
 
 def embedded_gguf_or_none() -> Path | None:
     """The GGUF the embedded target was converted from (None where it cannot be found)."""
-    from .loading import embedded_gguf_path
+    from ..loading import embedded_gguf_path
 
     try:
         return embedded_gguf_path()
@@ -223,7 +222,7 @@ def method_drafter(name: str, target: Target, configs: DrafterConfigs) -> Drafte
         config = replace(config, adaptive=True)
     if size is not None:  # this method's own tree size; the other methods keep their configs'
         config = replace(config, max_nodes=size)
-    return build_drafter(method.drafter, target, config)
+    return calibrate.build_measured(method.drafter, target, config)
 
 
 def build_runner(name: str, target: Target, configs: DrafterConfigs, peer: PeerSetup | None = None) -> Runner:
@@ -393,11 +392,3 @@ def run_interleaved(
             tau = f" τ {n / r.steps:.2f}" if r.steps else ""
             log(f"[{i + 1}/{len(questions)}] {dataset} {name:>10}: {n:4d} tokens {n / r.wall_s:7.2f} tok/s{tau}")
     return result
-
-
-if __name__ == "__main__":  # the old command name, kept: python -m dart_core.bench is python -m dart_core.cli.bench
-    import sys
-
-    from .cli.bench import main
-
-    sys.exit(main())

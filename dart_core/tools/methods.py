@@ -3,7 +3,7 @@ drafter, transformers' own generate, or llama.cpp's binaries) and how the method
 
 A drafter method takes a tree size after @ (`dart@16`: DART at 16 drafted nodes, i.e.
 replace(config, max_nodes=16)); llama.cpp methods take a draft length the same way
-(`llamacpp-lookup@4`, dart_core/peers.py).
+(`llamacpp-lookup@4`, dart_core/tools/peers.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ LOOP, HF, PEER = "loop", "hf", "peer"  # what runs a method
 class Method:
     name: str
     label: str  # how the app and the reports name it
-    engine: str  # LOOP: our generation loop; HF: transformers' generate; PEER: llama.cpp (dart_core/peers.py)
+    engine: str  # LOOP: our generation loop; HF: transformers' generate; PEER: llama.cpp (dart_core/tools/peers.py)
     drafter: str | None = None  # the loop's drafter (dart_core.drafters.registry); None: plain decoding
     context: bool = True  # DART's context n-gram (off: dart-noctx, the ablation)
     adaptive: bool = False  # DART's tree size chosen per step (dart-adaptive; DartConfig.adaptive)

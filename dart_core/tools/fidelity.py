@@ -5,7 +5,7 @@ the bench's "same ids as ar"); this module measures what a path itself changes a
 of the model: both targets read the same text (a prompt and the reference's greedy continuation), and
 at every continuation position we compare the token each would pick next and their logits. Where
 greedy texts part is reported too (one early flip changes the rest of a text, so that number says
-less than the agreement). `python -m dart_core.cli.fidelity` runs it on held-out prompts.
+less than the agreement). `dart-fidelity` runs it on held-out prompts.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import kernels
+from .. import kernels
 
 
 @dataclass(frozen=True)

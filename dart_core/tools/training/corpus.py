@@ -43,9 +43,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ...model import RowCache
+from ...target import Target
 from ..data import iter_records
-from ..model import RowCache
-from ..target import Target
 from .cache import CACHE_META, DRAFT_VOCAB_FILE, SHARD_TOKENS, mmap_safetensors, record_tensors, write_shard
 from .loop import stop_on_sigterm
 

@@ -1,6 +1,6 @@
 """Export a DART head trained here so that upstream's loader (fvliang/DART) runs it right.
 
-    python -m dart_core.cli.export_upstream --head assets/dart --out dart-upstream [--dtype float32]
+    dart-export-upstream --head assets/dart --out dart-upstream [--dtype float32]
 
 Upstream's draft path applies the final RMSNorm twice (`LlamaForCausalLMDart.forward` in
 dart/model/llama3_dart.py, then `compute_logits`), and its config has no switch for that. Heads trained here apply it once (their
@@ -29,15 +29,14 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
-from .drafters.head import IGNORED_KEYS, HeadConfig, expected_shapes, read_state, resolve_head_dir
-from .loading import parse_dtype
+from ..drafters.head import IGNORED_KEYS, HeadConfig, expected_shapes, read_state, resolve_head_dir
+from ..loading import parse_dtype
 
 EXPORT_KEY = "dart_export"  # config.json: where the export came from and whether it folded the norm
 
@@ -84,9 +83,3 @@ def export_upstream(head: str | os.PathLike, out: str | os.PathLike, dtype: str 
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     return fold
-
-
-if __name__ == "__main__":  # the old command name, kept: python -m dart_core.export_upstream is python -m dart_core.cli.export_upstream
-    from .cli.export_upstream import main
-
-    sys.exit(main())

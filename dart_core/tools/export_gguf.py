@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +31,8 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType
 
-from .drafters.head import IGNORED_KEYS, HeadConfig, expected_shapes, read_state, resolve_head_dir
-from .loading import DEFAULT_MODEL, embedded_gguf_path, resolve_model_dir
+from ..drafters.head import IGNORED_KEYS, HeadConfig, expected_shapes, read_state, resolve_head_dir
+from ..loading import DEFAULT_MODEL, embedded_gguf_path, resolve_model_dir
 
 ARCH = "eagle3"  # llama.cpp's LLM_ARCH_EAGLE3; PyPI gguf 0.19.0 does not name it, so the keys are spelled out here
 GGML_QUANT_VERSION = 2  # general.quantization_version, as llama.cpp's writers set it
@@ -316,7 +315,7 @@ def cached_eagle3_gguf(head_dir: str | os.PathLike, target_gguf: str | os.PathLi
     so a retrained head or another target gets its own export."""
     from hashlib import sha256
 
-    from .loading import cache_root
+    from ..loading import cache_root
 
     path, target = resolve_head_dir(head_dir), Path(target_gguf)
     if not target.is_file():
@@ -331,9 +330,3 @@ def cached_eagle3_gguf(head_dir: str | os.PathLike, target_gguf: str | os.PathLi
         out.parent.mkdir(parents=True, exist_ok=True)
         export_eagle3_gguf(path, target, out, dtype)
     return out
-
-
-if __name__ == "__main__":  # the old command name, kept: python -m dart_core.export_gguf is python -m dart_core.cli.export_gguf
-    from .cli.export_gguf import main
-
-    sys.exit(main())

@@ -9,7 +9,7 @@ recorded continuation says which path of its tree the target accepts, and the dr
 was committed, as the generation loop would tell it. The accepted counts equal those of
 `generate` with the same drafter (tests/test_replay.py checks it on the embedded heads).
 
-Used to tune tree parameters (dart_core/tuning.py): τ of a setting in seconds of drafting
+Used to tune tree parameters (dart_core/tools/tuning.py): τ of a setting in seconds of drafting
 instead of a bench run. It says nothing about time: a larger tree costs more to verify.
 """
 
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .generate import Drafter, GenerationParams, _ARSession, cache_capacity, context_limit, generate, step_budget
-from .sampling import SamplingParams
-from .target import Prompt, Target
+from ..generate import ARSession, Drafter, GenerationParams, cache_capacity, context_limit, generate, step_budget
+from ..sampling import SamplingParams
+from ..target import Prompt, Target
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class GreedyRecord:
     max_new_tokens: int
 
 
-class _RecordingSession(_ARSession):
+class _RecordingSession(ARSession):
     """Plain decoding's session (root-only trees) that keeps what the loop commits."""
 
     def __init__(self):

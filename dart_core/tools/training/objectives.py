@@ -1,12 +1,12 @@
 """The two training objectives: DART's prefix-packed forward and EAGLE3's training-time test, and the
-loss both minimise (Σ_j γ^j · KL(target ‖ draft) over the drafted rows). See dart_core/training/__init__.py."""
+loss both minimise (Σ_j γ^j · KL(target ‖ draft) over the drafted rows). See dart_core/tools/training/__init__.py."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from ..model import apply_rope
+from ...model import apply_rope
 from .cache import CachedRecord
 
 # ---------------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """The training loop shared by both objectives: a fresh head, the schedule, evaluation, checkpoints
-that resume across sessions, export. See dart_core/training/__init__.py."""
+that resume across sessions, export. See dart_core/tools/training/__init__.py."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..drafters.head import TRAINED_FILE, trained_record
+from ...drafters.head import TRAINED_FILE, trained_record
 from .cache import CachedRecord, cache_meta, load_split, vocab_mapping
 from .objectives import dart_record_loss, eagle3_record_loss
 
@@ -93,7 +93,7 @@ def cosine_lr(step: int, total: int, base: float, warmup: int, time_progress: fl
 def new_head_from_target(target, draft_ids: torch.Tensor, draft_length: int | None, seed: int = 0):
     """A fresh head shaped like the target's layers; lm_head and final norm start from the target's
     own (restricted to the draft vocabulary), which the head must imitate anyway."""
-    from ..drafters.head import DraftHead, HeadConfig
+    from ...drafters.head import DraftHead, HeadConfig
 
     a = target.model.args
     c = HeadConfig(
@@ -177,7 +177,7 @@ def bf16_arithmetic(device: torch.device) -> bool:
     step under bf16 autocast took 10.6 s (threads 1)."""
     if device.type != "cpu":
         return True
-    from .. import kernels
+    from ... import kernels
 
     return kernels.cpu_features().get("avx512bf16", False)
 
@@ -192,7 +192,7 @@ def checkpoint_from_head(head_dir: str | Path, target, objective: str, history_f
     seconds come from TRAINED_FILE beside the head (0 without it) and the validation history from
     history_file (its entries up to that step), so the curve and the time-budgeted schedule go on.
     The restart is recorded under "restarts"."""
-    from ..drafters.head import load_head
+    from ...drafters.head import load_head
 
     head_dir = Path(head_dir)
     head = load_head(head_dir, objective == "dart", target, dtype=torch.float32, device=target.device)

@@ -18,7 +18,7 @@ on one Xeon a 6-row GGUF verify costs 1.8x a step, a bf16 one 1.4x, and the forc
   both are cached per machine, kernel build, weights and threads under ~/.cache/dart-demo/calibration/
   (a second start reads them back);
 - τ(n): the head's tokens per target forward at n nodes, measured offline by exact replay on held-out
-  prompts and shipped beside the head as TAU_FILE (`python -m dart_core.calibrate --write-tau HEAD`
+  prompts and shipped beside the head as TAU_FILE (`dart-calibrate --write-tau HEAD`
   writes it, with the command and prompts). A head without one keeps the device default, and says so.
 
 Where no size beats plain decoding the choice is still the fastest size (DART is what was asked
@@ -44,10 +44,10 @@ from pathlib import Path
 
 import torch
 
-from .drafters.config import DartConfig, DrafterConfigs
-from .generate import Drafter, DraftSession, Proposal
-from .replay import GreedyRecord, replay
-from .target import Target
+from ..drafters.config import DartConfig, DrafterConfigs
+from ..generate import Drafter, DraftSession, Proposal
+from ..target import Target
+from .replay import GreedyRecord, record_greedy, replay
 
 TAU_FILE = "tree_sizes.json"  # beside a head's config.json: τ by tree size, by replay
 CALIBRATION_VERSION = 5  # bump when what is measured changes, so old cached files are not read
@@ -109,7 +109,7 @@ def cpu_model() -> str:
 def kernel_build_digest() -> str | None:
     """A digest of the loaded kernel extension's file: a rebuilt build (new code under the same name,
     e.g. avx512bf16) costs otherwise, so the costs measured on the old one are not read back for it."""
-    from . import kernels
+    from .. import kernels
 
     path = getattr(getattr(kernels, "_ext", None), "__file__", None)
     if not path:
@@ -122,7 +122,17 @@ def kernel_build_digest() -> str | None:
 
 # The Python a decoding step runs (the loop, the target's forward around the kernels, the drafters)
 # and the n-gram extension: a change there changes what a step costs as a kernel rebuild does.
-STEP_SOURCES = ("generate.py", "tree.py", "model.py", "kernels.py", "target.py", "sampling.py", "drafters/*.py")
+STEP_SOURCES = (
+    "generate.py",
+    "tree.py",
+    "model.py",
+    "model/*.py",
+    "kernels.py",
+    "kernels/*.py",
+    "target.py",
+    "sampling.py",
+    "drafters/*.py",
+)
 
 
 def step_code_digest() -> str:
@@ -131,7 +141,7 @@ def step_code_digest() -> str:
     import ngram_cpp
 
     h = hashlib.sha256()
-    root = Path(__file__).parent
+    root = Path(__file__).resolve().parent.parent  # dart_core/: the engine's files
     files = sorted(f for pattern in STEP_SOURCES for f in root.glob(pattern))
     ext = getattr(getattr(ngram_cpp, "_ngram", None), "__file__", None)
     for f in [*files, *([Path(ext)] if ext else [])]:
@@ -145,7 +155,7 @@ def step_code_digest() -> str:
 def host_key(threads: int) -> dict:
     """What any cost measured here depends on besides the model: the CPU model and flags, the kernel
     build (its name and its file), the step's other code (step_code_digest), threads and torch."""
-    from . import kernels
+    from .. import kernels
 
     cpu, flags = cpu_model(), ""
     try:
@@ -279,7 +289,7 @@ class ForwardCosts:
 
 
 def calibration_dir() -> Path:
-    from .loading import cache_root
+    from ..loading import cache_root
 
     return cache_root() / "calibration"
 
@@ -379,13 +389,40 @@ def drafting_ms(drafter: Drafter, record: GreedyRecord, sizes: list[int]) -> dic
     return out
 
 
+def with_row_costs(target: Target, config: DartConfig, threads: int | None = None) -> DartConfig:
+    """`config` with the step cost by rows an adaptive tree is sized against (DartConfig.row_costs):
+    the target's forward cost by rows on this machine (forward_costs: measured once per machine, build,
+    weights and threads, then cached) plus the drafter's own drafting time, timed here by replay of one
+    short greedy decode. Unchanged when the config is not adaptive or already has its costs."""
+    from ..drafters.registry import build_drafter
+
+    if not config.adaptive or config.row_costs:
+        return config
+    drafter = build_drafter("dart", target, replace(config, adaptive=False, ranking="fitted"))
+    costs = forward_costs(target, threads)
+    record = record_greedy(target, [{"role": "user", "content": OVERHEAD_PROMPT}], OVERHEAD_TOKENS)
+    n = min(drafter.max_nodes, max(costs.ms) - 1)
+    draft_ms = drafting_ms(drafter, record, [n])[n]
+    return replace(config, row_costs=tuple(costs.ms[r] + draft_ms for r in range(1, max(costs.ms) + 1)))
+
+
+def build_measured(method: str, target: Target, config, threads: int | None = None):
+    """build_drafter, with what the config leaves to this machine measured first (an adaptive DART
+    tree's row costs: with_row_costs): the way command lines and the app build drafters."""
+    from ..drafters.registry import build_drafter
+
+    if method == "dart":
+        config = with_row_costs(target, config, threads)
+    return build_drafter(method, target, config)
+
+
 def loop_step_ms(target: Target, drafter: Drafter | None, sizes: list[int], steps: int | None = None) -> dict[int, float]:
     """Median wall ms of one generation-loop step at each size in `sizes` (0: plain decoding; others:
     `drafter` capped at that many drafted nodes), greedy on LOOP_PROMPT: the loop's own StepEvent times
     (drafting, pruning, verify and the rest). The sizes are timed in ROUNDS passes so that a busy spell
     of the machine falls on all of them; each run's first LOOP_WARMUP steps and LOOP_SETTLE_S seconds
     are not timed (its first steps follow its prefill and another size's verifies)."""
-    from .generate import ARDrafter, GenerationParams, StepEvent, generate
+    from ..generate import ARDrafter, GenerationParams, StepEvent, generate
 
     steps = steps or LOOP_STEPS
     per_round = max(1, -(-steps // ROUNDS))
@@ -440,7 +477,7 @@ def read_tau_table(head_dir: str | os.PathLike | None) -> dict[int, float] | Non
         data = json.loads(path.read_text())
         table = {int(n): float(t) for n, t in data["tau"].items()}
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f"{path}: not a τ-by-tree-size table ({e}); rewrite it with python -m dart_core.calibrate --write-tau") from None
+        raise ValueError(f"{path}: not a τ-by-tree-size table ({e}); rewrite it with dart-calibrate --write-tau") from None
     if not table or any(n < 1 or t < 1.0 for n, t in table.items()):
         raise ValueError(f"{path}: τ must be >= 1 at sizes >= 1")
     return table
@@ -549,9 +586,8 @@ def calibrate_unset_sizes(
     kernel path and when `enabled` (--no-calibration turns it off): elsewhere the configs come back as
     they were. `known`: choices already made on this target with these configs (choose_weights makes
     DART's), used instead of timing the drafter again."""
-    from .drafters import DEFAULT_DART_HEAD, DEFAULT_EAGLE3_HEAD, default_max_nodes
-    from .drafters.head import resolve_head_dir
-    from .drafters.registry import build_drafter
+    from ..drafters import DEFAULT_DART_HEAD, DEFAULT_EAGLE3_HEAD, default_max_nodes
+    from ..drafters.head import resolve_head_dir
 
     if not enabled or not target.model.kernel_path(MAX_CALIBRATED_ROWS, target.device):
         return configs, {}
@@ -564,7 +600,7 @@ def calibrate_unset_sizes(
             choice = known[method]
         else:
             head_dir = resolve_head_dir(config.head) if config.head is not None else defaults[method]
-            drafter = build_drafter(method, target, replace(config, max_nodes=MAX_CALIBRATED_ROWS - 1))
+            drafter = build_measured(method, target, replace(config, max_nodes=MAX_CALIBRATED_ROWS - 1))
             choice = calibrate_drafter(target, drafter, head_dir, fallback)
         if choice.calibrated or method == "dart":
             configs = replace(configs, **{method: replace(config, max_nodes=choice.max_nodes)})
@@ -580,7 +616,7 @@ def calibrate_unset_sizes(
 
 # The paths --dtype auto chooses between for the embedded default: those that give the model's own
 # answers, i.e. teacher-forced top-1 agreement with its fp32 copy of at least 99.5% on held-out prompts
-# (`python -m dart_core.cli.fidelity`, docs/engine.md): its GGUF blocks against fp32 activations
+# (`dart-fidelity`, docs/engine.md): its GGUF blocks against fp32 activations
 # (exactly the fp32 copy: fp32 FMAs a verify row) and against 16-bit activations (integer dot products:
 # nearly int8's step, twice its cost a verify row). Left to be asked for by name: gguf-int8 (llama.cpp's
 # arithmetic, the cheapest step and verify rows, ~98% agreement) and bfloat16 (2.8x the bytes a step,
@@ -612,8 +648,8 @@ def fixed_weights(model, device, use_kernels: bool, no_calibration: bool = False
     """What --dtype auto is where there is nothing to measure between (None: measure). An HF
     checkpoint has no GGUF beside it and keeps bfloat16, the default before auto; so do the eager and
     CUDA paths (GGUF blocks run on the CPU kernels only) and --no-calibration (no measurement)."""
-    from . import kernels
-    from .loading import DEFAULT_MODEL
+    from .. import kernels
+    from ..loading import DEFAULT_MODEL
 
     if str(model or DEFAULT_MODEL) != DEFAULT_MODEL:
         why = "the target is not the embedded default, so it has no GGUF to compare with"
@@ -685,11 +721,10 @@ def choose_weights(
     expected tokens/s at its best tree size (config.max_nodes N: at N); without a τ table, by the
     one-token step. The choice is cached beside the forward costs, keyed by the host, the τ table and
     DART's config; a later start loads only the chosen path. Elsewhere, or not `enabled`: fixed_weights."""
-    from .drafters import DEFAULT_DART_HEAD
-    from .drafters.head import resolve_head_dir
-    from .drafters.registry import build_drafter
-    from .loading import DEFAULT_MODEL, resolve_model_dir
-    from .target import load_target
+    from ..drafters import DEFAULT_DART_HEAD
+    from ..drafters.head import resolve_head_dir
+    from ..loading import DEFAULT_MODEL, resolve_model_dir
+    from ..target import load_target
 
     model = model or DEFAULT_MODEL
     config = config if config is not None else DartConfig()
@@ -749,7 +784,7 @@ def choose_weights(
             timed = loop_sizes(costs.ms, tau, sizes)
             say(f"timing the generation loop's steps beside {dtype}: plain decoding and DART at {len(timed)} tree sizes")
             try:
-                drafter = build_drafter("dart", target, replace(config, max_nodes=max(timed)))
+                drafter = build_measured("dart", target, replace(config, max_nodes=max(timed)))
                 step_ms = loop_step_ms(target, drafter, [0, *timed])
                 del drafter  # it holds this path's target: let it go if another path wins
             except (OSError, ValueError) as e:  # a head that does not load: rank by the step, and say why
@@ -792,9 +827,3 @@ def weights_table(choice: WeightsChoice) -> str:
             )
         lines.append(line)
     return "\n".join(lines)
-
-
-if __name__ == "__main__":  # python -m dart_core.calibrate: the command line is dart_core/cli/calibrate.py
-    from .cli.calibrate import main
-
-    raise SystemExit(main())

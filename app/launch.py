@@ -1,4 +1,4 @@
-"""Start the demo:  python -m app   (the embedded default model at http://127.0.0.1:7860).
+"""Start the demo:  dart-app   (the embedded default model at http://127.0.0.1:7860).
 
 Flag names follow the upstream DART app where it has them (docs/upstream.md); --dtype, --threads, the
 tree parameters and the llama.cpp row's flags are ours. Models load here, once, before the server
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,7 +24,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # the demo phones no
 
 import torch  # noqa: E402
 
-from dart_core import calibrate, load_target, peers  # noqa: E402
+from dart_core import load_target  # noqa: E402
 from dart_core.cli.options import (
     AUTO_HELP,
     WEIGHTS_HELP,
@@ -42,7 +41,8 @@ from dart_core.drafters.config import DartConfig, DrafterConfigs, Eagle3Config  
 from dart_core.drafters.head import trained_record  # noqa: E402
 from dart_core.drafters.registry import DEFAULT_HEADS, build_drafter, embedded_head_exists, ngram_choice  # noqa: E402
 from dart_core.loading import AUTO, DEFAULT_MODEL, EMBEDDED_NAME, TARGET_DTYPE_CHOICES  # noqa: E402
-from dart_core.methods import METHODS  # noqa: E402
+from dart_core.tools import calibrate, peers  # noqa: E402
+from dart_core.tools.methods import METHODS  # noqa: E402
 
 from .engine import MIN_REFERENCE_TOKENS, PEER_TIMEOUT_S, ComputeThread, Engine, Peer, available_cores, engine_threads, peer_label  # noqa: E402
 from .render import CostPath, CostView  # noqa: E402
@@ -57,7 +57,7 @@ QUEUE_SIZE = 64  # requests waiting beyond this are refused (the queue tells the
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m app", description="DART speculative decoding demo (Gradio).")
+    p = argparse.ArgumentParser(prog="dart-app", description="DART speculative decoding demo (Gradio).")
     add_model_flag(p, "--base-model-name-or-path")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     add_dtype_flag(
@@ -174,7 +174,7 @@ def load_dart(config: DartConfig, target, notes: list[str], progress: Progress):
     progress(f"loading the DART head {config.head or DEFAULT_DART} and n-gram {ngram.path}")
     try:
         resolved = replace(config, ngram=None if ngram.path is None else str(ngram.path), use_ngram=ngram.path is not None)
-        drafter = build_drafter("dart", target, resolved)
+        drafter = calibrate.build_measured("dart", target, resolved)
     except (OSError, ValueError) as e:
         if explicit:
             raise SystemExit(f"cannot load the DART head {config.head}: {e}") from None
@@ -211,7 +211,7 @@ def load_eagle3(config: Eagle3Config, compare: bool, target, notes: list[str], p
 
 def load_weights(args, config: DartConfig, device, notes: list[str], progress: Progress):
     """The target on the weights path --dtype names, or (auto) the one calibrated on this machine for
-    DART's `config` (dart_core/calibrate.py choose_weights: each candidate measured on the first start,
+    DART's `config` (dart_core/tools/calibrate.py choose_weights: each candidate measured on the first start,
     cached after); returns (target, the choice, DART's tree size timed while choosing or None, the header's line)."""
     if args.dtype != AUTO:
         progress(f"loading the target {args.base_model_name_or_path} ({device}, {args.dtype})")
@@ -256,7 +256,7 @@ def cost_view(target, weights, dart_nodes: int | None, dart_size) -> tuple[CostV
         if costs is None:
             why = (
                 "No forward-cost table: the tree sizes were given or not calibrated here, and so was the weights path "
-                "(python -m dart_core.calibrate measures it)."
+                "(dart-calibrate measures it)."
                 if target.exact_verify(1)
                 else "No forward-cost table: the target is not on the CPU kernels, where the tree size is calibrated."
             )
@@ -278,7 +278,7 @@ def calibrate_sizes(
     args, target, configs: DrafterConfigs, notes: list[str], progress: Progress, known=None
 ) -> tuple[DrafterConfigs, str | None, dict]:
     """The configs with the tree sizes the command line left unset calibrated on this machine
-    (dart_core/calibrate.py; a few seconds on first start, the forward costs cached after), the
+    (dart_core/tools/calibrate.py; a few seconds on first start, the forward costs cached after), the
     header's line saying what was chosen and why, and the choices by drafter. `known`: DART's size
     timed already while choosing the weights path (not timed again). A head that cannot be read here is left to its
     loader below, which reports it; the calibration then notes that it did not run."""
@@ -331,7 +331,7 @@ def load_peers(args, target, default_target: bool, notes: list[str], progress: P
         reason, draft = peers.unavailable(method, bin_dir, gguf), None
         if reason is not None and peers.needs_draft(method) and peers.unavailable("llamacpp", bin_dir, gguf) is None:
             try:  # llamacpp-eagle3 drafts with this app's EAGLE3 head, exported for llama.cpp once (cached)
-                from dart_core.export_gguf import cached_eagle3_gguf
+                from dart_core.tools.export_gguf import cached_eagle3_gguf
 
                 draft = cached_eagle3_gguf(args.eagle3_model or DEFAULT_EAGLE3, gguf)
                 reason = peers.unavailable(method, bin_dir, gguf, draft)
@@ -516,7 +516,3 @@ def main(argv=None) -> int:
         show_error=True,
     )
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

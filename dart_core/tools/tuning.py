@@ -1,6 +1,6 @@
-"""Tree settings chosen by exact replay (dart_core/replay.py) and from logged runs: the size of DART's
+"""Tree settings chosen by exact replay (dart_core/tools/replay.py) and from logged runs: the size of DART's
 tree (and a score floor) for this machine, and the pruner's score weights. Their command lines are
-`python -m dart_core.cli.tune tree|scoring`.
+`dart-tune tree|scoring`.
 
 Tree size (`log_steps`, `simulate`): at temperature 0 the target's next token does not depend on the
 tree, so one run logged at a large size tells what a smaller tree cut from the same ranking (its
@@ -26,10 +26,10 @@ from typing import Callable
 
 import torch
 
-from .drafters.dart import DartDrafter
-from .generate import GenerationParams, StepEvent, Summary, generate
+from ..drafters.dart import DartDrafter
+from ..generate import GenerationParams, StepEvent, Summary, generate
+from ..tree import DraftTree
 from .replay import GreedyRecord, replay
-from .tree import DraftTree
 
 FLOORS = [-0.5 * i for i in range(1, 13)]  # score floors tried (scores are <= 0)
 VERIFY_REPEATS = 7

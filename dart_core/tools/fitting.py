@@ -1,8 +1,8 @@
 """Fitting a drafter's ranking of tree nodes by exact replay: a calibrated model of P(node accepted),
 per tree level for DART's pruner (ngram_cpp/src/pruner.h), per depth for EAGLE3's pool
-(dart_core/drafters/eagle3.py). Its command line is `python -m dart_core.cli.fit`.
+(dart_core/drafters/eagle3.py). Its command line is `dart-fit`.
 
-1. Greedy records (dart_core/replay.py) of training prompts: the first prompts of the self-distilled
+1. Greedy records (dart_core/tools/replay.py) of training prompts: the first prompts of the self-distilled
    corpus's pool (dart_core.training.corpus.prompt_pool, the bench sets excluded, seed 0), which are its
    validation split: no head was trained on them, and no bench prompt is among them.
 2. Replay of the drafter on every record (`collect`): at every step DART's search is run again in the
@@ -286,7 +286,7 @@ def report(table, W: np.ndarray, parent_col: int = PARENT_FIT) -> dict:
 
 def evaluate_eagle3(drafter, records, sizes: list[int], weights: tuple, log: Callable[[str], None] = _quiet) -> list[dict]:
     """τ of EAGLE3's cumulative log-probability and of its fitted ranking at each size, by exact replay."""
-    from .drafters.eagle3 import Eagle3Drafter
+    from ..drafters.eagle3 import Eagle3Drafter
 
     out = []
     for label, w in (("score", ()), ("fitted", weights)):
@@ -320,7 +320,7 @@ def evaluate(
 ) -> list[dict]:
     """τ (and the expected tokens/s from this machine's forward cost by rows, where given) of the
     score, the fitted ranking and the adaptive fitted tree at each size, by exact replay."""
-    from .drafters.dart import DartParams, with_fitted_ranking
+    from ..drafters.dart import DartParams, with_fitted_ranking
 
     base = drafter.params
     fitted_params = DartParams(with_fitted_ranking(base.prune, ranking), base.depth, ranking.context_order)

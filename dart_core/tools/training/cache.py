@@ -1,5 +1,5 @@
 """Training data for draft heads: records, self-distillation through transformers, the target-state
-cache (build, shards, memory-mapped loading) and the draft vocabulary. See dart_core/training/__init__.py."""
+cache (build, shards, memory-mapped loading) and the draft vocabulary. See dart_core/tools/training/__init__.py."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
+from ...target import Target
 from ..data import iter_records, render
-from ..target import Target
 
 log = logging.getLogger(__name__)
 
