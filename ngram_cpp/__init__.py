@@ -1,6 +1,6 @@
 """N-gram trie and DART's n-gram guided tree pruner.
 
-    model = ngram_cpp.load("assets/ngram/smollm2-3gram.ngram")   # compact (mmap) or upstream .trie
+    model = ngram_cpp.load("assets/ngram/smollm2-3gram.ngram.xz")   # compact (mmap), upstream .trie, or either as .xz
     model.prob([12, 7], 99)                                       # upstream rule: longest matching context
     tree = ngram_cpp.prune(tokens, probs, root, context, model, ngram_cpp.PruneParams())
 
@@ -57,6 +57,7 @@ __all__ = [
     "PrunedTree",
     "build",
     "convert",
+    "decompressed",
     "load",
     "prune",
     "tokenizer_fingerprint",
@@ -150,14 +151,49 @@ def _is_compact(path: Path) -> bool:
         return f.read(len(COMPACT_MAGIC)) == COMPACT_MAGIC
 
 
+XZ = ".xz"  # an n-gram file compressed with xz (the repository ships its trie so: a fifth of the bytes)
+
+
+def cache_dir() -> Path:
+    """Where compressed n-gram files are decompressed: $DART_CACHE_DIR/ngram (default ~/.cache/dart-demo)."""
+    return Path(os.environ.get("DART_CACHE_DIR") or Path.home() / ".cache" / "dart-demo") / "ngram"
+
+
+def decompressed(path) -> Path:
+    """The plain file of a `.xz`-compressed n-gram file: decompressed once into cache_dir()/<digest of
+    the compressed bytes>/<name without .xz>, then read from there (a compact file is memory-mapped,
+    which a compressed one cannot be). The same compressed bytes always give the same file."""
+    import lzma
+
+    path = Path(path)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    out = cache_dir() / digest / path.name.removesuffix(XZ)
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=".partial-")
+    try:
+        with os.fdopen(fd, "wb") as f, lzma.open(path) as src:
+            while chunk := src.read(1 << 22):
+                f.write(chunk)
+        os.replace(tmp, out)  # atomic: a reader never sees half a file
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out
+
+
 def load(path, expected_fingerprint: str | None = None, expected_vocab_size: int | None = None) -> NGram:
-    """Load a compact (.ngram, memory-mapped) or upstream (.trie) file; the format is detected.
+    """Load a compact (.ngram, memory-mapped) or upstream (.trie) file; the format is detected. A name
+    ending in .xz is decompressed first (decompressed()).
 
     With `expected_fingerprint` / `expected_vocab_size`, a trie built for another tokenizer is refused.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no n-gram file at {path}")
+    if path.name.endswith(XZ):
+        path = decompressed(path)
     compact = _is_compact(path)
     try:
         if HAVE_CPP:

@@ -28,7 +28,7 @@ import numpy as np
 
 import ngram_cpp
 
-DEFAULT_TRIE = Path(__file__).resolve().parent.parent / "assets" / "ngram" / "smollm2-3gram.ngram"
+DEFAULT_TRIE = Path(__file__).resolve().parent.parent / "assets" / "ngram" / "smollm2-3gram.ngram.xz"
 DRAFT_DEPTH, TOP_K, BEAM_WIDTH, MAX_NODES = 8, 25, 20, 60
 LOGIT_SCALE = 3.0  # gaussian logits * this, softmaxed over the top-k: peaked like a trained head's
 FREQUENT_TOKENS = 300  # candidates are drawn from this many most frequent tokens

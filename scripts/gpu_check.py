@@ -429,7 +429,7 @@ def stage_embedded(dev: torch.device, small: bool, rep: Report, opts) -> dict:
             f"dart@{opts.nodes}": build_drafter(
                 "dart",
                 target,
-                DartConfig.embedded(head=str(heads / "dart"), ngram=str(heads / "ngram" / "smollm2-3gram.ngram"), max_nodes=opts.nodes),
+                DartConfig.embedded(head=str(heads / "dart"), ngram=str(heads / "ngram" / "smollm2-3gram.ngram.xz"), max_nodes=opts.nodes),
             ),
             f"eagle3@{opts.nodes}": build_drafter("eagle3", target, Eagle3Config(head=str(heads / "eagle3"), max_nodes=opts.nodes)),
         }

@@ -264,7 +264,7 @@ def test_embedded_dart_head_is_lossless(embedded_target):
     assets = Path(__file__).resolve().parent.parent / "assets"
     if not (assets / "dart" / "config.json").exists():
         pytest.skip("no embedded DART head in assets/dart yet")
-    drafter = load_dart_drafter(assets / "dart", embedded_target, assets / "ngram" / "smollm2-3gram.ngram")
+    drafter = load_dart_drafter(assets / "dart", embedded_target, assets / "ngram" / "smollm2-3gram.ngram.xz")
     ids = embedded_target.encode("List three uses of a paperclip.")
     ar = complete(embedded_target, ids, ARDrafter(), GenerationParams(32))
     s = complete(embedded_target, ids, drafter, GenerationParams(32))

@@ -278,7 +278,7 @@ def test_fuzzed_inputs_never_crash(tries, d, k, data, p):
         check_invariants(tree, params, d)
 
 
-EMBEDDED_TRIE = Path(__file__).resolve().parent.parent / "assets" / "ngram" / "smollm2-3gram.ngram"
+EMBEDDED_TRIE = Path(__file__).resolve().parent.parent / "assets" / "ngram" / "smollm2-3gram.ngram.xz"
 
 
 @pytest.mark.skipif(not ngram_cpp.HAVE_CPP, reason="the C++ extension is not built")
@@ -286,7 +286,7 @@ def test_cpp_agrees_with_reference_at_full_size():
     """Upstream's sizes (d=8, k=25, beam 20, 60 nodes) on the embedded trie, whose frequent tokens have
     thousands of continuations: candidates drawn among them so that most lookups hit long child lists."""
     model = ngram_cpp.load(EMBEDDED_TRIE)
-    ref = PyNGramModel.load(EMBEDDED_TRIE)
+    ref = PyNGramModel.load(ngram_cpp.decompressed(EMBEDDED_TRIE))
     tok1, cnt1, _ = model.native.level_arrays(1)
     frequent = tok1[np.argsort(-cnt1, kind="stable")[:300]]
     rng = np.random.default_rng(0)

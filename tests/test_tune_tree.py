@@ -56,7 +56,7 @@ def test_a_smaller_tree_accepts_what_the_logged_cut_predicts(tune, embedded_targ
     big = load_dart_drafter(
         EMBEDDED_DART_HEAD,
         embedded_target,
-        ROOT / "assets" / "ngram" / "smollm2-3gram.ngram",
+        ROOT / "assets" / "ngram" / "smollm2-3gram.ngram.xz",
         DartParams(ngram_cpp.PruneParams(max_nodes=12)),
     )
     seen = 0

@@ -37,6 +37,7 @@ import sys
 import time
 from pathlib import Path
 
+import ngram_cpp
 from ngram_cpp.reference import ACCEPTANCE_FEATURES, FEATURE_NAMES
 
 from ..drafters import DEFAULT_DART_HEAD, DEFAULT_EAGLE3_HEAD
@@ -223,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                     "the last row every deeper one) "
                     "on the features below, capped by the parent's; the pruner's final cut ranks the search's nodes by it "
                     "(ngram_cpp/src/pruner.h)",
-                    "trie": trie.name if trie is not None else None,
+                    "trie": trie.name.removesuffix(ngram_cpp.XZ) if trie is not None else None,
                     "features": list(FEATURE_NAMES),
                     "weights": [[round(float(w), 6) for w in row] for row in W],
                     "tree": {

@@ -7,15 +7,14 @@ from pathlib import Path
 
 ASSETS = Path(__file__).resolve().parent.parent.parent / "assets"
 DEFAULT_DART_HEAD = ASSETS / "dart"
-DEFAULT_NGRAM = ASSETS / "ngram" / "smollm2-3gram.ngram"
+DEFAULT_NGRAM = ASSETS / "ngram" / "smollm2-3gram.ngram.xz"  # xz-compressed: ngram_cpp.load decompresses it once into the cache
 DEFAULT_EAGLE3_HEAD = ASSETS / "eagle3"
 # Draft tree size (drafted nodes besides the root) per device, where nothing better is known: on the
 # CPU kernels a head with a tree_sizes.json gets the size calibrated on the machine instead
-# (dart_core/tools/calibrate.py). CPU 5: in one interleaved bf16 sweep on a 2-core AMD EPYC (the changelog of
-# docs/benchmarks.md, "Heads trained on the self-distilled corpus") DART ran at 1.57x plain decoding
-# with 5 nodes against 1.55x / 1.48x / 1.28x / 1.14x with 6 / 7 / 12 / 16, its verify costing 16.3 ms
-# at 6 rows and 31.0 at 17 against a 14.2 ms step: τ grew more slowly than the verify's cost.
-# CUDA 60: on a GPU a 60-node verify costs about one token (the paper).
+# (dart_core/tools/calibrate.py). CPU 5: the size that gave the best end-to-end speed in an interleaved
+# bf16 sweep of sizes (docs/changelog.md, "Heads trained on the self-distilled corpus"), past which τ
+# grew more slowly than the verify's cost. CUDA 60: on a GPU a 60-node verify is meant to cost about
+# one token (the paper; docs/gpu.md says what the eager path measures today).
 DEFAULT_MAX_NODES = {"cpu": 5, "cuda": 60}
 FALLBACK_MAX_NODES = 60  # other devices
 

@@ -302,7 +302,8 @@ def ranked_params(params: DartParams, ranking: str | None, head_dir: str | os.Pa
         if ranking == "fitted":
             raise ValueError(f"the DART head {head_dir} has no fitted ranking ({ACCEPTANCE_FILE}; dart-fit writes one)")
         return params
-    same_inputs = ngram_path is not None and Path(ngram_path).name == fitted.trie and params.prune.context_weight > 0
+    trie = None if ngram_path is None else Path(ngram_path).name.removesuffix(ngram_cpp.XZ)  # a compressed trie is the same trie
+    same_inputs = trie == fitted.trie and params.prune.context_weight > 0
     if ranking is None and not same_inputs:
         return params  # its features would not mean what they meant in the fit
     return replace(params, prune=with_fitted_ranking(params.prune, fitted), context_order=fitted.context_order)

@@ -45,10 +45,10 @@ def _is_hub_id(name: str) -> bool:
 
 
 def _ngram_in(path: Path, trie: str) -> Path:
-    """In a directory, `trie` (full.trie or small.trie) or its one *.ngram."""
-    found = next((c for c in [path / trie, *sorted(path.glob("*.ngram"))] if c.is_file()), None)
+    """In a directory, `trie` (full.trie or small.trie) or its one *.ngram (or *.ngram.xz)."""
+    found = next((c for c in [path / trie, *sorted(path.glob("*.ngram")), *sorted(path.glob("*.ngram.xz"))] if c.is_file()), None)
     if found is None:
-        raise FileNotFoundError(f"no {trie} or *.ngram in {path}")
+        raise FileNotFoundError(f"no {trie}, *.ngram or *.ngram.xz in {path}")
     return found
 
 
