@@ -10,8 +10,8 @@ from dataclasses import replace
 import pytest
 
 from dart_core.cli.options import add_drafter_flags, drafter_configs
-from dart_core.drafters import DEFAULT_NGRAM, default_max_nodes
-from dart_core.drafters.config import ConfigError, DartConfig, Eagle3Config
+from dart_core.drafters import DEFAULT_NGRAM
+from dart_core.drafters.config import ConfigError, DartConfig, Eagle3Config, default_max_nodes
 from dart_core.drafters.registry import prune_params, resolve_ngram
 
 

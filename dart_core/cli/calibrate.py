@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from ..drafters import DEFAULT_DART_HEAD, DEFAULT_EAGLE3_HEAD, default_max_nodes
-from ..drafters.config import DrafterConfigs
+from ..drafters import DEFAULT_DART_HEAD, DEFAULT_EAGLE3_HEAD
+from ..drafters.config import DrafterConfigs, default_max_nodes
 from ..loading import AUTO, DEFAULT_MODEL, TARGET_DTYPE_CHOICES
 from ..target import load_target
 from ..tools import calibrate

@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..drafters import default_max_nodes
+from ..drafters.config import default_max_nodes
 from ..drafters.dart import UPSTREAM_WEIGHTS
 from ..drafters.head import trained_record
 from . import installed_command

@@ -16,8 +16,17 @@ from dataclasses import replace
 
 import torch
 
-from ..drafters import DEFAULT_DART_HEAD, DEFAULT_EAGLE3_HEAD, DEFAULT_MAX_NODES
-from ..drafters.config import DEFAULT_BEAM_WIDTH, EAGLE3_DEPTH, EAGLE3_TOP_K, ConfigError, DartConfig, DrafterConfigs, Eagle3Config
+from ..drafters import DEFAULT_DART_HEAD, DEFAULT_EAGLE3_HEAD
+from ..drafters.config import (
+    DEFAULT_BEAM_WIDTH,
+    DEFAULT_MAX_NODES,
+    EAGLE3_DEPTH,
+    EAGLE3_TOP_K,
+    ConfigError,
+    DartConfig,
+    DrafterConfigs,
+    Eagle3Config,
+)
 from ..drafters.dart import CONTEXT_EXTEND, CONTEXT_ORDER, EMBEDDED_WEIGHTS, UPSTREAM_WEIGHTS, ScoreWeights
 from ..drafters.registry import UPSTREAM_NGRAM
 from ..loading import DEFAULT_MODEL, DTYPE_CHOICES

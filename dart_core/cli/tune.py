@@ -16,7 +16,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from ..drafters import default_max_nodes
+from ..drafters.config import default_max_nodes
 from ..loading import DEFAULT_MODEL, DTYPES
 from ..target import load_target
 from ..tools import calibrate

@@ -15,9 +15,22 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from . import default_max_nodes
 from .dart import CONTEXT_EXTEND, CONTEXT_ORDER, EMBEDDED_WEIGHTS, RANKINGS, UPSTREAM_WEIGHTS, ScoreWeights
 from .eagle3 import RANKINGS as EAGLE3_RANKINGS
+
+# Draft tree size (drafted nodes besides the root) per device, where nothing better is known: on the
+# CPU kernels a head with a tree_sizes.json gets the size calibrated on the machine instead
+# (dart_core/tools/calibrate.py). CPU 5: the size that gave the best end-to-end speed in an interleaved
+# bf16 sweep of sizes (docs/changelog.md, "Heads trained on the self-distilled corpus"), past which τ
+# grew more slowly than the verify's cost. CUDA 60: on a GPU a 60-node verify is meant to cost about
+# one token (the paper; docs/gpu.md says what the eager path measures today).
+DEFAULT_MAX_NODES = {"cpu": 5, "cuda": 60}
+FALLBACK_MAX_NODES = 60  # other devices
+
+
+def default_max_nodes(device_type: str) -> int:
+    return DEFAULT_MAX_NODES.get(device_type, FALLBACK_MAX_NODES)
+
 
 DEFAULT_BEAM_WIDTH = 20  # the pruner's beam (upstream's value)
 EAGLE3_DEPTH = 7  # EAGLE3's defaults: expansion steps after the root's, and children per node

@@ -586,7 +586,8 @@ def calibrate_unset_sizes(
     kernel path and when `enabled` (--no-calibration turns it off): elsewhere the configs come back as
     they were. `known`: choices already made on this target with these configs (choose_weights makes
     DART's), used instead of timing the drafter again."""
-    from ..drafters import DEFAULT_DART_HEAD, DEFAULT_EAGLE3_HEAD, default_max_nodes
+    from ..drafters import DEFAULT_DART_HEAD, DEFAULT_EAGLE3_HEAD
+    from ..drafters.config import default_max_nodes
     from ..drafters.head import resolve_head_dir
 
     if not enabled or not target.model.kernel_path(MAX_CALIBRATED_ROWS, target.device):
