@@ -322,7 +322,7 @@ def env_table(run: Run) -> str:
     sets = ", ".join(Path(d).stem for d in e["dataset"])
     rows.append(["prompts", f"first {e['limit']} of each of {sets}; {e['max_new_tokens']} new tokens; temperature {e['temperature']:g}"])
     rows.append(["software", f"torch {e['torch']}, transformers {e['transformers']}, python {e['python']}"])
-    rows.append(["code, date", f"{e.get('git_commit', '?')}, {e['date'].replace('T', ' ')}"])
+    rows.append(["date", e["date"].replace("T", " ")])  # the code's commit stays in the result file (env.git_commit)
     return table(["", ""], rows)
 
 
