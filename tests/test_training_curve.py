@@ -43,7 +43,7 @@ def test_tables_show_every_eval_and_bench_point(curve, tmp_path):
     assert "| 250 | 0.05 | 4.685 | 27.6% | 7.3% | 5.0% |" in text
     assert "| 500 | 0.10 | 3.900 | 35.0% | 10.0% | 7.0% |" in text
     assert "| 750 | 0.12 | 3.700 | 36.0% | 11.0% | – |" in text
-    assert "| 500 | 0.10 | 5 | upstream | 2.50 | 2.00 | 2.10 | 2.20 | 2.30 | 2.40 | 2.50 | 5 | 128 | abc1234 |" in text
+    assert "| 500 | 0.10 | 5 | upstream | 2.50 | 2.00 | 2.10 | 2.20 | 2.30 | 2.40 | 2.50 | 5 | 128 |" in text
     assert "| 750 | 0.10 | 5 | embedded | 2.50 |" in text
     for table in text.split("\n\n"):  # every table's separator has one cell per header cell
         lines = [line for line in table.splitlines() if line.startswith("|")]
