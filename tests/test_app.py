@@ -32,7 +32,7 @@ from dart_core import kernels
 from dart_core.cli import installed_command
 from dart_core.tools import peers
 
-from conftest import eagle3_fixture_head
+from support import eagle3_fixture_head
 
 ROOT = Path(__file__).resolve().parent.parent
 DART_HEAD = ROOT / "assets" / "dart"

@@ -22,7 +22,7 @@ from app.engine import Engine, Peer, PeerResult, Run, append_step, peer_label
 from dart_core import StageTimes, StepEvent, Summary
 from dart_core.tools import peers
 
-from conftest import fake_bin_dir
+from support import fake_bin_dir
 
 FIXTURES = Path(__file__).parent / "fixtures" / "llamacpp"
 # the fixtures' prompt (tests/fixtures/llamacpp/README.md): this message, the chat template applied

@@ -11,7 +11,7 @@ import pytest
 from dart_core.cli import bench
 from dart_core.tools import bench as bench_lib
 
-from conftest import EMBEDDED_DART_HEAD, eagle3_fixture_head
+from support import EMBEDDED_DART_HEAD, eagle3_fixture_head
 
 pytestmark = pytest.mark.skipif(not (EMBEDDED_DART_HEAD / "config.json").exists(), reason="the embedded DART head is missing")
 

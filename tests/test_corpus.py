@@ -29,8 +29,7 @@ from dart_core.tools.training.corpus import (
     run_batcher,
 )
 
-from conftest import build_tiny_checkpoint
-from test_training import save_word_tokenizer, sentence
+from support import build_tiny_checkpoint, save_word_tokenizer, sentence
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from dart_core.drafters.dart import DartDrafter, DartParams, load_dart_drafter
 from dart_core.drafters.head import load_head
 from dart_core.tools.training import dart_anchor_logits, new_head_from_target
 
-from conftest import EMBEDDED_DART_HEAD, TINY_VOCAB, build_tiny_checkpoint, tiny_target
+from support import EMBEDDED_DART_HEAD, TINY_VOCAB, build_tiny_checkpoint, on_every_build, tiny_target
 
 D = 3
 VD = 64  # draft vocabulary smaller than the target's, so d2t is exercised
@@ -317,8 +317,6 @@ def test_int8_head_beside_bf16_targets_only_without_bf16_arithmetic():
     from types import SimpleNamespace
 
     from dart_core.drafters.head import int8_beside
-
-    from test_kernels import on_every_build
 
     def choices():
         return tuple(

@@ -13,7 +13,7 @@ from dart_core.cli import bench
 from dart_core.tools import peers
 from dart_core.tools.methods import split_method
 
-from conftest import fake_bin_dir
+from support import fake_bin_dir
 
 FIXTURES = Path(__file__).parent / "fixtures" / "llamacpp"
 # The fixtures' prompt: the chat template applied to this message by the embedded target's tokenizer

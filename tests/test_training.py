@@ -29,30 +29,9 @@ from dart_core.tools.training import (
     vocab_mapping,
 )
 
-from conftest import TINY_EOS, TINY_VOCAB, build_tiny_checkpoint
+from support import build_tiny_checkpoint, save_word_tokenizer, sentence
 
-SPECIAL = ["<pad>", "<bos>", "<a>", "</s>", "<u>", "<sys>"]  # ids 0..5; </s> is TINY_EOS
-WORDS = [f"w{i}" for i in range(len(SPECIAL), TINY_VOCAB)]
-TEMPLATE = (
-    "{% for m in messages %}"
-    "{% if m['role'] == 'user' %}<u>{% elif m['role'] == 'assistant' %}<a>{% else %}<sys>{% endif %}"
-    " {{ m['content'] }} </s> {% endfor %}{% if add_generation_prompt %}<a> {% endif %}"
-)
 D = 3
-
-
-def save_word_tokenizer(path) -> None:
-    """A word-level tokenizer over the tiny vocabulary, with a chat template, saved beside the model."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {tok: i for i, tok in enumerate(SPECIAL + WORDS)}
-    core = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<bos>", eos_token="</s>", pad_token="<pad>", unk_token="<pad>")
-    tok.chat_template = TEMPLATE
-    tok.save_pretrained(path)
-    assert vocab["</s>"] == TINY_EOS
 
 
 @pytest.fixture(scope="module")
@@ -60,16 +39,6 @@ def word_target(tmp_path_factory):
     path = build_tiny_checkpoint(tmp_path_factory.mktemp("wordq3"), "qwen3", seed=2)
     save_word_tokenizer(path)
     return load_target(path, "cpu", "float32")
-
-
-def sentence(g: torch.Generator, n: int) -> str:
-    """Words with a learnable structure: mostly a fixed successor, sometimes a random jump."""
-    i = int(torch.randint(len(WORDS), (1,), generator=g))
-    out = []
-    for _ in range(n):
-        out.append(WORDS[i])
-        i = (i * 7 + 3) % len(WORDS) if torch.rand(1, generator=g) < 0.8 else int(torch.randint(len(WORDS), (1,), generator=g))
-    return " ".join(out)
 
 
 @pytest.fixture(scope="module")

@@ -87,7 +87,7 @@ def test_a_saved_head_is_a_point_at_its_trained_step(curve, tmp_path):
     trained.json, and leaves the run's history alone; a head without the file has no place on the curve."""
     import shutil
 
-    from conftest import EMBEDDED_EAGLE3_HEAD
+    from support import EMBEDDED_EAGLE3_HEAD
 
     if not (EMBEDDED_EAGLE3_HEAD / "config.json").exists():
         pytest.skip("the embedded EAGLE3 head is missing")

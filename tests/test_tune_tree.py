@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EMBEDDED_DART_HEAD
+from support import EMBEDDED_DART_HEAD
 
 ROOT = Path(__file__).resolve().parent.parent
 

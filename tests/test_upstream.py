@@ -38,7 +38,7 @@ from dart_core.target import load_target
 from dart_core.tools.export_upstream import export_upstream
 from dart_core.tools.training import new_head_from_target
 
-from conftest import TINY_VOCAB, build_tiny_checkpoint, tiny_target
+from support import TINY_VOCAB, build_tiny_checkpoint, tiny_target
 
 ROOT = Path(__file__).resolve().parent.parent
 # A Qwen3-like vocabulary: <|endoftext|> (Qwen3 151643) is the lower stop id, <|im_end|> (151645) the tokenizer's EOS.
