@@ -215,6 +215,7 @@ def _llamacpp_reason() -> str | None:
     return peers.unavailable("llamacpp", peers.resolve_bin_dir(None), gguf)
 
 
+@pytest.mark.peers
 def test_real_compare_turn_with_the_llamacpp_row(embedded_target):
     """End to end where `make peers` has built llama.cpp: a compare turn (AR, then llama.cpp) with the
     embedded model through the app's own handler; the final frame's summary has the llama.cpp row."""

@@ -16,7 +16,10 @@ from dart_core.model import BlockEmbedding, BlockLinear, load_gguf_transformer
 
 from support import node_logits_equal_steps, random_tree
 
-pytestmark = pytest.mark.skipif(not kernels.AVAILABLE, reason="GGUF weights run on the CPU kernels, which were not built")
+pytestmark = [
+    pytest.mark.slow,  # the embedded model on its GGUF weights, each path
+    pytest.mark.skipif(not kernels.AVAILABLE, reason="GGUF weights run on the CPU kernels, which were not built"),
+]
 
 # The fp32-contract builds a full-model test can afford (the generic build is the scalar reference:
 # the layer-level tests cover it).

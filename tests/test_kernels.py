@@ -611,6 +611,7 @@ def test_tree_verify_is_bit_identical_to_steps(tiny_ckpt, dtype, cache_dtype, kp
         assert node_logits_equal_steps(target, prompt, tree) == [], f"{n}-node tree"
 
 
+@pytest.mark.slow
 def test_embedded_bf16_tree_verify_is_bit_identical(embedded_bf16):
     tree = random_tree(random.Random(2), 9, 49152)
     prompt = embedded_bf16.encode("Name three rivers in Europe.")
@@ -636,6 +637,7 @@ def embedded_bf16_other_layout(embedded_bf16):
     return target
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["avx2", "avx512bf16"])
 def test_embedded_bf16x16_is_lossless_on_every_build(embedded_bf16_other_layout, path):
     """The embedded model's BF16X16 copy (what AVX2 CPUs run): verifies equal the one-token steps bit
@@ -670,6 +672,7 @@ EXACT_PROMPTS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["dart", "eagle3"])
 def test_embedded_heads_are_bitwise_lossless_in_bf16(embedded_bf16, method):
     """The committed heads in bf16: greedy output ids equal plain decoding's on every prompt."""
@@ -722,6 +725,7 @@ def embedded_drafters(embedded_int16):
     return {m: build_drafter(m, embedded_int16, configs[m]) for m in ("dart", "eagle3")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", EXACT_FILES, ids=[p.stem for p in EXACT_FILES])
 def test_embedded_heads_match_ar_on_bench_prompts(embedded_int16, embedded_drafters, path):
     """The bench's own check as a test: first turns, 128 new tokens, greedy, the bench's default
@@ -831,6 +835,7 @@ def test_decode_rows_eager_path_agrees(tiny_ckpt):
         torch.testing.assert_close(out.logits[b], one.logits[0], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("weights", ["gguf", "gguf-int16"])  # an fp32 KV cache, and fp16 beside int16 activations
 def test_layer_stack_on_the_embedded_gguf_with_capture(weights, kpath):
     """The embedded target on its GGUF blocks (Q4_1 layers), the three captured layers included."""
