@@ -11,9 +11,13 @@ import pytest
 from dart_core.cli import bench
 from dart_core.tools import bench as bench_lib
 
-from support import EMBEDDED_DART_HEAD, eagle3_fixture_head
+from support import EMBEDDED_DART_HEAD, committed_asset, eagle3_fixture_head
 
-pytestmark = pytest.mark.skipif(not (EMBEDDED_DART_HEAD / "config.json").exists(), reason="the embedded DART head is missing")
+
+@pytest.fixture(scope="module", autouse=True)
+def embedded_dart_head():
+    """The bench's default DART head (committed in assets/dart): a test fails without it."""
+    return committed_asset(EMBEDDED_DART_HEAD / "config.json")
 
 
 @pytest.fixture(scope="module")
