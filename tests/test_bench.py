@@ -28,6 +28,7 @@ def questions(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_bench_cli_json_and_losslessness(questions, tmp_path, capsys):
     e3 = eagle3_fixture_head(tmp_path / "e3")
     out = tmp_path / "r.json"
@@ -114,6 +115,7 @@ def test_bench_refuses_unknown_methods(questions):
         bench.main(["--methods", "ar,dart", "--dataset", str(questions), "--context-weight", "1.5"])
 
 
+@pytest.mark.slow
 def test_bench_sweeps_tree_sizes_in_one_run(questions, tmp_path):
     out = tmp_path / "sweep.json"
     assert (

@@ -122,6 +122,7 @@ def test_loss_weights_follow_gamma(word_target):
     assert float(kl.detach()) > 0 and hits.shape == (3, D + 1)
 
 
+@pytest.mark.slow
 def test_cache_train_resume_export(word_target, data_files, tmp_path):
     cache_dir = tmp_path / "cache"
     cfg = CacheConfig(data=data_files, out_dir=str(cache_dir), max_tokens=10_000, val_records=4, draft_vocab_size=48)
@@ -176,6 +177,7 @@ def test_cache_train_resume_export(word_target, data_files, tmp_path):
     assert load_head(head_dir, dart=True, target=word_target).config.draft_length == D - 1
 
 
+@pytest.mark.slow
 def test_a_new_run_starts_from_a_saved_head(word_target, data_files, tmp_path, monkeypatch):
     """A machine that lost the run directory goes on from the committed head: its weights, step,
     training time and history; fresh optimizer moments with a new warm-up."""
@@ -238,6 +240,7 @@ def test_a_new_run_starts_from_a_saved_head(word_target, data_files, tmp_path, m
         train_dart(word_target, TrainConfig(**{**second.__dict__, "out_dir": str(tmp_path / "e")}), draft_length=D)
 
 
+@pytest.mark.slow
 def test_time_budget_stops_and_evaluates(word_target, data_files, tmp_path):
     cache_dir = tmp_path / "cache"
     build_cache(word_target, CacheConfig(data=data_files, out_dir=str(cache_dir), max_tokens=2_000, val_records=4, draft_vocab_size=32))
@@ -248,6 +251,7 @@ def test_time_budget_stops_and_evaluates(word_target, data_files, tmp_path):
     assert (tmp_path / "train" / "head" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_the_run_resumes_from_it(word_target, data_files, tmp_path, monkeypatch):
     import signal
 
@@ -281,6 +285,7 @@ def test_sigterm_saves_a_checkpoint_and_the_run_resumes_from_it(word_target, dat
     assert torch.load(tmp_path / "train" / "checkpoint.pt", weights_only=False)["step"] == 11
 
 
+@pytest.mark.slow
 def test_self_distillation(word_target, data_files, tmp_path):
     from dart_core.generate import GenerationParams, complete
 
@@ -314,6 +319,7 @@ def test_self_distillation(word_target, data_files, tmp_path):
     assert checked >= 1
 
 
+@pytest.mark.slow
 def test_cli_end_to_end(word_target, data_files, tmp_path):
     import subprocess
     import sys
@@ -388,6 +394,7 @@ def test_cli_end_to_end(word_target, data_files, tmp_path):
     assert len(json.loads((tmp_path / "e3" / "train" / "history.json").read_text())[-1]["val_hit1"]) == 3
 
 
+@pytest.mark.slow
 def test_eagle3_training_learns_and_refuses_a_dart_checkpoint(word_target, data_files, tmp_path):
     cache_dir = tmp_path / "cache"
     build_cache(word_target, CacheConfig(data=data_files, out_dir=str(cache_dir), max_tokens=10_000, val_records=4, draft_vocab_size=48))
