@@ -129,6 +129,7 @@ def exact_sequence_probs(target, prompt, params, length) -> dict[tuple, float]:
     return out
 
 
+@pytest.mark.slow  # 2 x 2000 generations: minutes of CPU
 @pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.8, top_k=5, top_p=0.9)], ids=["t1", "t0.8-k5-p0.9"])
 def test_sampling_end_to_end_is_lossless(small_vocab_target, params):
     """Through the whole loop with random trees, the joint law of the first 3 tokens is the target's."""
