@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.setup-stamp
 TORCH  ?= torch==2.13.0
 NATIVE := pyproject.toml $(wildcard setup.py) $(wildcard ngram_cpp/src/*.cpp ngram_cpp/src/*.h ngram_cpp/src/*.hpp dart_core/csrc/*.cpp)
 
-.PHONY: setup demo test lint bench peers clean space-check
+.PHONY: setup demo test test-fast lint bench peers clean space-check
 
 setup: $(STAMP)
 
@@ -30,6 +30,12 @@ demo: setup
 # the style first (seconds): ruff's formatting and lint rules, configured in pyproject.toml
 test: setup lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# the tests a contributor runs often (minutes on 2 cores): tiny random targets, golden trees, the pruner,
+# the kernels on tiny shapes, the sampling laws, unit tests; not the embedded model end to end, the real
+# server and browser, or llama.cpp (markers in pyproject.toml). `make test` runs everything.
+test-fast: setup lint
+	$(PY) -m pytest -q -m "not slow and not browser and not peers" $(PYTEST_ARGS)
 
 lint: setup
 	$(PY) -m ruff format --check --quiet . || (echo "run: $(PY) -m ruff format ." && exit 1)

@@ -154,7 +154,7 @@ def random_head(target: Target, seed: int, draft_length: int | None, vd: int):
 
 
 def random_tree(rng: random.Random, root: int, n: int, vocab: int) -> DraftTree:
-    from drafters import random_tree_under
+    from support import random_tree_under
 
     return random_tree_under(rng, root, n, vocab)
 
@@ -206,13 +206,13 @@ def stage_env(dev: torch.device, small: bool, rep: Report) -> dict:
 
 
 def tiny_checkpoints(tmp: Path) -> dict[str, Path]:
-    from conftest import build_tiny_checkpoint
+    from support import build_tiny_checkpoint
 
     return {arch: build_tiny_checkpoint(tmp / arch, arch, seed=1) for arch in ("llama", "qwen2", "qwen3")}
 
 
 def stage_exact(dev: torch.device, small: bool, rep: Report) -> dict:
-    from conftest import TINY_EOS, TINY_VOCAB
+    from support import TINY_EOS, TINY_VOCAB
 
     results = []
     prompts = [[5, 6, 7], [60], [11, 40, 12, 90, 4, 4, 4, 17], [2, 30, 31, 32, 33, 34]]
@@ -248,9 +248,10 @@ def stage_exact(dev: torch.device, small: bool, rep: Report) -> dict:
 
 
 def stage_sampling(dev: torch.device, small: bool, rep: Report) -> dict:
-    from test_acceptance import TREE, V, chi_square_p
-
     from dart_core.sampling import SamplingParams, accept_sampling, target_probs
+
+    from support import TREE, chi_square_p
+    from support import TREE_VOCAB as V
 
     out = []
     n = 4000 if small else 20000

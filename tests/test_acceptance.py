@@ -7,16 +7,14 @@ import math
 
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from dart_core import GenerationParams, SamplingParams, complete
 from dart_core.sampling import accept_greedy, accept_sampling, greedy_token, target_probs
 from dart_core.tree import DraftTree
 
-from conftest import build_tiny_checkpoint, tiny_target
-from drafters import RandomTreeDrafter
+from support import TREE, RandomTreeDrafter, build_tiny_checkpoint, chi_square_p, tiny_target
+from support import TREE_VOCAB as V
 
-V = 8
 P_VALUE = 1e-3  # a correct sampler fails each test about once in a thousand runs (seeds are fixed)
 
 
@@ -26,17 +24,6 @@ def logits_with_argmax(rows: list[int]) -> torch.Tensor:
     for i, tok in enumerate(rows):
         logits[i, tok] = 5.0
     return logits
-
-
-# Hand-built tree (node: token), depth order:
-#            0:root(7)
-#          /     |      \
-#       1:(2)  2:(4)   3:(5)
-#        |       |   \
-#      4:(3)   5:(1)  6:(6)
-#                |
-#              7:(0)
-TREE = DraftTree.from_parents([7, 2, 4, 5, 3, 1, 6, 0], [-1, 0, 0, 0, 1, 2, 2, 5])
 
 
 @pytest.mark.parametrize(
@@ -91,28 +78,6 @@ def test_tree_structure():
         DraftTree.from_parents([1, 2, 2], [-1, 0, 0])
 
 
-def chi_square_p(counts: dict, expected_probs: dict, n: int) -> float:
-    """Chi-square goodness of fit, pooling cells with expected count < 5 into one."""
-    obs, exp, pool_o, pool_e = [], [], 0.0, 0.0
-    for key, p in expected_probs.items():
-        e = p * n
-        if e < 5:
-            pool_o += counts.get(key, 0)
-            pool_e += e
-        else:
-            obs.append(counts.get(key, 0))
-            exp.append(e)
-    if pool_e > 0:
-        obs.append(pool_o)
-        exp.append(pool_e)
-    assert sum(counts.get(k, 0) for k in counts if k not in expected_probs) == 0, "impossible outcome sampled"
-    if len(obs) == 1:  # one possible outcome, and no impossible one was seen
-        return 1.0
-    total = sum(exp)
-    assert abs(total - n) < 1e-4 * n, "expected probabilities do not sum to 1"
-    return float(chisquare(obs, [e * n / total for e in exp]).pvalue)  # fp32 probabilities sum to 1 +- 1e-7
-
-
 @pytest.mark.parametrize(
     "params",
     [SamplingParams(1.0), SamplingParams(0.7, top_p=0.95), SamplingParams(1.3, top_k=4)],
@@ -164,6 +129,7 @@ def exact_sequence_probs(target, prompt, params, length) -> dict[tuple, float]:
     return out
 
 
+@pytest.mark.slow  # 2 x 2000 generations: minutes of CPU
 @pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.8, top_k=5, top_p=0.9)], ids=["t1", "t0.8-k5-p0.9"])
 def test_sampling_end_to_end_is_lossless(small_vocab_target, params):
     """Through the whole loop with random trees, the joint law of the first 3 tokens is the target's."""

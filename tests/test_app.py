@@ -32,7 +32,10 @@ from dart_core import kernels
 from dart_core.cli import installed_command
 from dart_core.tools import peers
 
-from conftest import eagle3_fixture_head
+from support import committed_asset, eagle3_fixture_head
+
+# a real server with the embedded target in a subprocess: minutes on 2 cores
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 DART_HEAD = ROOT / "assets" / "dart"
@@ -67,6 +70,9 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    # the committed heads: without them METHODS would shrink to ["ar"] and the compare checks pass vacuously
+    committed_asset(DART_HEAD / "config.json")
+    committed_asset(ROOT / "assets" / "eagle3" / "config.json")
     port = free_port()
     cmd = [
         *installed_command("dart-app"),
@@ -195,6 +201,7 @@ def open_chat(pw, server, max_new: int = 2 * MAX_NEW):
     return browser, page
 
 
+@pytest.mark.browser
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed (CI's .ci/run installs it)")
 def test_browser_chat_streams_and_draws_the_tree(server, tmp_path):
     from playwright.sync_api import sync_playwright
@@ -244,6 +251,7 @@ def test_browser_chat_streams_and_draws_the_tree(server, tmp_path):
         browser.close()
 
 
+@pytest.mark.browser
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed (CI's .ci/run installs it)")
 def test_browser_stop_then_next_turn(server):
     from playwright.sync_api import sync_playwright
@@ -261,6 +269,7 @@ def test_browser_stop_then_next_turn(server):
         browser.close()
 
 
+@pytest.mark.browser
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed (CI's .ci/run installs it)")
 def test_browser_stop_reaches_a_turn_waiting_in_the_queue(server, client):
     """Stop pressed while the turn still waits behind another client's request: it never runs."""

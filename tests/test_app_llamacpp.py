@@ -22,7 +22,7 @@ from app.engine import Engine, Peer, PeerResult, Run, append_step, peer_label
 from dart_core import StageTimes, StepEvent, Summary
 from dart_core.tools import peers
 
-from conftest import fake_bin_dir
+from support import fake_bin_dir
 
 FIXTURES = Path(__file__).parent / "fixtures" / "llamacpp"
 # the fixtures' prompt (tests/fixtures/llamacpp/README.md): this message, the chat template applied
@@ -215,6 +215,7 @@ def _llamacpp_reason() -> str | None:
     return peers.unavailable("llamacpp", peers.resolve_bin_dir(None), gguf)
 
 
+@pytest.mark.peers
 def test_real_compare_turn_with_the_llamacpp_row(embedded_target):
     """End to end where `make peers` has built llama.cpp: a compare turn (AR, then llama.cpp) with the
     embedded model through the app's own handler; the final frame's summary has the llama.cpp row."""

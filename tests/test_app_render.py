@@ -112,6 +112,7 @@ def test_tree_figure_colours_by_draft_probability_when_known(tokenizer):
     assert probs[3] == pytest.approx(2.718281828 ** (-0.3 + 0.1))  # cumulative log-probs: own = exp(child - parent)
 
 
+@pytest.mark.slow
 def test_an_abandoned_stream_does_not_hold_the_engine(embedded_target):
     """A cancelled request's generator may be dropped without being closed (its thread abandoned
     mid-run); the next request must still run to the end."""
@@ -176,6 +177,7 @@ def test_stop_signals_reach_only_their_session_and_forget_finished_turns():
     assert len(stops) == 0 and stops.stopped(a3)  # an unknown (finished) turn reads as stopped
 
 
+@pytest.mark.slow
 def test_every_step_runs_on_the_compute_thread(embedded_target, monkeypatch):
     """Whichever thread consumes a stream (Gradio advances a handler from a pool of worker threads),
     each step of the loop runs on the engine's one compute thread."""

@@ -11,9 +11,13 @@ import pytest
 from dart_core.cli import bench
 from dart_core.tools import bench as bench_lib
 
-from conftest import EMBEDDED_DART_HEAD, eagle3_fixture_head
+from support import EMBEDDED_DART_HEAD, committed_asset, eagle3_fixture_head
 
-pytestmark = pytest.mark.skipif(not (EMBEDDED_DART_HEAD / "config.json").exists(), reason="the embedded DART head is missing")
+
+@pytest.fixture(scope="module", autouse=True)
+def embedded_dart_head():
+    """The bench's default DART head (committed in assets/dart): a test fails without it."""
+    return committed_asset(EMBEDDED_DART_HEAD / "config.json")
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +28,7 @@ def questions(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_bench_cli_json_and_losslessness(questions, tmp_path, capsys):
     e3 = eagle3_fixture_head(tmp_path / "e3")
     out = tmp_path / "r.json"
@@ -110,6 +115,7 @@ def test_bench_refuses_unknown_methods(questions):
         bench.main(["--methods", "ar,dart", "--dataset", str(questions), "--context-weight", "1.5"])
 
 
+@pytest.mark.slow
 def test_bench_sweeps_tree_sizes_in_one_run(questions, tmp_path):
     out = tmp_path / "sweep.json"
     assert (

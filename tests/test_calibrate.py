@@ -78,6 +78,7 @@ def test_loop_steps_after_a_prefill_are_timed_once_it_has_settled(monkeypatch):
     assert calibrate.loop_step_ms(Target(), None, [0], steps=6)[0] > 10.0
 
 
+@pytest.mark.slow
 def test_loop_steps_are_timed_in_the_loop_and_cached(embedded_bf16, tmp_path, monkeypatch):
     monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(calibrate, "ROUNDS", 1)
@@ -106,6 +107,7 @@ def records(embedded_bf16):
     return [record_greedy(embedded_bf16, p, 40) for p in PROMPTS]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["dart", "eagle3"])
 def test_capped_drafter_replays_as_the_drafter_built_at_that_size(embedded_bf16, records, method):
     big = build_drafter(method, embedded_bf16, drafter_configs(drafter_args(max_nodes=12), True)[method])
@@ -167,6 +169,7 @@ def test_each_size_is_timed_after_its_own_forwards(monkeypatch):
     assert all(n == 2 + per_round for _, n in runs)  # two to settle, then the timed ones
 
 
+@pytest.mark.slow
 def test_forward_split_times_the_layers_and_the_head_inside_the_step(embedded_bf16, tiny_llama, monkeypatch):
     """kernels --split: the layers and the LM head are timed inside real one-token forwards, the rest
     is what is left of their wall time, the bytes are the step's, and the model times nothing after."""
@@ -195,6 +198,7 @@ def test_kernels_split_without_time_is_an_error(capsys):
     assert e.value.code == 2 and "give --time" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_forward_costs_are_cached_per_machine_and_weights(embedded_target, tmp_path, monkeypatch):
     monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(calibrate, "REPEATS", 2)  # real timings, fewer of them: the cache is under test
@@ -212,6 +216,7 @@ def test_forward_costs_are_cached_per_machine_and_weights(embedded_target, tmp_p
     assert not calibrate.forward_costs(embedded_target, threads=1, rows=3).from_cache  # measured again, not trusted
 
 
+@pytest.mark.slow
 def test_unset_sizes_are_calibrated_and_set_ones_kept(embedded_bf16, tmp_path, monkeypatch):
     monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path))
     # the real calibration, cut to trees of up to 4 nodes, 2 timings a size and a short record: the wiring is under test
@@ -292,6 +297,7 @@ def test_auto_needs_an_explicit_dtype_to_write_tau():
     assert parse_args(["--dataset", "unused.jsonl"]).dtype == "auto"  # the bench's default
 
 
+@pytest.mark.slow
 def test_auto_measures_each_path_once_and_caches_the_choice(tmp_path, monkeypatch):
     from dart_core import kernels
 
@@ -339,6 +345,7 @@ def calibrate_load_target():
     return load_target
 
 
+@pytest.mark.slow
 def test_write_tau_measures_a_named_head_and_writes_beside_it(tmp_path):
     """The shipped tables' command end to end, small: a copy of the embedded EAGLE3 head, one prompt,
     two sizes. The table lands beside the named head (not in assets/) and equals the replay's τ."""

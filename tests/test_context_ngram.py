@@ -12,10 +12,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_pruner import V, assert_same_tree, check_invariants, corpus_tries, random_case
 
 import ngram_cpp
 from ngram_cpp.reference import FROM_CONTEXT, FROM_HEAD, HEAD_AND_CONTEXT, PruneParams, PyContextIndex, PyNGramModel, prune_reference
+
+from support import PRUNER_VOCAB as V
+from support import assert_same_tree, check_invariants, corpus_tries, random_case
 
 
 def test_index_lookup_by_hand():

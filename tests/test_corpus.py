@@ -29,8 +29,7 @@ from dart_core.tools.training.corpus import (
     run_batcher,
 )
 
-from conftest import build_tiny_checkpoint
-from test_training import save_word_tokenizer, sentence
+from support import build_tiny_checkpoint, save_word_tokenizer, sentence
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +148,7 @@ def corpus_cfg(prompt_files, out, **kw):
     )
 
 
+@pytest.mark.slow
 def test_corpus_resumes_exports_and_rebuilds(word_target, prompt_files, tmp_path, monkeypatch):
     import dart_core.tools.training.corpus as corpus
 
@@ -209,6 +209,7 @@ def test_corpus_resumes_exports_and_rebuilds(word_target, prompt_files, tmp_path
         list(read_corpus(tmp_path / "export"))
 
 
+@pytest.mark.slow
 def test_sigterm_keeps_the_finished_records_and_the_run_resumes(word_target, prompt_files, tmp_path, monkeypatch):
     import signal
 
@@ -236,6 +237,7 @@ def test_sigterm_keeps_the_finished_records_and_the_run_resumes(word_target, pro
     assert {r["index"]: r["ids"] for r in corpus_records(run)} == full
 
 
+@pytest.mark.slow
 def test_a_run_resumed_in_another_dtype_records_it(word_checkpoint, word_target, prompt_files, tmp_path):
     run, out = tmp_path / "run", tmp_path / "export"
     generate_corpus(word_target, corpus_cfg(prompt_files, run, max_prompts=17))
@@ -256,6 +258,7 @@ def test_a_run_resumed_in_another_dtype_records_it(word_checkpoint, word_target,
     assert sorted((r["index"], r["dtype"]) for r in corpus_records(rebuilt)) == sorted((r["index"], r["dtype"]) for r in recs)
 
 
+@pytest.mark.slow
 def test_draft_vocab_coverage_and_answer_only_training(word_target, prompt_files, tmp_path, caplog):
     run = generate_corpus(word_target, corpus_cfg(prompt_files, tmp_path / "run"))
     with pytest.raises(ValueError, match="draft vocabulary"):

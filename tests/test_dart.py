@@ -15,7 +15,7 @@ from dart_core.drafters.dart import DartDrafter, DartParams, load_dart_drafter
 from dart_core.drafters.head import load_head
 from dart_core.tools.training import dart_anchor_logits, new_head_from_target
 
-from conftest import EMBEDDED_DART_HEAD, TINY_VOCAB, build_tiny_checkpoint, tiny_target
+from support import EMBEDDED_DART_HEAD, EMBEDDED_NGRAM, TINY_VOCAB, build_tiny_checkpoint, committed_asset, on_every_build, tiny_target
 
 D = 3
 VD = 64  # draft vocabulary smaller than the target's, so d2t is exercised
@@ -257,20 +257,18 @@ def test_fitted_ranking_and_adaptive_trees_are_lossless(tiny_llama):
             assert s.output_ids == ar.output_ids
 
 
+@pytest.mark.slow
 def test_embedded_dart_head_is_lossless(embedded_target):
     """The committed embedded head + trie: greedy output equals AR's (fp32)."""
-    from pathlib import Path
-
-    assets = Path(__file__).resolve().parent.parent / "assets"
-    if not (assets / "dart" / "config.json").exists():
-        pytest.skip("no embedded DART head in assets/dart yet")
-    drafter = load_dart_drafter(assets / "dart", embedded_target, assets / "ngram" / "smollm2-3gram.ngram.xz")
+    head = committed_asset(EMBEDDED_DART_HEAD / "config.json").parent
+    drafter = load_dart_drafter(head, embedded_target, committed_asset(EMBEDDED_NGRAM))
     ids = embedded_target.encode("List three uses of a paperclip.")
     ar = complete(embedded_target, ids, ARDrafter(), GenerationParams(32))
     s = complete(embedded_target, ids, drafter, GenerationParams(32))
     assert s.output_ids == ar.output_ids
 
 
+@pytest.mark.slow
 def test_embedded_fitted_ranking_and_adaptive_size(embedded_target, tmp_path, monkeypatch):
     """The embedded head's fitted ranking (assets/dart/acceptance.json) is the registry's default, and
     with --adaptive-tree the tree size follows this machine's costs: both lossless (fp32)."""
@@ -278,8 +276,7 @@ def test_embedded_fitted_ranking_and_adaptive_size(embedded_target, tmp_path, mo
     from dart_core.drafters.registry import build_drafter
     from dart_core.tools import calibrate
 
-    if not (EMBEDDED_DART_HEAD / "acceptance.json").exists():
-        pytest.skip("no fitted ranking in assets/dart")
+    committed_asset(EMBEDDED_DART_HEAD / "acceptance.json")
     monkeypatch.setattr(calibrate, "calibration_dir", lambda: tmp_path)  # a fresh timing, not the machine's cache
     monkeypatch.setattr(calibrate, "REPEATS", 1)
     monkeypatch.setattr(calibrate, "SETTLE_S", 0.0)
@@ -317,8 +314,6 @@ def test_int8_head_beside_bf16_targets_only_without_bf16_arithmetic():
     from types import SimpleNamespace
 
     from dart_core.drafters.head import int8_beside
-
-    from test_kernels import on_every_build
 
     def choices():
         return tuple(

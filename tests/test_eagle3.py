@@ -11,17 +11,7 @@ from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3Params
 from dart_core.drafters.head import load_head
 from dart_core.tools.training import new_head_from_target
 
-from conftest import tiny_target
-
-
-def random_eagle3_head(target, seed=0, vd=64):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randperm(target.vocab_size, generator=g)[:vd].sort().values
-    head = new_head_from_target(target, ids, None, seed)
-    with torch.no_grad():
-        for p in head.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    return head.eval()
+from support import random_eagle3_head, tiny_target
 
 
 def test_eagle3_greedy_equals_ar(tiny_ckpt):

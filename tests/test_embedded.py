@@ -8,6 +8,8 @@ import torch
 from dart_core import GenerationParams, complete
 from dart_core.loading import embedded_gguf_path, ensure_embedded_model
 
+pytestmark = pytest.mark.slow  # the embedded model end to end, against transformers
+
 
 def test_embedded_model_is_found_and_cached():
     assert embedded_gguf_path().suffix == ".gguf"

@@ -316,6 +316,7 @@ def llamacpp_binary(name: str) -> Path | None:
     return None
 
 
+@pytest.mark.peers
 def test_llama_speculative_simple_drafts_with_the_export(exported):
     binary = llamacpp_binary("llama-speculative-simple")
     if binary is None:

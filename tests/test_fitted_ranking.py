@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_pruner import assert_same_tree, check_invariants, corpus_tries, random_case
 
 import ngram_cpp
 from ngram_cpp.reference import (
@@ -23,6 +22,8 @@ from ngram_cpp.reference import (
     pool_features,
     prune_reference,
 )
+
+from support import assert_same_tree, check_invariants, corpus_tries, random_case, random_eagle3_head
 
 needs_cpp = pytest.mark.skipif(not ngram_cpp.HAVE_CPP, reason="the C++ extension is not built")
 TRIES = {order: corpus_tries(order) for order in (2, 3)}
@@ -221,8 +222,6 @@ def test_eagle3_fitted_scores_never_exceed_the_parent():
 
 
 def test_eagle3_fitted_ranking_is_lossless(tiny_llama):
-    from test_eagle3 import random_eagle3_head
-
     from dart_core import ARDrafter, GenerationParams, complete
     from dart_core.drafters.eagle3 import FEATURES, Eagle3Drafter, Eagle3Params
 

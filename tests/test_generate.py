@@ -7,8 +7,7 @@ import torch
 
 from dart_core import ARDrafter, GenerationParams, SamplingParams, StepEvent, Summary, complete, generate
 
-from conftest import TINY_VOCAB, tiny_target
-from drafters import OracleDrafter, RandomTreeDrafter
+from support import TINY_VOCAB, OracleDrafter, RandomTreeDrafter, tiny_target
 
 PROMPTS = [[5, 6, 7], [11, 40, 12, 90, 4, 4, 4, 17], [60]]
 

@@ -14,10 +14,12 @@ from dart_core import kernels
 from dart_core.loading import GGUF, GGUF_INT8, GGUF_INT16, embedded_gguf_path, ensure_embedded_model
 from dart_core.model import BlockEmbedding, BlockLinear, load_gguf_transformer
 
-from test_kernels import _node_logits_equal_steps
-from test_model import random_tree
+from support import node_logits_equal_steps, random_tree
 
-pytestmark = pytest.mark.skipif(not kernels.AVAILABLE, reason="GGUF weights run on the CPU kernels, which were not built")
+pytestmark = [
+    pytest.mark.slow,  # the embedded model on its GGUF weights, each path
+    pytest.mark.skipif(not kernels.AVAILABLE, reason="GGUF weights run on the CPU kernels, which were not built"),
+]
 
 # The fp32-contract builds a full-model test can afford (the generic build is the scalar reference:
 # the layer-level tests cover it).
@@ -72,7 +74,7 @@ def test_gguf_forward_is_the_fp32_forward(gguf_target, fp32_target, path):
             cache.commit(len(prompt))
             outs.append(t.verify(tree, cache, capture=True))
         assert torch.equal(outs[0].logits, outs[1].logits) and torch.equal(outs[0].hidden, outs[1].hidden)
-        assert _node_logits_equal_steps(gguf_target, prompt, tree) == []
+        assert node_logits_equal_steps(gguf_target, prompt, tree) == []
     finally:
         kernels.use_path(previous)
 
@@ -122,7 +124,7 @@ def test_gguf_quantized_verify_equals_steps(dtype, path, request):
     try:
         prompt = t.encode("Name three rivers in Europe.")
         tree = random_tree(random.Random(5), 9, t.vocab_size)
-        assert _node_logits_equal_steps(t, prompt, tree) == []
+        assert node_logits_equal_steps(t, prompt, tree) == []
     finally:
         kernels.use_path(previous)
 
@@ -175,7 +177,7 @@ def test_int8_path_with_some_fp32_inputs(gguf_target, gguf_int8_target):
     assert torch.equal(same, kernels.linear(x, exact.feed_forward.w2.weight))
     assert not torch.equal(same, kernels.linear(x, int8.feed_forward.w2.weight))
     prompt = t.encode("Name three rivers in Europe.")
-    assert _node_logits_equal_steps(t, prompt, random_tree(random.Random(6), 7, t.vocab_size)) == []
+    assert node_logits_equal_steps(t, prompt, random_tree(random.Random(6), 7, t.vocab_size)) == []
     with pytest.raises(ValueError, match="int8-activations path"):
         load_target("default", "cpu", GGUF_INT8, float_inputs=("lm_head",))
     with pytest.raises(ValueError, match="apply to --dtype gguf-int8"):

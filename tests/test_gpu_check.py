@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.py"
 
 
+@pytest.mark.slow  # every stage at toy sizes in a subprocess
 def test_gpu_check_runs_on_the_cpu_and_reports_exactness(tmp_path):
     out = tmp_path / "out"
     cmd = [sys.executable, str(SCRIPT), "--out", str(out), "--device", "cpu", "--small", "--stages", "env,exact,sampling,big"]

@@ -14,10 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from dart_core import kernels
-from dart_core.tree import DraftTree
 
-from conftest import TINY_VOCAB, tiny_target
-from test_model import random_tree
+from support import TINY_VOCAB, build_tiny_checkpoint, node_logits_equal_steps, on_every_build, random_tree, tiny_target
 
 pytestmark = pytest.mark.skipif(not kernels.AVAILABLE, reason="dart_core's CPU kernels were not built")
 
@@ -33,19 +31,6 @@ def kpath(request):
     previous = kernels.use_path(request.param)
     yield request.param
     kernels.use_path(previous)
-
-
-def on_every_build(fn, paths=PATHS) -> dict:
-    """fn() run on each build in `paths` in turn (the build in use restored after): {path: result}."""
-    previous = kernels.PATH
-    results = {}
-    try:
-        for p in paths:
-            kernels.use_path(p)
-            results[p] = fn()
-    finally:
-        kernels.use_path(previous)
-    return results
 
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -496,8 +481,6 @@ def test_bf16_models_interleave_where_the_kernels_lack_bf16_arithmetic(tmp_path)
     are the bf16 model's up to summation order."""
     from dart_core.model import BlockLinear
 
-    from conftest import build_tiny_checkpoint
-
     path = build_tiny_checkpoint(tmp_path / "qwen2", "qwen2")  # q|k|v biases: that linear stays as it is
     tokens = torch.tensor([5, 9, 11, 40])
     logits = {}
@@ -612,24 +595,6 @@ def test_bad_kernel_inputs_are_errors():
         )
 
 
-def _node_logits_equal_steps(target, prompt, tree) -> list[int]:
-    """Nodes whose verify logits differ (bitwise) from the one-token steps along their paths."""
-    cache = target.new_cache(len(prompt) + 2 * len(tree) + 4)
-    target.prefill(prompt, cache, capture=False)
-    cache.commit(len(prompt))
-    P = cache.length
-    out = target.verify(tree, cache, capture=True)
-    bad = []
-    for node in range(len(tree)):
-        cache.rewind(P)
-        for a in tree.path_to(node):
-            step = target.verify(DraftTree.root_only(int(tree.tokens[a])), cache, capture=True)
-            cache.commit(1)
-        if not (torch.equal(step.logits[0], out.logits[node]) and torch.equal(step.hidden[0], out.hidden[node])):
-            bad.append(node)
-    return bad
-
-
 @pytest.mark.parametrize("dtype,cache_dtype", ATT_DTYPES, ids=ATT_IDS)
 def test_tree_verify_is_bit_identical_to_steps(tiny_ckpt, dtype, cache_dtype, kpath):
     """Layer-level exactness on tiny Llama / Qwen2 / Qwen3 (GQA, biases, q/k norm): every node's
@@ -643,13 +608,14 @@ def test_tree_verify_is_bit_identical_to_steps(tiny_ckpt, dtype, cache_dtype, kp
     for n in (2, 9, 17, kernels.MAX_ROWS):
         tree = random_tree(rng, n, 96)
         prompt = [rng.randrange(4, 96) for _ in range(11)]
-        assert _node_logits_equal_steps(target, prompt, tree) == [], f"{n}-node tree"
+        assert node_logits_equal_steps(target, prompt, tree) == [], f"{n}-node tree"
 
 
+@pytest.mark.slow
 def test_embedded_bf16_tree_verify_is_bit_identical(embedded_bf16):
     tree = random_tree(random.Random(2), 9, 49152)
     prompt = embedded_bf16.encode("Name three rivers in Europe.")
-    assert _node_logits_equal_steps(embedded_bf16, prompt, tree) == []
+    assert node_logits_equal_steps(embedded_bf16, prompt, tree) == []
 
 
 @pytest.fixture(scope="module")
@@ -671,6 +637,7 @@ def embedded_bf16_other_layout(embedded_bf16):
     return target
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["avx2", "avx512bf16"])
 def test_embedded_bf16x16_is_lossless_on_every_build(embedded_bf16_other_layout, path):
     """The embedded model's BF16X16 copy (what AVX2 CPUs run): verifies equal the one-token steps bit
@@ -685,7 +652,7 @@ def test_embedded_bf16x16_is_lossless_on_every_build(embedded_bf16_other_layout,
     previous = kernels.use_path(path)
     try:
         tree = random_tree(random.Random(5), 9, 49152)
-        assert _node_logits_equal_steps(target, target.encode("Name three rivers in Europe."), tree) == []
+        assert node_logits_equal_steps(target, target.encode("Name three rivers in Europe."), tree) == []
         drafter = load_dart_drafter(DEFAULT_DART_HEAD, target, DEFAULT_NGRAM)
         for prompt in EXACT_PROMPTS[:2]:
             ids = target.encode(prompt)
@@ -705,6 +672,7 @@ EXACT_PROMPTS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["dart", "eagle3"])
 def test_embedded_heads_are_bitwise_lossless_in_bf16(embedded_bf16, method):
     """The committed heads in bf16: greedy output ids equal plain decoding's on every prompt."""
@@ -757,6 +725,7 @@ def embedded_drafters(embedded_int16):
     return {m: build_drafter(m, embedded_int16, configs[m]) for m in ("dart", "eagle3")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", EXACT_FILES, ids=[p.stem for p in EXACT_FILES])
 def test_embedded_heads_match_ar_on_bench_prompts(embedded_int16, embedded_drafters, path):
     """The bench's own check as a test: first turns, 128 new tokens, greedy, the bench's default
@@ -866,6 +835,7 @@ def test_decode_rows_eager_path_agrees(tiny_ckpt):
         torch.testing.assert_close(out.logits[b], one.logits[0], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("weights", ["gguf", "gguf-int16"])  # an fp32 KV cache, and fp16 beside int16 activations
 def test_layer_stack_on_the_embedded_gguf_with_capture(weights, kpath):
     """The embedded target on its GGUF blocks (Q4_1 layers), the three captured layers included."""
@@ -883,8 +853,6 @@ def test_layer_stack_on_the_embedded_gguf_with_capture(weights, kpath):
 def test_layer_stack_follows_a_dtype_change(tmp_path):
     """`model.to()` moves every weight: the plan of raw pointers is rebuilt, not reused."""
     from dart_core.model import KVCache
-
-    from conftest import build_tiny_checkpoint
 
     target = tiny_target(build_tiny_checkpoint(tmp_path, "llama"))
     model, args = target.model, target.model.args
@@ -919,4 +887,4 @@ def test_bf16_prompt_prefill_in_fp32(tiny_ckpt):
         outs[pdt] = out.logits
     torch.testing.assert_close(outs[torch.float32], outs[None], atol=0.15, rtol=0.05)
     tree = random_tree(random.Random(3), 7, TINY_VOCAB)
-    assert _node_logits_equal_steps(target, prompt, tree) == []
+    assert node_logits_equal_steps(target, prompt, tree) == []

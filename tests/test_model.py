@@ -9,25 +9,9 @@ import torch
 
 from dart_core.tree import DraftTree
 
-from conftest import tiny_target
+from support import random_tree, tiny_target
 
 ATOL = 1e-4
-
-
-def random_tree(rng: random.Random, n: int, vocab: int) -> DraftTree:
-    """A random tree of n nodes in depth order, distinct tokens among siblings."""
-    tokens, parents = [rng.randrange(vocab)], [-1]
-    child_tokens: dict[int, set[int]] = {0: set()}
-    for i in range(1, n):
-        p = rng.randrange(i)
-        tok = rng.randrange(vocab)
-        while tok in child_tokens[p]:
-            tok = rng.randrange(vocab)
-        child_tokens[p].add(tok)
-        child_tokens[i] = set()
-        tokens.append(tok)
-        parents.append(p)
-    return DraftTree.from_parents(tokens, parents)
 
 
 def test_matches_transformers(tiny_ckpt):

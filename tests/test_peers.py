@@ -13,7 +13,7 @@ from dart_core.cli import bench
 from dart_core.tools import peers
 from dart_core.tools.methods import split_method
 
-from conftest import fake_bin_dir
+from support import fake_bin_dir
 
 FIXTURES = Path(__file__).parent / "fixtures" / "llamacpp"
 # The fixtures' prompt: the chat template applied to this message by the embedded target's tokenizer
@@ -245,6 +245,7 @@ def _require(method: str) -> None:
         pytest.skip(reason)
 
 
+@pytest.mark.peers
 def test_real_llama_completion_on_the_embedded_gguf(tokenizer, prompt):
     _require("llamacpp")
     from dart_core.loading import embedded_gguf_path
@@ -282,6 +283,7 @@ def run_bench(methods: str, questions, tmp_path) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.peers
 def test_real_bench_eagle3_row(questions, tmp_path, capsys):
     """The bench exports the default EAGLE3 head for llama.cpp and runs it beside ours."""
     _require("llamacpp")
@@ -291,6 +293,7 @@ def test_real_bench_eagle3_row(questions, tmp_path, capsys):
     assert result["env"]["llamacpp"]["draft_gguf"].endswith(".gguf")
 
 
+@pytest.mark.peers
 def test_real_bench_row_beside_ar(questions, tmp_path, capsys):
     _require("llamacpp-lookup")
     result = run_bench("ar,llamacpp,llamacpp-lookup", questions, tmp_path)

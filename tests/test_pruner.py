@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 import ngram_cpp
 from ngram_cpp.reference import PruneParams, PyNGramModel, prune_reference
 
-V = 30
+from support import PRUNER_VOCAB as V
+from support import assert_same_tree, check_invariants, corpus_tries, random_case
+
 NO_NGRAM = PruneParams(use_ngram=False)
 
 
@@ -104,35 +106,6 @@ def test_golden_ngram_reorders_depth_two():
     assert with_ng.tokens.tolist() == [5, 10, 21]
 
 
-def random_case(rng: random.Random, seed: int):
-    d, k = rng.randrange(1, 9), rng.randrange(1, 14)
-    tokens = np.array([rng.sample(range(V), k) for _ in range(d)])
-    alpha = rng.choice([0.1, 0.5, 2.0])
-    probs = np.random.default_rng(seed).dirichlet(np.full(k, alpha), size=d).astype(np.float32)
-    params = PruneParams(
-        top_k=rng.randrange(1, 15),
-        beam_width=rng.randrange(1, 9),
-        max_nodes=rng.randrange(0, 70),
-        use_ngram=rng.random() < 0.8,
-        ngram_on_first_level=rng.random() < 0.3,
-        min_score=rng.choice([float("-inf"), -0.5, -2.0, -6.0]),
-        min_nodes=rng.randrange(0, 6),
-    )
-    root = rng.randrange(V)
-    context = [rng.randrange(V) for _ in range(rng.randrange(0, 5))]
-    return tokens, probs, root, context, params, rng.choice([-1, 3, tokens[0, 0]])
-
-
-def corpus_tries(order: int):
-    """The same random corpus as a C++ trie and as the Python reference trie."""
-    rng = random.Random(order)
-    seqs = [[rng.randrange(V) for _ in range(rng.randrange(2, 40))] for _ in range(150)]
-    ref = PyNGramModel(order, V)
-    for s in seqs:
-        ref.add(s)
-    return ngram_cpp.build(seqs, V, order), ref
-
-
 @pytest.fixture(scope="module")
 def tries():
     return corpus_tries(3)
@@ -141,12 +114,6 @@ def tries():
 @pytest.fixture(scope="module")
 def tries_by_order():
     return {order: corpus_tries(order) for order in (2, 3, 4)}
-
-
-def assert_same_tree(a, b):
-    for field in ("tokens", "parents", "positions", "mask", "retrieve"):
-        np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
-    np.testing.assert_allclose(a.scores, b.scores, atol=1e-5)
 
 
 @pytest.mark.skipif(not ngram_cpp.HAVE_CPP, reason="the C++ extension is not built")
@@ -180,19 +147,6 @@ def test_python_fallback_matches_cpp(tries, tmp_path, monkeypatch):
         ngram_cpp.prune(*cases[0][:4], None, cases[0][4], int(cases[0][5])),
         prune_reference(*cases[0][:4], None, cases[0][4], int(cases[0][5])),
     )
-
-
-def check_invariants(t, params, d):
-    n = len(t.tokens)
-    assert n - 1 <= params.max_nodes
-    assert t.parents[0] == -1 and all(0 <= t.parents[i] < i for i in range(1, n))
-    assert all(t.positions[i] == t.positions[t.parents[i]] + 1 for i in range(1, n))
-    assert np.all(np.diff(t.positions) >= 0) and t.positions.max() <= d
-    for i in range(1, n):  # scores never increase along a path
-        assert t.scores[i] <= t.scores[t.parents[i]] + 1e-6
-    leaves = [i for i in range(n) if i not in set(t.parents.tolist())]
-    assert t.retrieve.shape == (len(leaves), t.positions.max() + 1)
-    assert sorted(int(r[r >= 0][-1]) for r in t.retrieve) == sorted(leaves)
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,8 @@ from dart_core.drafters import DEFAULT_NGRAM
 from dart_core.drafters.config import ConfigError, DartConfig, Eagle3Config, default_max_nodes
 from dart_core.drafters.registry import prune_params, resolve_ngram
 
+from support import committed_asset
+
 
 def parse(*argv):
     p = argparse.ArgumentParser()
@@ -134,8 +136,7 @@ def test_tree_size_and_ngram_resolution(tmp_path):
     assert configs().dart.tree_size("cpu") == default_max_nodes("cpu") and configs("--max-nodes", "3").dart.tree_size("cuda") == 3
     assert resolve_ngram(configs("--no-ngram").dart) is None
     assert resolve_ngram(configs(default_target=False).dart) is None  # another target: the embedded trie does not fit it
-    if DEFAULT_NGRAM.exists():
-        assert resolve_ngram(configs().dart) == DEFAULT_NGRAM
+    assert resolve_ngram(configs().dart) == committed_asset(DEFAULT_NGRAM)  # the embedded trie, committed in assets/ngram
     (tmp_path / "full.trie").write_bytes(b"x")
     (tmp_path / "small.trie").write_bytes(b"x")
     assert resolve_ngram(configs("--ngram-model", str(tmp_path)).dart) == tmp_path / "full.trie"

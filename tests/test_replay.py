@@ -9,6 +9,8 @@ from dart_core.drafters.config import DartConfig, DrafterConfigs
 from dart_core.tools.bench import method_drafter
 from dart_core.tools.replay import record_greedy, replay
 
+pytestmark = pytest.mark.slow  # the embedded model in bf16, records and real runs of each method
+
 PROMPTS = [
     "Write a short poem about a lighthouse keeper.",
     "Repeat after me exactly: the quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog.",

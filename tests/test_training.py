@@ -29,30 +29,9 @@ from dart_core.tools.training import (
     vocab_mapping,
 )
 
-from conftest import TINY_EOS, TINY_VOCAB, build_tiny_checkpoint
+from support import build_tiny_checkpoint, save_word_tokenizer, sentence
 
-SPECIAL = ["<pad>", "<bos>", "<a>", "</s>", "<u>", "<sys>"]  # ids 0..5; </s> is TINY_EOS
-WORDS = [f"w{i}" for i in range(len(SPECIAL), TINY_VOCAB)]
-TEMPLATE = (
-    "{% for m in messages %}"
-    "{% if m['role'] == 'user' %}<u>{% elif m['role'] == 'assistant' %}<a>{% else %}<sys>{% endif %}"
-    " {{ m['content'] }} </s> {% endfor %}{% if add_generation_prompt %}<a> {% endif %}"
-)
 D = 3
-
-
-def save_word_tokenizer(path) -> None:
-    """A word-level tokenizer over the tiny vocabulary, with a chat template, saved beside the model."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {tok: i for i, tok in enumerate(SPECIAL + WORDS)}
-    core = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<bos>", eos_token="</s>", pad_token="<pad>", unk_token="<pad>")
-    tok.chat_template = TEMPLATE
-    tok.save_pretrained(path)
-    assert vocab["</s>"] == TINY_EOS
 
 
 @pytest.fixture(scope="module")
@@ -60,16 +39,6 @@ def word_target(tmp_path_factory):
     path = build_tiny_checkpoint(tmp_path_factory.mktemp("wordq3"), "qwen3", seed=2)
     save_word_tokenizer(path)
     return load_target(path, "cpu", "float32")
-
-
-def sentence(g: torch.Generator, n: int) -> str:
-    """Words with a learnable structure: mostly a fixed successor, sometimes a random jump."""
-    i = int(torch.randint(len(WORDS), (1,), generator=g))
-    out = []
-    for _ in range(n):
-        out.append(WORDS[i])
-        i = (i * 7 + 3) % len(WORDS) if torch.rand(1, generator=g) < 0.8 else int(torch.randint(len(WORDS), (1,), generator=g))
-    return " ".join(out)
 
 
 @pytest.fixture(scope="module")
@@ -153,6 +122,7 @@ def test_loss_weights_follow_gamma(word_target):
     assert float(kl.detach()) > 0 and hits.shape == (3, D + 1)
 
 
+@pytest.mark.slow
 def test_cache_train_resume_export(word_target, data_files, tmp_path):
     cache_dir = tmp_path / "cache"
     cfg = CacheConfig(data=data_files, out_dir=str(cache_dir), max_tokens=10_000, val_records=4, draft_vocab_size=48)
@@ -207,6 +177,7 @@ def test_cache_train_resume_export(word_target, data_files, tmp_path):
     assert load_head(head_dir, dart=True, target=word_target).config.draft_length == D - 1
 
 
+@pytest.mark.slow
 def test_a_new_run_starts_from_a_saved_head(word_target, data_files, tmp_path, monkeypatch):
     """A machine that lost the run directory goes on from the committed head: its weights, step,
     training time and history; fresh optimizer moments with a new warm-up."""
@@ -269,6 +240,7 @@ def test_a_new_run_starts_from_a_saved_head(word_target, data_files, tmp_path, m
         train_dart(word_target, TrainConfig(**{**second.__dict__, "out_dir": str(tmp_path / "e")}), draft_length=D)
 
 
+@pytest.mark.slow
 def test_time_budget_stops_and_evaluates(word_target, data_files, tmp_path):
     cache_dir = tmp_path / "cache"
     build_cache(word_target, CacheConfig(data=data_files, out_dir=str(cache_dir), max_tokens=2_000, val_records=4, draft_vocab_size=32))
@@ -279,6 +251,7 @@ def test_time_budget_stops_and_evaluates(word_target, data_files, tmp_path):
     assert (tmp_path / "train" / "head" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_the_run_resumes_from_it(word_target, data_files, tmp_path, monkeypatch):
     import signal
 
@@ -312,6 +285,7 @@ def test_sigterm_saves_a_checkpoint_and_the_run_resumes_from_it(word_target, dat
     assert torch.load(tmp_path / "train" / "checkpoint.pt", weights_only=False)["step"] == 11
 
 
+@pytest.mark.slow
 def test_self_distillation(word_target, data_files, tmp_path):
     from dart_core.generate import GenerationParams, complete
 
@@ -345,6 +319,7 @@ def test_self_distillation(word_target, data_files, tmp_path):
     assert checked >= 1
 
 
+@pytest.mark.slow
 def test_cli_end_to_end(word_target, data_files, tmp_path):
     import subprocess
     import sys
@@ -419,6 +394,7 @@ def test_cli_end_to_end(word_target, data_files, tmp_path):
     assert len(json.loads((tmp_path / "e3" / "train" / "history.json").read_text())[-1]["val_hit1"]) == 3
 
 
+@pytest.mark.slow
 def test_eagle3_training_learns_and_refuses_a_dart_checkpoint(word_target, data_files, tmp_path):
     cache_dir = tmp_path / "cache"
     build_cache(word_target, CacheConfig(data=data_files, out_dir=str(cache_dir), max_tokens=10_000, val_records=4, draft_vocab_size=48))

@@ -87,10 +87,9 @@ def test_a_saved_head_is_a_point_at_its_trained_step(curve, tmp_path):
     trained.json, and leaves the run's history alone; a head without the file has no place on the curve."""
     import shutil
 
-    from conftest import EMBEDDED_EAGLE3_HEAD
+    from support import EMBEDDED_EAGLE3_HEAD, committed_asset
 
-    if not (EMBEDDED_EAGLE3_HEAD / "config.json").exists():
-        pytest.skip("the embedded EAGLE3 head is missing")
+    committed_asset(EMBEDDED_EAGLE3_HEAD / "config.json")
     head = tmp_path / "head"
     shutil.copytree(EMBEDDED_EAGLE3_HEAD, head)
     (head / "trained.json").write_text('{"run": "r", "step": 1234, "elapsed_s": 5400.0}')

@@ -5,13 +5,10 @@ CLI end to end."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from conftest import EMBEDDED_DART_HEAD
-
-ROOT = Path(__file__).resolve().parent.parent
+from support import EMBEDDED_DART_HEAD, EMBEDDED_NGRAM, committed_asset
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +42,7 @@ def test_verify_time_follows_the_cache_length(tune):
     assert tune.simulate([step], verify, max_nodes=1) == (pytest.approx(2 / 0.032), 2.0)
 
 
-@pytest.mark.skipif(not (EMBEDDED_DART_HEAD / "config.json").exists(), reason="the embedded DART head is missing")
+@pytest.mark.slow
 def test_a_smaller_tree_accepts_what_the_logged_cut_predicts(tune, embedded_target):
     """First steps of real generations: the tree of N nodes accepts exactly the prefix of the big
     tree's accepted path that lies in the big tree's best N nodes (greedy, fp32)."""
@@ -54,9 +51,9 @@ def test_a_smaller_tree_accepts_what_the_logged_cut_predicts(tune, embedded_targ
     from dart_core.drafters.dart import DartParams, load_dart_drafter
 
     big = load_dart_drafter(
-        EMBEDDED_DART_HEAD,
+        committed_asset(EMBEDDED_DART_HEAD / "config.json").parent,
         embedded_target,
-        ROOT / "assets" / "ngram" / "smollm2-3gram.ngram.xz",
+        committed_asset(EMBEDDED_NGRAM),
         DartParams(ngram_cpp.PruneParams(max_nodes=12)),
     )
     seen = 0
@@ -76,10 +73,11 @@ def test_a_smaller_tree_accepts_what_the_logged_cut_predicts(tune, embedded_targ
     assert seen > 0  # the comparison covered accepted drafts, not only empty paths
 
 
-@pytest.mark.skipif(not (EMBEDDED_DART_HEAD / "config.json").exists(), reason="the embedded DART head is missing")
+@pytest.mark.slow
 def test_cli_end_to_end(tmp_path, capsys):
     from dart_core.cli.tune import tree_main
 
+    committed_asset(EMBEDDED_DART_HEAD / "config.json")  # the command's default head
     q = tmp_path / "q.jsonl"
     q.write_text("".join(json.dumps({"question_id": i, "turns": [t]}) + "\n" for i, t in enumerate(["skip me", "Name two colours."])))
     out = tmp_path / "tune.json"

@@ -38,7 +38,7 @@ from dart_core.target import load_target
 from dart_core.tools.export_upstream import export_upstream
 from dart_core.tools.training import new_head_from_target
 
-from conftest import TINY_VOCAB, build_tiny_checkpoint, tiny_target
+from support import TINY_VOCAB, build_tiny_checkpoint, tiny_target
 
 ROOT = Path(__file__).resolve().parent.parent
 # A Qwen3-like vocabulary: <|endoftext|> (Qwen3 151643) is the lower stop id, <|im_end|> (151645) the tokenizer's EOS.
@@ -476,6 +476,7 @@ def upstream_files(tmp_path_factory, qwen3_dir, qwen3):
     return tmp, n_nodes
 
 
+@pytest.mark.slow
 def test_upstream_8b_app_command_line_starts_the_app(upstream_files):
     tmp, n_nodes = upstream_files
     argv = [("cpu" if a == "cuda" else a) for a in UPSTREAM_8B_ARGV]
@@ -491,6 +492,7 @@ def test_upstream_8b_app_command_line_starts_the_app(upstream_files):
         assert out["outputs"]["dart"] == out["outputs"]["ar"] == out["outputs"]["eagle3"]
 
 
+@pytest.mark.slow
 def test_upstream_app_without_the_trie_says_so(upstream_files, tmp_path):
     """The same command line without --ngram-model-name-or-path, where upstream's default trie is not
     in the cache and the hub is unreachable: DART runs without a trie and the header says why."""
