@@ -122,7 +122,7 @@ def kernel_build_digest() -> str | None:
 
 # The Python a decoding step runs (the loop, the target's forward around the kernels, the drafters)
 # and the n-gram extension: a change there changes what a step costs as a kernel rebuild does.
-STEP_SOURCES = ("generate.py", "tree.py", "model.py", "kernels.py", "target.py", "sampling.py", "drafters/*.py")
+STEP_SOURCES = ("generate.py", "tree.py", "model.py", "kernels/*.py", "target.py", "sampling.py", "drafters/*.py")
 
 
 def step_code_digest() -> str:

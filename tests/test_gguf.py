@@ -180,7 +180,7 @@ def test_int8_path_with_some_fp32_inputs(gguf_target, gguf_int8_target):
         load_target("default", "cpu", GGUF_INT8, float_inputs=("lm_head",))
     with pytest.raises(ValueError, match="apply to --dtype gguf-int8"):
         load_target("default", "cpu", GGUF, float_inputs=("w2",))
-    # the diagnostics' names for such paths (python -m dart_core.kernels --time, fidelity --float-inputs)
+    # the diagnostics' names for such paths (python -m dart_core.cli.kernels --time, fidelity --float-inputs)
     assert weights_spec("gguf-int8+fp32:w2+head") == (GGUF_INT8, ("w2", "head")) and weights_spec("bfloat16") == ("bfloat16", ())
     for bad in ("gguf+fp32:w2", "gguf-int8+fp32:", "gguf-int8+fp32:lm_head", "int4"):
         with pytest.raises(ValueError, match="weights path"):
