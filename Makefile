@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.setup-stamp
 # On CPU machines this resolves to a CPU wheel; a bare `torch` would pull GBs of CUDA packages.
 TORCH  ?= torch==2.13.0
-NATIVE := pyproject.toml $(wildcard setup.py) $(wildcard ngram_cpp/src/*.cpp ngram_cpp/src/*.h ngram_cpp/src/*.hpp dart_core/csrc/*.cpp)
+NATIVE := pyproject.toml $(wildcard setup.py) $(wildcard ngram_cpp/src/*.cpp ngram_cpp/src/*.h ngram_cpp/src/*.hpp dart_core/csrc/*.cpp dart_core/csrc/*.h)
 
 .PHONY: setup demo test test-fast lint bench peers clean space-check
 

@@ -288,7 +288,7 @@ class Transformer(nn.Module):
     """Decoder-only LM. `forward` never mutates the cache's committed length: see KVCache.
 
     Two paths compute the same function. Forwards of up to `kernels.MAX_ROWS` new tokens on a CPU
-    run the batch-invariant kernels (dart_core/kernels.py): a row's logits are then bit-identical
+    run the batch-invariant kernels (dart_core/kernels/): a row's logits are then bit-identical
     whatever other rows run with it, which makes a tree verify exactly as lossless as plain decoding,
     and it is the faster path at decode sizes. Longer forwards (prompt prefill), other devices, or
     `use_kernels=False` run the eager torch path (SDPA, torch GEMMs).
@@ -644,7 +644,7 @@ class BlockEmbedding(nn.Module):
 
 def interleave_bf16_linears(model: Transformer) -> int:
     """Every bias-free linear of a bf16 model's decoder layers, and its LM head, read from an
-    InterleavedBF16 copy (kernels.py) instead of the bf16 tensor, in place; returns how many. For CPUs
+    InterleavedBF16 copy (kernels/formats.py) instead of the bf16 tensor, in place; returns how many. For CPUs
     without bf16 arithmetic (target.load_target decides): there a verify of 6 rows costs ~1.1x a
     one-row step in that layout against ~1.4-1.6x as stored (docs/engine.md). A tied embedding keeps
     its tensor for lookups (one row a token) and the LM head gets the copy. Linears whose rows are not

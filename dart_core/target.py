@@ -113,7 +113,7 @@ class Target:
 
     def exact_verify(self, rows: int) -> bool:
         """Whether a verify of up to `rows` nodes computes bit for bit what one-token steps compute
-        (the batch-invariant CPU kernel path; see dart_core/kernels.py)."""
+        (the batch-invariant CPU kernel path; see dart_core/kernels/__init__.py)."""
         return self.model.kernel_path(rows, self.device)
 
     def verify(self, tree: DraftTree, cache: KVCache, capture: bool) -> ForwardOutput:

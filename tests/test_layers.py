@@ -38,7 +38,10 @@ def import_graph() -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom):
                 base = package[: len(package) - node.level + 1] if node.level else []
                 target = ".".join(base + ([node.module] if node.module else []))
-                names = [target] + [f"{target}.{a.name}" for a in node.names]
+                # `from pkg import module` imports the module (its package is already being set up);
+                # `from pkg import name` the package
+                subs = [f"{target}.{a.name}" for a in node.names]
+                names = [s for s in subs if s in mods] + ([target] if any(s not in mods for s in subs) else [])
             else:
                 continue
             for name in names:

@@ -88,7 +88,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--eager",
         action="store_true",
-        help="run the target on the eager torch path instead of the batch-invariant CPU kernels (dart_core/kernels.py)",
+        help="run the target on the eager torch path instead of the batch-invariant CPU kernels (dart_core/kernels/)",
     )
     add_device_flag(p)
     add_model_flag(p)

@@ -1,6 +1,5 @@
 """dart-kernels: the CPU kernel builds this machine has and runs, the one in use, and
-optionally the embedded target's forward cost by rows (dart-kernels runs it too, with a
-RuntimeWarning from runpy: the package imports dart_core.kernels before running it)."""
+optionally the embedded target's forward cost by rows."""
 
 from __future__ import annotations
 

@@ -197,7 +197,7 @@ class DraftHead(nn.Module):
 
 
 class KernelHead:
-    """A loaded head's inference forward on the CPU kernels (dart_core/kernels.py), for drafting.
+    """A loaded head's inference forward on the CPU kernels (dart_core/kernels/), for drafting.
 
     The eager forward runs ~60 small torch ops a step; here q|k|v and gate|up are one weight each
     (copies made once, the head itself is not modified), RoPE, the cache write and the attention are

@@ -1,0 +1,443 @@
+// ------------------------------------------------------------------------------------- int8 activations, rows interleaved
+// Q4_0 / Q4_1 weights re-laid out for int8 activations: the same bytes, the blocks of 16 consecutive
+// weight rows interleaved so that one integer lane holds one weight row ("x16"). Per group of 16 rows
+// and block b: the 16 scales (fp16, 32 bytes), Q4_1's 16 minimums (32 bytes), then 4 chunks of 64
+// bytes: chunk j holds bytes 4j..4j+3 of each row's 16 code bytes, row after row. A chunk's low
+// nibbles are elements 4j..4j+3 of the 16 rows, its high nibbles elements 16+4j..16+4j+3, so one
+// integer dot product against 4 activation bytes broadcast to every lane advances 16 rows by 4
+// elements, and 8 of them give each row's whole block sum in its own lane: per block and input row
+// 8 dot products, one conversion and 2-3 float ops for 16 outputs, against ~5 instructions per output
+// in the layout as stored (whose lanes are elements, reduced at the end). The weights stream as
+// many bytes as before. Q8_0 (the LM head) the same way with 8 chunks of its 32 signed code bytes:
+// chunk j holds elements 4j..4j+3 of the 16 rows (x16_group_q8_0 below says how signed codes meet
+// the unsigned operand of the integer dot product).
+//
+// Contract (q8x16), per output (weight row n, input row m): acc = 0; for each block b in order:
+// acc = fma(d_nb * dx_mb, float(sum_e code * q), acc); then acc = fma(o_nb, sx_mb, acc) with o = m
+// (Q4_1) or -8 d (Q4_0, its codes taken unsigned); Q8_0 (signed codes) has no offset term. No lane
+// reduction; every build the same bits.
+#include "linear.h"
+
+namespace dart {
+
+constexpr int64_t X16_PREFETCH_GROUPS = 2;  // groups ahead (6-15 KB each), into L2
+template <class F> constexpr int64_t x16_codes_at() { return std::is_same_v<F, FmtQ4_1> ? 64 : 32; }  // bytes of scales (+ minimums)
+template <class F> constexpr int x16_chunks() { return std::is_same_v<F, FmtQ8_0> ? 8 : 4; }  // 64-byte code chunks a block
+template <class F> constexpr int64_t x16_block_bytes() { return X16 * F::BYTES; }
+
+// Four code bytes at p (activation codes, or a weight row's bytes of an interleaved chunk) as one word.
+inline int32_t code_word(const void* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+}
+
+// Weight row `lane` of an interleaved group's block as its 32 codes (Q4: unsigned nibbles; Q8_0: the
+// signed bytes), scale and offset term (Q8_0 has none).
+template <class F> inline void x16_block_scalar(const uint8_t* gb, int lane, int32_t* c, float& d, float& o) {
+    d = f16_at(gb + 2 * lane);
+    o = std::is_same_v<F, FmtQ4_1> ? f16_at(gb + 32 + 2 * lane) : -8.0f * d;
+    const uint8_t* codes = gb + x16_codes_at<F>();
+    if constexpr (std::is_same_v<F, FmtQ8_0>) {
+        o = 0.0f;
+        for (int j = 0; j < 8; ++j)
+            for (int t = 0; t < 4; ++t) c[4 * j + t] = static_cast<int8_t>(codes[j * 64 + lane * 4 + t]);
+        return;
+    }
+    for (int j = 0; j < 4; ++j)
+        for (int t = 0; t < 4; ++t) {
+            const uint8_t byte = codes[j * 64 + lane * 4 + t];
+            c[4 * j + t] = byte & 15, c[16 + 4 * j + t] = byte >> 4;
+        }
+}
+
+// Elements [0, K) of weight row `lane` of a group as fp32 (the prefill's dequantization): the values
+// dequant_row gives for the same block in the layout as stored.
+template <class F> void dequant_row_x16(const uint8_t* group, int lane, int64_t K, float* out) {
+#ifdef DART_V16
+    // The same values 8 at a time (AVX2 + F16C + FMA, in both vector builds): the row's code bytes are
+    // one 32-bit word per chunk, so a block's codes are 4 (Q8_0: 8) scalar loads; then the scalar
+    // loop's exact operations (one fma, or one product after an exact integer offset) lane by lane.
+    // ~3x the scalar loop's rate; a prompt prefill dequantizes every layer's linears once.
+    for (int64_t b = 0; b < K / 32; ++b) {
+        const uint8_t* gb = group + b * x16_block_bytes<F>();
+        const uint8_t* codes = gb + x16_codes_at<F>() + 4 * lane;
+        const __m256 d = _mm256_set1_ps(f16_at(gb + 2 * lane));
+        float* o8 = out + b * 32;
+        if constexpr (std::is_same_v<F, FmtQ8_0>) {
+            alignas(32) int32_t w[8];
+            for (int j = 0; j < 8; ++j) w[j] = code_word(codes + j * 64);
+            for (int h = 0; h < 4; ++h) {
+                const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + 2 * h)));
+                _mm256_storeu_ps(o8 + 8 * h, _mm256_mul_ps(d, _mm256_cvtepi32_ps(q)));
+            }
+        } else {
+            const __m128i v = _mm_setr_epi32(code_word(codes), code_word(codes + 64), code_word(codes + 128), code_word(codes + 192));
+            const __m128i m4 = _mm_set1_epi8(0x0F);
+            const __m128i nib[2] = {_mm_and_si128(v, m4), _mm_and_si128(_mm_srli_epi16(v, 4), m4)};  // elements 0-15, 16-31
+            const __m256 off = _mm256_set1_ps(std::is_same_v<F, FmtQ4_1> ? f16_at(gb + 32 + 2 * lane) : 0.0f);
+            for (int h = 0; h < 4; ++h) {
+                __m256i q = _mm256_cvtepu8_epi32(h % 2 ? _mm_srli_si128(nib[h / 2], 8) : nib[h / 2]);
+                if constexpr (std::is_same_v<F, FmtQ4_1>) {
+                    _mm256_storeu_ps(o8 + 8 * h, _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), off));
+                } else {
+                    q = _mm256_sub_epi32(q, _mm256_set1_epi32(8));
+                    _mm256_storeu_ps(o8 + 8 * h, _mm256_mul_ps(d, _mm256_cvtepi32_ps(q)));
+                }
+            }
+        }
+    }
+#else
+    for (int64_t b = 0; b < K / 32; ++b) {
+        int32_t c[32];
+        float d, o;
+        x16_block_scalar<F>(group + b * x16_block_bytes<F>(), lane, c, d, o);
+        for (int e = 0; e < 32; ++e)
+            out[b * 32 + e] = std::is_same_v<F, FmtQ4_1>   ? std::fma(d, static_cast<float>(c[e]), o)
+                              : std::is_same_v<F, FmtQ8_0> ? d * static_cast<float>(c[e])
+                                                           : d * static_cast<float>(c[e] - 8);
+    }
+#endif
+}
+
+template <class F> float x16_dot_ref(const Q8Rows& x, int64_t m, const uint8_t* group, int lane) {
+    float acc = 0.0f;
+    const int8_t* xq = x.qrow(m);
+    for (int64_t b = 0; b < x.nb; ++b) {
+        int32_t c[32];
+        float d, o;
+        x16_block_scalar<F>(group + b * x16_block_bytes<F>(), lane, c, d, o);
+        int32_t p = 0;
+        for (int e = 0; e < 32; ++e) p += c[e] * xq[b * 32 + e];
+        if (x.digits == 2) {
+            int32_t p2 = 0;
+            for (int e = 0; e < 32; ++e) p2 += c[e] * x.qrow2(m)[b * 32 + e];
+            p = Q16_BASE * p + p2;
+        }
+        acc = std::fma(d * x.dxrow(m)[(b / 2) * 16 + (b % 2) * 8], static_cast<float>(p), acc);
+        if constexpr (!std::is_same_v<F, FmtQ8_0>) acc = std::fma(o, x.sxrow(m)[b], acc);
+    }
+    return acc;
+}
+
+#ifdef DART_V16
+// Four activation codes (one 32-bit word, code_word) to every lane, straight from memory: a broadcast
+// load, no ALU port. Copying a block's 32 codes to a local array first made GCC move them through
+// general registers (a 64-bit load, a shift and a register broadcast per word), and the broadcasts
+// competed with the dot products for the vector ports.
+#if defined(DART_V16_AVX512)
+inline __m512i bcast_word512(const int8_t* p) { return _mm512_set1_epi32(code_word(p)); }
+#else
+inline __m256i bcast_word256(const int8_t* p) { return _mm256_set1_epi32(code_word(p)); }
+#endif
+
+inline float q8_dx(const Q8Rows& x, int64_t m, int64_t b) { return x.dxrow(m)[(b / 2) * 16 + (b % 2) * 8]; }
+// q16: a block's integer sum from its two digits' sums, 255 * hi + lo (exact in int32)
+#if defined(DART_V16_AVX512)
+inline __m512i q16_join(__m512i hi, __m512i lo) { return _mm512_add_epi32(_mm512_sub_epi32(_mm512_slli_epi32(hi, 8), hi), lo); }
+#else
+inline __m256i q16_join(__m256i hi, __m256i lo) { return _mm256_add_epi32(_mm256_sub_epi32(_mm256_slli_epi32(hi, 8), hi), lo); }
+#endif
+
+#if defined(DART_V16_AVX512)
+constexpr int64_t X16_MB = 16;  // input rows per pass: 16 accumulators + 8 code registers + scales of 32
+// Q8_0 (the LM head / tied embedding): 8 chunks of signed codes. With VNNI the codes go in as c + 128
+// (unsigned, one xor a block for all rows) and 128 * (the activation block's code sum) comes off the
+// integer sum; without it, |c| against the activations with c's signs (pair sums <= 2 * 128 * 127,
+// exact in int16). Either way the exact integer sum_e c * q of the contract.
+template <int R, bool Wide>
+void x16_group_q8_0(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, const uint8_t* pf) {
+    constexpr int64_t BB = x16_block_bytes<FmtQ8_0>();
+    __m512 acc[R];
+    for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < x.nb; ++b) {
+        const uint8_t* gb = group + b * BB;
+        if (pf)
+            for (int64_t o = 0; o < BB; o += 64) prefetch_l2(pf + b * BB + o);
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb)));
+        const uint8_t* codes = gb + x16_codes_at<FmtQ8_0>();
+#ifdef __AVX512VNNI__
+        __m512i u[8];
+        for (int j = 0; j < 8; ++j) u[j] = _mm512_xor_si512(_mm512_loadu_si512(codes + j * 64), _mm512_set1_epi8(static_cast<char>(0x80)));
+#endif
+#pragma GCC unroll 16
+        for (int i = 0; i < R; ++i) {
+            const int8_t* xq = x.qrow(m0 + i) + b * 32;
+#ifdef __AVX512VNNI__
+            auto dot = [&](const int8_t* xp) {
+                __m512i p = _mm512_setzero_si512(), p1 = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int j = 0; j < 8; j += 2) {
+                    p = _mm512_dpbusd_epi32(p, u[j], bcast_word512(xp + 4 * j));
+                    p1 = _mm512_dpbusd_epi32(p1, u[j + 1], bcast_word512(xp + 4 * j + 4));
+                }
+                return _mm512_add_epi32(p, p1);
+            };
+            __m512i p = dot(xq);
+            if constexpr (Wide) p = q16_join(p, dot(x.qrow2(m0 + i) + b * 32));
+            // isum is the block's code sum (q16: of Q), so this takes off 128 * sum Q of the joined digits
+            p = _mm512_sub_epi32(p, _mm512_set1_epi32(128 * x.isrow(m0 + i)[b]));
+#else
+            auto dot = [&](const int8_t* xp) {
+                __m512i p = _mm512_setzero_si512();
+                for (int j = 0; j < 8; ++j) {
+                    const __m512i c = _mm512_loadu_si512(codes + j * 64), xb = bcast_word512(xp + 4 * j);
+                    const __m512i xs = _mm512_mask_sub_epi8(xb, _mm512_movepi8_mask(c), _mm512_setzero_si512(), xb);
+                    p = _mm512_add_epi32(p, _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(c), xs), _mm512_set1_epi16(1)));
+                }
+                return p;
+            };
+            __m512i p = dot(xq);
+            if constexpr (Wide) p = q16_join(p, dot(x.qrow2(m0 + i) + b * 32));
+#endif
+            acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(q8_dx(x, m0 + i, b))), _mm512_cvtepi32_ps(p), acc[i]);
+        }
+    }
+    for (int i = 0; i < R; ++i) _mm512_storeu_ps(res + i * X16, acc[i]);
+}
+
+// R input rows against one group of 16 weight rows; out rows out_stride apart (16 outputs each).
+template <class F, int R, bool Wide>
+void x16_group(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, const uint8_t* pf) {
+    if constexpr (std::is_same_v<F, FmtQ8_0>) return x16_group_q8_0<R, Wide>(x, m0, group, res, pf);
+    __m512 acc[R];
+    for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int64_t b = 0; b < x.nb; ++b) {
+        const uint8_t* gb = group + b * x16_block_bytes<F>();
+        if (pf)  // the same block of a group PREFETCH_BLOCKS ahead, a line at a time between the arithmetic
+            for (int64_t o = 0; o < x16_block_bytes<F>(); o += 64) prefetch_l2(pf + b * x16_block_bytes<F>() + o);
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb)));
+        const __m512 o = std::is_same_v<F, FmtQ4_1> ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + 32)))
+                                                      : _mm512_mul_ps(d, _mm512_set1_ps(-8.0f));
+        const uint8_t* codes = gb + x16_codes_at<F>();
+        __m512i lo[4], hi[4];
+        for (int j = 0; j < 4; ++j) {
+            const __m512i c = _mm512_loadu_si512(codes + j * 64);
+            lo[j] = _mm512_and_si512(c, m4);
+            hi[j] = _mm512_and_si512(_mm512_srli_epi16(c, 4), m4);
+        }
+#pragma GCC unroll 16
+        for (int i = 0; i < R; ++i) {
+            const int8_t* xq = x.qrow(m0 + i) + b * 32;
+#ifdef __AVX512VNNI__
+            // two integer accumulators (low and high nibbles): half the dependency chain, the same exact sum
+            auto dot = [&](const int8_t* xp) {
+                __m512i p = _mm512_setzero_si512(), p1 = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; ++j) {
+                    p = _mm512_dpbusd_epi32(p, lo[j], bcast_word512(xp + 4 * j));
+                    p1 = _mm512_dpbusd_epi32(p1, hi[j], bcast_word512(xp + 16 + 4 * j));
+                }
+                return _mm512_add_epi32(p, p1);
+            };
+#else
+            auto dot = [&](const int8_t* xp) {
+                const __m512i one = _mm512_set1_epi16(1);
+                __m512i p = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; ++j)
+                    p = _mm512_add_epi32(p, _mm512_madd_epi16(_mm512_add_epi16(_mm512_maddubs_epi16(lo[j], bcast_word512(xp + 4 * j)),
+                                                                                _mm512_maddubs_epi16(hi[j], bcast_word512(xp + 16 + 4 * j))), one));
+                return p;
+            };
+#endif
+            __m512i p = dot(xq);
+            if constexpr (Wide) p = q16_join(p, dot(x.qrow2(m0 + i) + b * 32));
+            acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(q8_dx(x, m0 + i, b))), _mm512_cvtepi32_ps(p), acc[i]);
+            acc[i] = _mm512_fmadd_ps(o, _mm512_set1_ps(x.sxrow(m0 + i)[b]), acc[i]);
+        }
+    }
+    for (int i = 0; i < R; ++i) _mm512_storeu_ps(res + i * X16, acc[i]);
+}
+#else  // AVX2: the group as two halves of 8 rows (the first and second 32 bytes of each 64-byte chunk)
+constexpr int64_t X16_MB = 6;  // 6 accumulators + 8 code registers + scales of 16 ymm
+// Up to this many input rows, a group runs block by block with both halves inside each block (2R
+// accumulators), so every 64-byte line is used once, as it arrives; past it, half by half (R
+// accumulators, the codes of a block-half in registers), the second half re-reading the group from
+// L1. The one-row step is memory-bound, and half by half its demand loads stopped for the whole
+// second pass: forced AVX2 on the AMD EPYC, the layers of a one-row gguf-int16 step 5.0 -> 4.3 ms
+// and the Q8_0 LM head 1.7 -> 1.3 ms (its memory limit). More rows than this spill the 2R
+// accumulators past the 16 ymm registers and run slower fused. Q8_0 keeps no codes in registers.
+template <bool Wide> constexpr int x16_fused_rows() { return Wide ? 2 : 3; }
+constexpr int X16_FUSED_ROWS_Q8_0 = 6;
+
+// One block-half (8 weight rows) of a Q8_0 group against R input rows, into acc[R]:
+// |c| against the activations with c's signs (pair sums exact in int16), a chunk at a time.
+template <int R, bool Wide>
+inline void x16_half_q8_0(const Q8Rows& x, int64_t m0, int64_t b, const uint8_t* gb, int half, __m256* acc) {
+    const __m256i one = _mm256_set1_epi16(1);
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * half)));
+    const uint8_t* codes = gb + x16_codes_at<FmtQ8_0>() + 32 * half;
+#pragma GCC unroll 6
+    for (int i = 0; i < R; ++i) {
+        const int8_t* xq = x.qrow(m0 + i) + b * 32;
+        auto dot = [&](const int8_t* xp) {
+            __m256i p = _mm256_setzero_si256();
+            for (int j = 0; j < 8; ++j) {
+                const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * 64));
+                const __m256i s = _mm256_maddubs_epi16(_mm256_sign_epi8(c, c), _mm256_sign_epi8(bcast_word256(xp + 4 * j), c));
+                p = _mm256_add_epi32(p, _mm256_madd_epi16(s, one));
+            }
+            return p;
+        };
+        __m256i p = dot(xq);
+        if constexpr (Wide) p = q16_join(p, dot(x.qrow2(m0 + i) + b * 32));
+        acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(q8_dx(x, m0 + i, b))), _mm256_cvtepi32_ps(p), acc[i]);
+    }
+}
+
+// One block-half of a Q4_0 / Q4_1 group against R input rows, into acc[R].
+template <class F, int R, bool Wide>
+inline void x16_half_q4(const Q8Rows& x, int64_t m0, int64_t b, const uint8_t* gb, int half, __m256* acc) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi16(1);
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * half)));
+    const __m256 o = std::is_same_v<F, FmtQ4_1> ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 32 + 16 * half)))
+                                                  : _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
+    const uint8_t* codes = gb + x16_codes_at<F>() + 32 * half;
+    __m256i lo[4], hi[4];
+    for (int j = 0; j < 4; ++j) {
+        const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * 64));
+        lo[j] = _mm256_and_si256(c, m4);
+        hi[j] = _mm256_and_si256(_mm256_srli_epi16(c, 4), m4);
+    }
+#pragma GCC unroll 6
+    for (int i = 0; i < R; ++i) {
+        const int8_t* xq = x.qrow(m0 + i) + b * 32;
+        // 16-bit sums of the 8 products pairs: at most 8 * 2 * 15 * 127 = 30480, no saturation
+        auto dot = [&](const int8_t* xp) {
+            __m256i s = _mm256_maddubs_epi16(lo[0], bcast_word256(xp));
+            s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[0], bcast_word256(xp + 16)));
+#pragma GCC unroll 3
+            for (int j = 1; j < 4; ++j) {
+                s = _mm256_add_epi16(s, _mm256_maddubs_epi16(lo[j], bcast_word256(xp + 4 * j)));
+                s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[j], bcast_word256(xp + 16 + 4 * j)));
+            }
+            return _mm256_madd_epi16(s, one);
+        };
+        __m256i pi = dot(xq);
+        if constexpr (Wide) pi = q16_join(pi, dot(x.qrow2(m0 + i) + b * 32));
+        const __m256 p = _mm256_cvtepi32_ps(pi);
+        acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(q8_dx(x, m0 + i, b))), p, acc[i]);
+        acc[i] = _mm256_fmadd_ps(o, _mm256_set1_ps(x.sxrow(m0 + i)[b]), acc[i]);
+    }
+}
+
+// R input rows against one group of 16 weight rows (res: R x 16). Either loop order gives each
+// output the same operations in the same order (its half's block after block).
+template <class F, int R, bool Wide>
+void x16_group(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, const uint8_t* pf) {
+    constexpr bool q8 = std::is_same_v<F, FmtQ8_0>;
+    constexpr int64_t BB = x16_block_bytes<F>();
+    auto half_rows = [&](int64_t b, int half, __m256* acc) {
+        if constexpr (q8)
+            x16_half_q8_0<R, Wide>(x, m0, b, group + b * BB, half, acc);
+        else
+            x16_half_q4<F, R, Wide>(x, m0, b, group + b * BB, half, acc);
+    };
+    auto prefetch = [&](int64_t b) {  // the same block of a group X16_PREFETCH_GROUPS ahead
+        if (pf)
+            for (int64_t o = 0; o < BB; o += 64) prefetch_l2(pf + b * BB + o);
+    };
+    if constexpr (R <= (q8 ? X16_FUSED_ROWS_Q8_0 : x16_fused_rows<Wide>())) {
+        __m256 acc[2][R];
+        for (int h = 0; h < 2; ++h)
+            for (int i = 0; i < R; ++i) acc[h][i] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < x.nb; ++b) {
+            prefetch(b);
+            half_rows(b, 0, acc[0]);
+            half_rows(b, 1, acc[1]);
+        }
+        for (int h = 0; h < 2; ++h)
+            for (int i = 0; i < R; ++i) _mm256_storeu_ps(res + i * X16 + 8 * h, acc[h][i]);
+    } else {
+        for (int half = 0; half < 2; ++half) {
+            __m256 acc[R];
+            for (int i = 0; i < R; ++i) acc[i] = _mm256_setzero_ps();
+            for (int64_t b = 0; b < x.nb; ++b) {
+                if (half == 0) prefetch(b);
+                half_rows(b, half, acc);
+            }
+            for (int i = 0; i < R; ++i) _mm256_storeu_ps(res + i * X16 + 8 * half, acc[i]);
+        }
+    }
+}
+#endif
+
+template <class F, bool Wide>
+void x16_dispatch(int64_t mb, const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, const uint8_t* pf) {
+    switch (mb) {
+#define DART_X16_CASE(r) \
+    case r:              \
+        if constexpr (r <= X16_MB) return x16_group<F, r, Wide>(x, m0, group, res, pf);
+        DART_X16_CASE(1) DART_X16_CASE(2) DART_X16_CASE(3) DART_X16_CASE(4) DART_X16_CASE(5) DART_X16_CASE(6)
+        DART_X16_CASE(7) DART_X16_CASE(8) DART_X16_CASE(9) DART_X16_CASE(10) DART_X16_CASE(11) DART_X16_CASE(12)
+        DART_X16_CASE(13) DART_X16_CASE(14) DART_X16_CASE(15) DART_X16_CASE(16)
+#undef DART_X16_CASE
+    }
+    throw std::logic_error("linear (interleaved rows): bad row block");
+}
+#endif
+
+template <class TX, class F, bool Wide>
+void linear_q8x16_impl(const TX* x, int64_t x_stride, int64_t M, int64_t K, const uint8_t* w, int64_t rb, int64_t N, const TX* bias,
+                       TX* out, int64_t out_stride) {
+    if (N % X16) throw std::invalid_argument("linear: interleaved weights hold whole groups of 16 rows, got " + std::to_string(N));
+    Q8Rows xq;
+    quantize_q8(x, x_stride, M, K, xq, Wide ? 2 : 1);
+#ifdef DART_V16
+    const int64_t groups = N / X16;
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* group = w + g * X16 * rb;
+        const uint8_t* pf = g + X16_PREFETCH_GROUPS < groups ? w + (g + X16_PREFETCH_GROUPS) * X16 * rb : nullptr;
+        float res[X16_MB * X16];
+        for (int64_t m0 = 0, r = 0; m0 < M; m0 += row_block(M, r++, X16_MB)) {
+            const int64_t mb = row_block(M, r, X16_MB);
+            x16_dispatch<F, Wide>(mb, xq, m0, group, res, m0 == 0 ? pf : nullptr);
+            store_tile(res, X16, 1, mb, X16, bias, g * X16, out + m0 * out_stride, out_stride);
+        }
+    }
+#else
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; ++n)
+        for (int64_t m = 0; m < M; ++m)
+            store_output(out + m * out_stride + n, x16_dot_ref<F>(xq, m, w + (n / X16) * X16 * rb, static_cast<int>(n % X16)), bias, n);
+#endif
+}
+
+// rows (n,) of an interleaved block weight (nullptr: rows 0..n-1) -> out (n, K) rows out_stride apart,
+// in fp32 or rounded to TO (bf16 for a prefill GEMM).
+template <class F, class TO> void dequantize_x16_impl(const uint8_t* w, int64_t rb, int64_t K, const int64_t* rows, int64_t n, TO* out, int64_t out_stride) {
+#pragma omp parallel if (n * K > 65536)
+    {
+        std::vector<float> row(static_cast<size_t>(K));
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < n; ++i) {
+            const int64_t r = rows ? rows[i] : i;
+            dequant_row_x16<F>(w + (r / X16) * X16 * rb, static_cast<int>(r % X16), K, row.data());
+            int64_t k = 0;
+#ifdef DART_V16
+            if constexpr (std::is_same_v<TO, uint16_t>)
+                for (; k + 8 <= K; k += 8) store8_bf16_rne(out + i * out_stride + k, _mm256_loadu_ps(row.data() + k));
+#endif
+            for (; k < K; ++k) out[i * out_stride + k] = from_f32<TO>(row[k]);
+        }
+    }
+}
+
+#define DART_LINEAR_X16(TX) \
+    template void linear_q8x16_impl<TX, FmtQ4_0, false>(DART_LINEAR_PARAMS(TX)); \
+    template void linear_q8x16_impl<TX, FmtQ4_1, false>(DART_LINEAR_PARAMS(TX)); \
+    template void linear_q8x16_impl<TX, FmtQ8_0, false>(DART_LINEAR_PARAMS(TX)); \
+    template void linear_q8x16_impl<TX, FmtQ4_0, true>(DART_LINEAR_PARAMS(TX)); \
+    template void linear_q8x16_impl<TX, FmtQ4_1, true>(DART_LINEAR_PARAMS(TX)); \
+    template void linear_q8x16_impl<TX, FmtQ8_0, true>(DART_LINEAR_PARAMS(TX));
+DART_FOR_EACH_DTYPE(DART_LINEAR_X16)
+#define DART_DEQUANTIZE_X16(TO) \
+    template void dequantize_x16_impl<FmtQ4_0, TO>(const uint8_t*, int64_t, int64_t, const int64_t*, int64_t, TO*, int64_t); \
+    template void dequantize_x16_impl<FmtQ4_1, TO>(const uint8_t*, int64_t, int64_t, const int64_t*, int64_t, TO*, int64_t); \
+    template void dequantize_x16_impl<FmtQ8_0, TO>(const uint8_t*, int64_t, int64_t, const int64_t*, int64_t, TO*, int64_t);
+DART_FOR_EACH_DTYPE(DART_DEQUANTIZE_X16)
+
+}  // namespace dart
