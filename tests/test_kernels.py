@@ -26,7 +26,9 @@ PATHS = kernels.runnable_paths()
 FP32_CONTRACT = [p for p in PATHS if p != "avx512bf16"]
 
 
-@pytest.fixture(params=PATHS)
+# The build in use (the best this CPU runs) in every run; the other builds in the full suite only
+# (marked slow: `make test-fast` leaves them out, `make test` runs them all).
+@pytest.fixture(params=[pytest.param(p, marks=() if i == 0 else pytest.mark.slow) for i, p in enumerate(PATHS)])
 def kpath(request):
     previous = kernels.use_path(request.param)
     yield request.param

@@ -8,7 +8,7 @@ console script (pyproject.toml [project.scripts]; `make setup` puts them in .ven
     dart-train dart|eagle3     train a draft head (dart_core/tools/training)
     dart-corpus                generate the self-distilled corpus (dart_core/tools/training/corpus.py)
     dart-ngram                 build an n-gram trie for the pruner (ngram_cpp)
-    dart-ngram-convert         convert a trie between our format and upstream's (ngram_cpp/convert.py)
+    dart-ngram-convert         convert a trie between our format and upstream's (ngram_cpp/convert_cli.py)
     dart-ngram-bench           micro-benchmark of the trie and the pruner (ngram_cpp/bench.py)
     dart-tune tree|scoring     tree size or score weights by replay (dart_core/tools/tuning.py)
     dart-fit                   fit a drafter's ranking of tree nodes by replay (dart_core/tools/fitting.py)
