@@ -322,13 +322,12 @@ def test_self_distillation(word_target, data_files, tmp_path):
 @pytest.mark.slow
 def test_cli_end_to_end(word_target, data_files, tmp_path):
     import subprocess
-    import sys
-    from pathlib import Path
 
-    script = Path(__file__).resolve().parent.parent / "scripts" / "train_dart.py"
+    from dart_core.cli import installed_command
+
     cmd = [
-        sys.executable,
-        str(script),
+        *installed_command("dart-train"),
+        "dart",
         "--model",
         str(word_target.model_dir),
         "--data",
@@ -360,10 +359,9 @@ def test_cli_end_to_end(word_target, data_files, tmp_path):
     head = load_head(tmp_path / "head", dart=True, target=word_target)
     assert head.config.draft_length == 2 and head.config.draft_vocab_size == 40
     # EAGLE3 on the same cache: the cache is reused as it is, the head is an EAGLE3 head
-    script = script.with_name("train_eagle3.py")
     cmd = [
-        sys.executable,
-        str(script),
+        *installed_command("dart-train"),
+        "eagle3",
         "--model",
         str(word_target.model_dir),
         "--data",
