@@ -53,6 +53,8 @@ from dart_core.target import Target  # noqa: E402
 from dart_core.tools.training import new_head_from_target  # noqa: E402
 from dart_core.tree import DraftTree  # noqa: E402
 
+from support import random_tree_under  # noqa: E402  (tests/ is on sys.path above)
+
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 STAGES = ("env", "exact", "sampling", "big", "embedded")
 
@@ -153,12 +155,6 @@ def random_head(target: Target, seed: int, draft_length: int | None, vd: int):
     return head.to(dtype=head_dtype(target)).eval()
 
 
-def random_tree(rng: random.Random, root: int, n: int, vocab: int) -> DraftTree:
-    from support import random_tree_under
-
-    return random_tree_under(rng, root, n, vocab)
-
-
 def verify_against_steps(target: Target, prefix: list[int], tree: DraftTree) -> dict:
     """Every node's logits from one tree verify against the one-token steps along its path."""
     cache = target.new_cache(len(prefix) + len(tree) + 1)
@@ -237,7 +233,7 @@ def stage_exact(dev: torch.device, small: bool, rep: Report) -> dict:
                 checks = []
                 for n in (4, 16, 33):
                     prefix = [rng.randrange(TINY_VOCAB) for _ in range(rng.randrange(3, 40))]
-                    checks.append(verify_against_steps(target, prefix, random_tree(rng, prefix[-1], n, TINY_VOCAB)))
+                    checks.append(verify_against_steps(target, prefix, random_tree_under(rng, prefix[-1], n, TINY_VOCAB)))
                 row["verify_nodes"] = sum(c["nodes"] for c in checks)
                 row["verify_bitwise_equal"] = sum(c["bitwise_equal"] for c in checks)
                 row["verify_argmax_equal"] = sum(c["argmax_equal"] for c in checks)
@@ -331,7 +327,7 @@ def stage_big(dev: torch.device, small: bool, rep: Report) -> dict:
         kv_bytes = 2 * a.n_layers * a.n_kv_heads * a.head_dim * P * cache.k.element_size()
         costs = {}
         for rows in rows_list:
-            tree = random_tree(rng, rng.randrange(V), rows, V)
+            tree = random_tree_under(rng, rng.randrange(V), rows, V)
             costs[rows] = round(timed_ms(lambda: target.verify(tree, cache, capture=False), dev), 3)
         entry = {"ms_by_rows": costs, "ratio_64_to_1": round(costs[64] / costs[1], 3)}
         if bw:
@@ -346,7 +342,7 @@ def stage_big(dev: torch.device, small: bool, rep: Report) -> dict:
 
     # verify == steps at this size (cuBLAS picks kernels by row count; SDPA's backend by mask)
     prefix = [rng.randrange(V) for _ in range(300)]
-    tree = random_tree(rng, prefix[-1], 24, V)
+    tree = random_tree_under(rng, prefix[-1], 24, V)
     r["verify_vs_steps"] = verify_against_steps(target, prefix, tree)
     rep.log(f"big: verify vs steps {r['verify_vs_steps']}")
     rep.save("big", r)
