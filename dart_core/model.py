@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from torch import nn
 
-from . import kernels
+from . import fixed, kernels
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -85,6 +85,12 @@ class ModelArgs:
         return layers
 
 
+# Rows of the fixed-shape forward by device type: every forward of up to this many new tokens off the
+# CPU kernels runs at exactly this many rows (dart_core/fixed.py). CUDA: the paper's 60-node trees fit;
+# a CPU (--eager) pays for each padded row in its GEMMs, so it keeps a tree's worth of the CPU's sizes.
+FIXED_ROWS = {"cuda": 64, "cpu": 16}
+
+
 class KVCache:
     """Preallocated keys/values for every layer, plus the committed length.
 
@@ -94,10 +100,14 @@ class KVCache:
     entries into place. Anything beyond `length` is scratch and is overwritten by the next forward.
     """
 
-    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype, device: torch.device | str):
+    def __init__(
+        self, n_layers: int, n_kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype, device: torch.device | str, scratch: int = 0
+    ):
         if capacity <= 0:
             raise ValueError(f"KV cache capacity must be positive, got {capacity}")
-        shape = (n_layers, 1, n_kv_heads, capacity, head_dim)  # (L, B, nkv, cap, hd)
+        # scratch: slots past the capacity that a forward may write and nobody keeps (the fixed-shape
+        # forward writes the keys of all its rows, padding included)
+        shape = (n_layers, 1, n_kv_heads, capacity + scratch, head_dim)  # (L, B, nkv, cap + scratch, hd)
         self.k = torch.empty(shape, dtype=dtype, device=device)
         self.v = torch.empty(shape, dtype=dtype, device=device)
         self.capacity = capacity
@@ -317,6 +327,13 @@ class Transformer(nn.Module):
         # one call, "head": the LM head's linear and its fp32 logits; the rest is the forward's wall minus these), for
         # `dart-kernels --split`; None (the default) times nothing.
         self.stage_seconds: dict[str, float] | None = None
+        # Rows of the fixed-shape forward (dart_core/fixed.py), the exact path of forwards the kernels do
+        # not run: None takes FIXED_ROWS for the device, 0 turns it off (the plain eager path).
+        self.fixed_rows: int | None = None
+        # CUDA: the fixed forward's attention as Triton kernels and the forward as a CUDA graph (None:
+        # wherever Triton imports; False: the torch reference, not captured)
+        self.fixed_kernels: bool | None = None
+        self._fixed_rope: fixed.RopeTable | None = None
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions[:, None].float() * self.inv_freq[None, :]  # (T, hd/2)
@@ -361,6 +378,12 @@ class Transformer(nn.Module):
                 cache.k.dtype,
             )
             return self._forward_kernels(tokens, attention, cache.k[:, 0], cache.v[:, 0], logits_at, capture, final, logits)
+        if self.fixed_path(T, tokens.device):
+            if parents is None:
+                if tree_mask is not None:
+                    raise ValueError("the fixed-shape forward takes a tree as parent links (parents), not only its mask")
+                parents = torch.arange(-1, T - 1)
+            return self._forward_fixed(tokens, positions, parents, cache, logits_at, capture, final, logits)
         x = self.tok_embeddings(tokens[None])  # (1, T, H)
         dtype = x.dtype if self.prefill_dtype is None else self.prefill_dtype
         cos, sin = self.rope(positions, dtype)
@@ -414,6 +437,78 @@ class Transformer(nn.Module):
         out_logits = self.output(normed).float() if logits else None
         hidden = torch.cat(captured, dim=-1).to(out_dtype) if capture else None
         return ForwardOutput(logits=out_logits, hidden=hidden, final=normed if final else None)
+
+    def fixed_row_count(self, device: torch.device) -> int:
+        """The fixed-shape forward's rows on this device (0: off)."""
+        if self.fixed_rows is not None:
+            return self.fixed_rows
+        return FIXED_ROWS.get(torch.device(device).type, FIXED_ROWS["cpu"])
+
+    def fixed_path(self, T: int, device: torch.device) -> bool:
+        """Whether a forward of T new tokens runs the fixed-shape forward (the exact eager path)."""
+        return 0 < T <= self.fixed_row_count(device) and not self.kernel_path(T, device)
+
+    def exact(self, T: int, device: torch.device) -> bool:
+        """Whether a forward of T new tokens computes each row from its own inputs only (a verified
+        node gets its one-token step's bits): the CPU kernels or the fixed-shape forward."""
+        return self.kernel_path(T, device) or self.fixed_path(T, device)
+
+    def _forward_fixed(self, tokens, positions, parents, cache, logits_at, capture, final, logits) -> ForwardOutput:
+        """`forward` on the fixed-shape path (dart_core/fixed.py): the T new tokens padded to the fixed
+        row count for every GEMM, attention per row over its logical key sequence; on CUDA through the
+        Triton kernels, captured once a cache as a CUDA graph and replayed."""
+        T = tokens.shape[0]
+        cache.check_room(T)
+        rows = self.fixed_row_count(tokens.device)
+        if cache.k.shape[3] < cache.length + rows:
+            raise RuntimeError(f"the fixed-shape forward writes {rows} rows: the cache needs that much scratch (Target.new_cache adds it)")
+        rope = self._fixed_rope_table(tokens.device)
+        rope.check(cache.length + T - 1)
+        runner = getattr(cache, "fixed_runner", None)
+        if runner is None or runner.model is not self or runner.rows != rows or runner.mode != self.fixed_kernels:
+            runner = cache.fixed_runner = fixed.FixedRunner(self, cache, rows, tokens.device)
+        out_logits, hidden, normed = runner(tokens, positions, parents, capture, logits)
+        out_logits = None if out_logits is None else out_logits[:T]
+        normed = normed[:T]
+        if logits_at is not None:
+            normed = normed[logits_at]
+            out_logits = None if out_logits is None else out_logits[logits_at]
+        return ForwardOutput(logits=out_logits, hidden=None if hidden is None else hidden[:T], final=normed if final else None)
+
+    def _fixed_rope_table(self, device) -> fixed.RopeTable:
+        if self._fixed_rope is None or self._fixed_rope.cos.device != torch.device(device):
+            self._fixed_rope = fixed.RopeTable(self.inv_freq, self.rope_scale, self.args.max_position_embeddings)
+        return self._fixed_rope
+
+    def fixed_body(self, inputs: fixed.FixedInputs, cache: KVCache, kernels, capture: bool, logits: bool):
+        """The fixed-shape forward of inputs (loaded by FixedInputs.fill) at its R rows: returns logits
+        (R, V) fp32 (or None), the captured residual streams (R, 3H) (or None) and the final-normed
+        states (R, H). Shapes and addresses do not depend on the forward, so this can be captured."""
+        a = self.args
+        R = inputs.rows
+        q_out, kv_out = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
+        x = self.tok_embeddings(inputs.tokens)  # (R, H); padding rows read token 0 and are dropped
+        cos, sin = self._fixed_rope.lookup(inputs.positions, x.dtype)
+        cos, sin = cos[:, None], sin[:, None]  # (R, 1, hd) against (R, heads, hd)
+        captured = []
+        for i, layer in enumerate(self.layers):
+            if capture and i in self.capture:
+                captured.append(x)
+            att = layer.attention
+            q, k, v = _linear(att.wqkv, layer.attention_norm(x)).split([q_out, kv_out, kv_out], dim=-1)
+            q, k = q.view(R, a.n_heads, a.head_dim), k.view(R, a.n_kv_heads, a.head_dim)
+            if a.qk_norm:
+                q, k = att.q_norm(q), att.k_norm(k)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            k_cache, v_cache = cache.k[i, 0], cache.v[i, 0]  # (nkv, capacity + scratch, hd)
+            k_cache.index_copy_(1, inputs.slots, k.transpose(0, 1).to(k_cache.dtype))
+            v_cache.index_copy_(1, inputs.slots, v.reshape(R, a.n_kv_heads, a.head_dim).transpose(0, 1).to(v_cache.dtype))
+            o = fixed.attend(q, k_cache, v_cache, inputs, kernels).reshape(R, q_out)
+            x = x + _linear(att.wo, o)
+            x = x + layer.feed_forward(layer.ffn_norm(x))
+        normed = self.norm(x)
+        out_logits = self.output(normed).float() if logits else None  # the LM head on all R rows too
+        return out_logits, (torch.cat(captured, dim=-1) if capture else None), normed
 
     def kernel_path(self, T: int, device: torch.device) -> bool:
         """Whether a forward of T new tokens runs the batch-invariant kernels."""

@@ -103,7 +103,8 @@ class Target:
 
     def new_cache(self, capacity: int) -> KVCache:
         a = self.model.args
-        return KVCache(a.n_layers, a.n_kv_heads, a.head_dim, capacity, self.cache_dtype, self.device)
+        scratch = 0 if self.model.kernel_path(1, self.device) else self.model.fixed_row_count(self.device)
+        return KVCache(a.n_layers, a.n_kv_heads, a.head_dim, capacity, self.cache_dtype, self.device, scratch)
 
     def prefill(self, ids: list[int], cache: KVCache, capture: bool) -> ForwardOutput:
         """Run the prompt causally after the cache's prefix. Logits (1, V) for the last token; hidden (T, 3H)."""
@@ -113,8 +114,8 @@ class Target:
 
     def exact_verify(self, rows: int) -> bool:
         """Whether a verify of up to `rows` nodes computes bit for bit what one-token steps compute
-        (the batch-invariant CPU kernel path; see dart_core/kernels/__init__.py)."""
-        return self.model.kernel_path(rows, self.device)
+        (the batch-invariant CPU kernels, dart_core/kernels/, or the fixed-shape forward, dart_core/fixed.py)."""
+        return self.model.exact(rows, self.device)
 
     def verify(self, tree: DraftTree, cache: KVCache, capture: bool) -> ForwardOutput:
         """Run every tree node in one forward. Logits (N, V); hidden (N, 3H)."""

@@ -177,6 +177,15 @@ def verify_against_steps(target: Target, prefix: list[int], tree: DraftTree) -> 
 
 # ------------------------------------------------------------------------------------------ stages
 
+PATHS = ("fixed", "fixed-torch", "eager")
+
+
+def use_path(model: Transformer, path: str, opts) -> None:
+    """fixed: the fixed-shape forward as the engine runs it (on CUDA: Triton attention, CUDA graph);
+    fixed-torch: the same with its torch reference attention, not captured; eager: plain torch."""
+    model.fixed_rows = 0 if path == "eager" else (opts.fixed_rows or None)
+    model.fixed_kernels = False if path == "fixed-torch" else None
+
 
 def stage_env(dev: torch.device, small: bool, rep: Report) -> dict:
     r = {
@@ -207,39 +216,49 @@ def tiny_checkpoints(tmp: Path) -> dict[str, Path]:
     return {arch: build_tiny_checkpoint(tmp / arch, arch, seed=1) for arch in ("llama", "qwen2", "qwen3")}
 
 
-def stage_exact(dev: torch.device, small: bool, rep: Report) -> dict:
+def stage_exact(dev: torch.device, small: bool, rep: Report, opts) -> dict:
+    """Greedy ids of dart / eagle3 against plain decoding, and verify == steps node by node, on the
+    forward paths asked for: "fixed" (dart_core/fixed.py, the default off the CPU kernels) and "eager"
+    (the plain torch path, fixed_rows = 0)."""
     from support import TINY_EOS, TINY_VOCAB
 
     results = []
     prompts = [[5, 6, 7], [60], [11, 40, 12, 90, 4, 4, 4, 17], [2, 30, 31, 32, 33, 34]]
-    new_tokens = 40
+    new_tokens = opts.exact_tokens
     with tempfile.TemporaryDirectory() as tmp:
         for arch, path in tiny_checkpoints(Path(tmp)).items():
             for dname, dtype in DTYPES.items():
                 model = load_transformer(path, dtype, dev)
+                model.use_kernels = False  # the torch paths only (a CUDA device has no other; a CPU run tests the same)
                 target = target_from_transformer(model, f"tiny-{arch}", dev, dtype, TINY_EOS)
-                row = {"arch": arch, "dtype": dname}
-                dart = DartDrafter(
-                    random_head(target, 5, 3, 64), target, None, DartParams(ngram_cpp.PruneParams(top_k=8, beam_width=4, max_nodes=12))
-                )
-                eagle = Eagle3Drafter(random_head(target, 6, None, 64), target, Eagle3Params(depth=4, top_k=4, max_nodes=15))
-                ar_out = [complete(target, p, ARDrafter(), GenerationParams(new_tokens)).output_ids for p in prompts]
-                for name, drafter in (("dart", dart), ("eagle3", eagle)):
-                    outs = [complete(target, p, drafter, GenerationParams(new_tokens)) for p in prompts]
-                    row[f"{name}_ids_equal"] = sum(o.output_ids == a for o, a in zip(outs, ar_out))
-                    row[f"{name}_tau"] = round(sum(o.new_tokens for o in outs) / sum(o.steps for o in outs), 3)
-                row["prompts"] = len(prompts)
-                rng = random.Random(7)
-                checks = []
-                for n in (4, 16, 33):
-                    prefix = [rng.randrange(TINY_VOCAB) for _ in range(rng.randrange(3, 40))]
-                    checks.append(verify_against_steps(target, prefix, random_tree_under(rng, prefix[-1], n, TINY_VOCAB)))
-                row["verify_nodes"] = sum(c["nodes"] for c in checks)
-                row["verify_bitwise_equal"] = sum(c["bitwise_equal"] for c in checks)
-                row["verify_argmax_equal"] = sum(c["argmax_equal"] for c in checks)
-                row["verify_max_abs_diff"] = max(c["max_abs_diff"] for c in checks)
-                rep.log(f"exact: {row}")
-                results.append(row)
+                for fpath in opts.paths.split(","):
+                    use_path(model, fpath, opts)
+                    row = {"arch": arch, "dtype": dname, "path": fpath, "fixed_rows": model.fixed_row_count(dev)}
+                    if new_tokens:
+                        dart = DartDrafter(
+                            random_head(target, 5, 3, 64),
+                            target,
+                            None,
+                            DartParams(ngram_cpp.PruneParams(top_k=8, beam_width=4, max_nodes=12)),
+                        )
+                        eagle = Eagle3Drafter(random_head(target, 6, None, 64), target, Eagle3Params(depth=4, top_k=4, max_nodes=15))
+                        ar_out = [complete(target, p, ARDrafter(), GenerationParams(new_tokens)).output_ids for p in prompts]
+                        for name, drafter in (("dart", dart), ("eagle3", eagle)):
+                            outs = [complete(target, p, drafter, GenerationParams(new_tokens)) for p in prompts]
+                            row[f"{name}_ids_equal"] = sum(o.output_ids == a for o, a in zip(outs, ar_out))
+                            row[f"{name}_tau"] = round(sum(o.new_tokens for o in outs) / sum(o.steps for o in outs), 3)
+                        row["prompts"] = len(prompts)
+                    rng = random.Random(7)
+                    checks = []
+                    for n in (4, 16, 33):
+                        prefix = [rng.randrange(TINY_VOCAB) for _ in range(rng.randrange(3, 40))]
+                        checks.append(verify_against_steps(target, prefix, random_tree_under(rng, prefix[-1], n, TINY_VOCAB)))
+                    row["verify_nodes"] = sum(c["nodes"] for c in checks)
+                    row["verify_bitwise_equal"] = sum(c["bitwise_equal"] for c in checks)
+                    row["verify_argmax_equal"] = sum(c["argmax_equal"] for c in checks)
+                    row["verify_max_abs_diff"] = max(c["max_abs_diff"] for c in checks)
+                    rep.log(f"exact: {row}")
+                    results.append(row)
     return {"rows": results}
 
 
@@ -292,6 +311,7 @@ def random_big_target(dev: torch.device, small: bool) -> Target:
                 p.normal_(0.0, 0.02, generator=g)
         model.output.weight.mul_(40.0)  # peaked next-token distributions, as a trained model's
     model.inv_freq = inv_freq.to(dev)
+    model.use_kernels = False  # the torch paths only, as on CUDA
     model.eval()
     return target_from_transformer(
         model, "random-qwen3-8b-shape" if not small else "random-small", dev, torch.bfloat16, 151645 % args.vocab_size
@@ -306,7 +326,7 @@ def fill_cache(target: Target, P: int, capacity: int):
     return cache
 
 
-def stage_big(dev: torch.device, small: bool, rep: Report) -> dict:
+def stage_big(dev: torch.device, small: bool, rep: Report, opts) -> dict:
     r: dict = {}
     t0 = time.perf_counter()
     target = random_big_target(dev, small)
@@ -321,31 +341,37 @@ def stage_big(dev: torch.device, small: bool, rep: Report) -> dict:
     rng = random.Random(3)
     V = a.vocab_size
     rows_list = [1, 2, 4, 8, 16, 32, 48, 64]
-    by_context = {}
-    for P in (512, 4096):
-        cache = fill_cache(target, P, P + 80)
-        kv_bytes = 2 * a.n_layers * a.n_kv_heads * a.head_dim * P * cache.k.element_size()
-        costs = {}
-        for rows in rows_list:
-            tree = random_tree_under(rng, rng.randrange(V), rows, V)
-            costs[rows] = round(timed_ms(lambda: target.verify(tree, cache, capture=False), dev), 3)
-        entry = {"ms_by_rows": costs, "ratio_64_to_1": round(costs[64] / costs[1], 3)}
-        if bw:
-            limit_ms = (r["weight_bytes_a_step"] + kv_bytes) / (bw * 1e6)
-            entry["hbm_limit_ms"] = round(limit_ms, 3)
-            entry["step_over_hbm_limit"] = round(costs[1] / limit_ms, 3)
-        by_context[P] = entry
-        rep.log(f"big: P={P} {entry}")
-        cache = None
-    r["verify"] = by_context
-    rep.save("big", r)
+    paths = opts.paths.split(",")
+    r["verify"], r["verify_vs_steps"] = {}, {}
+    for fpath in paths:
+        use_path(target.model, fpath, opts)
+        by_context = {}
+        for P in (512, 4096):
+            cache = fill_cache(target, P, P + 80)
+            kv_bytes = 2 * a.n_layers * a.n_kv_heads * a.head_dim * P * cache.k.element_size()
+            costs = {}
+            for rows in rows_list:
+                tree = random_tree_under(rng, rng.randrange(V), rows, V)
+                costs[rows] = round(timed_ms(lambda: target.verify(tree, cache, capture=False), dev), 3)
+            entry = {"ms_by_rows": costs, "ratio_64_to_1": round(costs[64] / costs[1], 3)}
+            if bw:
+                limit_ms = (r["weight_bytes_a_step"] + kv_bytes) / (bw * 1e6)
+                entry["hbm_limit_ms"] = round(limit_ms, 3)
+                entry["step_over_hbm_limit"] = round(costs[1] / limit_ms, 3)
+            by_context[P] = entry
+            rep.log(f"big ({fpath}): P={P} {entry}")
+            cache = None
+        r["verify"][fpath] = by_context
+        rep.save("big", r)
 
-    # verify == steps at this size (cuBLAS picks kernels by row count; SDPA's backend by mask)
-    prefix = [rng.randrange(V) for _ in range(300)]
-    tree = random_tree_under(rng, prefix[-1], 24, V)
-    r["verify_vs_steps"] = verify_against_steps(target, prefix, tree)
-    rep.log(f"big: verify vs steps {r['verify_vs_steps']}")
-    rep.save("big", r)
+        # verify == steps at this size: the eager path's GEMMs and SDPA change with the rows and the mask
+        prefix = [rng.randrange(V) for _ in range(300)]
+        tree = random_tree_under(rng, prefix[-1], 24, V)
+        r["verify_vs_steps"][fpath] = verify_against_steps(target, prefix, tree)
+        rep.log(f"big ({fpath}): verify vs steps {r['verify_vs_steps'][fpath]}")
+        rep.save("big", r)
+    use_path(target.model, paths[0], opts)  # the drafting and the loop below: the first path asked for
+    r["loop_path"] = paths[0]
 
     # drafting at 60 nodes: DART's one head forward + the C++ pruner, EAGLE3's 7-deep rollout
     vd = 2048 if small else 32000
@@ -472,8 +498,13 @@ def main(argv=None) -> int:
     p.add_argument("--embedded-dtypes", default="bfloat16,float32", help="embedded stage: the target's dtypes, comma-separated")
     p.add_argument("--nodes", type=int, default=60, help="embedded stage: drafted nodes a tree (DART and EAGLE3)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="embedded stage: tokens a prompt")
+    p.add_argument("--paths", default="fixed,eager", help=f"exact and big stages: the target's forward paths, from {', '.join(PATHS)}")
+    p.add_argument("--fixed-rows", type=int, default=0, help="the fixed path's rows (default: the engine's for the device)")
+    p.add_argument("--exact-tokens", type=int, default=40, help="exact stage: greedy tokens a prompt (0: the verify checks only)")
     a = p.parse_args(argv)
     stages = [s for s in a.stages.split(",") if s]
+    if set(a.paths.split(",")) - set(PATHS):
+        p.error(f"--paths: from {', '.join(PATHS)}, got {a.paths!r}")
     unknown = set(stages) - set(STAGES)
     if unknown:
         p.error(f"unknown stages {sorted(unknown)}: choose from {', '.join(STAGES)}")
@@ -487,8 +518,8 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         rep.log(f"--- {stage}")
         try:
-            if stage == "embedded":
-                result = stage_embedded(dev, a.small, rep, a)
+            if stage in ("embedded", "exact", "big"):
+                result = globals()[f"stage_{stage}"](dev, a.small, rep, a)
             else:
                 result = globals()[f"stage_{stage}"](dev, a.small, rep)
             result["seconds"] = round(time.perf_counter() - t0, 1)

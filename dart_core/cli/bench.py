@@ -58,6 +58,16 @@ from .options import (
 )
 
 
+def target_path(target) -> str:
+    """Which forward path the target's decode steps take: the CPU kernels, the fixed-shape forward
+    (with its rows), or plain eager torch."""
+    model = target.model
+    if model.kernel_path(1, target.device):
+        return "kernels"
+    rows = model.fixed_row_count(target.device)
+    return f"fixed ({rows} rows)" if rows else "eager"
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="dart-bench", description=__doc__.split("\n\n")[0])
     p.add_argument(
@@ -88,7 +98,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--eager",
         action="store_true",
-        help="run the target on the eager torch path instead of the batch-invariant CPU kernels (dart_core/kernels/)",
+        help="run the target on the torch path instead of the batch-invariant CPU kernels (dart_core/kernels/): the "
+        "fixed-shape forward (dart_core/fixed.py, exact up to its rows), plain eager torch beyond",
     )
     add_device_flag(p)
     add_model_flag(p)
@@ -146,7 +157,7 @@ def environment(args: argparse.Namespace, target: Target) -> dict:
         "top_p": args.top_p,
         "top_k": args.top_k,
         "git_commit": commit,
-        "target_path": "eager" if args.eager or not target.model.kernel_path(1, target.device) else "kernels",
+        "target_path": target_path(target),
         "cpu_kind": peers.cpu_kind(),
     }
 

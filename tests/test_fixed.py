@@ -1,0 +1,155 @@
+"""The fixed-shape forward (dart_core/fixed.py), the exact path of every forward the CPU kernels do
+not run (CUDA, --eager): its sums are fixed trees, and on tiny targets a verified node gets its
+one-token step's bits at every row count, in every dtype, where the plain eager path does not."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from dart_core import ARDrafter, GenerationParams, complete, fixed
+from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3Params
+from dart_core.tree import DraftTree
+
+from support import TINY_VOCAB, build_tiny_checkpoint, random_eagle3_head, random_tree_under, tiny_target
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def test_pairwise_sum_is_a_fixed_tree_that_zeros_extend():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 48, generator=g)
+    padded = torch.cat((x, torch.zeros(3, 16)), dim=1)  # 64
+    longer = torch.cat((padded, torch.zeros(3, 64)), dim=1)  # 128
+    assert torch.equal(fixed.pairwise_sum(padded, 1), fixed.pairwise_sum(longer, 1))
+    # by halves: ((x0 + x2) + (x1 + x3)) for four values
+    v = torch.tensor([1.0, 1e8, -1.0, -1e8])
+    assert fixed.pairwise_sum(v, 0) == (v[0] + v[2]) + (v[1] + v[3])
+    with pytest.raises(ValueError, match="power-of-two"):
+        fixed.pairwise_sum(torch.ones(3), 0)
+
+
+def test_chunked_sum_ignores_trailing_empty_chunks():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 5 * fixed.CHUNK, generator=g)
+    more = torch.cat((x, torch.zeros(2, 4 * fixed.CHUNK)), dim=1)  # 9 chunks: a tree over 16 instead of 8
+    assert torch.equal(fixed.chunked_sum(x, 1), fixed.chunked_sum(more, 1))
+    assert torch.allclose(fixed.chunked_sum(x, 1), x.double().sum(1).float(), atol=1e-4)
+
+
+def test_key_paths():
+    paths, longest = fixed.key_paths(torch.tensor([-1, 0, 0, 1, 3]))
+    assert paths == [[0], [0, 1], [0, 2], [0, 1, 3], [0, 1, 3, 4]] and longest == 4
+    with pytest.raises(ValueError, match="parent comes before"):
+        fixed.key_paths(torch.tensor([-1, 2, 0]))
+
+
+def test_attention_matches_softmax_reference():
+    g = torch.Generator().manual_seed(2)
+    nkv, G, hd, P, T = 2, 3, 16, 70, 5
+    parents = torch.tensor([-1, 0, 0, 1, 2])
+    k = torch.randn(nkv, P + T + 3, hd, generator=g)
+    v = torch.randn(nkv, P + T + 3, hd, generator=g)
+    q = torch.randn(T, nkv * G, hd, generator=g)
+    out = fixed.attention(q, k, v, fixed.TreeKeys(parents, P, torch.device("cpu")))
+    paths, _ = fixed.key_paths(parents)
+    for r, path in enumerate(paths):
+        slots = list(range(P)) + [P + n for n in path]
+        for h in range(nkv * G):
+            kv = h // G
+            w = torch.softmax(q[r, h].double() @ k[kv, slots].double().T / hd**0.5, dim=0)
+            assert torch.allclose(out[r, h].double(), w @ v[kv, slots].double(), atol=1e-5)
+
+
+def nodes_unlike_steps(target, prompt, tree) -> list[int]:
+    """Nodes whose verify logits or captured states differ (bitwise) from the one-token steps along
+    the tree's root-to-leaf paths (each node is on one; every path is stepped once)."""
+    cache = target.new_cache(len(prompt) + len(tree) + 80)
+    target.prefill(prompt, cache, capture=False)
+    cache.commit(len(prompt))
+    P = cache.length
+    out = target.verify(tree, cache, capture=True)
+    bad = set()
+    for path in tree.leaf_paths():
+        cache.rewind(P)
+        for node in path:
+            step = target.verify(DraftTree.root_only(int(tree.tokens[node])), cache, capture=True)
+            cache.commit(1)
+            if not (torch.equal(step.logits[0], out.logits[node]) and torch.equal(step.hidden[0], out.hidden[node])):
+                bad.add(node)
+    return sorted(bad)
+
+
+@pytest.fixture(scope="module")
+def tiny_paths(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fixed")
+    return {arch: build_tiny_checkpoint(root / arch, arch, seed=1) for arch in ("llama", "qwen2", "qwen3")}
+
+
+def torch_target(path, dtype, rows):
+    target = tiny_target(path, dtype)
+    target.model.use_kernels = False
+    target.model.fixed_rows = rows
+    return target
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("rows", [16, 64])
+def test_verify_equals_steps_at_every_bucket(tiny_paths, arch, dtype, rows):
+    target = torch_target(tiny_paths[arch], dtype, rows)
+    rng = random.Random(3)
+    for n in (1, 5, rows):  # a step, a small tree, the bucket full
+        prefix = [rng.randrange(TINY_VOCAB) for _ in range(rng.randrange(3, 90))]
+        tree = random_tree_under(rng, prefix[-1], n, TINY_VOCAB)
+        assert target.exact_verify(len(tree))
+        assert nodes_unlike_steps(target, prefix, tree) == [], (arch, dtype, rows, n)
+
+
+def test_the_plain_eager_path_is_not_exact(tiny_paths):
+    """The same check with the fixed rows off (the plain torch path): it fails in fp32, which is what
+    gives the test above its teeth."""
+    target = torch_target(tiny_paths["llama"], torch.float32, 0)
+    rng = random.Random(3)
+    prefix = [rng.randrange(TINY_VOCAB) for _ in range(40)]
+    tree = random_tree_under(rng, prefix[-1], 16, TINY_VOCAB)
+    assert not target.exact_verify(len(tree))
+    assert nodes_unlike_steps(target, prefix, tree) != []
+
+
+def test_trees_beyond_the_rows_take_the_eager_path_and_say_so(tiny_paths):
+    target = torch_target(tiny_paths["qwen2"], torch.float32, 16)
+    assert target.exact_verify(16) and not target.exact_verify(17)
+    rng = random.Random(5)
+    prefix = [rng.randrange(TINY_VOCAB) for _ in range(20)]
+    tree = random_tree_under(rng, prefix[-1], 24, TINY_VOCAB)
+    cache = target.new_cache(64)
+    target.prefill(prefix, cache, capture=False)
+    cache.commit(len(prefix))
+    assert target.verify(tree, cache, capture=False).logits.shape == (24, TINY_VOCAB)
+
+
+def test_fixed_forward_refuses_a_mask_without_parents(tiny_paths):
+    target = torch_target(tiny_paths["llama"], torch.float32, 16)
+    cache = target.new_cache(16)
+    mask = torch.ones(2, 2, dtype=torch.bool).tril()
+    with pytest.raises(ValueError, match="parent links"):
+        target.model(torch.tensor([4, 5]), torch.tensor([0, 1]), cache, mask)
+
+
+def test_positions_beyond_the_table_are_an_error():
+    table = fixed.RopeTable(torch.ones(4), 1.0, 10)
+    with pytest.raises(ValueError, match="beyond the model's 10 positions"):
+        table.check(10)
+    table.check(9)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def test_greedy_eagle3_equals_plain_decoding_on_the_torch_path(tiny_paths, dtype):
+    target = torch_target(tiny_paths["qwen3"], dtype, 16)
+    drafter = Eagle3Drafter(random_eagle3_head(target, seed=4), target, Eagle3Params(depth=4, top_k=4, max_nodes=15))
+    for prompt in ([5, 6, 7], [11, 40, 12, 90, 4, 4, 4, 17]):
+        ar = complete(target, prompt, ARDrafter(), GenerationParams(24)).output_ids
+        assert complete(target, prompt, drafter, GenerationParams(24)).output_ids == ar
