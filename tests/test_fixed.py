@@ -95,9 +95,11 @@ def torch_target(path, dtype, rows):
     return target
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
-@pytest.mark.parametrize("rows", [16, 64])
+BUCKETS = [(arch, dtype, 16) for arch in ("llama", "qwen2", "qwen3") for dtype in DTYPES]
+BUCKETS += [pytest.param(arch, dtype, 64, marks=pytest.mark.slow) for arch in ("llama", "qwen3") for dtype in DTYPES]
+
+
+@pytest.mark.parametrize(("arch", "dtype", "rows"), BUCKETS, ids=lambda v: str(v).removeprefix("torch."))
 def test_verify_equals_steps_at_every_bucket(tiny_paths, arch, dtype, rows):
     target = torch_target(tiny_paths[arch], dtype, rows)
     rng = random.Random(3)
@@ -146,7 +148,9 @@ def test_positions_beyond_the_table_are_an_error():
     table.check(9)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.slow), pytest.param(torch.float16, marks=pytest.mark.slow)]
+)
 def test_greedy_eagle3_equals_plain_decoding_on_the_torch_path(tiny_paths, dtype):
     target = torch_target(tiny_paths["qwen3"], dtype, 16)
     drafter = Eagle3Drafter(random_eagle3_head(target, seed=4), target, Eagle3Params(depth=4, top_k=4, max_nodes=15))
