@@ -14,6 +14,9 @@ soon as it ends, so a run cut short keeps what it measured:
             the verify's cost by rows at 512 and 4096 cached tokens, verify == steps at that size,
             DART draft + prune against EAGLE3's rollout at 60 nodes, the loop's stage costs a step,
             and the host-device synchronizations a step makes
+  profile   where the fixed-shape forward's time goes at the 8B shape: the graph replay alone against
+            a whole verify (inputs loaded, outputs copied), and the GPU time by kernel of one
+            uncaptured forward (torch.profiler) at 1 and 64 rows, 512 and 4096 cached tokens
   embedded  the embedded model (needs its converted checkpoint or GGUF on the machine; see --model):
             ids, tau and tokens/s of ar, dart and eagle3
 
@@ -56,7 +59,7 @@ from dart_core.tree import DraftTree  # noqa: E402
 from support import random_tree_under  # noqa: E402  (tests/ is on sys.path above)
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-STAGES = ("env", "exact", "sampling", "big", "embedded")
+STAGES = ("env", "exact", "sampling", "big", "profile", "embedded")
 
 # Qwen3-8B's config.json (the fields our loader reads)
 QWEN3_8B = dict(
@@ -436,6 +439,47 @@ def stage_big(dev: torch.device, small: bool, rep: Report, opts) -> dict:
     return r
 
 
+def stage_profile(dev: torch.device, small: bool, rep: Report, opts) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    target = random_big_target(dev, small)
+    model = target.model
+    use_path(model, "fixed", opts)
+    rng = random.Random(5)
+    V = model.args.vocab_size
+    r: dict = {}
+    for P in (512, 4096):
+        for rows in (1, 64):
+            cache = fill_cache(target, P, P + 80)
+            tree = random_tree_under(rng, rng.randrange(V), rows, V)
+            entry = {"verify_ms": round(timed_ms(lambda: target.verify(tree, cache, capture=False), dev), 3)}
+            runner = getattr(cache, "fixed_runner", None)
+            if runner is not None and runner.graph is not None:
+                entry["replay_ms"] = round(timed_ms(runner.graph.replay, dev), 3)
+            if runner is not None:  # one forward uncaptured, kernel by kernel
+
+                def body():
+                    with torch.inference_mode():
+                        model.fixed_body(runner.inputs, cache, runner.kernels, False, True)
+
+                body()
+                sync(dev)
+                activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+                with profile(activities=activities) as prof:
+                    body()
+                    sync(dev)
+                key = "self_device_time_total" if dev.type == "cuda" else "self_cpu_time_total"
+                events = sorted(prof.key_averages(), key=lambda e: -getattr(e, key, 0))
+                total = sum(getattr(e, key, 0) for e in events)
+                entry["kernel_ms_total"] = round(total / 1e3, 3)
+                entry["top"] = [{"name": e.key[:90], "calls": e.count, "ms": round(getattr(e, key, 0) / 1e3, 3)} for e in events[:12]]
+            r[f"P{P}_rows{rows}"] = entry
+            rep.log(f"profile: P={P} rows={rows} { ({k: v for k, v in entry.items() if k != 'top'}) }")
+            rep.save("profile", r)
+            cache = None
+    return r
+
+
 def stage_embedded(dev: torch.device, small: bool, rep: Report, opts) -> dict:
     from dart_core import load_target
     from dart_core.drafters.config import DartConfig, Eagle3Config
@@ -518,7 +562,7 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         rep.log(f"--- {stage}")
         try:
-            if stage in ("embedded", "exact", "big"):
+            if stage in ("embedded", "exact", "big", "profile"):
                 result = globals()[f"stage_{stage}"](dev, a.small, rep, a)
             else:
                 result = globals()[f"stage_{stage}"](dev, a.small, rep)
