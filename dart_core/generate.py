@@ -149,7 +149,8 @@ class _Clock:
     """Wall-clock timer that waits for queued GPU work, so stage times are real."""
 
     def __init__(self, device: torch.device):
-        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        # the target's own device (cuda:N), not whichever is current
+        self.sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
 
     def __call__(self) -> float:
         self.sync()

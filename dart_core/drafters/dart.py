@@ -261,7 +261,6 @@ class _DartSession:
         return logits
 
     def propose(self, root: int, max_nodes: int) -> Proposal:
-        sync = torch.cuda.synchronize if self.d.target.device.type == "cuda" else (lambda: None)
         t0 = time.perf_counter()
         p = self.d.params.prune
         # a tree of `max_nodes` nodes is at most that deep: deeper rows could not change it
@@ -270,12 +269,13 @@ class _DartSession:
         vals, idx = logits.topk(min(p.top_k, logits.shape[-1]), dim=-1)
         probs = vals.softmax(-1)  # renormalised within the top-k, as upstream
         tokens = self.d.head.to_target_ids(idx)
-        sync()
+        if tokens.device.type == "cuda":  # both copies queued, then one wait for the device (the draft's time ends there)
+            tokens, probs = tokens.to("cpu", non_blocking=True), probs.to("cpu", non_blocking=True)
+            torch.cuda.current_stream(self.d.target.device).synchronize()
+        tokens, probs = tokens.numpy(), probs.numpy()
         t1 = time.perf_counter()
         params = replace(p, max_nodes=max_nodes)
-        pruned = ngram_cpp.prune(
-            tokens.cpu().numpy(), probs.cpu().numpy(), root, self.committed, self.d.ngram, params, self.d.eos_id, self.index
-        )
+        pruned = ngram_cpp.prune(tokens, probs, root, self.committed, self.d.ngram, params, self.d.eos_id, self.index)
         tree = DraftTree.from_parents(pruned.tokens, pruned.parents, pruned.scores)
         t2 = time.perf_counter()
         # sources: per tree node, 0 the head's candidate, 1 one the context also proposed, 2 the context's alone

@@ -225,7 +225,9 @@ class _Eagle3Session:
                 prior = qkv if prior is None else torch.cat((prior, qkv))
             else:
                 u, residual = head.inputs(None, frontier_h, emb)
-                anc = torch.zeros(n, len(fed) + n, dtype=torch.bool, device=dev)
+                # the ancestor mask built on the host and copied once (element by element on a GPU it
+                # cost a launch and a synchronization each)
+                anc = torch.zeros(n, len(fed) + n, dtype=torch.bool)
                 where = {node: j for j, node in enumerate(fed)}
                 for r, node in enumerate(frontier):
                     a = pool.parents[node]
@@ -233,7 +235,7 @@ class _Eagle3Session:
                         anc[r, where[a]] = True
                         a = pool.parents[a]
                     anc[r, len(fed) + r] = True
-                mask = torch.cat((torch.ones(n, committed, dtype=torch.bool, device=dev), anc), dim=1)
+                mask = torch.cat((torch.ones(n, committed, dtype=torch.bool, device=dev), anc.to(dev)), dim=1)
                 positions = torch.full((n,), committed + level, device=dev)
                 out = self._forward(u, residual, positions, mask)
                 self.cache.commit(n)  # scratch: rewound below

@@ -165,7 +165,9 @@ class DraftHead(nn.Module):
 
     def rope(self, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin (T, hd) for rope positions (T,)."""
-        freqs = positions[:, None].float() * self.inv_freq.to(positions.device)[None, :]
+        if self.inv_freq.device != positions.device:  # one copy per device, not one per call
+            self.inv_freq = self.inv_freq.to(positions.device)
+        freqs = positions[:, None].float() * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 

@@ -208,6 +208,8 @@ def measure_forwards(target: Target, rows: range | list[int], repeats: int | Non
     rows, repeats = list(rows), repeats or REPEATS
     per_round = max(1, -(-repeats // ROUNDS))
     times: dict[int, list[float]] = {k: [] for k in rows}
+    device = target.device
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     with torch.inference_mode():
         cache = _prefilled_cache(target, prefix, max(rows))
         inputs = {k: (torch.arange(k, device=target.device) + 500, torch.arange(k, device=target.device) + cache.length) for k in rows}
@@ -218,8 +220,10 @@ def measure_forwards(target: Target, rows: range | list[int], repeats: int | Non
                     target.model(*inputs[k], cache)  # writes the rows' keys past the committed length: never committed
                     settled += 1
                 for _ in range(per_round):
+                    sync()
                     t0 = time.perf_counter()
                     target.model(*inputs[k], cache)
+                    sync()  # a GPU forward is timed when its work is done, not when it is queued
                     times[k].append(time.perf_counter() - t0)
     return {k: statistics.median(v) * 1e3 for k, v in times.items()}
 
