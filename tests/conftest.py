@@ -3,13 +3,23 @@ The helpers the test modules share are in support.py; this file holds fixtures o
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
-import pytest
+# OpenMP threads (torch's and the C++ kernels', one libgomp pool) wait for each other at every
+# parallel region; with the default policy they spin, and on a machine whose cores something else
+# also uses (a shared CI runner, a second job) a 2-thread forward then stalls at its barriers (docs/
+# peers.md, "Threads on a busy machine": tiny ops of ~10 us took 5-20 ms here with another job running).
+# Passive waiting changes timings only, never a result. Set before torch is imported (libgomp reads it
+# when it loads); the subprocesses the tests start inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from dart_core.target import Target
+from pathlib import Path  # noqa: E402
 
-from support import build_tiny_checkpoint, tiny_target
+import pytest  # noqa: E402
+
+from dart_core.target import Target  # noqa: E402
+
+from support import build_tiny_checkpoint, tiny_target  # noqa: E402
 
 
 @pytest.fixture(scope="session", params=["llama", "qwen2", "qwen3"])
