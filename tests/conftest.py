@@ -16,10 +16,21 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from dart_core.target import Target  # noqa: E402
 
 from support import build_tiny_checkpoint, tiny_target  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """A command line run in process with --threads N calls torch.set_num_threads(N) for the whole
+    process; every test starts with the session's thread count, whatever the one before it ran."""
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session", params=["llama", "qwen2", "qwen3"])
