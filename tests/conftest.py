@@ -45,14 +45,40 @@ def tiny_llama(tmp_path_factory) -> Target:
 
 
 @pytest.fixture(scope="session")
-def embedded_target() -> Target:
-    from dart_core import load_target
+def embedded_on():
+    """embedded_on(weights): load_target("default", "cpu", weights), loaded once per session and
+    shared by the modules that read it (a GGUF path costs a parse of the file's metadata, seconds
+    each). A load reads one thing of the kernel build in use: whether it multiplies bf16 in hardware
+    (a bf16 model's linears are interleaved without it, a quantized GGUF path's prefill GEMMs are
+    bf16 with it), so that is part of the key: a test that switches builds and then loads gets the
+    model as a load on that build gives it. Loads read the session's cache (the embedded model's
+    conversion), also from a test that points DART_CACHE_DIR elsewhere. Tests must leave the targets
+    as they found them."""
+    from dart_core import kernels, load_target
+    from dart_core.loading import CACHE_ENV
 
-    return load_target("default", "cpu", "float32")
+    session_cache = os.environ.get(CACHE_ENV)
+    loaded: dict[tuple, Target] = {}
+
+    def get(weights: str) -> Target:
+        key = (weights, kernels.bf16_arithmetic())
+        if key not in loaded:
+            with pytest.MonkeyPatch.context() as mp:
+                if session_cache is None:
+                    mp.delenv(CACHE_ENV, raising=False)
+                else:
+                    mp.setenv(CACHE_ENV, session_cache)
+                loaded[key] = load_target("default", "cpu", weights)
+        return loaded[key]
+
+    return get
 
 
 @pytest.fixture(scope="session")
-def embedded_bf16() -> Target:
-    from dart_core import load_target
+def embedded_target(embedded_on) -> Target:
+    return embedded_on("float32")
 
-    return load_target("default", "cpu", "bfloat16")
+
+@pytest.fixture(scope="session")
+def embedded_bf16(embedded_on) -> Target:
+    return embedded_on("bfloat16")

@@ -346,7 +346,7 @@ def calibrate_load_target():
 
 
 @pytest.mark.slow
-def test_write_tau_measures_a_named_head_and_writes_beside_it(tmp_path):
+def test_write_tau_measures_a_named_head_and_writes_beside_it(tmp_path, embedded_on):
     """The shipped tables' command end to end, small: a copy of the embedded EAGLE3 head, one prompt,
     two sizes. The table lands beside the named head (not in assets/) and equals the replay's τ."""
     import shutil
@@ -367,9 +367,7 @@ def test_write_tau_measures_a_named_head_and_writes_beside_it(tmp_path):
     table = json.loads((head / calibrate.TAU_FILE).read_text())
     assert (DEFAULT_EAGLE3_HEAD / calibrate.TAU_FILE).read_text() == shipped
     assert table["method"] == "eagle3" and set(table["tau"]) == {"1", "3"} and "--eagle3-model" in table["command"]
-    from dart_core.target import load_target
-
-    target = load_target("default", "cpu", "gguf")
+    target = embedded_on("gguf")
     record = record_greedy(target, [{"role": "user", "content": PROMPTS[0]}], 12)
     drafter = build_drafter("eagle3", target, Eagle3Config(head=str(head), max_nodes=3))
     assert table["tau"]["3"] == round(calibrate.tau_by_size(drafter, [record], [3])[3], 4) and table["tau"]["1"] >= 1.0

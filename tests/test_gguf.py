@@ -27,17 +27,13 @@ FAST_PATHS = [p for p in kernels.runnable_paths() if p != "generic"]
 
 
 @pytest.fixture(scope="module")
-def gguf_target():
-    from dart_core import load_target
-
-    return load_target("default", "cpu", GGUF)
+def gguf_target(embedded_on):
+    return embedded_on(GGUF)
 
 
 @pytest.fixture(scope="module")
-def fp32_target():
-    from dart_core import load_target
-
-    return load_target("default", "cpu", "float32")
+def fp32_target(embedded_on):
+    return embedded_on("float32")
 
 
 def test_blocks_are_the_fp32_copy(gguf_target, fp32_target):
@@ -98,17 +94,13 @@ def test_gguf_generation_is_lossless(gguf_target):
 
 
 @pytest.fixture(scope="module")
-def gguf_int8_target():
-    from dart_core import load_target
-
-    return load_target("default", "cpu", GGUF_INT8)
+def gguf_int8_target(embedded_on):
+    return embedded_on(GGUF_INT8)
 
 
 @pytest.fixture(scope="module")
-def gguf_int16_target():
-    from dart_core import load_target
-
-    return load_target("default", "cpu", GGUF_INT16)
+def gguf_int16_target(embedded_on):
+    return embedded_on(GGUF_INT16)
 
 
 QUANTIZED = {GGUF_INT8: "gguf_int8_target", GGUF_INT16: "gguf_int16_target"}

@@ -621,18 +621,16 @@ def test_embedded_bf16_tree_verify_is_bit_identical(embedded_bf16):
 
 
 @pytest.fixture(scope="module")
-def embedded_bf16_other_layout(embedded_bf16):
+def embedded_bf16_other_layout(embedded_bf16, embedded_on):
     """The embedded model in bf16 loaded on the avx2 build, as an AVX2 CPU loads it (BF16X16 linears),
     for machines whose best build multiplies bf16 in hardware: their embedded_bf16 reads the weights
     as stored, and this one tests the AVX2 machines' model there. Elsewhere embedded_bf16 already is
     this model (skipped)."""
-    from dart_core import load_target
-
     if not kernels.bf16_arithmetic() or "avx2" not in PATHS:
         pytest.skip("the embedded bf16 fixture already reads BF16X16 here (no bf16 arithmetic)")
     previous = kernels.use_path("avx2")
     try:
-        target = load_target("default", "cpu", "bfloat16")
+        target = embedded_on("bfloat16")
     finally:
         kernels.use_path(previous)
     assert kernels.BF16X16 in target.weights
@@ -705,15 +703,14 @@ EXACT_NEW_TOKENS = 128
 
 
 @pytest.fixture(scope="module")
-def embedded_int16():
+def embedded_int16(embedded_on):
     """The embedded model on the weights path `--dtype auto` has chosen on both CPU kinds measured
     (gguf-int16). Fixed rather than calibrated, so the test does not depend on the machine's timings;
     the bf16 path keeps its own end-to-end test above. On an AVX2-only CPU its one-row step costs half
     of bf16's, which took this check (60 prompts x 3 methods x 128 tokens) from 545 to 361 s there."""
-    from dart_core import load_target
     from dart_core.loading import GGUF_INT16
 
-    return load_target("default", "cpu", GGUF_INT16)
+    return embedded_on(GGUF_INT16)
 
 
 @pytest.fixture(scope="module")
@@ -839,11 +836,10 @@ def test_decode_rows_eager_path_agrees(tiny_ckpt):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("weights", ["gguf", "gguf-int16"])  # an fp32 KV cache, and fp16 beside int16 activations
-def test_layer_stack_on_the_embedded_gguf_with_capture(weights, kpath):
-    """The embedded target on its GGUF blocks (Q4_1 layers), the three captured layers included."""
-    from dart_core import load_target
-
-    target = load_target("default", "cpu", weights)
+def test_layer_stack_on_the_embedded_gguf_with_capture(weights, kpath, embedded_on):
+    """The embedded target on its GGUF blocks (Q4_1 layers), the three captured layers included (loaded
+    as on this build: embedded_on)."""
+    target = embedded_on(weights)
     assert target.model.capture, "the embedded target captures three layers"
     rng = random.Random(5)
     tree, prompt = random_tree(rng, 9, 49152), [rng.randrange(49152) for _ in range(40)]
