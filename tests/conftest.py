@@ -82,3 +82,24 @@ def embedded_target(embedded_on) -> Target:
 @pytest.fixture(scope="session")
 def embedded_bf16(embedded_on) -> Target:
     return embedded_on("bfloat16")
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch) -> Path:
+    """DART_CACHE_DIR pointed at an empty directory for this test (calibration files, exports), with
+    what `make setup` and the first trie load put in any cache linked in: the embedded model's
+    safetensors conversion and the decompressed trie. Without them every such test converted the
+    GGUF again (~30 s) and decompressed the trie again."""
+    import ngram_cpp
+    from dart_core.drafters import DEFAULT_NGRAM
+    from dart_core.loading import ensure_embedded_model
+
+    model = ensure_embedded_model()  # in the cache in use before this test
+    trie = ngram_cpp.decompressed(DEFAULT_NGRAM)
+    cache = tmp_path / "dart-cache"
+    cache.mkdir()
+    (cache / model.name).symlink_to(model, target_is_directory=True)
+    (cache / "ngram" / trie.parent.name).mkdir(parents=True)
+    (cache / "ngram" / trie.parent.name / trie.name).symlink_to(trie)
+    monkeypatch.setenv("DART_CACHE_DIR", str(cache))
+    return cache

@@ -79,8 +79,7 @@ def test_loop_steps_after_a_prefill_are_timed_once_it_has_settled(monkeypatch):
 
 
 @pytest.mark.slow
-def test_loop_steps_are_timed_in_the_loop_and_cached(embedded_bf16, tmp_path, monkeypatch):
-    monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path))
+def test_loop_steps_are_timed_in_the_loop_and_cached(embedded_bf16, fresh_cache, monkeypatch):
     monkeypatch.setattr(calibrate, "ROUNDS", 1)
     monkeypatch.setattr(calibrate, "LOOP_WARMUP", 1)
     monkeypatch.setattr(calibrate, "LOOP_SETTLE_S", 0.0)
@@ -217,8 +216,7 @@ def test_forward_costs_are_cached_per_machine_and_weights(embedded_target, tmp_p
 
 
 @pytest.mark.slow
-def test_unset_sizes_are_calibrated_and_set_ones_kept(embedded_bf16, tmp_path, monkeypatch):
-    monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path))
+def test_unset_sizes_are_calibrated_and_set_ones_kept(embedded_bf16, fresh_cache, tmp_path, monkeypatch):
     # the real calibration, cut to trees of up to 4 nodes, 2 timings a size and a short record: the wiring is under test
     monkeypatch.setattr(calibrate, "MAX_CALIBRATED_ROWS", 5)
     monkeypatch.setattr(calibrate, "REPEATS", 2)
@@ -298,12 +296,22 @@ def test_auto_needs_an_explicit_dtype_to_write_tau():
 
 
 @pytest.mark.slow
-def test_auto_measures_each_path_once_and_caches_the_choice(tmp_path, monkeypatch):
+def test_auto_measures_each_path_once_and_caches_the_choice(fresh_cache, embedded_on, monkeypatch):
     from dart_core import kernels
 
     if not kernels.AVAILABLE:
         pytest.skip("GGUF weights need the CPU kernels")
-    monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path))
+    # choose_weights loads each candidate path on each call (five GGUF loads below, seconds each to parse
+    # the file): they come from the session's loads (embedded_on), the measuring and caching under test
+    # run as they are
+    real = calibrate_load_target()
+
+    def shared(model, device, dtype, kernels=True):
+        if (model, device, kernels) == ("default", "cpu", True):
+            return embedded_on(dtype)
+        return real(model, device, dtype, kernels=kernels)
+
+    monkeypatch.setattr("dart_core.target.load_target", shared)
     # the real measurement, cut to trees of up to 3 nodes, 2 timings a size and a short record: the wiring is under test
     monkeypatch.setattr(calibrate, "MAX_CALIBRATED_ROWS", 4)
     monkeypatch.setattr(calibrate, "REPEATS", 2)
