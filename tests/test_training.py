@@ -320,13 +320,13 @@ def test_self_distillation(word_target, data_files, tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_end_to_end(word_target, data_files, tmp_path):
-    import subprocess
-
-    from dart_core.cli import installed_command
+def test_cli_end_to_end(word_target, data_files, tmp_path, capsys):
+    """dart-train dart, then dart-train eagle3 on its cache: the console script's function (cli) run in
+    this process with the command line's arguments (a fresh process per command cost ~7 s of start-up
+    each on 2 cores; that every command is its console script is test_layers')."""
+    from dart_core.cli.train import cli
 
     cmd = [
-        *installed_command("dart-train"),
         "dart",
         "--model",
         str(word_target.model_dir),
@@ -355,12 +355,12 @@ def test_cli_end_to_end(word_target, data_files, tmp_path):
         "--export",
         str(tmp_path / "head"),
     ]
-    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    assert cli(cmd) == 0
     head = load_head(tmp_path / "head", dart=True, target=word_target)
     assert head.config.draft_length == 2 and head.config.draft_vocab_size == 40
     # EAGLE3 on the same cache: the cache is reused as it is, the head is an EAGLE3 head
+    capsys.readouterr()
     cmd = [
-        *installed_command("dart-train"),
         "eagle3",
         "--model",
         str(word_target.model_dir),
@@ -385,8 +385,8 @@ def test_cli_end_to_end(word_target, data_files, tmp_path):
         "--export",
         str(tmp_path / "e3head"),
     ]
-    run = subprocess.run(cmd, check=True, capture_output=True, timeout=300, text=True)
-    assert "reusing the cache" in run.stderr
+    assert cli(cmd) == 0
+    assert "reusing the cache" in capsys.readouterr().err
     head = load_head(tmp_path / "e3head", dart=False, target=word_target)
     assert head.config.draft_length is None and head.config.draft_vocab_size == 40
     assert len(json.loads((tmp_path / "e3" / "train" / "history.json").read_text())[-1]["val_hit1"]) == 3
