@@ -46,6 +46,28 @@ EXPECTED_NAMES = {
 }
 
 
+@pytest.fixture(scope="module", autouse=True)
+def target_gguf_parsed_once():
+    """Each export reads the target GGUF's shape and tokenizer metadata (export_gguf.read_gguf_target:
+    49,152 token strings, seconds a parse); this module exports a dozen times from the same file, so a
+    file is parsed once, keyed by its path, size and mtime (a changed file is read again). What is
+    read is the same either way; test_cli and test_hf_target_... compare the exports' bytes."""
+    from dart_core.tools import export_gguf
+
+    real, parsed = export_gguf.read_gguf_target, {}
+
+    def read_once(path):
+        st = Path(path).stat()
+        key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+        if key not in parsed:
+            parsed[key] = real(path)
+        return parsed[key]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(export_gguf, "read_gguf_target", read_once)
+        yield
+
+
 @pytest.fixture(scope="module")
 def head_cfg() -> dict:
     return json.loads((HEAD / "config.json").read_text())
