@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.setup-stamp
 TORCH  ?= torch==2.13.0
 NATIVE := pyproject.toml $(wildcard setup.py) $(wildcard ngram_cpp/src/*.cpp ngram_cpp/src/*.h ngram_cpp/src/*.hpp dart_core/csrc/*.cpp dart_core/csrc/*.h)
 
-.PHONY: setup demo test test-fast lint bench peers clean space-check
+.PHONY: setup demo test test-fast lint bench peers vllm clean space-check
 
 setup: $(STAMP)
 
@@ -36,6 +36,11 @@ test: setup lint
 # server and browser, or llama.cpp (markers in pyproject.toml). `make test` runs everything.
 test-fast: setup lint
 	$(PY) -m pytest -q -m "not slow and not browser and not peers" $(PYTEST_ARGS)
+
+# vLLM with this project's DART plugin, in its own venv under ~/.cache/dart-demo/vllm (dart_vllm/env.py;
+# docs/vllm.md): minutes and PyPI the first time, seconds after
+vllm: setup
+	$(VENV)/bin/dart-vllm-env
 
 lint: setup
 	$(PY) -m ruff format --check --quiet . || (echo "run: $(PY) -m ruff format ." && exit 1)

@@ -38,7 +38,9 @@ class ChainSettings:
     ngram: str | None
 
     @classmethod
-    def for_head(cls, head_dir: str | os.PathLike, ngram: str | None = None, preset: str | None = None, tree_nodes: int = TREE_NODES) -> "ChainSettings":
+    def for_head(
+        cls, head_dir: str | os.PathLike, ngram: str | None = None, preset: str | None = None, tree_nodes: int = TREE_NODES
+    ) -> "ChainSettings":
         """The settings our engine's DART row uses for this head: the embedded head gets its tuned
         weights, its trie and its fitted ranking; any other head upstream's weights and the trie
         given (none by default). preset "embedded" / "upstream" overrides the choice of weights."""
@@ -141,7 +143,11 @@ class ChainPicker:
 
     def __init__(self, settings: ChainSettings, eos_id: int, fingerprint: str | None = None, vocab_size: int | None = None):
         self.settings, self.eos_id = settings, eos_id
-        self.ngram = None if settings.ngram is None else ngram_cpp.load(settings.ngram, expected_fingerprint=fingerprint, expected_vocab_size=vocab_size)
+        self.ngram = (
+            None
+            if settings.ngram is None
+            else ngram_cpp.load(settings.ngram, expected_fingerprint=fingerprint, expected_vocab_size=vocab_size)
+        )
         self.contexts = Contexts(settings.params.context_order, settings.params.prune.context_weight > 0)
 
     def chain(self, req_id: str, root: int, tokens: np.ndarray, probs: np.ndarray) -> list[int]:

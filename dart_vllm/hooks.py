@@ -74,7 +74,18 @@ def _remember_batch(fn):
 
 def _record_step(fn):
     @functools.wraps(fn)
-    def wrapper(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states, next_token_ids, token_indices_to_sample, common_attn_metadata, *args, **kwargs):
+    def wrapper(
+        self,
+        num_speculative_tokens,
+        target_token_ids,
+        target_positions,
+        target_hidden_states,
+        next_token_ids,
+        token_indices_to_sample,
+        common_attn_metadata,
+        *args,
+        **kwargs,
+    ):
         if _is_dart(self.model):
             rejected = kwargs.get("num_rejected_tokens_gpu")
             self._dart_step = (
@@ -85,7 +96,16 @@ def _record_step(fn):
                 next_token_ids.tolist(),
             )
         return fn(
-            self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states, next_token_ids, token_indices_to_sample, common_attn_metadata, *args, **kwargs
+            self,
+            num_speculative_tokens,
+            target_token_ids,
+            target_positions,
+            target_hidden_states,
+            next_token_ids,
+            token_indices_to_sample,
+            common_attn_metadata,
+            *args,
+            **kwargs,
         )
 
     return wrapper
@@ -100,7 +120,9 @@ def _picker(self):
         settings = ChainSettings.from_env(model.head_dir)
         tokenizer_eos = getattr(self.vllm_config.model_config.hf_config, "eos_token_id", None)
         eos = tokenizer_eos[0] if isinstance(tokenizer_eos, list) else tokenizer_eos
-        picker = self._dart_picker = ChainPicker(settings, -1 if eos is None else int(eos), vocab_size=self.vllm_config.model_config.get_vocab_size())
+        picker = self._dart_picker = ChainPicker(
+            settings, -1 if eos is None else int(eos), vocab_size=self.vllm_config.model_config.get_vocab_size()
+        )
     return picker
 
 

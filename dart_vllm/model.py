@@ -37,7 +37,10 @@ class DartDraftForCausalLM(Eagle3LlamaForCausalLM):
                 "(dart_vllm.speculative_config builds it)"
             )
         if not 1 <= spec.num_speculative_tokens <= depth + 1:
-            raise ValueError(f"this DART head drafts at most {depth + 1} tokens (draft_length {depth} + 1); got num_speculative_tokens={spec.num_speculative_tokens}")
+            raise ValueError(
+                f"this DART head drafts at most {depth + 1} tokens (draft_length {depth} + 1); "
+                f"got num_speculative_tokens={spec.num_speculative_tokens}"
+            )
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         H = config.hidden_size
         self.mask_token_id = int(config.mask_token_id)
@@ -45,7 +48,9 @@ class DartDraftForCausalLM(Eagle3LlamaForCausalLM):
         self.head_dir = spec.draft_model_config.model
         self.mask_rep = nn.Parameter(torch.zeros(2 * H, dtype=vllm_config.model_config.dtype), requires_grad=False)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, hidden_states: torch.Tensor, inputs_embeds: torch.Tensor | None = None):
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, hidden_states: torch.Tensor, inputs_embeds: torch.Tensor | None = None
+    ):
         m = self.model
         layer = m.layers[0]
         is_mask = (input_ids == self.mask_token_id)[:, None]

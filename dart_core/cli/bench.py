@@ -6,7 +6,9 @@
 Methods run on the same target weights. `ar` (and every drafter) go through our one generation
 loop; `hf` is transformers' own `generate` and `pld` its prompt-lookup decoding, i.e. what a user
 would run instead. `llamacpp*` run llama.cpp's binaries on the GGUF the target came from (the peers:
-see dart_core/tools/peers.py and docs/peers.md; skipped with a message where they are not built).
+see dart_core/tools/peers.py and docs/peers.md; skipped with a message where they are not built);
+`vllm*` run vLLM's engine on the target's safetensors in the venv `make vllm` builds, `vllm-dart` with
+this project's vLLM plugin (dart_core/tools/vllm_peer.py, docs/vllm.md).
 Interleaving methods per prompt cancels slow machine drift; a warm-up run of each method precedes
 the timed ones. Progress goes to stderr, the markdown table to stdout. The bench itself is
 dart_core/tools/bench.py; `dart-bench` is this command too.
@@ -32,7 +34,7 @@ from ..drafters.registry import DEFAULT_HEADS
 from ..loading import AUTO, DEFAULT_MODEL, TARGET_DTYPE_CHOICES
 from ..sampling import SamplingParams
 from ..target import Target, load_target
-from ..tools import calibrate, peers
+from ..tools import calibrate, peers, vllm_peer
 from ..tools.bench import (
     PeerSetup,
     build_runner,
@@ -43,7 +45,7 @@ from ..tools.bench import (
     read_questions,
     run_interleaved,
 )
-from ..tools.methods import METHODS, SIZED_METHODS, is_peer, split_method
+from ..tools.methods import METHODS, SIZED_METHODS, is_llamacpp, is_vllm, split_method
 from .options import (
     AUTO_HELP,
     WEIGHTS_HELP,
@@ -74,7 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--methods",
         default="ar,hf",
         help=f"comma-separated, from: {', '.join(METHODS)} (default: ar,hf); "
-        f"{', '.join(SIZED_METHODS)} take a tree size as method@N (e.g. dart@8,dart@16: a sweep in one run)",
+        f"{', '.join(SIZED_METHODS)} take a tree size as method@N (e.g. dart@8,dart@16: a sweep in one run); "
+        "llama.cpp's and vLLM's speculative methods a draft length (vllm-dart@4)",
     )
     p.add_argument(
         "--dataset",
@@ -208,8 +211,12 @@ def main(argv: list[str] | None = None) -> int:
 
     skipped = {}
     peer = peer_setup(args)
+    vllm_missing = vllm_peer.unavailable() if any(is_vllm(m) for m in methods) else None
     for m in methods:  # a peer that cannot run here is skipped with the reason; the other methods still run
-        if is_peer(m):
+        if is_vllm(m) and vllm_missing:
+            skipped[m] = f"{m}: {vllm_missing}"
+            log(f"skipping {skipped[m]}")
+        if is_llamacpp(m):
             draft = None
             if peers.needs_draft(m) and (peer.bin_dir / peers.binary_for(m)).is_file():  # no export where llama.cpp is absent
                 try:  # llamacpp-eagle3 drafts with the bench's EAGLE3 head, exported for llama.cpp once (cached)
@@ -269,7 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     result["env"]["heads"] = heads
     if sizes:
         result["env"]["tree_sizes"] = {m: c.as_dict() for m, c in sizes.items()}
-    if any(is_peer(m) for m in methods):
+    if any(is_vllm(m) for m in methods):
+        result["env"]["vllm"] = {"venv": str(vllm_peer.venv_python()), "version": vllm_peer.VLLM_VERSION, "model": str(target.model_dir)}
+    if any(is_llamacpp(m) for m in methods):
         result["env"]["llamacpp"] = peers.describe(peer.bin_dir, peer.gguf)
         drafted_by_head = [m for m in methods if peers.needs_draft(m)]
         if drafted_by_head:  # which head llama.cpp drafted with, as the file it read

@@ -129,7 +129,7 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows])
 
 
-def is_peer(method: str) -> bool:
+def is_llamacpp(method: str) -> bool:
     return method.startswith("llamacpp")
 
 
@@ -221,7 +221,7 @@ def summary_table(runs: list[Run]) -> str:
             if method_head(method) == "eagle3" and unequal_heads(run.env):
                 continue
             kind = kernel_label(run.env)
-            engine = peer_label(run.env) if is_peer(method) else f"ours, {weights_label(run.env)}"
+            engine = peer_label(run.env) if is_llamacpp(method) else f"ours, {weights_label(run.env)}"
             rows.append([
                 kind if kind != last_kind else "", engine if (kind, engine) != last_engine else "", method_label(run, method),
                 fmt(r["tokens_per_s"], ".1f"), fmt(r.get("decode_tokens_per_s"), ".1f"), fmt(r["speedup_vs_ar"]) + "x",
@@ -331,7 +331,7 @@ def totals_table(run: Run) -> str:
     for method, r in run.data["methods"].items():
         split = " / ".join(fmt(r.get(k)) for k in ("draft_ms", "prune_ms", "verify_ms", "other_ms"))
         rows.append([
-            ("llama.cpp " if is_peer(method) else "") + method_label(run, method), fmt(r["tokens_per_s"], ".1f"),
+            ("llama.cpp " if is_llamacpp(method) else "") + method_label(run, method), fmt(r["tokens_per_s"], ".1f"),
             fmt(r.get("decode_tokens_per_s"), ".1f"), fmt(r.get("prefill_s"), ".2f"), fmt(r["speedup_vs_ar"]) + "x", fmt(r["tau"]),
             str(r["new_tokens"]), str(r.get("steps") or "–"), split, str(r.get("same_as_ar", "–")),
         ])  # fmt: skip
@@ -349,7 +349,7 @@ def per_set_table(run: Run) -> str:
     for name, res in sets.items():
         rows.append([name, fmt(res["ar"]["tokens_per_s"], ".1f")]
                     + [f"{fmt(res[m]['speedup_vs_ar'])}x / {fmt(res[m]['tau'])}" if m in res else "–" for m in methods])  # fmt: skip
-    header = ["set", "plain tokens/s"] + [("llama.cpp " if is_peer(m) else "") + method_label(run, m) for m in methods]
+    header = ["set", "plain tokens/s"] + [("llama.cpp " if is_llamacpp(m) else "") + method_label(run, m) for m in methods]
     return "Per set, speed-up over plain decoding / τ:\n\n" + table(header, rows)
 
 

@@ -15,6 +15,7 @@ before the rotation).
 
 from __future__ import annotations
 
+import atexit
 import json
 import time
 from dataclasses import dataclass, field, replace
@@ -27,8 +28,8 @@ from ..drafters.config import DrafterConfigs
 from ..generate import ARDrafter, Drafter, GenerationParams, StageTimes, Summary, complete
 from ..sampling import SamplingParams
 from ..target import Target
-from . import calibrate, peers
-from .methods import HF, LOOP, METHODS, PEER, is_peer, split_method
+from . import calibrate, peers, vllm_peer
+from .methods import HF, LOOP, METHODS, PEER, VLLM, is_peer, split_method
 
 WARMUP_NEW_TOKENS = 16
 PLD_NUM_TOKENS = 10  # transformers' documented default for prompt_lookup_num_tokens
@@ -176,6 +177,34 @@ def peer_runner(name: str, target: Target, gguf: Path, bin_dir: Path, threads: i
     return run
 
 
+def vllm_runner(name: str, target: Target, threads: int, configs: DrafterConfigs) -> Runner:
+    """A vLLM method (dart_core/tools/vllm_peer.py) on the same prompt ids and the target's checkpoint
+    (its converted safetensors), timed by vLLM's own request metrics; the engine starts here, once."""
+    dtype = "bfloat16" if target.dtype == torch.bfloat16 else "float32"
+    peer = vllm_peer.VllmPeer(
+        name, target.model_dir, target.eos_ids, threads, dtype=dtype, dart_head=configs.dart.head, eagle3_head=configs.eagle3.head
+    )
+    atexit.register(peer.close)
+
+    def run(ids: list[int], params: GenerationParams) -> Summary:
+        r = peer.generate(ids, params.max_new_tokens, params.sampling)
+        return Summary(
+            len(ids),
+            r.output_ids,
+            r.target_forwards,
+            r.wall_s,
+            r.prefill_s,
+            None,
+            "eos" if r.stop == "eos" else "max_new_tokens",
+            [],
+            counted_tokens=r.new_tokens,
+            drafted=r.drafted,
+            accepted_drafts=r.accepted,
+        )
+
+    return run
+
+
 @dataclass(frozen=True)
 class PeerSetup:
     """What the llama.cpp methods run with: their binaries, the target's GGUF (None: there is none)
@@ -233,6 +262,8 @@ def build_runner(name: str, target: Target, configs: DrafterConfigs, peer: PeerS
         if peer is None:
             raise ValueError(f"{name}: a llama.cpp method needs its binaries and GGUF (a PeerSetup)")
         return peer_runner(name, target, peer.gguf, peer.bin_dir, torch.get_num_threads(), peer.draft(name))
+    if method.engine == VLLM:
+        return vllm_runner(name, target, torch.get_num_threads(), configs)
     return loop_runner(target, method_drafter(name, target, configs))
 
 
@@ -381,7 +412,10 @@ def run_interleaved(
             sp = replace(sampling, seed=sampling.seed + i)
             try:
                 r = run(ids, GenerationParams(max_new_tokens, sampling=sp))
-            except peers.PeerError as e:  # e.g. llama.cpp tokenized the rendered prompt otherwise: that prompt is not compared
+            except (
+                peers.PeerError,
+                vllm_peer.VllmError,
+            ) as e:  # e.g. llama.cpp tokenized the rendered prompt otherwise: that prompt is not compared
                 result.peer_errors.setdefault(name, []).append(f"{dataset} {q.get('question_id', i)}: {e}")
                 log(f"[{i + 1}/{len(questions)}] {dataset} {name:>10}: not run ({e})")
                 continue

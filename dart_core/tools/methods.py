@@ -11,15 +11,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .peers import PEER_METHODS, split_peer_method
+from .vllm_peer import VLLM_METHODS, split_vllm_method
 
-LOOP, HF, PEER = "loop", "hf", "peer"  # what runs a method
+LOOP, HF, PEER, VLLM = "loop", "hf", "peer", "vllm"  # what runs a method
 
 
 @dataclass(frozen=True)
 class Method:
     name: str
     label: str  # how the app and the reports name it
-    engine: str  # LOOP: our generation loop; HF: transformers' generate; PEER: llama.cpp (dart_core/tools/peers.py)
+    engine: str  # LOOP: our generation loop; HF: transformers' generate; PEER: llama.cpp (dart_core/tools/peers.py);
+    # VLLM: vLLM's engine in its own venv (dart_core/tools/vllm_peer.py)
     drafter: str | None = None  # the loop's drafter (dart_core.drafters.registry); None: plain decoding
     context: bool = True  # DART's context n-gram (off: dart-noctx, the ablation)
     adaptive: bool = False  # DART's tree size chosen per step (dart-adaptive; DartConfig.adaptive)
@@ -46,14 +48,25 @@ METHODS: dict[str, Method] = {
         Method("dart-adaptive", "DART, adaptive tree size", LOOP, "dart", adaptive=True),
         Method("eagle3", "EAGLE3", LOOP, "eagle3"),
         *(Method(p, _peer_label(p), PEER) for p in PEER_METHODS),
+        Method("vllm", "vLLM", VLLM),
+        Method("vllm-eagle3", "vLLM EAGLE3", VLLM),
+        Method("vllm-dart", "vLLM DART (plugin)", VLLM),
     )
 }
 SIZED_METHODS = tuple(name for name, m in METHODS.items() if m.sized)
 
 
 def is_peer(name: str) -> bool:
-    """Whether a method name (maybe with @N) runs llama.cpp, another process, rather than our engine."""
+    """Whether a method name (maybe with @N) runs in another process (llama.cpp or vLLM) rather than our engine."""
+    return METHODS[split_method(name)[0]].engine in (PEER, VLLM)
+
+
+def is_llamacpp(name: str) -> bool:
     return METHODS[split_method(name)[0]].engine == PEER
+
+
+def is_vllm(name: str) -> bool:
+    return METHODS[split_method(name)[0]].engine == VLLM
 
 
 def split_method(name: str) -> tuple[str, int | None]:
@@ -62,6 +75,8 @@ def split_method(name: str) -> tuple[str, int | None]:
     unknown method or a bad size."""
     if name.partition("@")[0] in PEER_METHODS:
         return split_peer_method(name)
+    if name.partition("@")[0] in VLLM_METHODS:  # @N: vLLM's draft tokens a step
+        return split_vllm_method(name)
     base, at, size = name.partition("@")
     if base not in METHODS:
         raise ValueError(f"unknown method {base!r}: choose from {', '.join(METHODS)}")
