@@ -349,7 +349,7 @@ def stage_big(dev: torch.device, small: bool, rep: Report, opts) -> dict:
     for fpath in paths:
         use_path(target.model, fpath, opts)
         by_context = {}
-        for P in (512, 4096):
+        for P in opts.contexts:
             cache = fill_cache(target, P, P + 80)
             kv_bytes = 2 * a.n_layers * a.n_kv_heads * a.head_dim * P * cache.k.element_size()
             costs = {}
@@ -448,7 +448,7 @@ def stage_profile(dev: torch.device, small: bool, rep: Report, opts) -> dict:
     rng = random.Random(5)
     V = model.args.vocab_size
     r: dict = {}
-    for P in (512, 4096):
+    for P in opts.contexts:
         for rows in (1, 64):
             cache = fill_cache(target, P, P + 80)
             tree = random_tree_under(rng, rng.randrange(V), rows, V)
@@ -544,6 +544,12 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=128, help="embedded stage: tokens a prompt")
     p.add_argument("--paths", default="fixed,eager", help=f"exact and big stages: the target's forward paths, from {', '.join(PATHS)}")
     p.add_argument("--fixed-rows", type=int, default=0, help="the fixed path's rows (default: the engine's for the device)")
+    p.add_argument(
+        "--contexts",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=[512, 4096],
+        help="big and profile stages: cached tokens the verify is timed at, comma-separated (default 512,4096)",
+    )
     p.add_argument("--exact-tokens", type=int, default=40, help="exact stage: greedy tokens a prompt (0: the verify checks only)")
     a = p.parse_args(argv)
     stages = [s for s in a.stages.split(",") if s]

@@ -19,7 +19,8 @@ SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.py"
 def test_gpu_check_runs_on_the_cpu_and_reports_exactness(tmp_path):
     out = tmp_path / "out"
     cmd = [sys.executable, str(SCRIPT), "--out", str(out), "--device", "cpu", "--small", "--stages", "env,exact,sampling,big"]
-    cmd += ["--fixed-rows", "64", "--exact-tokens", "16"]
+    # 256 cached tokens (not 512 and 4096): the torch reference's per-chunk sums cost seconds a verify on the CPU
+    cmd += ["--fixed-rows", "64", "--exact-tokens", "16", "--contexts", "256"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads((out / "gpu_check.json").read_text())
@@ -40,7 +41,7 @@ def test_gpu_check_runs_on_the_cpu_and_reports_exactness(tmp_path):
     big = stages["big"]
     fixed = big["verify_vs_steps"]["fixed"]
     assert fixed["bitwise_equal"] == fixed["nodes"]
-    assert set(big["verify"]) == {"fixed", "eager"} and set(big["verify"]["fixed"]) == {"512", "4096"}
+    assert set(big["verify"]) == {"fixed", "eager"} and set(big["verify"]["fixed"]) == {"256"}
     assert set(big["drafting_60"]) == {"dart", "eagle3"}
     assert big["drafting_60"]["dart"]["nodes"] == 60
     assert set(big["loop"]) == {"ar", "dart", "eagle3"}
