@@ -149,6 +149,8 @@ class ChainPicker:
             else ngram_cpp.load(settings.ngram, expected_fingerprint=fingerprint, expected_vocab_size=vocab_size)
         )
         self.contexts = Contexts(settings.params.context_order, settings.params.prune.context_weight > 0)
+        trace = os.environ.get("DART_VLLM_TRACE")
+        self.trace = open(trace, "a", buffering=1) if trace else None  # each step's drafts, for debugging (docs/vllm.md)
 
     def chain(self, req_id: str, root: int, tokens: np.ndarray, probs: np.ndarray) -> list[int]:
         """tokens, probs (k, top_k): row j's candidates (target ids) for depth j + 1, softmaxed

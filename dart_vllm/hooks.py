@@ -17,6 +17,7 @@ drafting, and these wrappers change what vLLM does only when the draft is a DART
 from __future__ import annotations
 
 import functools
+import json
 
 import numpy as np
 import torch
@@ -156,6 +157,10 @@ def _dart_sample(fn):
 
             contexts.update(req, positions[starts[i]], ids[starts[i] : end], known)
             chains[i] = picker.chain(req, roots[i], tokens[i], probs[i])
+            if picker.trace is not None:  # DART_VLLM_TRACE: one JSON line a request and step
+                picker.trace.write(
+                    json.dumps({"req": req, "root": roots[i], "chain": chains[i].tolist(), "rows_top": tokens[i, :, :4].tolist()}) + "\n"
+                )
         return torch.from_numpy(chains).to(hidden_states.device), None
 
     return wrapper

@@ -139,6 +139,7 @@ class VllmPeer:
             "OMP_NUM_THREADS": str(threads),
             "VLLM_LOGGING_LEVEL": "WARNING",
         }
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine inside the worker (dart_vllm/worker.py)
         env.pop("PYTHONPATH", None)  # the vLLM venv has its own packages; the checkout comes through its .pth
         self.log = tempfile.NamedTemporaryFile("w+", prefix=f"dart-{base}-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env, bufsize=1)
