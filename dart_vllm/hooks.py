@@ -17,6 +17,7 @@ drafting, and these wrappers change what vLLM does only when the draft is a DART
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 
 import numpy as np
@@ -74,40 +75,21 @@ def _remember_batch(fn):
 
 
 def _record_step(fn):
+    signature = inspect.signature(fn)
+
     @functools.wraps(fn)
-    def wrapper(
-        self,
-        num_speculative_tokens,
-        target_token_ids,
-        target_positions,
-        target_hidden_states,
-        next_token_ids,
-        token_indices_to_sample,
-        common_attn_metadata,
-        *args,
-        **kwargs,
-    ):
+    def wrapper(self, *args, **kwargs):
         if _is_dart(self.model):
-            rejected = kwargs.get("num_rejected_tokens_gpu")
+            a = signature.bind(self, *args, **kwargs).arguments
+            rejected = a.get("num_rejected_tokens_gpu")
             self._dart_step = (
-                target_token_ids.tolist(),
-                target_positions.tolist(),
-                common_attn_metadata.query_start_loc_cpu.tolist(),
+                a["target_token_ids"].tolist(),
+                a["target_positions"].tolist(),
+                a["common_attn_metadata"].query_start_loc_cpu.tolist(),
                 None if rejected is None else rejected.tolist(),
-                next_token_ids.tolist(),
+                a["next_token_ids"].tolist(),
             )
-        return fn(
-            self,
-            num_speculative_tokens,
-            target_token_ids,
-            target_positions,
-            target_hidden_states,
-            next_token_ids,
-            token_indices_to_sample,
-            common_attn_metadata,
-            *args,
-            **kwargs,
-        )
+        return fn(self, *args, **kwargs)
 
     return wrapper
 
