@@ -120,7 +120,11 @@ def probe(python: Path) -> dict:
     """What the venv holds, read by its own python; EnvError with the reason where it does not work."""
     if not python.exists():
         raise EnvError(f"no venv at {python.parent.parent}")
-    out = subprocess.run([str(python), "-c", PROBE], capture_output=True, text=True, env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
+    # -P: the current directory is not on the path, so the probe sees the checkout the venv's .pth names
+    # (as vLLM's processes do), not one it happens to be run from
+    out = subprocess.run(
+        [str(python), "-P", "-c", PROBE], capture_output=True, text=True, env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"}
+    )
     if out.returncode != 0:
         raise EnvError(f"the vLLM venv does not import: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}")
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -120,6 +120,7 @@ class VllmPeer:
         self.k = None if base == "vllm" else (k or DEFAULT_DRAFT)
         cmd = [
             str(venv_python()),
+            "-P",  # the plugin from the checkout the venv names (make vllm), whatever the current directory
             "-c",
             "from dart_vllm.worker import main; main()",
             "--model",
