@@ -39,11 +39,17 @@ class ChainSettings:
 
     @classmethod
     def for_head(
-        cls, head_dir: str | os.PathLike, ngram: str | None = None, preset: str | None = None, tree_nodes: int = TREE_NODES
+        cls,
+        head_dir: str | os.PathLike,
+        ngram: str | None = None,
+        preset: str | None = None,
+        tree_nodes: int = TREE_NODES,
+        default_trie: bool = True,
     ) -> "ChainSettings":
         """The settings our engine's DART row uses for this head: the embedded head gets its tuned
-        weights, its trie and its fitted ranking; any other head upstream's weights and the trie
-        given (none by default). preset "embedded" / "upstream" overrides the choice of weights."""
+        weights, its trie (unless default_trie is False) and its fitted ranking (fitted with that trie);
+        any other head upstream's weights and the trie given (none by default). preset "embedded" /
+        "upstream" overrides the choice of weights."""
         embedded = Path(head_dir).resolve() == DEFAULT_DART_HEAD.resolve()
         if preset is None:
             preset = "embedded" if embedded else "upstream"
@@ -51,7 +57,7 @@ class ChainSettings:
             raise ValueError(f"unknown DART preset {preset!r}: choose embedded or upstream")
         if tree_nodes < 1:
             raise ValueError(f"the tree the chain is chosen from needs >= 1 node, got {tree_nodes}")
-        if ngram is None and embedded:
+        if ngram is None and embedded and default_trie:
             ngram = str(DEFAULT_NGRAM)
         weights = EMBEDDED_WEIGHTS if preset == "embedded" else UPSTREAM_WEIGHTS
         prune = weighted(replace(ngram_cpp.PruneParams(), max_nodes=tree_nodes, use_ngram=ngram is not None), weights)
@@ -68,10 +74,10 @@ class ChainSettings:
             tree_nodes = int(nodes)
         except ValueError:
             raise ValueError(f"DART_VLLM_TREE_NODES must be a whole number, got {nodes!r}") from None
-        settings = cls.for_head(head_dir, None if ngram == "none" else ngram, os.environ.get("DART_VLLM_PRESET") or None, tree_nodes)
-        if ngram == "none":
-            settings = replace(settings, ngram=None, params=replace(settings.params, prune=replace(settings.params.prune, use_ngram=False)))
-        return settings
+        none = ngram == "none"
+        return cls.for_head(
+            head_dir, None if none else ngram, os.environ.get("DART_VLLM_PRESET") or None, tree_nodes, default_trie=not none
+        )
 
 
 def best_chain(tree: ngram_cpp.PrunedTree, depth: int) -> list[int]:

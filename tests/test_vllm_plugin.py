@@ -100,6 +100,7 @@ def test_settings_from_the_environment(monkeypatch):
     monkeypatch.setenv("DART_VLLM_TREE_NODES", "12")
     s = ChainSettings.from_env(EMBEDDED_DART_HEAD)
     assert s.ngram is None and not s.params.prune.use_ngram and s.params.prune.max_nodes == 12
+    assert not s.params.prune.acceptance  # the head's fitted ranking was fitted with its trie: not without it
     monkeypatch.setenv("DART_VLLM_TREE_NODES", "many")
     with pytest.raises(ValueError, match="DART_VLLM_TREE_NODES"):
         ChainSettings.from_env(EMBEDDED_DART_HEAD)
