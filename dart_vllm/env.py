@@ -20,8 +20,8 @@ this project uses 5.24), so it lives in a venv of its own: ~/.cache/dart-demo/vl
 - The plugin is this checkout, not a copy: a .pth file puts the checkout on the venv's path (the
   plugin imports ngram_cpp and dart_core with the extensions `make setup` built for this Python), and
   a dist-info declares the `vllm.general_plugins` entry point vLLM loads in each of its processes.
-Needs network for the first build only (PyPI); offline afterwards. The stamp file records what was
-installed; a change of the pinned versions rebuilds.
+Needs network for the first build only (PyPI); offline afterwards. Each run probes the venv with its
+own python (the versions, the alias, the entry point, the checkout) and rebuilds where any differs.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from dart_core.loading import cache_root
 
 VLLM_VERSION = "0.32.0"
 TORCH_CPU = "torch==2.13.0"
@@ -47,8 +49,7 @@ class EnvError(RuntimeError):
 
 
 def root() -> Path:
-    base = os.environ.get("DART_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "dart-demo")
-    return Path(base) / "vllm"
+    return cache_root() / "vllm"
 
 
 def venv_python() -> Path:
@@ -160,11 +161,12 @@ def build(python_for_venv: str = sys.executable) -> dict:
         )
     python = venv_python()
     try:
-        why = ready(probe(python))
+        info = probe(python)
+        why = ready(info)
     except EnvError as e:
         why = str(e)
     if why is None:
-        return probe(python)
+        return info
     print(f"dart-vllm-env: building ({why})", flush=True)
     if not python.exists():
         run([python_for_venv, "-m", "venv", str(python.parent.parent)], "creating the venv")

@@ -30,11 +30,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from dart_vllm.env import VLLM_VERSION  # noqa: F401  (the version `make vllm` installs; the bench records it)
+from dart_vllm.env import VLLM_VERSION, EnvError, probe, ready, venv_python  # noqa: F401  (VLLM_VERSION, venv_python: the bench records them)
 
 VLLM_METHODS = ("vllm", "vllm-eagle3", "vllm-dart")
 DEFAULT_DRAFT = 3  # draft tokens a step where the name has no @N
-READY_TIMEOUT_S = 600.0  # vLLM's engine start (tens of seconds on 2 cores)
 
 
 class VllmError(RuntimeError):
@@ -55,16 +54,8 @@ def split_vllm_method(name: str) -> tuple[str, int | None]:
     return base, int(n)
 
 
-def venv_python() -> Path:
-    from dart_vllm.env import venv_python as python
-
-    return python()
-
-
 def unavailable() -> str | None:
     """Why the vLLM methods cannot run here (None: they can), without building anything."""
-    from dart_vllm.env import EnvError, probe, ready
-
     try:
         why = ready(probe(venv_python()))
     except EnvError as e:
@@ -139,8 +130,8 @@ class VllmPeer:
             "VLLM_CPU_OMP_THREADS_BIND": f"0-{max(threads, 1) - 1}",
             "OMP_NUM_THREADS": str(threads),
             "VLLM_LOGGING_LEVEL": "WARNING",
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine inside the worker (dart_vllm/worker.py)
         }
-        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine inside the worker (dart_vllm/worker.py)
         env.pop("PYTHONPATH", None)  # the vLLM venv has its own packages; the checkout comes through its .pth
         self.log = tempfile.NamedTemporaryFile("w+", prefix=f"dart-{base}-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env, bufsize=1)
