@@ -129,6 +129,7 @@ class Summary:
     counted_tokens: int | None = None  # the engine's own count of new tokens, where it differs from len(output_ids) (llama.cpp)
     drafted: int | None = None  # drafted and accepted tokens in all, where an engine reports only totals (llama.cpp)
     accepted_drafts: int | None = None
+    top2_gaps: list[float] | None = None  # per new token, the engine's top-2 logit gap, where it reports it (vLLM's plain decoding)
 
     @property
     def new_tokens(self) -> int:

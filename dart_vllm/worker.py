@@ -2,10 +2,13 @@
 starts it): `python -c "from dart_vllm.worker import main; main()" --model DIR [--draft HEAD --method dart|eagle3 --k N]`.
 
 It loads vLLM's offline engine once, prints one JSON line {"ready": ...}, then answers each JSON line
-on stdin ({"ids", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop_ids"}) with one
+on stdin ({"ids", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop_ids", "top2_gaps"}) with one
 JSON line on stdout: the output ids, vLLM's own timestamps (prefill = first token - scheduled, decode =
 last token - first token, as its request metrics define them), the wall time of the generate call,
-and the request's speculative-decoding counters. vLLM's log goes to stderr.
+the request's speculative-decoding counters and, where the request asks ("top2_gaps": true), the gap
+between the top two logprobs of each new token (= the gap between its top two logits: log-softmax
+subtracts one number from every logit; vLLM's raw logprobs, before any sampling setting). vLLM's log
+goes to stderr.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ def answer(llm, req: dict) -> dict:
         top_k=0 if greedy else int(req.get("top_k", 0) or 0),
         seed=req.get("seed"),
         stop_token_ids=list(req.get("stop_ids", [])),
+        logprobs=2 if req.get("top2_gaps") else None,
     )
     t0 = time.perf_counter()
     out = llm.generate([TokensPrompt(prompt_token_ids=list(req["ids"]))], sp, use_tqdm=False)[0]
@@ -63,8 +67,15 @@ def answer(llm, req: dict) -> dict:
     c = out.outputs[0]
     m = out.metrics
     spec = c.spec_decode_metrics.to_dict() if getattr(c, "spec_decode_metrics", None) is not None else None
+    gaps = None
+    if req.get("top2_gaps"):
+        gaps = []
+        for step in c.logprobs or []:
+            top = sorted((lp.logprob for lp in step.values()), reverse=True)
+            gaps.append(top[0] - top[1] if len(top) > 1 else None)
     return {
         "ids": list(c.token_ids),
+        "top2_gaps": gaps,
         "finish_reason": c.finish_reason,
         "prefill_s": m.first_token_ts - m.scheduled_ts if m is not None else None,
         "decode_s": m.last_token_ts - m.first_token_ts if m is not None else None,

@@ -161,3 +161,32 @@ def test_the_calibration_table_shows_each_paths_loop_step():
     assert "| 1 | – (plain) | – | 10.50 | 10.00 | 95.2 |" in text and "| 2 | 1 | 1.50 | 12.00 | 11.00 | **125.0** |" in text
     old = report.calibration_table(report.Run("old", {}, result("avx512bf16 kernels", 150.0, peer=False)))
     assert "| rows | DART nodes | DART τ | drafting ms | gguf: forward ms | gguf: expected tokens/s |" in old
+
+
+def test_vllm_rows_name_their_engine_ratios_and_where_they_part():
+    """A run with vLLM's rows: the table names vLLM's engine and weights and both id counts, the
+    summary states vLLM's DART against its EAGLE3 at their fastest draft lengths, and the run's section
+    lists each prompt where vLLM's DART chain parts from vLLM's plain decoding."""
+    data = result("avx512bf16 kernels", 150.0, peer=False)
+    data["env"]["vllm"] = {"version": "0.32.0", "dtype": "float32"}
+    m = data["methods"]
+    m["vllm"] = method(13.0, 100.0, same="1/2")
+    m["vllm-eagle3@1"] = {**method(15.6, 100.0, 1.4, same="1/2"), "drafted": 100, "accepted_drafts": 40, "same_as_vllm": "2/2"}
+    m["vllm-eagle3@2"] = {**method(14.3, 100.0, 1.5, same="1/2"), "drafted": 200, "accepted_drafts": 50, "same_as_vllm": "2/2"}
+    m["vllm-dart@2"] = {**method(19.5, 100.0, 1.8, same="0/2"), "drafted": 200, "accepted_drafts": 80, "same_as_vllm": "1/2"}
+    data["vllm_fidelity"] = {
+        "same_as_vllm": {"vllm-eagle3@1": "2/2", "vllm-eagle3@2": "2/2", "vllm-dart@2": "1/2"},
+        "parts": [{"dataset": "gsm8k", "question_id": 7, "method": "vllm-dart@2", "index": 41, "vllm_token": 11, "token": 12,
+                   "top2_gap": 0.00012, "eagle3_same": {"vllm-eagle3@1": True, "vllm-eagle3@2": True}}],
+    }  # fmt: skip
+    run = report.Run("v", {"name": "v", "args": []}, data)
+    summary = report.summary_table([run])
+    assert "| vLLM 0.32.0 (CPU build), fp32 safetensors | plain |" in summary
+    assert "DART chain (our plugin), draft length 2 | 19.5 |" in summary and "0/2 (vLLM plain's: 1/2)" in summary
+    ratios = report.vllm_ratios(run)
+    assert "EAGLE3 chain, draft length 1 15.6 tokens/s, 1.20x / 1.20x vLLM plain's (τ 1.40, accepted/drafted 40/100)" in ratios
+    assert ratios.endswith("vLLM's DART chain against its EAGLE3 chain: 1.25x / 1.25x.")  # against the faster EAGLE3 (@1)
+    text = report.fidelity_text(run)
+    assert "vLLM DART chain (our plugin), draft length 2 1/2" in text
+    assert "| gsm8k 7 | vllm-dart@2 | 41 | 12 / 11 | 0.00012 | same, same |" in text
+    assert "| vLLM | vLLM 0.32.0 (CPU build), fp32 safetensors" in report.env_table(run)

@@ -73,6 +73,13 @@ def test_vllm_dart_greedy_ids_are_vllms_own(bench):
     for p, e, d in zip(plain, eagle3, dart):
         if e == p:
             assert d == p
+    # the bench's own account of it: the counts, and vLLM plain's top-2 logit gap at every new token
+    fidelity = run["vllm_fidelity"]
+    assert fidelity["same_as_vllm"]["vllm-dart@3"] == f"{sum(d == p for p, d in zip(plain, dart))}/3"
+    assert run["methods"]["vllm-dart@3"]["same_as_vllm"] == fidelity["same_as_vllm"]["vllm-dart@3"]
+    for s in run["samples"]:
+        if s["method"] == "vllm":
+            assert len(s["top2_gaps"]) == len(s["output_ids"]) and all(g >= 0 for g in s["top2_gaps"])
 
 
 def _free_port() -> int:

@@ -166,3 +166,32 @@ def test_vllm_method_names():
         split_method("vllm@3")
     with pytest.raises(ValueError, match="positive integer"):
         split_method("vllm-dart@0")
+
+
+def test_the_bench_reports_where_vllm_methods_part_from_vllm_plain():
+    """vllm_fidelity: per vLLM drafting method 'k/n' prompts with vLLM plain's ids; where one parts,
+    the first differing new token, vLLM plain's top-2 gap there and whether vLLM's EAGLE3 kept to it."""
+    from dart_core.tools.bench import first_difference, vllm_fidelity
+
+    assert first_difference([1, 2, 3], [1, 2, 4]) == 2 and first_difference([1, 2], [1, 2, 3]) == 2
+    assert vllm_fidelity([{"dataset": "a", "question_id": 0, "method": "ar", "output_ids": [1]}]) is None
+
+    def sample(q, method, ids, gaps=None):
+        s = {"dataset": "qa", "question_id": q, "method": method, "output_ids": ids}
+        return s if gaps is None else {**s, "top2_gaps": gaps}
+
+    samples = [
+        sample(0, "vllm", [5, 6, 7], [3.0, 0.001, 2.0]),
+        sample(0, "vllm-eagle3@1", [5, 6, 7]),
+        sample(0, "vllm-dart@2", [5, 9, 7]),
+        sample(1, "vllm", [5, 6], [1.0, 1.0]),
+        sample(1, "vllm-eagle3@1", [5, 8]),
+        sample(1, "vllm-dart@2", [5, 6]),
+        sample(1, "ar", [5, 6]),
+    ]
+    f = vllm_fidelity(samples)
+    assert f["same_as_vllm"] == {"vllm-eagle3@1": "1/2", "vllm-dart@2": "1/2"}
+    dart = [p for p in f["parts"] if p["method"] == "vllm-dart@2"]
+    assert dart == [{"dataset": "qa", "question_id": 0, "method": "vllm-dart@2", "index": 1, "vllm_token": 6, "token": 9,
+                     "top2_gap": 0.001, "eagle3_same": {"vllm-eagle3@1": True}}]  # fmt: skip
+    assert [p["question_id"] for p in f["parts"] if p["method"] == "vllm-eagle3@1"] == [1]

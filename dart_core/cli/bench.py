@@ -41,9 +41,12 @@ from ..tools.bench import (
     dataset_names,
     dataset_table,
     embedded_gguf_or_none,
+    fidelity_lines,
     markdown_table,
     read_questions,
     run_interleaved,
+    vllm_dtype,
+    vllm_fidelity,
 )
 from ..tools.methods import METHODS, SIZED_METHODS, is_llamacpp, is_vllm, split_method
 from .options import (
@@ -276,8 +279,16 @@ def main(argv: list[str] | None = None) -> int:
     result["env"]["heads"] = heads
     if sizes:
         result["env"]["tree_sizes"] = {m: c.as_dict() for m, c in sizes.items()}
+    fidelity = vllm_fidelity(run.samples)
+    if fidelity is not None:
+        result["vllm_fidelity"] = fidelity
     if any(is_vllm(m) for m in methods):
-        result["env"]["vllm"] = {"venv": str(vllm_peer.venv_python()), "version": vllm_peer.VLLM_VERSION, "model": str(target.model_dir)}
+        result["env"]["vllm"] = {
+            "venv": str(vllm_peer.venv_python()),
+            "version": vllm_peer.VLLM_VERSION,
+            "model": str(target.model_dir),
+            "dtype": vllm_dtype(target),
+        }
     if any(is_llamacpp(m) for m in methods):
         result["env"]["llamacpp"] = peers.describe(peer.bin_dir, peer.gguf)
         drafted_by_head = [m for m in methods if peers.needs_draft(m)]
@@ -292,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown_table(report))
     for reason in skipped.values():
         print(f"\nskipped {reason}")
+    if fidelity is not None and fidelity["same_as_vllm"]:
+        print("\n" + "\n".join(fidelity_lines(fidelity)))
     for m, errs in run.peer_errors.items():
         print(f"\n{m}: {len(errs)} of {len(prompts)} prompts not run (its totals leave them out), e.g. {errs[0]}")
     if args.out:

@@ -28,7 +28,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..tools.methods import METHODS
+from ..tools.methods import METHODS, is_llamacpp, is_vllm
 from . import installed_command
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: the report reads and writes files named from it
@@ -48,6 +48,7 @@ LABELS = {
     "dart-noctx": "DART, no context n-gram", "dart-adaptive": "DART, adaptive tree",
     "llamacpp": "plain", "llamacpp-lookup": "lookup", "llamacpp-eagle3": "EAGLE3 chain",
     "llamacpp-ngram-simple": "ngram-simple", "llamacpp-ngram-map-k": "ngram-map-k", "llamacpp-ngram-mod": "ngram-mod",
+    "vllm": "plain", "vllm-eagle3": "EAGLE3 chain", "vllm-dart": "DART chain (our plugin)",
 }  # fmt: skip
 
 
@@ -129,16 +130,19 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows])
 
 
-def is_llamacpp(method: str) -> bool:
-    return method.startswith("llamacpp")
+def engine_prefix(method: str) -> str:
+    """How a table that mixes engines prefixes a peer's method: "llama.cpp ", "vLLM " or nothing (ours)."""
+    return "llama.cpp " if is_llamacpp(method) else "vLLM " if is_vllm(method) else ""
 
 
 def method_head(method: str) -> str | None:
     """The head a method (method@N too) drafts with, whose trained.json the bench's env["heads"]
     records: "dart", "eagle3" (our loop's drafter, or llama.cpp's EAGLE3 on ours), or None."""
     base = method.partition("@")[0]
-    if base == "llamacpp-eagle3":
+    if base in ("llamacpp-eagle3", "vllm-eagle3"):
         return "eagle3"
+    if base == "vllm-dart":
+        return "dart"
     known = METHODS.get(base)
     return None if known is None else known.drafter
 
@@ -153,7 +157,7 @@ def method_label(run: Run, method: str) -> str:
     base, _, at = method.partition("@")
     label = LABELS.get(base, base)
     steps = head_steps(run.env, method)
-    if base.startswith("llamacpp"):
+    if is_llamacpp(method) or is_vllm(method):
         parts = [f"draft length {at}"] if at else []
         parts += [f"head at {steps}"] if steps else []
         return f"{label}, {', '.join(parts)}" if parts else label
@@ -201,6 +205,27 @@ def peer_label(env: dict) -> str:
     return f"llama.cpp (`{kind}` build)" if kind else "llama.cpp"
 
 
+def vllm_label(env: dict) -> str:
+    v = env.get("vllm") or {}
+    dtype = {"float32": "fp32", "bfloat16": "bf16"}.get(v.get("dtype", "float32"), v.get("dtype"))
+    return f"vLLM {v.get('version', '?')} (CPU build), {dtype} safetensors"
+
+
+def engine_label(env: dict, method: str) -> str:
+    """The engine and weights a method of a run ran on, as the README's table names them."""
+    if is_llamacpp(method):
+        return peer_label(env)
+    if is_vllm(method):
+        return vllm_label(env)
+    return f"ours, {weights_label(env)}"
+
+
+def same_ids(r: dict) -> str:
+    """The ids column: prompts with our plain decoding's ids, and for vLLM's methods with vLLM plain's."""
+    cell = str(r.get("same_as_ar", "–"))
+    return cell + (f" (vLLM plain's: {r['same_as_vllm']})" if "same_as_vllm" in r else "")
+
+
 # ------------------------------------------------------------------------------------------ tables
 
 
@@ -221,11 +246,11 @@ def summary_table(runs: list[Run]) -> str:
             if method_head(method) == "eagle3" and unequal_heads(run.env):
                 continue
             kind = kernel_label(run.env)
-            engine = peer_label(run.env) if is_llamacpp(method) else f"ours, {weights_label(run.env)}"
+            engine = engine_label(run.env, method)
             rows.append([
                 kind if kind != last_kind else "", engine if (kind, engine) != last_engine else "", method_label(run, method),
                 fmt(r["tokens_per_s"], ".1f"), fmt(r.get("decode_tokens_per_s"), ".1f"), fmt(r["speedup_vs_ar"]) + "x",
-                fmt(r["tau"]), str(r.get("same_as_ar", "–")),
+                fmt(r["tau"]), same_ids(r),
             ])  # fmt: skip
             last_kind, last_engine = kind, (kind, engine)
     header = ["CPU kind (kernels)", "engine, weights", "method", "tokens/s", "decode tokens/s", "vs our plain", "τ", "ids = plain's"]
@@ -248,6 +273,72 @@ def peer_ratios(run: Run) -> str | None:
     return (f"{kernel_label(run.env)}, ours on {weights_label(run.env)}, against the plain decoding of "
             f"{peer_label(run.env)} on the GGUF (end to end / "
             f"decode-only): our DART {ratios(m['dart'])}, our plain decoding {ratios(m['ar'])}.")  # fmt: skip
+
+
+def vllm_ratios(run: Run) -> str | None:
+    """vLLM's drafting methods against vLLM's plain decoding in the same run, each at its fastest draft
+    length in the run, and vLLM's DART chain against its EAGLE3 chain."""
+    m = run.data["methods"]
+    plain = m.get("vllm")
+    if plain is None:
+        return None
+
+    def best(base: str) -> str | None:
+        names = [k for k in m if k.partition("@")[0] == base]
+        return max(names, key=lambda k: m[k]["tokens_per_s"]) if names else None
+
+    def vs(a: dict, b: dict) -> str:
+        text = f"{a['tokens_per_s'] / b['tokens_per_s']:.2f}x"
+        if a.get("decode_tokens_per_s") and b.get("decode_tokens_per_s"):
+            text += f" / {a['decode_tokens_per_s'] / b['decode_tokens_per_s']:.2f}x"
+        return text
+
+    parts = []
+    for base in ("vllm-eagle3", "vllm-dart"):
+        k = best(base)
+        if k is None:
+            continue
+        r = m[k]
+        drafts = f", accepted/drafted {r['accepted_drafts']}/{r['drafted']}" if r.get("drafted") else ""
+        parts.append(f"{method_label(run, k)} {r['tokens_per_s']:.1f} tokens/s, {vs(r, plain)} vLLM plain's (τ {fmt(r['tau'])}{drafts})")
+    if not parts:
+        return None
+    text = f"{vllm_label(run.env)}, in the same run (end to end / decode-only), plain {plain['tokens_per_s']:.1f} tokens/s: " + "; ".join(
+        parts
+    )
+    e, d = best("vllm-eagle3"), best("vllm-dart")
+    if e and d:
+        text += f"; vLLM's DART chain against its EAGLE3 chain: {vs(m[d], m[e])}"
+    return text + "."
+
+
+def fidelity_text(run: Run) -> str | None:
+    """vLLM's drafting methods against vLLM's own plain decoding, id for id, and where they part."""
+    f = run.data.get("vllm_fidelity")
+    if not f or not f.get("same_as_vllm"):
+        return None
+    counts = ", ".join(f"{engine_prefix(k)}{method_label(run, k)} {c}" for k, c in f["same_as_vllm"].items())
+    text = f"vLLM's drafting methods against vLLM's own plain decoding (prompts with exactly its ids): {counts}."
+    parts = f.get("parts") or []
+    if not parts:
+        return text
+    rows = []
+    for p in parts:
+        eagle = ", ".join(("same" if ok else "parts too") for ok in p["eagle3_same"].values()) or "–"
+        rows.append([f"{p['dataset']} {p['question_id']}", p["method"], str(p["index"]), f"{p['token']} / {p['vllm_token']}",
+                     "–" if p["top2_gap"] is None else f"{p['top2_gap']:.3g}", eagle])  # fmt: skip
+    header = [
+        "prompt",
+        "method",
+        "first differing new token",
+        "its id / vLLM plain's",
+        "vLLM plain's top-2 logit gap there",
+        "vLLM EAGLE3 there",
+    ]
+    return (
+        text + " Where they part (vLLM verifies with other matrix shapes than it decodes with, so a near-tie can round "
+        "either way):\n\n" + table(header, rows)
+    )
 
 
 def setting(runs: list[Run]) -> str:
@@ -283,7 +374,7 @@ def readme_block(runs: list[Run], details: str = "in [docs/benchmarks.md](docs/b
         summary_table(shown),
         "",
     ]
-    lines += [f"- {s}" for s in (peer_ratios(r) for r in shown) if s]
+    lines += [f"- {s}" for r in shown for s in (peer_ratios(r), vllm_ratios(r)) if s]
     unequal = [kernel_label(r.env) + ", " + weights_label(r.env) for r in shown if unequal_heads(r.env) and has_eagle3(r)]
     if unequal:
         lines.append(
@@ -319,6 +410,8 @@ def env_table(run: Run) -> str:
     peer = e.get("llamacpp")
     if peer:
         rows.append(["llama.cpp", f"{peer_label(e)} of {peer.get('version', '?')}, the same GGUF"])
+    if e.get("vllm"):
+        rows.append(["vLLM", f"{vllm_label(e)}: the embedded model's converted checkpoint (`make vllm`; docs/vllm.md)"])
     sets = ", ".join(Path(d).stem for d in e["dataset"])
     rows.append(["prompts", f"first {e['limit']} of each of {sets}; {e['max_new_tokens']} new tokens; temperature {e['temperature']:g}"])
     rows.append(["software", f"torch {e['torch']}, transformers {e['transformers']}, python {e['python']}"])
@@ -331,9 +424,9 @@ def totals_table(run: Run) -> str:
     for method, r in run.data["methods"].items():
         split = " / ".join(fmt(r.get(k)) for k in ("draft_ms", "prune_ms", "verify_ms", "other_ms"))
         rows.append([
-            ("llama.cpp " if is_llamacpp(method) else "") + method_label(run, method), fmt(r["tokens_per_s"], ".1f"),
+            engine_prefix(method) + method_label(run, method), fmt(r["tokens_per_s"], ".1f"),
             fmt(r.get("decode_tokens_per_s"), ".1f"), fmt(r.get("prefill_s"), ".2f"), fmt(r["speedup_vs_ar"]) + "x", fmt(r["tau"]),
-            str(r["new_tokens"]), str(r.get("steps") or "–"), split, str(r.get("same_as_ar", "–")),
+            str(r["new_tokens"]), str(r.get("steps") or "–"), split, same_ids(r),
         ])  # fmt: skip
     header = ["method", "tokens/s", "decode tokens/s", "prefill s", "vs plain", "τ", "new tokens", "target forwards",
               "draft / prune / verify / other ms a step", "ids = plain's"]  # fmt: skip
@@ -349,7 +442,7 @@ def per_set_table(run: Run) -> str:
     for name, res in sets.items():
         rows.append([name, fmt(res["ar"]["tokens_per_s"], ".1f")]
                     + [f"{fmt(res[m]['speedup_vs_ar'])}x / {fmt(res[m]['tau'])}" if m in res else "–" for m in methods])  # fmt: skip
-    header = ["set", "plain tokens/s"] + [("llama.cpp " if is_llamacpp(m) else "") + method_label(run, m) for m in methods]
+    header = ["set", "plain tokens/s"] + [engine_prefix(m) + method_label(run, m) for m in methods]
     return "Per set, speed-up over plain decoding / τ:\n\n" + table(header, rows)
 
 
@@ -437,7 +530,7 @@ def run_section(run: Run) -> str:
     for error, methods in by_error.items():
         whose = "their totals leave" if len(methods) > 1 else "its totals leave"
         parts.append(f"Not run by {', '.join(f'`{m}`' for m in methods)} ({whose} it out): {error}.")
-    parts += [x for x in (per_set_table(run), acceptance_table(run), calibration_table(run)) if x]
+    parts += [x for x in (fidelity_text(run), per_set_table(run), acceptance_table(run), calibration_table(run)) if x]
     return "\n\n".join(parts)
 
 

@@ -29,7 +29,7 @@ from ..generate import ARDrafter, Drafter, GenerationParams, StageTimes, Summary
 from ..sampling import SamplingParams
 from ..target import Target
 from . import calibrate, peers, vllm_peer
-from .methods import HF, LOOP, METHODS, PEER, VLLM, is_peer, split_method
+from .methods import HF, LOOP, METHODS, PEER, VLLM, is_peer, is_vllm, split_method
 
 WARMUP_NEW_TOKENS = 16
 PLD_NUM_TOKENS = 10  # transformers' documented default for prompt_lookup_num_tokens
@@ -177,12 +177,23 @@ def peer_runner(name: str, target: Target, gguf: Path, bin_dir: Path, threads: i
     return run
 
 
+def vllm_dtype(target: Target) -> str:
+    """The dtype vLLM runs the target's checkpoint in: bfloat16 where ours does, else float32 (vLLM
+    dequantizes nothing on the CPU: the GGUF paths' weights are the converted checkpoint's)."""
+    return "bfloat16" if target.dtype == torch.bfloat16 else "float32"
+
+
 def vllm_runner(name: str, target: Target, threads: int, configs: DrafterConfigs) -> Runner:
     """A vLLM method (dart_core/tools/vllm_peer.py) on the same prompt ids and the target's checkpoint
     (its converted safetensors), timed by vLLM's own request metrics; the engine starts here, once."""
-    dtype = "bfloat16" if target.dtype == torch.bfloat16 else "float32"
     peer = vllm_peer.VllmPeer(
-        name, target.model_dir, target.eos_ids, threads, dtype=dtype, dart_head=configs.dart.head, eagle3_head=configs.eagle3.head
+        name,
+        target.model_dir,
+        target.eos_ids,
+        threads,
+        dtype=vllm_dtype(target),
+        dart_head=configs.dart.head,
+        eagle3_head=configs.eagle3.head,
     )
     atexit.register(peer.close)
 
@@ -200,6 +211,7 @@ def vllm_runner(name: str, target: Target, threads: int, configs: DrafterConfigs
             counted_tokens=r.new_tokens,
             drafted=r.drafted,
             accepted_drafts=r.accepted,
+            top2_gaps=r.top2_gaps,
         )
 
     return run
@@ -314,6 +326,61 @@ def same_as_ar(samples: list[dict], methods: list[str]) -> dict[str, str]:
     return {m: f"{k}/{n}" for m, (k, n) in counts.items()}
 
 
+def first_difference(a: list[int], b: list[int]) -> int:
+    """The first index where two id lists differ (the shorter one's length where one is a prefix of the other)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def vllm_fidelity(samples: list[dict]) -> dict | None:
+    """vLLM's drafting methods against vLLM's own plain decoding, where `vllm` ran: per method, 'k/n'
+    prompts with vLLM plain's ids exactly, and each prompt where one parts from it, with the first
+    differing token, vLLM plain's top-2 logit gap there (its logprobs; a near-tie can round either way,
+    vLLM verifies with other matrix shapes than it decodes with) and whether vLLM's EAGLE3 rows kept to
+    vLLM plain on that prompt. None without a `vllm` row."""
+    by_prompt: dict[tuple, dict[str, dict]] = {}
+    for s in samples:
+        by_prompt.setdefault((s["dataset"], s["question_id"]), {})[s["method"]] = s
+    if not any("vllm" in runs for runs in by_prompt.values()):
+        return None
+    same: dict[str, list[int]] = {}
+    parts = []
+    for (dataset, qid), runs in by_prompt.items():
+        plain = runs.get("vllm")
+        if plain is None:
+            continue
+        ref = plain["output_ids"]
+        for m, s in runs.items():
+            if not is_vllm(m) or m == "vllm":
+                continue
+            count = same.setdefault(m, [0, 0])
+            count[1] += 1
+            if s["output_ids"] == ref:
+                count[0] += 1
+                continue
+            i = first_difference(s["output_ids"], ref)
+            gaps = plain.get("top2_gaps") or []
+            parts.append({
+                "dataset": dataset, "question_id": qid, "method": m, "index": i,
+                "vllm_token": ref[i] if i < len(ref) else None, "token": s["output_ids"][i] if i < len(s["output_ids"]) else None,
+                "top2_gap": gaps[i] if i < len(gaps) else None,
+                "eagle3_same": {e: r["output_ids"] == ref for e, r in runs.items() if e.startswith("vllm-eagle3")},
+            })  # fmt: skip
+    return {"same_as_vllm": {m: f"{k}/{n}" for m, (k, n) in same.items()}, "parts": parts}
+
+
+def fidelity_lines(fidelity: dict) -> list[str]:
+    """The vLLM fidelity in words: one line per method, one per prompt where it parts from vLLM plain."""
+    lines = [f"{m}: ids = vLLM plain's on {c} prompts" for m, c in fidelity["same_as_vllm"].items()]
+    for p in fidelity["parts"]:
+        gap = "–" if p["top2_gap"] is None else f"{p['top2_gap']:.4g}"
+        eagle = ", ".join(f"{e} {'same' if ok else 'parts too'}" for e, ok in p["eagle3_same"].items()) or "no vllm-eagle3 row"
+        lines.append(
+            f"  {p['method']} parts from vllm on {p['dataset']} {p['question_id']} at new token {p['index']} "
+            f"({p['token']} instead of {p['vllm_token']}; vLLM plain's top-2 logit gap there {gap}; {eagle})"
+        )
+    return lines
+
+
 def markdown_table(methods: dict[str, dict]) -> str:
     def fmt(v, spec):
         return "–" if v is None else format(v, spec)
@@ -373,6 +440,9 @@ class BenchRun:
             same = same_as_ar(self.samples, list(self.totals))
             for m in self.totals:
                 report[m]["same_as_ar"] = same[m]
+        fidelity = vllm_fidelity(self.samples)
+        for m, count in (fidelity or {}).get("same_as_vllm", {}).items():
+            report[m]["same_as_vllm"] = count
         return report, {d: reports(t) for d, t in self.by_set.items()}
 
 
@@ -421,7 +491,10 @@ def run_interleaved(
                 continue
             result.totals[name].add(r)
             result.by_set[dataset][name].add(r)
-            result.samples.append({"dataset": dataset, "question_id": q.get("question_id", i), "method": name, "output_ids": r.output_ids})
+            sample = {"dataset": dataset, "question_id": q.get("question_id", i), "method": name, "output_ids": r.output_ids}
+            if r.top2_gaps is not None:
+                sample["top2_gaps"] = r.top2_gaps
+            result.samples.append(sample)
             n = r.new_tokens
             tau = f" τ {n / r.steps:.2f}" if r.steps else ""
             log(f"[{i + 1}/{len(questions)}] {dataset} {name:>10}: {n:4d} tokens {n / r.wall_s:7.2f} tok/s{tau}")

@@ -75,6 +75,7 @@ class VllmRun:
     drafted: int | None
     accepted: int | None
     steps: int | None  # verify steps vLLM counted (speculative methods)
+    top2_gaps: list[float] | None = None  # plain decoding: each new token's top-2 logit gap (vLLM's logprobs)
 
     @property
     def new_tokens(self) -> int:
@@ -154,6 +155,8 @@ class VllmPeer:
 
     def generate(self, ids: list[int], max_new_tokens: int, sampling=None) -> VllmRun:
         req = {"ids": list(ids), "max_new_tokens": int(max_new_tokens), "stop_ids": self.eos_ids, "temperature": 0.0}
+        if self.k is None:  # plain decoding keeps its top-2 gaps: where a drafting method parts from it, was it a near-tie?
+            req["top2_gaps"] = True
         if sampling is not None and not sampling.greedy:
             req.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or 0, seed=sampling.seed)
         self.proc.stdin.write(json.dumps(req) + "\n")
@@ -171,6 +174,7 @@ class VllmPeer:
             drafted=None if spec is None else spec["num_draft_tokens"],
             accepted=None if spec is None else spec["num_accepted_draft_tokens"],
             steps=None if spec is None else spec["num_spec_steps"],
+            top2_gaps=r.get("top2_gaps"),
         )
 
     def close(self) -> None:
