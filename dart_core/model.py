@@ -3,8 +3,9 @@
 We own the forward pass, gpt-fast style, instead of patching Hugging Face modules: the speculative
 loop needs three things HF's forward does not give cheaply — an arbitrary (tree) attention mask over
 the new tokens, writes into a cache we can compact after acceptance, and the residual stream at a few
-chosen layers. Weights are read from an HF checkpoint directory (config.json + *.safetensors) and
-mapped onto fused projections (q|k|v and gate|up), which saves kernel launches at batch size 1.
+chosen layers. The projections are fused (q|k|v and gate|up), which saves kernel launches at batch
+size 1; a linear may keep its weight packed (BlockLinear: GGUF blocks, interleaved bf16) for the CPU
+kernels. Loading lives beside it: hf_checkpoint.py (safetensors), gguf_checkpoint.py (a GGUF's blocks).
 
 The math follows HF's modeling code (fp32 RMSNorm, rotate-half RoPE with HF's inverse frequencies,
 SDPA attention) so that greedy decoding agrees with `transformers`' own `generate` token for token.
@@ -15,14 +16,11 @@ nh / nkv = query / key-value heads, hd = head dim, V = vocab.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
 from torch import nn
 
 from . import fixed, kernels
@@ -603,105 +601,7 @@ class Transformer(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Loading HF checkpoints
-
-
-def _hf_to_ours(args: ModelArgs) -> dict[str, list[str]]:
-    """Our parameter name -> the HF tensors concatenated (on dim 0) to build it."""
-    m: dict[str, list[str]] = {
-        "tok_embeddings.weight": ["model.embed_tokens.weight"],
-        "norm.weight": ["model.norm.weight"],
-        "output.weight": ["model.embed_tokens.weight" if args.tie_word_embeddings else "lm_head.weight"],
-    }
-    for i in range(args.n_layers):
-        hf, ours = f"model.layers.{i}.", f"layers.{i}."
-        m[ours + "attention.wqkv.weight"] = [hf + f"self_attn.{p}_proj.weight" for p in "qkv"]
-        if args.qkv_bias:
-            m[ours + "attention.wqkv.bias"] = [hf + f"self_attn.{p}_proj.bias" for p in "qkv"]
-        m[ours + "attention.wo.weight"] = [hf + "self_attn.o_proj.weight"]
-        if args.qk_norm:
-            m[ours + "attention.q_norm.weight"] = [hf + "self_attn.q_norm.weight"]
-            m[ours + "attention.k_norm.weight"] = [hf + "self_attn.k_norm.weight"]
-        m[ours + "feed_forward.w13.weight"] = [hf + "mlp.gate_proj.weight", hf + "mlp.up_proj.weight"]
-        m[ours + "feed_forward.w2.weight"] = [hf + "mlp.down_proj.weight"]
-        m[ours + "attention_norm.weight"] = [hf + "input_layernorm.weight"]
-        m[ours + "ffn_norm.weight"] = [hf + "post_attention_layernorm.weight"]
-    return m
-
-
-# HF checkpoints may carry these; they are recomputed, not loaded.
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-
-
-def read_safetensors(model_dir: Path) -> dict[str, torch.Tensor]:
-    """All tensors of a (possibly sharded) safetensors checkpoint, on CPU."""
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors files in {model_dir}")
-    tensors: dict[str, torch.Tensor] = {}
-    for f in files:
-        with safe_open(str(f), framework="pt") as fh:
-            for key in fh.keys():
-                tensors[key] = fh.get_tensor(key)
-    return tensors
-
-
-def rope_parameters(hf_config) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies and attention scaling, computed by transformers' own RoPE initialisers."""
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    params = getattr(hf_config, "rope_parameters", None) or {}
-    rope_type = params.get("rope_type", "default")
-    if rope_type == "default":
-        base = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
-        dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
-        return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
-    if rope_type == "dynamic" or rope_type not in ROPE_INIT_FUNCTIONS:
-        raise ValueError(f"unsupported RoPE type {rope_type!r} (supported: default, linear, llama3, yarn)")
-    inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")
-    return inv_freq, float(scale)
-
-
-def load_transformer(model_dir: Path, dtype: torch.dtype, device: torch.device | str) -> Transformer:
-    """Build a Transformer from an HF checkpoint directory, checking every tensor name and shape."""
-    from transformers import AutoConfig
-
-    cfg = json.loads((model_dir / "config.json").read_text())
-    args = ModelArgs.from_hf_config(cfg)
-    inv_freq, rope_scale = rope_parameters(AutoConfig.from_pretrained(str(model_dir)))
-    hf = read_safetensors(model_dir)
-    with torch.device("meta"):
-        model = Transformer(args, torch.empty(args.head_dim // 2), rope_scale)
-    mapping = _hf_to_ours(args)
-    used: set[str] = set()
-    state: dict[str, torch.Tensor] = {}
-    for ours, sources in mapping.items():
-        missing = [s for s in sources if s not in hf]
-        if missing:
-            raise ValueError(f"checkpoint {model_dir} is missing tensors {missing}")
-        used.update(sources)
-        state[ours] = torch.cat([hf[s] for s in sources], dim=0) if len(sources) > 1 else hf[sources[0]]
-    unexpected = sorted(k for k in hf if k not in used and not k.endswith(_IGNORED_SUFFIXES))
-    if unexpected:
-        raise ValueError(f"checkpoint {model_dir} has unexpected tensors, e.g. {unexpected[:5]}")
-    expected = {k: v.shape for k, v in model.state_dict().items()}
-    for k, t in state.items():
-        if tuple(t.shape) != tuple(expected[k]):
-            raise ValueError(f"tensor {k} has shape {tuple(t.shape)}, config implies {tuple(expected[k])}")
-    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True, assign=True)
-    if args.tie_word_embeddings:
-        model.output.weight = model.tok_embeddings.weight  # one tensor, as in the checkpoint
-    model.inv_freq = inv_freq.float()
-    model = model.to(device).eval()
-    if dtype == torch.bfloat16 and model.inv_freq.device.type == "cpu" and default_prefill_dtype() == torch.float32:
-        # without bf16 arithmetic torch's bf16 GEMMs are emulated (a 769-token prompt took 5.3 s on
-        # AVX2 against ~1.1 s for fp32 GEMMs): the prompt runs in fp32, converting each weight per call
-        model.prefill_dtype = torch.float32
-    return model
-
-
-# ---------------------------------------------------------------------------------------------------
-# Reading a GGUF file's blocks as they are (the embedded default's own weights)
+# Linears and embeddings whose weights keep a packed layout (GGUF blocks, interleaved bf16)
 
 
 class BlockLinear(nn.Module):
@@ -767,154 +667,7 @@ def interleave_bf16_linears(model: Transformer) -> int:
     return done
 
 
-# The GGUF layout of a llama-family checkpoint (llama.cpp's names) -> ours.
-_GGUF_LAYER = {
-    "attn_norm": "attention_norm",
-    "ffn_norm": "ffn_norm",
-    "attn_output": "attention.wo",
-    "ffn_down": "feed_forward.w2",
-}
-
-
-def _gguf_rows(t, name: str) -> kernels.BlockWeight | torch.Tensor:
-    """One GGUF tensor as a BlockWeight (block formats) or an fp32 tensor (F32/F16/BF16), rows = outputs."""
-    import numpy as np
-
-    fmt = t.tensor_type.name
-    cols = int(t.shape[0])  # GGUF shapes list the innermost (contiguous) dimension first
-    rows = int(np.prod(t.shape[1:])) if len(t.shape) > 1 else 1
-    data = torch.from_numpy(np.array(t.data, copy=True))
-    if fmt in kernels.BLOCK_FORMATS:
-        return kernels.BlockWeight(fmt, rows, cols, data.reshape(rows, -1).contiguous())
-    if fmt in ("F32", "F16", "BF16"):
-        if fmt == "BF16":
-            data = data.view(torch.int16).view(torch.bfloat16)
-        return data.float().reshape(*reversed([int(s) for s in t.shape]))
-    raise ValueError(f"{name}: GGUF type {fmt} is not supported (block formats: {', '.join(kernels.BLOCK_FORMATS)}; F32/F16/BF16)")
-
-
-def _unpermute_rope_rows(n_heads: int, head_dim: int) -> torch.Tensor:
-    """Row order that undoes llama.cpp's converter permutation of q/k (pairs interleaved per head for
-    its rotary layout) back to the HF rotate-half order: HF row (h, j, i) is GGUF row h*hd + 2i + j."""
-    return torch.arange(n_heads * head_dim).view(n_heads, head_dim // 2, 2).transpose(1, 2).reshape(-1)
-
-
 def default_prefill_dtype() -> torch.dtype:
     """bf16 GEMMs for a fast GGUF model's prompt prefill where the CPU has bf16 arithmetic, else fp32
     (the exact gguf path asks for fp32: target.load_target)."""
     return torch.bfloat16 if kernels.PATH == "avx512bf16" else torch.float32
-
-
-# The linears whose inputs can be kept in fp32 on an int8-activations path (load_gguf_transformer's
-# float_inputs): each layer's q|k|v, o, gate|up and down projections, and the LM head.
-FLOAT_INPUT_LINEARS = ("wqkv", "wo", "w13", "w2", "head")
-
-
-def load_gguf_transformer(
-    gguf_path: Path,
-    model_dir: Path,
-    prefill_dtype: torch.dtype | None = None,
-    activations: str = "float",
-    float_inputs: tuple[str, ...] = (),
-) -> Transformer:
-    """A Transformer whose linears and embedding read the GGUF's blocks as they are (no unpacked copy)
-    and whose norms are its F32 tensors; config and RoPE from the HF directory `model_dir` that was
-    converted from the same file. Activations and the KV cache are fp32, so every forward on the
-    kernels is bit-identical to the same forward on the file's dequantized fp32 copy; with
-    activations="int8" or "int16" the kernels' linears quantize their inputs per block
-    (kernels.ACTIVATIONS) and are no longer exact, still batch-invariant; the linears named in float_inputs
-    (FLOAT_INPUT_LINEARS) keep fp32 inputs there (a diagnostic of where int8 costs fidelity:
-    dart_core/cli/fidelity.py --float-inputs). Prefill's GEMMs are prefill_dtype's (default:
-    default_prefill_dtype()), whatever the activations."""
-    import gguf
-    from transformers import AutoConfig
-
-    if not kernels.AVAILABLE:
-        raise RuntimeError("GGUF weights run on the CPU kernels, which are not built here (pip install -e . builds them)")
-    cfg = json.loads((model_dir / "config.json").read_text())
-    args = ModelArgs.from_hf_config(cfg)
-    if args.arch != "llama" or args.qkv_bias or args.qk_norm:
-        raise ValueError(f"GGUF weights are read for llama-architecture targets, not {args.arch}")
-    inv_freq, rope_scale = rope_parameters(AutoConfig.from_pretrained(str(model_dir)))
-    reader = gguf.GGUFReader(str(gguf_path))
-    tensors = {t.name: t for t in reader.tensors}
-    used: set[str] = set()
-    gemm = prefill_dtype or default_prefill_dtype()
-
-    def get(name: str):
-        if name not in tensors:
-            raise ValueError(f"{gguf_path.name} has no tensor {name}")
-        used.add(name)
-        return _gguf_rows(tensors[name], name)
-
-    if activations not in kernels.ACTIVATIONS:
-        raise ValueError(f"activations {activations!r}: choose one of {', '.join(kernels.ACTIVATIONS)}")
-    unknown = sorted(set(float_inputs) - set(FLOAT_INPUT_LINEARS))
-    if unknown or (float_inputs and activations != "int8"):
-        raise ValueError(
-            f"float_inputs names linears of an int8-activations path ({', '.join(FLOAT_INPUT_LINEARS)}), got {list(float_inputs)}"
-        )
-
-    def block(name: str, role: str, perm: torch.Tensor | None = None) -> kernels.BlockWeight:
-        w = get(name)
-        if not isinstance(w, kernels.BlockWeight):
-            raise ValueError(f"{name}: expected a block format, got {tensors[name].tensor_type.name}")
-        return (w if perm is None else w.select_rows(perm)).with_activations("float" if role in float_inputs else activations)
-
-    def layer_weight(w: kernels.BlockWeight) -> kernels.BlockWeight:
-        # quantized activations: rows interleaved in 16s (the same bytes), one integer lane a row
-        # (int16 runs on that layout only; BlockWeight.interleaved says what it takes)
-        if w.activations == "int16" or (w.activations == "int8" and w.fmt in kernels.X16_FORMATS and w.rows % 16 == 0):
-            return w.interleaved()
-        return w
-
-    with torch.device("meta"):
-        model = Transformer(args, torch.empty(args.head_dim // 2), rope_scale)
-    H, hd = args.hidden_size, args.head_dim
-    embed = block("token_embd.weight", "head")
-    if embed.shape != (args.vocab_size, H):
-        raise ValueError(f"token_embd.weight is {embed.shape}, the config implies {(args.vocab_size, H)}")
-    if "output.weight" in tensors:
-        model.tok_embeddings = BlockEmbedding(embed)
-        model.output = BlockLinear(layer_weight(block("output.weight", "head")), gemm)
-    else:  # tied: one copy, interleaved where the LM head wants it (the lookup reads either layout)
-        embed = layer_weight(embed)
-        model.tok_embeddings, model.output = BlockEmbedding(embed), BlockLinear(embed, gemm)
-    model.norm.weight = nn.Parameter(get("output_norm.weight"), requires_grad=False)
-    q_perm, k_perm = _unpermute_rope_rows(args.n_heads, hd), _unpermute_rope_rows(args.n_kv_heads, hd)
-    for i, layer in enumerate(model.layers):
-        p = f"blk.{i}."
-        wqkv = kernels.BlockWeight.cat(
-            [block(p + "attn_q.weight", "wqkv", q_perm), block(p + "attn_k.weight", "wqkv", k_perm), block(p + "attn_v.weight", "wqkv")]
-        )
-        layer.attention.wqkv = BlockLinear(layer_weight(wqkv), gemm)
-        layer.attention.wo = BlockLinear(layer_weight(block(p + "attn_output.weight", "wo")), gemm)
-        w13 = kernels.BlockWeight.cat([block(p + "ffn_gate.weight", "w13"), block(p + "ffn_up.weight", "w13")])
-        layer.feed_forward.w13 = BlockLinear(layer_weight(w13), gemm)
-        layer.feed_forward.w2 = BlockLinear(layer_weight(block(p + "ffn_down.weight", "w2")), gemm)
-        layer.attention_norm.weight = nn.Parameter(get(p + "attn_norm.weight"), requires_grad=False)
-        layer.ffn_norm.weight = nn.Parameter(get(p + "ffn_norm.weight"), requires_grad=False)
-        expect = {
-            "wqkv": ((args.n_heads + 2 * args.n_kv_heads) * hd, H),
-            "wo": (H, args.n_heads * hd),
-            "w13": (2 * args.intermediate_size, H),
-            "w2": (H, args.intermediate_size),
-        }
-        got = {
-            "wqkv": wqkv.shape,
-            "wo": layer.attention.wo.weight.shape,
-            "w13": layer.feed_forward.w13.weight.shape,
-            "w2": layer.feed_forward.w2.weight.shape,
-        }
-        for k, v in expect.items():
-            if tuple(got[k]) != v:
-                raise ValueError(f"layer {i} {k}: GGUF gives {tuple(got[k])}, the config implies {v}")
-    unexpected = sorted(set(tensors) - used - {"rope_freqs.weight"})
-    if unexpected:
-        raise ValueError(f"{gguf_path.name} has tensors this loader does not place, e.g. {unexpected[:5]}")
-    leftover = [n for n, p in model.named_parameters() if p.is_meta]
-    if leftover:
-        raise ValueError(f"no GGUF tensor for {leftover[:5]}")
-    model.inv_freq = inv_freq.float()
-    model.prefill_dtype = gemm if gemm != torch.float32 else None
-    return model.eval()

@@ -19,7 +19,9 @@ import torch
 
 from . import kernels as kernel_ops
 from .loading import AUTO, DEFAULT_MODEL, GGUF, GGUF_INT8, GGUF_INT16, GGUF_PATHS, embedded_gguf_path, parse_dtype, resolve_model_dir
-from .model import BlockLinear, ForwardOutput, KVCache, Transformer, interleave_bf16_linears, load_gguf_transformer, load_transformer
+from .gguf_checkpoint import load_gguf_transformer
+from .hf_checkpoint import load_transformer
+from .model import BlockLinear, ForwardOutput, KVCache, Transformer, interleave_bf16_linears
 from .tree import DraftTree
 
 log = logging.getLogger(__name__)
@@ -143,10 +145,10 @@ FLOAT_INPUTS_MARK = "+fp32:"  # "gguf-int8+fp32:wqkv+w2": gguf-int8 with those l
 
 def weights_spec(spec: str) -> tuple[str, tuple[str, ...]]:
     """A weights path name as the diagnostics take it -> (dtype, float_inputs): a --dtype choice, or
-    "gguf-int8+fp32:" and linears joined by "+" (model.FLOAT_INPUT_LINEARS) for load_target's
+    "gguf-int8+fp32:" and linears joined by "+" (gguf_checkpoint.FLOAT_INPUT_LINEARS) for load_target's
     float_inputs. ValueError for anything else."""
     from .loading import DTYPE_CHOICES
-    from .model import FLOAT_INPUT_LINEARS
+    from .gguf_checkpoint import FLOAT_INPUT_LINEARS
 
     dtype, mark, rest = spec.partition(FLOAT_INPUTS_MARK)
     names = tuple(n for n in rest.split("+") if n) if mark else ()
@@ -186,7 +188,7 @@ def load_target(
     dart_core.tools.calibrate.choose_weights.)
 
     kernels=False keeps every forward on the eager torch path (see Transformer). float_inputs, with
-    "gguf-int8" only: linears (model.FLOAT_INPUT_LINEARS) whose inputs stay fp32, a diagnostic."""
+    "gguf-int8" only: linears (gguf_checkpoint.FLOAT_INPUT_LINEARS) whose inputs stay fp32, a diagnostic."""
     from transformers import AutoTokenizer
 
     device = torch.device(device)

@@ -51,7 +51,8 @@ from dart_core.drafters.dart import DartDrafter, DartParams  # noqa: E402
 from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3Params  # noqa: E402
 from dart_core.drafters.head import head_dtype  # noqa: E402
 from dart_core.generate import Summary  # noqa: E402
-from dart_core.model import ModelArgs, Transformer, load_transformer  # noqa: E402
+from dart_core.hf_checkpoint import load_transformer  # noqa: E402
+from dart_core.model import ModelArgs, Transformer  # noqa: E402
 from dart_core.target import Target  # noqa: E402
 from dart_core.tools.training import new_head_from_target  # noqa: E402
 from dart_core.tree import DraftTree  # noqa: E402

@@ -15,7 +15,7 @@ import torch
 import ngram_cpp
 from dart_core import kernels
 from dart_core.generate import Proposal
-from dart_core.model import load_transformer
+from dart_core.hf_checkpoint import load_transformer
 from dart_core.target import Target, interleave_for_this_cpu
 from dart_core.tree import DraftTree
 from ngram_cpp.reference import PruneParams, PyNGramModel

@@ -127,7 +127,7 @@ def test_cache_overflow_is_an_error(tiny_llama):
 def test_checkpoint_with_wrong_tensors_is_refused(tmp_path, tiny_ckpt):
     from safetensors.torch import load_file, save_file
 
-    from dart_core.model import load_transformer
+    from dart_core.hf_checkpoint import load_transformer
 
     _, path = tiny_ckpt
     bad = tmp_path / "bad"
