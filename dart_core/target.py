@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 
 from . import kernels as kernel_ops
-from .loading import AUTO, DEFAULT_MODEL, GGUF, GGUF_INT8, GGUF_INT16, GGUF_PATHS, embedded_gguf_path, parse_dtype, resolve_model_dir
 from .gguf_checkpoint import load_gguf_transformer
 from .hf_checkpoint import load_transformer
+from .loading import AUTO, DEFAULT_MODEL, GGUF, GGUF_INT8, GGUF_INT16, GGUF_PATHS, embedded_gguf_path, parse_dtype, resolve_model_dir
 from .model import BlockLinear, ForwardOutput, KVCache, Transformer, interleave_bf16_linears
 from .tree import DraftTree
 
@@ -147,8 +147,8 @@ def weights_spec(spec: str) -> tuple[str, tuple[str, ...]]:
     """A weights path name as the diagnostics take it -> (dtype, float_inputs): a --dtype choice, or
     "gguf-int8+fp32:" and linears joined by "+" (gguf_checkpoint.FLOAT_INPUT_LINEARS) for load_target's
     float_inputs. ValueError for anything else."""
-    from .loading import DTYPE_CHOICES
     from .gguf_checkpoint import FLOAT_INPUT_LINEARS
+    from .loading import DTYPE_CHOICES
 
     dtype, mark, rest = spec.partition(FLOAT_INPUTS_MARK)
     names = tuple(n for n in rest.split("+") if n) if mark else ()

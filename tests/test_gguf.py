@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from dart_core import kernels
-from dart_core.loading import GGUF, GGUF_INT8, GGUF_INT16, embedded_gguf_path, ensure_embedded_model
 from dart_core.gguf_checkpoint import load_gguf_transformer
+from dart_core.loading import GGUF, GGUF_INT8, GGUF_INT16, embedded_gguf_path, ensure_embedded_model
 from dart_core.model import BlockEmbedding, BlockLinear
 
 from support import node_logits_equal_steps, random_tree

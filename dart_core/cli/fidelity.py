@@ -22,8 +22,8 @@ from pathlib import Path
 
 from .. import kernels
 from ..generate import ARDrafter, GenerationParams, complete
-from ..loading import DTYPE_CHOICES, GGUF_INT8
 from ..gguf_checkpoint import FLOAT_INPUT_LINEARS
+from ..loading import DTYPE_CHOICES, GGUF_INT8
 from ..target import FLOAT_INPUTS_MARK, load_target, weights_spec
 from ..tools.bench import held_out_questions
 from ..tools.fidelity import first_divergence, teacher_forced_agreement
