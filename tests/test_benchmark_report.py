@@ -182,11 +182,12 @@ def test_vllm_rows_name_their_engine_ratios_and_where_they_part():
     run = report.Run("v", {"name": "v", "args": []}, data)
     summary = report.summary_table([run])
     assert "| vLLM 0.32.0 (CPU build), fp32 safetensors | plain |" in summary
-    assert "DART chain (our plugin), draft length 2 | 19.5 |" in summary and "0/2 (vLLM plain's: 1/2)" in summary
+    assert "EAGLE3 chain (1 draft) |" in summary and "EAGLE3 chain (2 drafts)" not in summary  # at its fastest only
+    assert "DART chain, our plugin (2 drafts) | 19.5 |" in summary and "0/2 (vLLM plain's: 1/2)" in summary
     ratios = report.vllm_ratios(run)
-    assert "EAGLE3 chain, draft length 1 15.6 tokens/s, 1.20x / 1.20x vLLM plain's (τ 1.40, accepted/drafted 40/100)" in ratios
+    assert "EAGLE3 chain (1 draft) 15.6 tokens/s, 1.20x / 1.20x vLLM plain's (τ 1.40, accepted/drafted 40/100)" in ratios
     assert ratios.endswith("vLLM's DART chain against its EAGLE3 chain: 1.25x / 1.25x.")  # against the faster EAGLE3 (@1)
     text = report.fidelity_text(run)
-    assert "vLLM DART chain (our plugin), draft length 2 1/2" in text
+    assert "vLLM DART chain, our plugin (2 drafts) 1/2" in text
     assert "| gsm8k 7 | vllm-dart@2 | 41 | 12 / 11 | 0.00012 | same, same |" in text
     assert "| vLLM | vLLM 0.32.0 (CPU build), fp32 safetensors" in report.env_table(run)

@@ -48,7 +48,7 @@ LABELS = {
     "dart-noctx": "DART, no context n-gram", "dart-adaptive": "DART, adaptive tree",
     "llamacpp": "plain", "llamacpp-lookup": "lookup", "llamacpp-eagle3": "EAGLE3 chain",
     "llamacpp-ngram-simple": "ngram-simple", "llamacpp-ngram-map-k": "ngram-map-k", "llamacpp-ngram-mod": "ngram-mod",
-    "vllm": "plain", "vllm-eagle3": "EAGLE3 chain", "vllm-dart": "DART chain (our plugin)",
+    "vllm": "plain", "vllm-eagle3": "EAGLE3 chain", "vllm-dart": "DART chain, our plugin",
 }  # fmt: skip
 
 
@@ -157,10 +157,14 @@ def method_label(run: Run, method: str) -> str:
     base, _, at = method.partition("@")
     label = LABELS.get(base, base)
     steps = head_steps(run.env, method)
-    if is_llamacpp(method) or is_vllm(method):
+    if is_llamacpp(method):
         parts = [f"draft length {at}"] if at else []
         parts += [f"head at {steps}"] if steps else []
         return f"{label}, {', '.join(parts)}" if parts else label
+    if is_vllm(method):  # as ours: draft tokens a step and the head's training steps in brackets
+        parts = [f"{at} draft{'s' if at != '1' else ''}"] if at else []
+        parts += [steps] if steps else []
+        return f"{label} ({', '.join(parts)})" if parts else label
     nodes = int(at) if at else (run.env.get("tree_sizes") or {}).get(base, {}).get("max_nodes")
     parts = [f"{nodes} node{'s' if nodes != 1 else ''}"] if nodes is not None and base != "ar" else []
     parts += [steps] if steps else []
@@ -236,14 +240,24 @@ def unequal_heads(env: dict) -> bool:
     return None not in steps and len(steps) == 2
 
 
+def slower_draft_length(run: Run, method: str) -> bool:
+    """Whether a peer's method@N ran at another draft length that was faster in the same run (the
+    README shows each peer method at its fastest; every length stays in docs/benchmarks.md)."""
+    if "@" not in method or not (is_llamacpp(method) or is_vllm(method)):
+        return False
+    m, base = run.data["methods"], method.partition("@")[0]
+    return any(k.partition("@")[0] == base and r["tokens_per_s"] > m[method]["tokens_per_s"] for k, r in m.items())
+
+
 def summary_table(runs: list[Run]) -> str:
-    """One row per method of each run; the CPU kind and the engine are named where they change. EAGLE3
-    rows of a run whose heads had unequal training are left out: the README compares equal budgets
-    only (the rows stay in each run's section of docs/benchmarks.md)."""
+    """One row per method of each run, a peer's method at its fastest draft length; the CPU kind and
+    the engine are named where they change. EAGLE3 rows of a run whose heads had unequal training are
+    left out: the README compares equal budgets only (the rows stay in each run's section of
+    docs/benchmarks.md)."""
     rows, last_kind, last_engine = [], None, None
     for run in runs:
         for method, r in run.data["methods"].items():
-            if method_head(method) == "eagle3" and unequal_heads(run.env):
+            if (method_head(method) == "eagle3" and unequal_heads(run.env)) or slower_draft_length(run, method):
                 continue
             kind = kernel_label(run.env)
             engine = engine_label(run.env, method)
