@@ -11,10 +11,11 @@ another's state.
 Speeds count engine time only: the seconds spent inside the generation loop (prefill included),
 not the time the UI spends drawing between steps, nor time spent waiting in the queue.
 
-Compare mode may end with a peer, another engine on the same prompt ids: llama.cpp's own binaries on
-the GGUF the target came from (`Peer`, dart_core/tools/peers.py). It runs as one subprocess on the compute
-thread too, so it never shares the cores with an engine step, and yields a `PeerResult`, a Run
-without steps whose time is llama.cpp's own prefill + decode timers.
+Compare mode may end with peers, other engines on the same prompt ids (`Peer`): llama.cpp's own
+binaries on the GGUF the target came from (dart_core/tools/peers.py), and vLLM's engine on its converted
+checkpoint, plain or drafting with our heads through this project's plugin (dart_core/tools/vllm_peer.py,
+`--compare-vllm`). A peer runs on the compute thread too, so it never shares the cores with an engine
+step, and yields a `PeerResult`, a Run without steps whose time is the peer's own prefill + decode.
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ from typing import Callable, Iterator, TypeVar
 
 from dart_core import ARDrafter, Drafter, DraftTree, GenerationParams, SamplingParams, StepEvent, Summary, generate
 from dart_core.target import Target
-from dart_core.tools.methods import METHODS
+from dart_core.tools.methods import METHODS, is_vllm
 from dart_core.tools.peers import PeerError, PeerRun, split_peer_method
+from dart_core.tools.vllm_peer import VllmRun, split_vllm_method
 
 METHOD_ORDER = ("dart", "eagle3", "ar")  # the methods the app runs (dart_core.tools.methods), in compare mode's order
-PEER_TIMEOUT_S = 300.0  # a llama.cpp run longer than this is killed and shown as failed (Stop cannot end it sooner)
+PEER_TIMEOUT_S = 300.0  # a peer's run longer than this is killed and shown as failed (Stop cannot end it sooner)
 MAX_PROMPT_CHARS = 20_000  # rejects pasted novels before tokenising them
 MIN_REFERENCE_TOKENS = 16  # an AR run shorter than this is mostly prefill: a poor speed reference
 INCOMPLETE_CHAR = "\ufffd"  # what the tokenizer decodes a partial UTF-8 sequence to
@@ -185,26 +187,35 @@ def peer_label(method: str, gguf_note: str = "same GGUF") -> str:
     return f"{METHODS[base].label}{'' if size is None else f'@{size}'} ({gguf_note})"
 
 
+def vllm_label(method: str, dtype: str = "float32") -> str:
+    """'vllm-dart@2' -> 'vLLM DART (plugin)@2 (converted checkpoint, fp32)'."""
+    base, size = split_vllm_method(method)
+    weights = {"float32": "fp32", "bfloat16": "bf16"}.get(dtype, dtype)
+    return f"{METHODS[base].label}{'' if size is None else f'@{size}'} (converted checkpoint, {weights})"
+
+
 @dataclass(frozen=True)
 class Peer:
-    """Another engine compare mode runs on the same prompt: a llama.cpp method (dart_core/tools/peers.py)."""
+    """Another engine compare mode runs on the same prompt: a llama.cpp method (dart_core/tools/peers.py)
+    or a vLLM one (dart_core/tools/vllm_peer.py)."""
 
-    method: str  # a dart_core.tools.peers method name: "llamacpp", "llamacpp-lookup@4", ...
+    method: str  # a method name of either: "llamacpp", "llamacpp-lookup@4", "vllm", "vllm-dart@2", ...
     label: str  # how the panes and the summary name it
-    runner: object  # has .generate(ids, max_new_tokens, sampling) -> PeerRun (peers.LlamaCppPeer)
+    runner: object  # has .generate(ids, max_new_tokens, sampling) -> PeerRun (peers.LlamaCppPeer) or VllmRun (vllm_peer.VllmPeer)
     threads: int  # the CPU threads it runs with (the engine's)
 
 
 @dataclass
 class PeerResult(Run):
-    """One prompt through a peer: one subprocess, not streamed; its text arrives when it ends.
+    """One prompt through a peer: not streamed; its text arrives when it ends.
 
-    Counts and times are llama.cpp's own (as in the bench): new tokens up to the EOS, target forwards
-    (plain decoding: one per token), engine time = its prefill + decode timers (process start and
-    model load not counted). output_ids are its text re-tokenized with the target's tokenizer."""
+    Counts and times are the peer's own (as in the bench): new tokens up to the EOS, target forwards
+    (plain decoding: one per token; vLLM's drafting methods: its verify steps + the prefill), engine
+    time = its prefill + decode (llama.cpp's timers, vLLM's request metrics; process start and model
+    load not counted). output_ids: llama.cpp's text re-tokenized with the target's tokenizer, vLLM's ids."""
 
     peer_label: str = ""
-    peer: PeerRun | None = None
+    peer: PeerRun | VllmRun | None = None
     error: str | None = None  # why it failed (shown in its pane and the summary)
     threads: int = 0
     sampled: bool = False  # temperature > 0: llama.cpp's own sampler and random numbers
@@ -212,6 +223,11 @@ class PeerResult(Run):
     @property
     def label(self) -> str:
         return self.peer_label or self.method
+
+    @property
+    def engine_name(self) -> str:
+        """The peer's engine, as the panes name it: "vLLM" or "llama.cpp"."""
+        return "vLLM" if is_vllm(self.method) else "llama.cpp"
 
     @property
     def done(self) -> bool:

@@ -8,12 +8,15 @@ The llama.cpp row (--compare-llamacpp): compare mode ends with llama.cpp's own b
 on the GGUF the target came from, with the engine's thread count. By default it is on where it can
 run (the binaries are built, and the target is the embedded GGUF model or --gguf names one); the
 header says what runs or why nothing does. Asked for with the flag and unable to run, the app starts
-anyway and says why in its notes, never silently.
+anyway and says why in its notes, never silently. The vLLM rows (--compare-vllm vllm,vllm-dart@2):
+vLLM's engine in the venv `make vllm` builds, on the target's converted checkpoint, after llama.cpp's
+row; off unless asked for, reported the same way.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
 import os
 import time
@@ -41,10 +44,21 @@ from dart_core.drafters.config import DartConfig, DrafterConfigs, Eagle3Config  
 from dart_core.drafters.head import trained_record  # noqa: E402
 from dart_core.drafters.registry import DEFAULT_HEADS, build_drafter, embedded_head_exists, ngram_choice  # noqa: E402
 from dart_core.loading import AUTO, DEFAULT_MODEL, EMBEDDED_NAME, TARGET_DTYPE_CHOICES  # noqa: E402
-from dart_core.tools import calibrate, peers  # noqa: E402
+from dart_core.tools import calibrate, peers, vllm_peer  # noqa: E402
+from dart_core.tools.bench import vllm_dtype  # noqa: E402
 from dart_core.tools.methods import METHODS  # noqa: E402
 
-from .engine import MIN_REFERENCE_TOKENS, PEER_TIMEOUT_S, ComputeThread, Engine, Peer, available_cores, engine_threads, peer_label  # noqa: E402
+from .engine import (  # noqa: E402
+    MIN_REFERENCE_TOKENS,
+    PEER_TIMEOUT_S,
+    ComputeThread,
+    Engine,
+    Peer,
+    available_cores,
+    engine_threads,
+    peer_label,
+    vllm_label,
+)
 from .render import CostPath, CostView  # noqa: E402
 from .ui import CSS_PATH, Settings, build_demo  # noqa: E402
 
@@ -104,6 +118,16 @@ def parse_args(argv=None) -> argparse.Namespace:
         help=f"comma-separated llama.cpp methods for the compare rows, run in this order (default: llamacpp, plain decoding; "
         f"choices as in the bench: {', '.join(peers.PEER_METHODS)})",
     )
+    g.add_argument(
+        "--compare-vllm",
+        default="",
+        metavar="METHODS",
+        help="comma-separated vLLM methods compare mode runs after llama.cpp's (e.g. vllm,vllm-eagle3@1,vllm-dart@2: vLLM's plain "
+        "decoding, our EAGLE3 head through vLLM's eagle3, our DART head through this project's plugin; @N draft tokens a step). "
+        "Each is one vLLM engine on the target's converted checkpoint, in the venv `make vllm` builds (docs/vllm.md), started "
+        "with the app (tens of seconds each) and given the engine's thread count. Default: none. Unable to run, the app starts "
+        "anyway and its header says why",
+    )
     g = p.add_argument_group("server")
     g.add_argument("--listen", action="store_true", help="bind 0.0.0.0 instead of 127.0.0.1")
     g.add_argument("--share", action="store_true", help="ask Gradio for a public link")
@@ -120,6 +144,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--llamacpp-methods: {e}")
     if len(set(args.llamacpp_methods)) != len(args.llamacpp_methods):
         p.error("--llamacpp-methods: a method is named twice")
+    args.compare_vllm = [m.strip() for m in args.compare_vllm.split(",") if m.strip()]
+    try:
+        for m in args.compare_vllm:
+            vllm_peer.split_vllm_method(m)
+    except ValueError as e:
+        p.error(f"--compare-vllm: {e}")
+    if len(set(args.compare_vllm)) != len(args.compare_vllm):
+        p.error("--compare-vllm: a method is named twice")
     try:
         drafter_configs(args, args.base_model_name_or_path == DEFAULT_MODEL)  # every drafter flag in range, before anything loads
     except ValueError as e:
@@ -366,6 +398,39 @@ def load_peers(args, target, default_target: bool, notes: list[str], progress: P
     return loaded, " ".join(parts) or None
 
 
+def load_vllm_peers(args, target, configs: DrafterConfigs, notes: list[str], progress: Progress) -> tuple[list[Peer], str | None]:
+    """The vLLM peers of --compare-vllm (none by default): one vLLM engine each, started here on the
+    target's converted checkpoint with the engine's thread count, drafting with this app's heads. Unable
+    to run (no `make vllm` venv, an engine that does not start): a note and the header's line, not an error."""
+    if not args.compare_vllm:
+        return [], None
+    threads = torch.get_num_threads()
+    why = vllm_peer.unavailable()
+    loaded, reasons = [], [] if why is None else [why]
+    for method in args.compare_vllm if why is None else []:
+        progress(f"vLLM peer {method}: starting its engine")
+        try:
+            runner = vllm_peer.VllmPeer(
+                method, target.model_dir, target.eos_ids, threads, dtype=vllm_dtype(target),
+                dart_head=configs.dart.head, eagle3_head=configs.eagle3.head, timeout_s=PEER_TIMEOUT_S,
+            )  # fmt: skip
+        except Exception as e:  # noqa: BLE001 (a peer that cannot start is reported, the app still starts)
+            reasons.append(f"{method}: {e}")
+            continue
+        atexit.register(runner.close)
+        loaded.append(Peer(method, vllm_label(method, runner.dtype), runner, threads))
+    parts = []
+    if loaded:
+        parts.append(
+            f"Compare mode ends with {', '.join(p.label for p in loaded)}: vLLM {loaded[0].runner.version} on the target's converted "
+            f"checkpoint, the same prompt ids, {threads} thread{'s' if threads != 1 else ''} as the engine, run after the engine's "
+            "methods, never beside them."
+        )
+    if reasons:  # asked for and unable to run: the header's notes say why
+        notes.append(f"--compare-vllm was given, but not every vLLM row can run: {'; '.join(reasons)}")
+    return loaded, " ".join(parts) or None
+
+
 def load_models(args, compute: ComputeThread) -> Loaded:
     """Target, then the heads; each step logged. Nothing is loaded at import time. Runs on `compute`,
     the thread every later step runs on (app/engine.py, ComputeThread)."""
@@ -391,6 +456,9 @@ def load_models(args, compute: ComputeThread) -> Loaded:
     if eagle3 is not None:
         drafters["eagle3"] = eagle3
     peer_list, peers_line = load_peers(args, target, default_target, notes, progress)
+    vllm_list, vllm_line = load_vllm_peers(args, target, configs, notes, progress)
+    peer_list += vllm_list
+    peers_line = " ".join(x for x in (peers_line, vllm_line) if x) or None
     for n in notes:
         log.warning("note: %s", n)
     pruner = None
@@ -446,16 +514,17 @@ def warm_up(engine: Engine) -> None:
 
 
 def warm_up_peers(engine: Engine, notes: list[str]) -> list[str]:
-    """One short run of each llama.cpp peer (it also brings the GGUF into the page cache). A peer that
-    fails it is dropped, with a note saying why; returns the methods dropped."""
+    """One short run of each peer (it also brings llama.cpp's GGUF into the page cache; vLLM's first
+    request is its slowest). A peer that fails it is dropped, with a note saying why; returns the
+    methods dropped."""
     req = engine.request([{"role": "user", "content": WARMUP_PROMPT}], "ar", min(WARMUP_TOKENS, engine.max_new_tokens), 0.0, 1.0, 0)
     dropped = []
     for method in list(engine.peers):
         r = engine.run_peer(req, method)
         if r.error is not None:
             first = r.error.strip().splitlines()[0] if r.error.strip() else "no reason given"
-            notes.append(f"{r.label} failed its warm-up run, so compare mode has no llama.cpp row: {first}")
-            log.warning("llama.cpp peer %s failed its warm-up run:\n%s", method, r.error)
+            notes.append(f"{r.label} failed its warm-up run, so compare mode has no {r.engine_name} row for it: {first}")
+            log.warning("%s peer %s failed its warm-up run:\n%s", r.engine_name, method, r.error)
             del engine.peers[method]
             dropped.append(method)
         else:
@@ -488,7 +557,8 @@ def build_app(args: argparse.Namespace):
     settings = Settings(
         target_label=target_label(args, engine),
         default_new_tokens=min(DEFAULT_NEW_TOKENS, args.max_new_tokens),
-        compare=(args.compare_eagle3 or args.compare_llamacpp is True) and len(engine.methods) + len(engine.peers) > 1,
+        compare=(args.compare_eagle3 or args.compare_llamacpp is True or bool(args.compare_vllm))
+        and len(engine.methods) + len(engine.peers) > 1,
         pruner=loaded.pruner,
         exact=exact_texts(loaded.configs, engine.target),
         notes=tuple(loaded.notes),

@@ -5,13 +5,15 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
+from dart_core.tools.vllm_peer import VllmRun
+
 from .engine import PeerResult, Run
 
 PREVIEW_CANDIDATES = 5  # candidates per depth shown in the step details
 CURSOR = '<span class="cursor">▍</span>'
 GENERATING = "generating…"
 STOPPED = "stopped by you"
-RUNNING_PEER = "running llama.cpp…"
+RUNNING_PEER = "running llama.cpp…"  # running(run) and failed(run) name each peer's engine; these are llama.cpp's
 PEER_FAILED = "llama.cpp failed"
 PEER_FOOTNOTE = (
     "* llama.cpp promises no bit-exactness with this engine: it computes otherwise (the activations quantized to Q8 "
@@ -23,6 +25,25 @@ PEER_SAMPLED = (
     "sampled by llama.cpp's own sampler chain and random numbers (same temperature, top-p and top-k): "
     "its text is not expected to match ours"
 )
+VLLM_FOOTNOTE = (
+    "* vLLM runs the converted checkpoint (the GGUF's weights dequantized) with its own kernels, and verifies drafts with "
+    "other matrix shapes than it decodes with, so a near-tie can round either way: a \"no\" in its rows is not a bug of this "
+    "engine. Its ids are its own; its time is its request metrics' prefill + decode (engine start not counted); it ran "
+    "after the engine's methods, with the engine's thread count."
+)
+VLLM_SAMPLED = (
+    "sampled by vLLM's own sampler and random numbers (same temperature, top-p and top-k; its rejection sampler for "
+    "the drafts): its text is not expected to match ours"
+)
+
+
+def running(run: PeerResult) -> str:
+    """ "running llama.cpp…" or "running vLLM…" while a peer's run is under way."""
+    return f"running {run.engine_name}…"
+
+
+def failed(run: PeerResult) -> str:
+    return f"{run.engine_name} failed"
 
 
 def render_chunks(run: Run) -> str:
@@ -57,7 +78,7 @@ def stats_text(run: Run, speedup: float | None) -> str:
     """One line: tokens, tokens/s, τ, speed-up, and why it stopped (plain text, escape before use)."""
     if isinstance(run, PeerResult) and not (run.done and run.peer is not None):
         # nothing to count yet (it prints its text when it ends), or it failed: say which
-        state = f"stopped: {PEER_FAILED}" if run.done else STOPPED if run.stopped else RUNNING_PEER
+        state = f"stopped: {failed(run)}" if run.done else STOPPED if run.stopped else running(run)
         return f"{run.label} · {state}"
     parts = [f"{run.label}", f"{run.new_tokens} tokens", f"{run.tokens_per_s:.1f} tok/s", f"τ {run.tau:.2f}"]
     if speedup is not None:
@@ -77,17 +98,23 @@ def notice_html(text: str) -> str:
 
 
 def peer_body(run: PeerResult) -> str:
-    """A llama.cpp pane's body: "running llama.cpp…" while its subprocess runs, then its text (one
-    block: it gives no per-forward chunks) and how it ran, or why it failed."""
+    """A peer's pane body: "running llama.cpp…" (or vLLM) while it runs, then its text (one block: it
+    gives no per-forward chunks) and how it ran, or why it failed."""
     if run.error is not None:
-        return f'<div class="gen peer-error">{html.escape(PEER_FAILED)}: {html.escape(run.error)}</div>'
+        return f'<div class="gen peer-error">{html.escape(failed(run))}: {html.escape(run.error)}</div>'
     if run.peer is None:
-        what = STOPPED if run.stopped else RUNNING_PEER + " (one subprocess: its text appears when it ends)"
+        what = STOPPED if run.stopped else running(run) + " (another process: its text appears when it ends)"
         return f'<div class="gen peer-running">{html.escape(what)}</div>'
     p = run.peer
+    threads = f"{run.threads} thread{'s' if run.threads != 1 else ''}"
+    if isinstance(p, VllmRun):
+        drafts = f"; {p.accepted} of {p.drafted} drafted tokens accepted" if p.drafted else ""
+        how = f"vLLM's engine, {threads}: prefill {p.prefill_s:.2f} s + decode {p.decode_s:.2f} s by its request metrics{drafts}"
+        notes = [how] + ([VLLM_SAMPLED] if run.sampled else [])
+        return f'<div class="gen">{html.escape(run.text)}</div>' + "".join(f'<p class="note">{html.escape(n)}</p>' for n in notes)
     exe = p.command[0].rsplit("/", 1)[-1] if p.command else "llama.cpp"
     how = (
-        f"{exe}, {run.threads} thread{'s' if run.threads != 1 else ''}: prefill {p.timings.prefill_s:.2f} s + decode "
+        f"{exe}, {threads}: prefill {p.timings.prefill_s:.2f} s + decode "
         f"{p.timings.decode_s:.2f} s by its own timers (the whole process took {p.process_s:.2f} s, model load included)"
     )
     notes = [how] + ([PEER_SAMPLED] if run.sampled else [])
@@ -128,7 +155,7 @@ def summary_html(runs: list[Run], speedups: list[float | None], greedy: bool, ex
         if peer and r.peer is None:  # failed: its pane has the whole message
             first = (r.error or "").strip().splitlines()[0] if (r.error or "").strip() else "no reason given"
             rows.append(
-                f'<tr class="peer-failed"><td>{html.escape(r.label)}</td><td colspan="{len(head) - 1}">{html.escape(PEER_FAILED)}: '
+                f'<tr class="peer-failed"><td>{html.escape(r.label)}</td><td colspan="{len(head) - 1}">{html.escape(failed(r))}: '
                 f'{html.escape(first)}</td></tr>'
             )
             continue
@@ -154,8 +181,11 @@ def summary_html(runs: list[Run], speedups: list[float | None], greedy: bool, ex
             '<p class="note">This target runs the eager path in reduced precision: a tree verify may round a near-tie '
             "differently from a one-token step. The CPU kernel path (built by make setup) or --dtype float32 gives identical texts.</p>"
         )
-    if same_col and len(ours) < len(runs):
+    peers = [r for r in runs if isinstance(r, PeerResult)]
+    if same_col and any(r.engine_name == "llama.cpp" for r in peers):
         note += f'<p class="note peer-note">{html.escape(PEER_FOOTNOTE)}</p>'
+    if same_col and any(r.engine_name == "vLLM" for r in peers):
+        note += f'<p class="note peer-note">{html.escape(VLLM_FOOTNOTE)}</p>'
     return f'<table class="summary"><thead><tr>{th}</tr></thead><tbody>{"".join(rows)}</tbody></table>{note}'
 
 

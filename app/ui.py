@@ -385,7 +385,7 @@ class DemoApp:
                 break
             last_text = last_plots = 0.0
             run = Run(m)
-            if m in self.engine.peers:  # llama.cpp: one subprocess on the compute thread, its text when it ends
+            if m in self.engine.peers:  # llama.cpp or vLLM: another process, on the compute thread; its text when it ends
                 frame = self._frame(
                     runs + [PeerResult(m, peer_label=self.engine.label(m))], order, messages, shown, greedy, with_plots=False, final=False
                 )

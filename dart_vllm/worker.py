@@ -3,7 +3,7 @@ starts it): `python -c "from dart_vllm.worker import main; main()" --model DIR [
 
 It loads vLLM's offline engine once, prints one JSON line {"ready": ...}, then answers each JSON line
 on stdin ({"ids", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop_ids", "top2_gaps"}) with one
-JSON line on stdout: the output ids, vLLM's own timestamps (prefill = first token - scheduled, decode =
+JSON line on stdout: the output ids and text, vLLM's own timestamps (prefill = first token - scheduled, decode =
 last token - first token, as its request metrics define them), the wall time of the generate call,
 the request's speculative-decoding counters and, where the request asks ("top2_gaps": true), the gap
 between the top two logprobs of each new token (= the gap between its top two logits: log-softmax
@@ -75,6 +75,7 @@ def answer(llm, req: dict) -> dict:
             gaps.append(top[0] - top[1] if len(top) > 1 else None)
     return {
         "ids": list(c.token_ids),
+        "text": c.text,
         "top2_gaps": gaps,
         "finish_reason": c.finish_reason,
         "prefill_s": m.first_token_ts - m.scheduled_ts if m is not None else None,

@@ -245,3 +245,37 @@ def test_real_compare_turn_with_the_llamacpp_row(embedded_target):
     assert row[1] == str(peer.new_tokens) and row[3] == "1.00" and row[-1] in ("yes*", "no*")
     assert peer.text in html.unescape(final[app.panes])
     assert [t.name.split(" ")[0] for t in final[app.speed_plot].data] == ["AR"]  # the plots: the engine's methods only
+
+
+def test_vllm_rows_are_named_drawn_and_checked(embedded_target, tmp_path, monkeypatch):
+    """The app's vLLM rows (--compare-vllm) offline: the flag's methods are checked as the bench's, a
+    vLLM run's pane says how vLLM timed it and how many drafts it accepted, its failure names vLLM, and
+    the summary's footnote is vLLM's (the real engine: tests/test_vllm.py)."""
+    from app.engine import vllm_label
+    from app.launch import load_vllm_peers, parse_args
+    from dart_core.tools.vllm_peer import VllmRun
+
+    assert vllm_label("vllm-dart@2") == "vLLM DART (plugin)@2 (converted checkpoint, fp32)"
+    assert vllm_label("vllm", "bfloat16") == "vLLM (converted checkpoint, bf16)"
+    assert parse_args(["--compare-vllm", "vllm, vllm-dart@2"]).compare_vllm == ["vllm", "vllm-dart@2"]
+    assert parse_args([]).compare_vllm == [] and load_vllm_peers(parse_args([]), None, None, [], print) == ([], None)
+    monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path))  # no vLLM venv there: a note naming `make vllm`, no row, no error
+    notes = []
+    assert load_vllm_peers(parse_args(["--compare-vllm", "vllm"]), embedded_target, None, notes, print) == ([], None)
+    assert len(notes) == 1 and "--compare-vllm was given" in notes[0] and "make vllm" in notes[0]
+    monkeypatch.undo()
+    for bad in ("vllm@2", "vllm-dart@0", "vllm-medusa", "vllm,vllm"):
+        with pytest.raises(SystemExit):
+            parse_args(["--compare-vllm", bad])
+    run = VllmRun([5, 6, 7], "a b c", "length", 0.25, 0.5, 0.8, 4, 2, 2)
+    r = PeerResult("vllm-dart@2", peer_label=vllm_label("vllm-dart@2"), threads=2)
+    r.peer, r.text, r.output_ids, r.engine_s = run, run.text, run.output_ids, run.wall_s
+    assert r.forwards == 3 and r.stop_reason == "max_new_tokens" and r.tokens_per_s == pytest.approx(4.0)
+    pane = render.compare_html([r], [None], [])
+    assert "a b c" in pane and "prefill 0.25 s + decode 0.50 s by its request metrics; 2 of 4 drafted tokens accepted" in pane
+    assert "running vLLM…" in render.stats_text(PeerResult("vllm"), None)
+    failed = PeerResult("vllm", peer_label=vllm_label("vllm"), error="VllmError: no answer in 300 s")
+    assert render.stats_text(failed, None).endswith("stopped: vLLM failed")
+    ar = ar_run(embedded_target.tokenizer, [5, 6, 7], 0.1)
+    summary = render.summary_html([ar, r], [None, None], greedy=True, exact=True)
+    assert cells(summary, r.label)[-1] == "yes*" and "vLLM runs the converted checkpoint" in summary and "llama.cpp promises" not in summary

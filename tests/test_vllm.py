@@ -1,10 +1,11 @@
 """DART inside vLLM, for real: vLLM's CPU build in the venv `make vllm` builds (dart_vllm/env.py), with
 this checkout's plugin. `make test` builds that venv first and `.ci/run` runs these tests, so a
 missing venv is a failure here, not a skip. Each vLLM engine start costs tens of seconds on 2 cores:
-one bench run starts three, the server one."""
+one bench run starts three, the server one, the app's compare turn one."""
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import socket
@@ -141,3 +142,34 @@ def test_vllm_serve_with_the_plugin_answers_a_completion(vllm_python, tmp_path):
         except subprocess.TimeoutExpired:
             server.kill()
         log.close()
+
+
+def test_the_apps_compare_turn_has_the_vllm_row(vllm_python, embedded_target):
+    """--compare-vllm vllm-dart@2 end to end: the app starts the engine with the DART head, a greedy
+    compare turn (AR, then vLLM's DART chain) through the app's own handler gives the vLLM row, with
+    vLLM's text in its pane and its ids = AR's (the embedded float32 target: both compute in fp32)."""
+    from app import render
+    from app.engine import Engine, PeerResult
+    from app.launch import load_vllm_peers, parse_args
+    from app.ui import DemoApp, Settings
+    from dart_core.cli.options import drafter_configs
+
+    args = parse_args(["--compare-vllm", "vllm-dart@2"])
+    engine = Engine(embedded_target, {}, max_new_tokens=24)
+    notes = []
+    found, line = engine.compute.run(load_vllm_peers, args, embedded_target, drafter_configs(args, True), notes, lambda _: None)
+    try:
+        assert not notes and [p.method for p in found] == ["vllm-dart@2"] and "Compare mode ends with vLLM DART (plugin)@2" in line
+        engine.peers = {p.method: p for p in found}
+        app = DemoApp(engine, Settings("embedded", 24, compare=True, pruner=None, exact=True, peers_line=line))
+        app.build()
+        turn = app.stops.arm("test")
+        frames = list(app.respond(turn, "Name three colours.", [], [], "ar", True, True, 0.0, 1.0, 0, 24))
+        assert any("running vLLM…" in f[app.panes] for f in frames[:-1])
+        ar, peer = frames[-1][app.runs]
+        assert isinstance(peer, PeerResult) and peer.error is None, peer.error
+        assert 1 <= peer.new_tokens <= 24 and peer.engine_s > 0 and peer.peer.drafted > 0
+        assert peer.output_ids == ar.output_ids and html.escape(peer.text) in render.compare_html([peer], [None], [])
+    finally:
+        for p in found:
+            p.runner.close()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -68,6 +69,7 @@ class VllmRun:
     """One prompt through one vLLM method."""
 
     output_ids: list[int]
+    text: str  # as vLLM decoded it (special tokens skipped)
     stop: str  # "eos" | "length"
     prefill_s: float
     decode_s: float
@@ -104,12 +106,14 @@ class VllmPeer:
         dart_head: str | os.PathLike | None = None,
         eagle3_head: str | os.PathLike | None = None,
         max_model_len: int = 4096,
+        timeout_s: float | None = None,
     ):
         from ..drafters import DEFAULT_DART_HEAD, DEFAULT_EAGLE3_HEAD
 
         base, k = split_vllm_method(name)
         self.name, self.eos_ids = name, sorted(int(e) for e in eos_ids)
         self.k = None if base == "vllm" else (k or DEFAULT_DRAFT)
+        self.dtype, self.threads, self.timeout_s = dtype, threads, timeout_s
         cmd = [
             str(venv_python()),
             "-P",  # the plugin from the checkout the venv names (make vllm), whatever the current directory
@@ -136,13 +140,17 @@ class VllmPeer:
         env.pop("PYTHONPATH", None)  # the vLLM venv has its own packages; the checkout comes through its .pth
         self.log = tempfile.NamedTemporaryFile("w+", prefix=f"dart-{base}-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env, bufsize=1)
-        hello = self._read()
+        hello = self._read(timeout_s=None)  # the engine's start: tens of seconds, bounded by vLLM's own errors
         if not hello.get("ready"):
             self.close()
             raise VllmError(f"{name}: vLLM did not start: {hello.get('error', 'no reason given')} (log: {self.log.name})")
         self.load_s, self.version = hello["load_s"], hello["vllm"]
 
-    def _read(self) -> dict:
+    def _read(self, timeout_s: float | None) -> dict:
+        if timeout_s is not None and not select.select([self.proc.stdout], [], [], timeout_s)[0]:
+            self.proc.kill()  # a request vLLM did not answer in time: this engine is done (later calls say so)
+            self.proc.wait()
+            raise VllmError(f"{self.name}: no answer in {timeout_s:.0f} s; the vLLM worker was stopped (log: {self.log.name})")
         line = self.proc.stdout.readline()
         if not line:
             self.proc.wait(timeout=30)
@@ -155,18 +163,21 @@ class VllmPeer:
 
     def generate(self, ids: list[int], max_new_tokens: int, sampling=None) -> VllmRun:
         req = {"ids": list(ids), "max_new_tokens": int(max_new_tokens), "stop_ids": self.eos_ids, "temperature": 0.0}
+        if self.proc.poll() is not None:
+            raise VllmError(f"{self.name}: the vLLM worker has exited ({self.proc.returncode}); its log: {self.log.name}")
         if self.k is None:  # plain decoding keeps its top-2 gaps: where a drafting method parts from it, was it a near-tie?
             req["top2_gaps"] = True
         if sampling is not None and not sampling.greedy:
             req.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or 0, seed=sampling.seed)
         self.proc.stdin.write(json.dumps(req) + "\n")
         self.proc.stdin.flush()
-        r = self._read()
+        r = self._read(self.timeout_s)
         if "error" in r:
             raise VllmError(f"{self.name}: {r['error']}")
         spec = r.get("spec")
         return VllmRun(
             output_ids=r["ids"],
+            text=r.get("text") or "",
             stop="eos" if r["ids"] and r["ids"][-1] in self.eos_ids else "length",
             prefill_s=r["prefill_s"],
             decode_s=r["decode_s"],
