@@ -27,15 +27,21 @@ $(STAMP): $(NATIVE)
 demo: setup
 	$(VENV)/bin/dart-app $(ARGS)
 
+# Tests run in $(TEST_WORKERS) processes (pytest-xdist), a test file per process at a time (--dist
+# loadfile: a module's fixtures are built once). On 2 cores two processes overlap what one leaves idle:
+# interpreter starts, imports, single-threaded Python, waits on servers and subprocesses.
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
 # the style first (seconds): ruff's formatting and lint rules, configured in pyproject.toml
 test: setup lint vllm
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PYTEST) $(PYTEST_ARGS)
 
 # the tests a contributor runs often (minutes on 2 cores): tiny random targets, golden trees, the pruner,
 # the kernels on tiny shapes, the sampling laws, unit tests; not the embedded model end to end, the real
 # server and browser, or llama.cpp (markers in pyproject.toml). `make test` runs everything.
 test-fast: setup lint
-	$(PY) -m pytest -q -m "not slow and not browser and not peers and not vllm" $(PYTEST_ARGS)
+	$(PYTEST) -m "not slow and not browser and not peers and not vllm" $(PYTEST_ARGS)
 
 # vLLM with this project's DART plugin, in its own venv under ~/.cache/dart-demo/vllm (dart_vllm/env.py;
 # docs/vllm.md): minutes and PyPI the first time, seconds after
