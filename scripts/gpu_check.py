@@ -417,7 +417,7 @@ def stage_big(dev: torch.device, small: bool, rep: Report, opts) -> dict:
     # the loop, a step: stage times and synchronizations (greedy; random weights accept little)
     loop = {}
     for name, drafter in (("ar", ARDrafter()), *drafters.items()):
-        params = GenerationParams(24)
+        params = GenerationParams(12 if small else 24)
         complete(target, prompt, drafter, params)  # warm-up
         with count_syncs(dev) as syncs:
             summary = None
