@@ -243,7 +243,7 @@ def load_eagle3(config: Eagle3Config, compare: bool, target, notes: list[str], p
 
 def load_weights(args, config: DartConfig, device, notes: list[str], progress: Progress):
     """The target on the weights path --dtype names, or (auto) the one calibrated on this machine for
-    DART's `config` (dart_core/tools/calibrate.py choose_weights: each candidate measured on the first start,
+    DART's `config` (dart_core/tools/calibrate/weights.py: each candidate measured on the first start,
     cached after); returns (target, the choice, DART's tree size timed while choosing or None, the header's line)."""
     if args.dtype != AUTO:
         progress(f"loading the target {args.base_model_name_or_path} ({device}, {args.dtype})")
@@ -310,7 +310,7 @@ def calibrate_sizes(
     args, target, configs: DrafterConfigs, notes: list[str], progress: Progress, known=None
 ) -> tuple[DrafterConfigs, str | None, dict]:
     """The configs with the tree sizes the command line left unset calibrated on this machine
-    (dart_core/tools/calibrate.py; a few seconds on first start, the forward costs cached after), the
+    (dart_core/tools/calibrate/; a few seconds on first start, the forward costs cached after), the
     header's line saying what was chosen and why, and the choices by drafter. `known`: DART's size
     timed already while choosing the weights path (not timed again). A head that cannot be read here is left to its
     loader below, which reports it; the calibration then notes that it did not run."""

@@ -219,7 +219,7 @@ def step_details_html(run: Run | None, step_index: int | None, tokenizer) -> str
 @dataclass(frozen=True)
 class CostPath:
     """One weights path's forward cost by rows on this machine: the calibration's cached table
-    (dart_core/tools/calibrate.py), and the DART tree size it led to on that path."""
+    (dart_core/tools/calibrate/), and the DART tree size it led to on that path."""
 
     weights: str  # as the target names them: "gguf (Q4_1, Q8_0)", "bfloat16"
     ms: dict[int, float]  # rows in one forward -> median wall ms

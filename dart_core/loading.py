@@ -41,7 +41,7 @@ GGUF_INT16 = "gguf-int16"
 GGUF_PATHS = (GGUF, GGUF_INT16, GGUF_INT8)
 DTYPE_CHOICES = (*DTYPES, *GGUF_PATHS)
 # The bench's, the app's and the calibration's default: the weights path calibrated on this machine
-# (dart_core/tools/calibrate.py choose_weights) for the embedded default, bfloat16 for any other target.
+# (dart_core/tools/calibrate/weights.py) for the embedded default, bfloat16 for any other target.
 AUTO = "auto"
 TARGET_DTYPE_CHOICES = (AUTO, *DTYPE_CHOICES)
 

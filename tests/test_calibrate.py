@@ -1,4 +1,4 @@
-"""The per-machine tree size (dart_core/tools/calibrate.py): the choice rule on hand-made tables, capped
+"""The per-machine tree size (dart_core/tools/calibrate/): the choice rule on hand-made tables, capped
 drafters replaying as drafters built at that size, the τ tables and the forward-cost cache, and the
 flags left to it."""
 
@@ -71,32 +71,32 @@ def test_loop_steps_after_a_prefill_are_timed_once_it_has_settled(monkeypatch):
             return [1, 2, 3]
 
     monkeypatch.setattr(gen, "generate", fake_generate)
-    monkeypatch.setattr(calibrate, "LOOP_WARMUP", 3)
-    monkeypatch.setattr(calibrate, "LOOP_SETTLE_S", 0.09)
+    monkeypatch.setattr(calibrate.measure, "LOOP_WARMUP", 3)
+    monkeypatch.setattr(calibrate.measure, "LOOP_SETTLE_S", 0.09)
     assert calibrate.loop_step_ms(Target(), None, [0], steps=6) == {0: pytest.approx(4.0)}
-    monkeypatch.setattr(calibrate, "LOOP_SETTLE_S", 0.0)  # by steps alone: the slow steps are read
+    monkeypatch.setattr(calibrate.measure, "LOOP_SETTLE_S", 0.0)  # by steps alone: the slow steps are read
     assert calibrate.loop_step_ms(Target(), None, [0], steps=6)[0] > 10.0
 
 
 @pytest.mark.slow
 def test_loop_steps_are_timed_in_the_loop_and_cached(embedded_bf16, fresh_cache, monkeypatch):
-    monkeypatch.setattr(calibrate, "ROUNDS", 1)
-    monkeypatch.setattr(calibrate, "LOOP_WARMUP", 1)
-    monkeypatch.setattr(calibrate, "LOOP_SETTLE_S", 0.0)
+    monkeypatch.setattr(calibrate.measure, "ROUNDS", 1)
+    monkeypatch.setattr(calibrate.measure, "LOOP_WARMUP", 1)
+    monkeypatch.setattr(calibrate.measure, "LOOP_SETTLE_S", 0.0)
     drafter = build_drafter("dart", embedded_bf16, DartConfig(max_nodes=3))
     ms = calibrate.loop_step_ms(embedded_bf16, drafter, [0, 1, 3], steps=2)
     assert set(ms) == {0, 1, 3} and all(v > 0 for v in ms.values())
     with pytest.raises(ValueError):
         calibrate.loop_step_ms(embedded_bf16, None, [0, 2], steps=1)
     # calibrate_drafter times the loop once, then reads it back for the same drafter, host and weights
-    monkeypatch.setattr(calibrate, "MAX_CALIBRATED_ROWS", 3)
-    monkeypatch.setattr(calibrate, "REPEATS", 1)
-    monkeypatch.setattr(calibrate, "SETTLE_S", 0.0)
-    monkeypatch.setattr(calibrate, "LOOP_STEPS", 1)
-    monkeypatch.setattr(calibrate, "LOOP_SHORTLIST", 0.0)  # every size timed
+    monkeypatch.setattr(calibrate.measure, "MAX_CALIBRATED_ROWS", 3)
+    monkeypatch.setattr(calibrate.measure, "REPEATS", 1)
+    monkeypatch.setattr(calibrate.measure, "SETTLE_S", 0.0)
+    monkeypatch.setattr(calibrate.measure, "LOOP_STEPS", 1)
+    monkeypatch.setattr(calibrate.measure, "LOOP_SHORTLIST", 0.0)  # every size timed
     first = calibrate.calibrate_drafter(embedded_bf16, drafter, DEFAULT_DART_HEAD, fallback=5, threads=1)
     assert first.calibrated and [r["nodes"] for r in first.table] == [1, 2]
-    monkeypatch.setattr(calibrate, "loop_step_ms", lambda *a, **k: pytest.fail("timed again instead of read back"))
+    monkeypatch.setattr(calibrate.measure, "loop_step_ms", lambda *a, **k: pytest.fail("timed again instead of read back"))
     again = calibrate.calibrate_drafter(embedded_bf16, drafter, DEFAULT_DART_HEAD, fallback=5, threads=1)
     assert [r["step_ms"] for r in again.table] == [r["step_ms"] for r in first.table] and again.max_nodes == first.max_nodes
 
@@ -159,12 +159,12 @@ def test_each_size_is_timed_after_its_own_forwards(monkeypatch):
         def model(self, tokens, positions, cache):
             calls.append(len(tokens))
 
-    monkeypatch.setattr(calibrate, "SETTLE_S", 0.0)
+    monkeypatch.setattr(calibrate.measure, "SETTLE_S", 0.0)
     ms = calibrate.measure_forwards(FakeTarget(), [1, 4, 2], repeats=6)
     assert set(ms) == {1, 4, 2} and all(v >= 0 for v in ms.values())
     runs = [(k, len(list(g))) for k, g in itertools.groupby(calls)]
-    per_round = -(-6 // calibrate.ROUNDS)
-    assert [k for k, _ in runs] == [1, 4, 2] * calibrate.ROUNDS
+    per_round = -(-6 // calibrate.measure.ROUNDS)
+    assert [k for k, _ in runs] == [1, 4, 2] * calibrate.measure.ROUNDS
     assert all(n == 2 + per_round for _, n in runs)  # two to settle, then the timed ones
 
 
@@ -174,7 +174,7 @@ def test_forward_split_times_the_layers_and_the_head_inside_the_step(embedded_bf
     is what is left of their wall time, the bytes are the step's, and the model times nothing after."""
     from dart_core.cli.kernels import split_line
 
-    monkeypatch.setattr(calibrate, "SPLIT_SETTLE_S", 0.0)
+    monkeypatch.setattr(calibrate.measure, "SPLIT_SETTLE_S", 0.0)
     s = calibrate.forward_split(embedded_bf16, forwards=4, prefix=16)
     assert s.layers_ms > 0 and s.head_ms > 0 and s.rest_ms > 0 and s.ms > s.layers_ms + s.head_ms
     model = embedded_bf16.model
@@ -200,8 +200,8 @@ def test_kernels_split_without_time_is_an_error(capsys):
 @pytest.mark.slow
 def test_forward_costs_are_cached_per_machine_and_weights(embedded_target, tmp_path, monkeypatch):
     monkeypatch.setenv("DART_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(calibrate, "REPEATS", 2)  # real timings, fewer of them: the cache is under test
-    monkeypatch.setattr(calibrate, "SETTLE_S", 0.0)
+    monkeypatch.setattr(calibrate.measure, "REPEATS", 2)  # real timings, fewer of them: the cache is under test
+    monkeypatch.setattr(calibrate.measure, "SETTLE_S", 0.0)
     first = calibrate.forward_costs(embedded_target, threads=1, rows=3)
     assert not first.from_cache and set(first.ms) == {1, 2, 3} and all(v > 0 for v in first.ms.values())
     again = calibrate.forward_costs(embedded_target, threads=1, rows=3)
@@ -218,19 +218,19 @@ def test_forward_costs_are_cached_per_machine_and_weights(embedded_target, tmp_p
 @pytest.mark.slow
 def test_unset_sizes_are_calibrated_and_set_ones_kept(embedded_bf16, fresh_cache, tmp_path, monkeypatch):
     # the real calibration, cut to trees of up to 4 nodes, 2 timings a size and a short record: the wiring is under test
-    monkeypatch.setattr(calibrate, "MAX_CALIBRATED_ROWS", 5)
-    monkeypatch.setattr(calibrate, "REPEATS", 2)
-    monkeypatch.setattr(calibrate, "SETTLE_S", 0.0)
-    monkeypatch.setattr(calibrate, "ROUNDS", 1)
-    monkeypatch.setattr(calibrate, "LOOP_STEPS", 1)
-    monkeypatch.setattr(calibrate, "LOOP_WARMUP", 1)
-    monkeypatch.setattr(calibrate, "LOOP_SETTLE_S", 0.0)
+    monkeypatch.setattr(calibrate.measure, "MAX_CALIBRATED_ROWS", 5)
+    monkeypatch.setattr(calibrate.measure, "REPEATS", 2)
+    monkeypatch.setattr(calibrate.measure, "SETTLE_S", 0.0)
+    monkeypatch.setattr(calibrate.measure, "ROUNDS", 1)
+    monkeypatch.setattr(calibrate.measure, "LOOP_STEPS", 1)
+    monkeypatch.setattr(calibrate.measure, "LOOP_WARMUP", 1)
+    monkeypatch.setattr(calibrate.measure, "LOOP_SETTLE_S", 0.0)
     args = parse_args(["--methods", "ar,dart,eagle3", "--dataset", "unused.jsonl", "--max-nodes", "7"])
     assert unset_sizes(args) == {"eagle3"}
     configs, choices = calibrate.calibrate_unset_sizes(embedded_bf16, drafter_configs(args, True), unset_sizes(args))
     assert configs.dart.max_nodes == 7 and "dart" not in choices  # given on the command line: kept
     assert choices["eagle3"].calibrated and configs.eagle3.max_nodes == choices["eagle3"].max_nodes
-    assert 1 <= configs.eagle3.max_nodes <= calibrate.MAX_CALIBRATED_ROWS - 1
+    assert 1 <= configs.eagle3.max_nodes <= calibrate.measure.MAX_CALIBRATED_ROWS - 1
 
     unset = drafter_configs(drafter_args(), True)
     assert calibrate.calibrate_unset_sizes(embedded_bf16, unset, {"dart"}, enabled=False) == (unset, {})  # --no-calibration
@@ -313,14 +313,14 @@ def test_auto_measures_each_path_once_and_caches_the_choice(fresh_cache, embedde
 
     monkeypatch.setattr("dart_core.target.load_target", shared)
     # the real measurement, cut to trees of up to 3 nodes, 2 timings a size and a short record: the wiring is under test
-    monkeypatch.setattr(calibrate, "MAX_CALIBRATED_ROWS", 4)
-    monkeypatch.setattr(calibrate, "REPEATS", 2)
-    monkeypatch.setattr(calibrate, "SETTLE_S", 0.0)
-    monkeypatch.setattr(calibrate, "ROUNDS", 1)
-    monkeypatch.setattr(calibrate, "LOOP_STEPS", 1)
-    monkeypatch.setattr(calibrate, "LOOP_WARMUP", 1)
-    monkeypatch.setattr(calibrate, "LOOP_SETTLE_S", 0.0)
-    monkeypatch.setattr(calibrate, "LOOP_SHORTLIST", 0.0)  # every size timed
+    monkeypatch.setattr(calibrate.measure, "MAX_CALIBRATED_ROWS", 4)
+    monkeypatch.setattr(calibrate.measure, "REPEATS", 2)
+    monkeypatch.setattr(calibrate.measure, "SETTLE_S", 0.0)
+    monkeypatch.setattr(calibrate.measure, "ROUNDS", 1)
+    monkeypatch.setattr(calibrate.measure, "LOOP_STEPS", 1)
+    monkeypatch.setattr(calibrate.measure, "LOOP_WARMUP", 1)
+    monkeypatch.setattr(calibrate.measure, "LOOP_SETTLE_S", 0.0)
+    monkeypatch.setattr(calibrate.measure, "LOOP_SHORTLIST", 0.0)  # every size timed
     said = []
     target, choice, dart = calibrate.choose_weights("default", "cpu", True, threads=1, log=said.append)
     assert choice.calibrated and choice.rule == "dart" and not choice.from_cache

@@ -277,15 +277,15 @@ def test_embedded_fitted_ranking_and_adaptive_size(embedded_target, tmp_path, mo
     from dart_core.tools import calibrate
 
     committed_asset(EMBEDDED_DART_HEAD / "acceptance.json")
-    monkeypatch.setattr(calibrate, "calibration_dir", lambda: tmp_path)  # a fresh timing, not the machine's cache
-    monkeypatch.setattr(calibrate, "REPEATS", 1)
-    monkeypatch.setattr(calibrate, "SETTLE_S", 0.0)
+    monkeypatch.setattr(calibrate.measure, "calibration_dir", lambda: tmp_path)  # a fresh timing, not the machine's cache
+    monkeypatch.setattr(calibrate.measure, "REPEATS", 1)
+    monkeypatch.setattr(calibrate.measure, "SETTLE_S", 0.0)
     fitted = build_drafter("dart", embedded_target, DartConfig.embedded(max_nodes=8))
     assert fitted.params.prune.acceptance and not fitted.params.prune.row_costs
     score = build_drafter("dart", embedded_target, DartConfig.embedded(max_nodes=8, ranking="score"))
     assert not score.params.prune.acceptance
     adaptive = calibrate.build_measured("dart", embedded_target, DartConfig.embedded(max_nodes=8, adaptive=True))
-    assert len(adaptive.params.prune.row_costs) == calibrate.MAX_CALIBRATED_ROWS
+    assert len(adaptive.params.prune.row_costs) == calibrate.measure.MAX_CALIBRATED_ROWS
     ids = embedded_target.encode("List three uses of a paperclip.")
     ar = complete(embedded_target, ids, ARDrafter(), GenerationParams(32))
     for d in (fitted, adaptive):

@@ -3,7 +3,7 @@ console script (pyproject.toml [project.scripts]; `make setup` puts them in .ven
 
     dart-app                   the Gradio demo (app/launch.py)
     dart-bench                 the benchmark: methods interleaved prompt by prompt (dart_core/tools/bench.py)
-    dart-calibrate             this machine's forward costs, tree sizes and weights path (dart_core/tools/calibrate.py)
+    dart-calibrate             this machine's forward costs, tree sizes and weights path (dart_core/tools/calibrate/)
     dart-kernels               the CPU kernel builds, their row costs and stage split
     dart-train dart|eagle3     train a draft head (dart_core/tools/training)
     dart-corpus                generate the self-distilled corpus (dart_core/tools/training/corpus.py)

@@ -1,5 +1,5 @@
 """dart-calibrate (also dart-calibrate): this machine's forward
-costs by rows, the weights path and each default head's tree size (dart_core/tools/calibrate.py), and
+costs by rows, the weights path and each default head's tree size (dart_core/tools/calibrate/), and
 --write-tau, which measures a head's τ by tree size by exact replay and ships it beside the head."""
 
 from __future__ import annotations

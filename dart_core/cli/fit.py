@@ -22,7 +22,7 @@
 
 `--method eagle3` does the same for EAGLE3's pool (dart_core/drafters/eagle3.py has its features).
 `--evaluate RECORDS` replays the score and the fitted ranking (and the adaptive tree, with this
-machine's forward costs by rows from dart_core/tools/calibrate.py) on other records, e.g. held-out prompts
+machine's forward costs by rows from dart_core/tools/calibrate/) on other records, e.g. held-out prompts
 11-20 of the bench sets (dart-tune scoring --records writes them), and prints τ by tree size.
 
 The fit is dart_core/tools/fitting.py; dart-fit is this command.
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         "--costs",
         type=Path,
         default=None,
-        help="--evaluate: a forward-cost file of dart_core/tools/calibrate.py's cache (~/.cache/dart-demo/calibration/forwards-*.json) "
+        help="--evaluate: a forward-cost file of the calibration's cache (~/.cache/dart-demo/calibration/forwards-*.json) "
         "to estimate tokens/s and size adaptive trees with (default: this process's forward_costs at --threads)",
     )
     p.add_argument(

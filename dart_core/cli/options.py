@@ -54,7 +54,7 @@ WEIGHTS_HELP = (
 AUTO_HELP = (
     "Default auto: for the embedded default on the CPU kernels, the path of calibrate.WEIGHTS_CANDIDATES (gguf, "
     "gguf-int16: at least 99.5%% top-1 agreement with the fp32 copy) whose DART is expected fastest from this machine's "
-    "measured costs (dart_core/tools/calibrate.py; measured once, cached); else (and with --no-calibration) bfloat16."
+    "measured costs (dart_core/tools/calibrate/; measured once, cached); else (and with --no-calibration) bfloat16."
 )
 
 
@@ -146,7 +146,7 @@ def _dart_flags(g: argparse._ArgumentGroup) -> None:
         type=int,
         default=None,
         help="drafted tree nodes besides the root (default: on the CPU kernels, the size calibrated on this machine for a head "
-        f"with a tree_sizes.json (dart_core/tools/calibrate.py); else per device: {DEFAULT_MAX_NODES})",
+        f"with a tree_sizes.json (dart_core/tools/calibrate/); else per device: {DEFAULT_MAX_NODES})",
     )
     g.add_argument(
         "--no-calibration",

@@ -20,7 +20,7 @@ from .eagle3 import RANKINGS as EAGLE3_RANKINGS
 
 # Draft tree size (drafted nodes besides the root) per device, where nothing better is known: on the
 # CPU kernels a head with a tree_sizes.json gets the size calibrated on the machine instead
-# (dart_core/tools/calibrate.py). CPU 5: the size that gave the best end-to-end speed in an interleaved
+# (dart_core/tools/calibrate/). CPU 5: the size that gave the best end-to-end speed in an interleaved
 # bf16 sweep of sizes (docs/changelog.md, "Heads trained on the self-distilled corpus"), past which τ
 # grew more slowly than the verify's cost. CUDA 60: on a GPU a 60-node verify is meant to cost about
 # one token (the paper; docs/gpu.md says what the eager path measures today).
