@@ -136,27 +136,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.max_new_tokens < 1 or args.max_length < 2:
         p.error("--max-new-tokens must be >= 1 and --max-length >= 2")
-    args.llamacpp_methods = [m.strip() for m in args.llamacpp_methods.split(",") if m.strip()]
-    try:
-        for m in args.llamacpp_methods:
-            peers.split_peer_method(m)
-    except ValueError as e:
-        p.error(f"--llamacpp-methods: {e}")
-    if len(set(args.llamacpp_methods)) != len(args.llamacpp_methods):
-        p.error("--llamacpp-methods: a method is named twice")
-    args.compare_vllm = [m.strip() for m in args.compare_vllm.split(",") if m.strip()]
-    try:
-        for m in args.compare_vllm:
-            vllm_peer.split_vllm_method(m)
-    except ValueError as e:
-        p.error(f"--compare-vllm: {e}")
-    if len(set(args.compare_vllm)) != len(args.compare_vllm):
-        p.error("--compare-vllm: a method is named twice")
+    args.llamacpp_methods = method_list(p, "--llamacpp-methods", args.llamacpp_methods, peers.split_peer_method)
+    args.compare_vllm = method_list(p, "--compare-vllm", args.compare_vllm, vllm_peer.split_vllm_method)
     try:
         drafter_configs(args, args.base_model_name_or_path == DEFAULT_MODEL)  # every drafter flag in range, before anything loads
     except ValueError as e:
         p.error(str(e))
     return args
+
+
+def method_list(p: argparse.ArgumentParser, flag: str, text: str, split) -> list[str]:
+    """A flag's comma-separated peer methods, each checked by `split` (ValueError for a bad one) and none twice."""
+    methods = [m.strip() for m in text.split(",") if m.strip()]
+    try:
+        for m in methods:
+            split(m)
+    except ValueError as e:
+        p.error(f"{flag}: {e}")
+    if len(set(methods)) != len(methods):
+        p.error(f"{flag}: a method is named twice")
+    return methods
 
 
 def head_named(name: str, args) -> bool:

@@ -215,16 +215,17 @@ def test_forward_costs_are_cached_per_machine_and_weights(embedded_target, tmp_p
     assert not calibrate.forward_costs(embedded_target, threads=1, rows=3).from_cache  # measured again, not trusted
 
 
+def short_calibration(monkeypatch, rows: int) -> None:
+    """The real calibration cut short: `rows` verify rows timed, 2 timings a size, one loop step after one untimed."""
+    for name, value in (("MAX_CALIBRATED_ROWS", rows), ("REPEATS", 2), ("SETTLE_S", 0.0), ("ROUNDS", 1), ("LOOP_STEPS", 1),
+                        ("LOOP_WARMUP", 1), ("LOOP_SETTLE_S", 0.0)):  # fmt: skip
+        monkeypatch.setattr(calibrate.measure, name, value)
+
+
 @pytest.mark.slow
 def test_unset_sizes_are_calibrated_and_set_ones_kept(embedded_bf16, fresh_cache, tmp_path, monkeypatch):
     # the real calibration, cut to trees of up to 4 nodes, 2 timings a size and a short record: the wiring is under test
-    monkeypatch.setattr(calibrate.measure, "MAX_CALIBRATED_ROWS", 5)
-    monkeypatch.setattr(calibrate.measure, "REPEATS", 2)
-    monkeypatch.setattr(calibrate.measure, "SETTLE_S", 0.0)
-    monkeypatch.setattr(calibrate.measure, "ROUNDS", 1)
-    monkeypatch.setattr(calibrate.measure, "LOOP_STEPS", 1)
-    monkeypatch.setattr(calibrate.measure, "LOOP_WARMUP", 1)
-    monkeypatch.setattr(calibrate.measure, "LOOP_SETTLE_S", 0.0)
+    short_calibration(monkeypatch, rows=5)
     args = parse_args(["--methods", "ar,dart,eagle3", "--dataset", "unused.jsonl", "--max-nodes", "7"])
     assert unset_sizes(args) == {"eagle3"}
     configs, choices = calibrate.calibrate_unset_sizes(embedded_bf16, drafter_configs(args, True), unset_sizes(args))
@@ -313,13 +314,7 @@ def test_auto_measures_each_path_once_and_caches_the_choice(fresh_cache, embedde
 
     monkeypatch.setattr("dart_core.target.load_target", shared)
     # the real measurement, cut to trees of up to 3 nodes, 2 timings a size and a short record: the wiring is under test
-    monkeypatch.setattr(calibrate.measure, "MAX_CALIBRATED_ROWS", 4)
-    monkeypatch.setattr(calibrate.measure, "REPEATS", 2)
-    monkeypatch.setattr(calibrate.measure, "SETTLE_S", 0.0)
-    monkeypatch.setattr(calibrate.measure, "ROUNDS", 1)
-    monkeypatch.setattr(calibrate.measure, "LOOP_STEPS", 1)
-    monkeypatch.setattr(calibrate.measure, "LOOP_WARMUP", 1)
-    monkeypatch.setattr(calibrate.measure, "LOOP_SETTLE_S", 0.0)
+    short_calibration(monkeypatch, rows=4)
     monkeypatch.setattr(calibrate.measure, "LOOP_SHORTLIST", 0.0)  # every size timed
     said = []
     target, choice, dart = calibrate.choose_weights("default", "cpu", True, threads=1, log=said.append)
