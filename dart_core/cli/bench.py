@@ -280,8 +280,10 @@ def main(argv: list[str] | None = None) -> int:
     if sizes:
         result["env"]["tree_sizes"] = {m: c.as_dict() for m, c in sizes.items()}
     fidelity = vllm_fidelity(run.samples)
-    if fidelity is not None:
+    if fidelity is not None:  # vLLM's drafting methods against vLLM's plain decoding, computed once for both places
         result["vllm_fidelity"] = fidelity
+        for m, count in fidelity["same_as_vllm"].items():
+            report[m]["same_as_vllm"] = count
     if any(is_vllm(m) for m in methods):
         result["env"]["vllm"] = {
             "venv": str(vllm_peer.venv_python()),

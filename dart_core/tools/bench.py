@@ -440,9 +440,6 @@ class BenchRun:
             same = same_as_ar(self.samples, list(self.totals))
             for m in self.totals:
                 report[m]["same_as_ar"] = same[m]
-        fidelity = vllm_fidelity(self.samples)
-        for m, count in (fidelity or {}).get("same_as_vllm", {}).items():
-            report[m]["same_as_vllm"] = count
         return report, {d: reports(t) for d, t in self.by_set.items()}
 
 
