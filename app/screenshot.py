@@ -21,9 +21,13 @@ VIEWPORT = {"width": 1400, "height": 1000}
 STATS_JS = "(document.querySelector('#stats') || {innerText: ''}).innerText"
 STARTED_JS = f"{STATS_JS}.includes('generating')"
 # a turn runs: the app locks the prompt box and Send from its first frame (app/ui.py)
-LOCKED_JS = "(document.querySelector('#send').disabled && document.querySelector('#prompt textarea').disabled)"
+# Gradio can re-mount a component when its props change, so an element may be missing for a frame: a
+# missing one counts as neither locked nor ready, and the wait goes on instead of raising in the page
+_SEND = "document.querySelector('#send')"
+_BOX = "document.querySelector('#prompt textarea')"
+LOCKED_JS = f"(!!{_SEND} && !!{_BOX} && {_SEND}.disabled && {_BOX}.disabled)"
 # the turn is over in the browser too: the app unlocks them only then
-READY_JS = "(!document.querySelector('#send').disabled && !document.querySelector('#prompt textarea').disabled)"
+READY_JS = f"(!!{_SEND} && !!{_BOX} && !{_SEND}.disabled && !{_BOX}.disabled)"
 # every run finished: its stats line gives the stop reason ("stopped: eos"); none is still generating
 DONE_JS = (
     "[...document.querySelectorAll('#stats .stat')].filter(e => e.innerText.includes('stopped:')).length >= %d"
@@ -39,6 +43,7 @@ def open_app(page, url: str, compare: bool = False) -> int:
     """Load the page, optionally tick compare mode; returns how many runs a prompt will make."""
     page.goto(url, timeout=60_000)
     page.wait_for_selector("#prompt textarea", timeout=60_000)
+    page.wait_for_selector("#send", timeout=60_000)
     if not compare:
         return 1
     box = page.locator("#compare input")
