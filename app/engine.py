@@ -82,16 +82,25 @@ class RequestError(ValueError):
 
 
 @dataclass(frozen=True)
+class TreeSize:
+    """A drafting method's tree sizes in the app: drafted nodes besides the root."""
+
+    default: int  # what a request that names none gets (the size calibrated on this machine, or --max-nodes)
+    maximum: int  # the largest a request may ask for: the size its drafter was built at
+
+
+@dataclass(frozen=True)
 class Request:
-    """A validated generation request."""
+    """A validated generation request. params.max_nodes is `method`'s tree size (None for AR)."""
 
     messages: list[dict]
     method: str
     params: GenerationParams
+    tree_sizes: dict[str, int] = field(default_factory=dict)  # drafted nodes a tree may have, by drafting method
 
     def for_method(self, method: str) -> "Request":
-        """The same request through another (loaded) method: compare mode."""
-        return replace(self, method=method)
+        """The same request through another (loaded) method, at that method's tree size: compare mode."""
+        return replace(self, method=method, params=replace(self.params, max_nodes=self.tree_sizes.get(method)))
 
 
 @dataclass
@@ -119,6 +128,7 @@ class Run:
     """One generation as it streams: updated in place after every step."""
 
     method: str
+    tree_size: int | None = None  # the most drafted nodes a tree may have in this run (None: AR, a peer)
     text: str = ""
     output_ids: list[int] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
@@ -128,7 +138,8 @@ class Run:
 
     @property
     def label(self) -> str:
-        return method_label(self.method)
+        """The method's name, with the tree size it ran at: "DART (≤16 nodes)"."""
+        return method_label(self.method) + (f" (≤{self.tree_size} nodes)" if self.tree_size is not None else "")
 
     @property
     def done(self) -> bool:
@@ -287,12 +298,28 @@ class Engine:
         max_length: int | None = None,
         compute: ComputeThread | None = None,
         peers: list[Peer] = (),
+        default_sizes: dict[str, int] | None = None,
     ):
         """compute: the thread that loaded `target` (app/launch.py loads on it); None: a new one.
-        peers: what compare mode runs after the engine's methods (llama.cpp), in this order."""
+        peers: what compare mode runs after the engine's methods (llama.cpp), in this order.
+        default_sizes: each drafting method's tree size when a request names none (e.g. the size
+        calibrated on this machine); a request may ask for any size up to the drafter's max_nodes, the
+        size it was built at. Unnamed: the drafter's max_nodes."""
         self.target = target
         loaded = {**drafters, "ar": ARDrafter()}
         self.drafters = {m: loaded[m] for m in METHOD_ORDER if m in loaded}
+        default_sizes = dict(default_sizes or {})
+        unknown = set(default_sizes) - set(drafters)
+        if unknown:
+            raise ValueError(f"default_sizes names methods without a drafter: {sorted(unknown)}")
+        self.tree_sizes: dict[str, TreeSize] = {}
+        for m, d in drafters.items():
+            default = default_sizes.get(m, d.max_nodes)
+            if not 1 <= default <= d.max_nodes:
+                raise ValueError(
+                    f"{method_label(m)}'s default tree size {default} is not within 1..{d.max_nodes} (its drafter's max_nodes)"
+                )
+            self.tree_sizes[m] = TreeSize(default, d.max_nodes)
         self.peers = {p.method: p for p in peers}
         self.max_new_tokens = max_new_tokens
         self.max_length = max_length
@@ -311,8 +338,10 @@ class Engine:
     def context_limit(self) -> int:
         return min(self.max_length or self.target.context_limit, self.target.context_limit)
 
-    def request(self, messages: list[dict], method, max_new_tokens, temperature, top_p, top_k) -> Request:
-        """Validate a request before it runs; raises RequestError naming the offending field."""
+    def request(self, messages: list[dict], method, max_new_tokens, temperature, top_p, top_k, tree_sizes=None) -> Request:
+        """Validate a request before it runs; raises RequestError naming the offending field.
+        tree_sizes: {method: drafted nodes} for any drafting methods (compare mode runs them all); a
+        method not named runs at its default size (Engine.tree_sizes)."""
         if method not in METHOD_ORDER:
             raise RequestError(f"unknown method {method!r}: choose one of {', '.join(self.methods)}")
         if method not in self.drafters:
@@ -333,13 +362,31 @@ class Engine:
             raise
         except ValueError as e:  # SamplingParams names the field and the allowed range
             raise RequestError(str(e)) from None
+        sizes = self._tree_sizes(tree_sizes)
         n_prompt = len(self.target.encode(messages))
         if n_prompt >= self.context_limit:
             raise RequestError(
                 f"the conversation has {n_prompt} tokens and the context limit is {self.context_limit}: "
                 "shorten the prompt (or clear the chat)"
             )
-        return Request(messages, method, GenerationParams(max_new, self.max_length, sampling))
+        return Request(messages, method, GenerationParams(max_new, self.max_length, sampling, sizes.get(method)), sizes)
+
+    def _tree_sizes(self, asked) -> dict[str, int]:
+        """Every drafting method's tree size for a request: the asked ones checked, the defaults for the rest."""
+        if asked is None:
+            asked = {}
+        if not isinstance(asked, dict):
+            raise RequestError(f"tree sizes must be given by method, got {type(asked).__name__}")
+        sizes = {m: s.default for m, s in self.tree_sizes.items()}
+        for m, n in asked.items():
+            if m not in self.tree_sizes:
+                drafting = ", ".join(self.tree_sizes) or "none is loaded"
+                raise RequestError(f"a tree size was given for {m!r}, which drafts no tree (drafting methods: {drafting})")
+            n, top = _as_int(f"{method_label(m)}'s tree size", n), self.tree_sizes[m].maximum
+            if not 1 <= n <= top:
+                raise RequestError(f"{method_label(m)}'s tree size must be between 1 and {top} drafted nodes, got {n}")
+            sizes[m] = n
+        return sizes
 
     def stream(self, req: Request) -> Iterator[Run]:
         """Run one generation, yielding the same Run, updated, after each step.
@@ -348,7 +395,7 @@ class Engine:
         without closing the generator (a cancelled request whose thread is abandoned) cannot keep the
         engine from the next request. Runs own their KV caches, so steps of two runs may interleave;
         the app's single concurrency group keeps whole runs in order."""
-        run = Run(req.method)
+        run = Run(req.method, req.params.max_nodes)
         events = generate(self.target, req.messages, self.drafters[req.method], req.params)  # lazy: nothing runs yet
         for event in self._timed(events, run):
             if isinstance(event, Summary):

@@ -68,6 +68,10 @@ DEFAULT_NEW_TOKENS = 128  # the slider's start value (the flag sets its maximum)
 WARMUP_PROMPT = "Say hi in one short sentence."
 WARMUP_TOKENS = 8
 QUEUE_SIZE = 64  # requests waiting beyond this are refused (the queue tells the user)
+# The largest tree a visitor may ask for, by device: each drafter is built at this size (or at its
+# default, if larger) and serves any smaller tree per request. On a CPU a verified row costs arithmetic,
+# so 32 shows what a wide tree costs without stalling the one engine; on a GPU the paper's 60.
+APP_MAX_NODES = {"cpu": 32, "cuda": 60}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -189,6 +193,32 @@ class Progress:
         log.warning("[%5.1fs] %s…", time.perf_counter() - self.t0, what)
 
 
+def largest_tree(target, default: int) -> int:
+    """The largest tree size a visitor may ask for (APP_MAX_NODES), never below `default`; where a
+    tree of `default` nodes verifies exactly, cut to the sizes that do too, so no slider position
+    leaves the exact path (the CPU kernels are exact at any size, the fixed-shape forward up to its rows)."""
+    top = max(default, APP_MAX_NODES.get(target.device.type, APP_MAX_NODES["cpu"]))
+    if target.exact_verify(default + 1):
+        while top > default and not target.exact_verify(top + 1):
+            top -= 1
+    return top
+
+
+def sizes_for_requests(configs: DrafterConfigs, target) -> tuple[DrafterConfigs, dict[str, int]]:
+    """The configs the drafters are built with, each at the largest size a request may ask for
+    (largest_tree), and each method's default size: the one calibrated or given (--max-nodes,
+    --eagle3-max-nodes). A drafter built large and asked for a smaller tree drafts the same trees as one
+    built at that size (tests/test_calibrate.py, tests/test_app.py), so the default costs nothing."""
+    device = target.device.type
+    defaults = {"dart": configs.dart.tree_size(device), "eagle3": configs.eagle3.tree_size(device)}
+    built = replace(
+        configs,
+        dart=replace(configs.dart, max_nodes=largest_tree(target, defaults["dart"])),
+        eagle3=replace(configs.eagle3, max_nodes=largest_tree(target, defaults["eagle3"])),
+    )
+    return built, defaults
+
+
 def load_dart(config: DartConfig, target, notes: list[str], progress: Progress):
     """The DART drafter, or None with a note when the embedded head is absent or unusable. A head
     named on the command line must load: failing to is an error, not a silent fallback."""
@@ -300,7 +330,8 @@ def cost_view(target, weights, dart_nodes: int | None, dart_size) -> tuple[CostV
         f"Median ms of one forward after {calibrate.PREFIX} cached tokens, measured by the calibration on {key['cpu']} "
         f"({kernels.describe()}, {key['threads']} thread{'s' if key['threads'] != 1 else ''}) and cached in "
         f"{calibrate.calibration_dir()}. DART's expected tokens/s = τ(n) / its loop step at n nodes (drafting, verify of n + 1 "
-        "rows and the rest, timed in the generation loop)."
+        "rows and the rest, timed in the generation loop). The tree size sliders run any other size: a tree of n nodes "
+        "verifies n + 1 rows."
     )
     return CostView(tuple(paths), caption), why
 
@@ -447,6 +478,7 @@ def load_models(args, compute: ComputeThread) -> Loaded:
     configs, tree_line, sizes = calibrate_sizes(args, target, configs, notes, progress, known={"dart": dart_size} if dart_size else None)
     dart_nodes = configs.dart.tree_size(device.type) if embedded_head_exists("dart") or head_named("dart", args) else None
     costs, costs_note = cost_view(target, weights, dart_nodes, sizes.get("dart", dart_size))
+    configs, default_sizes = sizes_for_requests(configs, target)
     drafters = {}
     dart = load_dart(configs.dart, target, notes, progress)
     if dart is not None:
@@ -466,7 +498,7 @@ def load_models(args, compute: ComputeThread) -> Loaded:
 
         pruner = "C++" if getattr(ngram_cpp, "HAVE_CPP", False) else "pure Python"
     heads = heads_line({name: getattr(configs, name).head or DEFAULT_HEADS[name] for name in drafters}, notes)
-    engine = Engine(target, drafters, args.max_new_tokens, args.max_length, compute, peer_list)
+    engine = Engine(target, drafters, args.max_new_tokens, args.max_length, compute, peer_list, {m: default_sizes[m] for m in drafters})
     return Loaded(engine, notes, pruner, progress, threads, configs, peers_line, tree_line, weights_line, costs, costs_note, heads)
 
 

@@ -201,6 +201,22 @@ class DemoApp:
             self.max_new = gr.Slider(
                 1, self.engine.max_new_tokens, value=self.settings.default_new_tokens, step=1, label="Max new tokens", elem_id="max-new"
             )
+        self.sizes = []  # one slider per drafting method, in self.drafted's order
+        if self.drafted:
+            with gr.Accordion("Tree size (drafted nodes per step)", open=True, elem_id="tree-size"):
+                for m in self.drafted:
+                    size = self.engine.tree_sizes[m]
+                    self.sizes.append(
+                        gr.Slider(
+                            1,
+                            size.maximum,
+                            value=size.default,
+                            step=1,
+                            label=method_label(m),
+                            info=f"default {size.default}: the size chosen at start; wider trees verify more rows a step",
+                            elem_id=f"tree-size-{m}",
+                        )
+                    )
         gr.HTML(LEGEND)
 
     def _chat(self) -> None:
@@ -280,6 +296,7 @@ class DemoApp:
             self.top_p,
             self.top_k,
             self.max_new,
+            *self.sizes,
         ]
         queued = dict(concurrency_limit=1, concurrency_id=ENGINE_QUEUE, api_visibility="private", show_progress="hidden")
         arm = dict(fn=self.arm, inputs=None, outputs=self.turn, queue=False, api_visibility="private", show_progress="hidden")
@@ -359,21 +376,29 @@ class DemoApp:
         """A turn's first frame: the prompt leaves the box, which stays locked until the turn ends (see _wire)."""
         return {**{c: gr.update(interactive=False) for c in self.turn_inputs}, self.box: gr.update(value="", interactive=False)}
 
-    def respond(self, turn, message, history, display, method, compare, include_ar, temperature, top_p, top_k, max_new) -> Iterator[dict]:
+    def respond(
+        self, turn, message, history, display, method, compare, include_ar, temperature, top_p, top_k, max_new, *sizes
+    ) -> Iterator[dict]:
         """Stream one chat turn through one method, or through each method in turn (compare mode).
-        A Stop (see StopSignals) ends it after the current step, with a last frame that says so; the
-        partial answer stays in the chat and in the history."""
+        `sizes`: the tree size sliders, one per drafting method (self.drafted's order). A Stop (see
+        StopSignals) ends it after the current step, with a last frame that says so; the partial answer
+        stays in the chat and in the history."""
         self.stops.start(turn)
         try:
-            yield from self._respond(turn, message, history, display, method, compare, include_ar, temperature, top_p, top_k, max_new)
+            sizes = dict(zip(self.drafted, sizes, strict=True))
+            yield from self._respond(
+                turn, message, history, display, method, compare, include_ar, temperature, top_p, top_k, max_new, sizes
+            )
         finally:
             self.stops.disarm(turn)
 
-    def _respond(self, turn, message, history, display, method, compare, include_ar, temperature, top_p, top_k, max_new) -> Iterator[dict]:
+    def _respond(
+        self, turn, message, history, display, method, compare, include_ar, temperature, top_p, top_k, max_new, sizes
+    ) -> Iterator[dict]:
         messages = history + [{"role": "user", "content": message}]
         order = self._order(method, compare, include_ar)
         try:
-            req = self.engine.request(messages, order[0], max_new, temperature, top_p, top_k)
+            req = self.engine.request(messages, order[0], max_new, temperature, top_p, top_k, sizes)
         except RequestError as e:
             raise gr.Error(str(e)) from None
         greedy = req.params.sampling.greedy
@@ -513,13 +538,16 @@ class DemoApp:
             temperature: float = 0.0,
             top_p: float = 1.0,
             top_k: int = 0,
+            tree_size: int | None = None,
         ) -> Iterator[dict]:
             """Generate a reply to one user message with method dart, eagle3 or ar. Streams dicts
-            {text, new_tokens, tau, tokens_per_s, speedup_vs_ar, done}, at most one every TEXT_EVERY_S
-            and always the last; `predict` returns the last one.
+            {text, new_tokens, tau, tokens_per_s, speedup_vs_ar, tree_size, done}, at most one every
+            TEXT_EVERY_S and always the last; `predict` returns the last one. tree_size: the most drafted
+            nodes a tree may have (dart, eagle3; null: the app's default for the method).
             speedup_vs_ar is null until plain decoding has been measured. Bad input raises with the reason."""
             try:
-                req = engine.request([{"role": "user", "content": message}], method, max_new_tokens, temperature, top_p, top_k)
+                sizes = None if tree_size is None else {method: tree_size}
+                req = engine.request([{"role": "user", "content": message}], method, max_new_tokens, temperature, top_p, top_k, sizes)
             except RequestError as e:
                 raise gr.Error(str(e)) from None
             last = 0.0
@@ -534,6 +562,7 @@ class DemoApp:
                     "tau": run.tau,
                     "tokens_per_s": run.tokens_per_s,
                     "speedup_vs_ar": engine.speedup(run) if run.method != "ar" else 1.0,
+                    "tree_size": run.tree_size,
                     "done": run.done,
                 }
 

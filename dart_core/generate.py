@@ -28,12 +28,18 @@ class GenerationParams:
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     max_length: int | None = None  # prompt + output; None = the model's context limit
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    # the most drafted nodes a tree may have in this generation, below the drafter's own max_nodes
+    # (a drafter built at a large size serves smaller trees per request: the same trees as one built
+    # at that size); None = the drafter's max_nodes
+    max_nodes: int | None = None
 
     def __post_init__(self):
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
         if self.max_length is not None and (not isinstance(self.max_length, int) or self.max_length < 2):
             raise ValueError(f"max_length must be an integer >= 2, got {self.max_length!r}")
+        if self.max_nodes is not None and (isinstance(self.max_nodes, bool) or not isinstance(self.max_nodes, int) or self.max_nodes < 0):
+            raise ValueError(f"max_nodes must be an integer >= 0 or None, got {self.max_nodes!r}")
 
 
 @dataclass
@@ -180,7 +186,7 @@ def generate(
     limit = context_limit(target, params.max_length)
     if len(ids) >= limit:
         raise ValueError(f"the prompt has {len(ids)} tokens, the context limit is {limit}: no room to generate")
-    capacity = cache_capacity(limit, len(ids), params.max_new_tokens, drafter.max_nodes)
+    capacity = cache_capacity(limit, len(ids), params.max_new_tokens, tree_size(drafter, params))
     return _loop(target, ids, drafter, params, limit, capacity)
 
 
@@ -189,10 +195,16 @@ def context_limit(target: Target, max_length: int | None) -> int:
     return min(max_length or target.context_limit, target.context_limit)
 
 
-def step_budget(drafter: Drafter, capacity: int, cached: int) -> int:
-    """Drafted nodes the next tree may have: the drafter's max_nodes, cut to the room the cache has
-    left after the root. The one place a tree size is clamped: drafters draft exactly to it."""
-    return max(0, min(drafter.max_nodes, capacity - cached - 1))
+def tree_size(drafter: Drafter, params: GenerationParams) -> int:
+    """Drafted nodes a tree may have in this generation: the drafter's max_nodes, cut to
+    params.max_nodes when that is given."""
+    return drafter.max_nodes if params.max_nodes is None else min(drafter.max_nodes, params.max_nodes)
+
+
+def step_budget(max_nodes: int, capacity: int, cached: int) -> int:
+    """Drafted nodes the next tree may have: the generation's tree size (tree_size), cut to the room
+    the cache has left after the root. The one place a tree size is clamped: drafters draft exactly to it."""
+    return max(0, min(max_nodes, capacity - cached - 1))
 
 
 def cache_capacity(limit: int, prompt_len: int, max_new_tokens: int, max_nodes: int) -> int:
@@ -236,9 +248,10 @@ def _steps(target, ids, drafter, params, limit, capacity) -> Iterator[StepEvent 
     yield StepEvent(0, [root], 0, None, [], StageTimes(verify=prefill_s))
     stop = _stop_reason(output, target.eos_ids, params.max_new_tokens, len(ids), limit)
 
+    size = tree_size(drafter, params)
     while stop is None:
         t_step = clock()
-        max_nodes = step_budget(drafter, capacity, cache.length)
+        max_nodes = step_budget(size, capacity, cache.length)
         proposal = session.propose(root, max_nodes)
         tree = proposal.tree.truncate(max_nodes + 1)
         t_verify = clock()

@@ -46,7 +46,7 @@ MAX_NEW = 12  # tokens per test request: enough for several multi-token steps, c
 SERVER_MAX_NEW = 512  # long enough that a Stop or cancel always lands before a long answer ends, even on the fast kernels
 START_TIMEOUT_S = 240
 DTYPE = "bfloat16" if kernels.AVAILABLE else "float32"  # exact greedy texts need the kernels in bf16
-KEYS = {"text", "new_tokens", "tau", "tokens_per_s", "speedup_vs_ar", "done"}
+KEYS = {"text", "new_tokens", "tau", "tokens_per_s", "speedup_vs_ar", "tree_size", "done"}
 
 
 def llamacpp_reason() -> str | None:
@@ -118,8 +118,8 @@ def client(server):
     return Client(server, verbose=False)
 
 
-def generate(client, message, method="ar", max_new=MAX_NEW, temperature=0.0, top_p=1.0, top_k=0) -> dict:
-    return client.predict(message, method, max_new, temperature, top_p, top_k, api_name="/generate")
+def generate(client, message, method="ar", max_new=MAX_NEW, temperature=0.0, top_p=1.0, top_k=0, tree_size=None) -> dict:
+    return client.predict(message, method, max_new, temperature, top_p, top_k, tree_size, api_name="/generate")
 
 
 def test_generate_endpoint(client):
@@ -127,6 +127,7 @@ def test_generate_endpoint(client):
         r = generate(client, "Name a colour.", method)
         assert set(r) == KEYS
         assert r["text"].strip() and 1 <= r["new_tokens"] <= MAX_NEW and r["tau"] >= 1.0 and r["tokens_per_s"] > 0 and r["done"]
+        assert (r["tree_size"] is None) == (method == "ar")  # a drafting method reports the size it ran at (the app's default)
     if len(METHODS) > 1:  # speed-ups are quoted against an AR run long enough not to be all prefill
         assert (
             generate(client, "Count from one to thirty in words.", "ar", max_new=MIN_REFERENCE_TOKENS)["new_tokens"] == MIN_REFERENCE_TOKENS
@@ -137,6 +138,16 @@ def test_generate_endpoint(client):
 def test_every_method_gives_ar_text(client):
     outs = {m: generate(client, "Write one sentence about rivers.", m)["text"] for m in METHODS}
     assert len(set(outs.values())) == 1, outs
+
+
+@pytest.mark.skipif(not HAVE_DART, reason="no DART head")
+def test_a_request_sets_the_tree_size(client):
+    """Any size from 1 to the app's largest (32 on a CPU) runs, and every one gives plain decoding's text."""
+    prompt = "Write one sentence about rivers."
+    ar = generate(client, prompt, "ar")["text"]
+    for method, n in (("dart", 1), ("dart", 32 if kernels.AVAILABLE else 15), ("eagle3", 12)):
+        r = generate(client, prompt, method, tree_size=n)
+        assert r["tree_size"] == n and r["text"] == ar, (method, n)
 
 
 BAD_REQUESTS = [
@@ -151,6 +162,9 @@ BAD_REQUESTS = [
     (("hi", "ar", 2.5, 0.0, 1.0, 0), "max_new_tokens"),
     (("word " * 3000, "ar", MAX_NEW, 0.0, 1.0, 0), "context limit"),
     (("x" * 30_000, "ar", MAX_NEW, 0.0, 1.0, 0), "characters"),
+    (("hi", "ar", MAX_NEW, 0.0, 1.0, 0, 4), "drafts no tree"),
+    (("hi", METHODS[0], MAX_NEW, 0.0, 1.0, 0, 0), "tree size" if HAVE_DART else "drafts no tree"),
+    (("hi", METHODS[0], MAX_NEW, 0.0, 1.0, 0, 33), "tree size" if HAVE_DART else "drafts no tree"),
 ]
 
 
@@ -170,7 +184,7 @@ def test_two_clients_streaming_at_once_get_their_solo_outputs(server):
     method = METHODS[0]
     clients = [Client(server, verbose=False) for _ in prompts]
     solo = [generate(c, p, method)["text"] for c, p in zip(clients, prompts)]
-    jobs = [c.submit(p, method, MAX_NEW, 0.0, 1.0, 0, api_name="/generate") for c, p in zip(clients, prompts)]
+    jobs = [c.submit(p, method, MAX_NEW, 0.0, 1.0, 0, None, api_name="/generate") for c, p in zip(clients, prompts)]
     with ThreadPoolExecutor(len(jobs)) as pool:
         together = [r["text"] for r in pool.map(lambda j: j.result(timeout=300), jobs)]
     assert together == solo
@@ -178,7 +192,7 @@ def test_two_clients_streaming_at_once_get_their_solo_outputs(server):
 
 
 def test_a_cancelled_request_frees_the_engine(client):
-    job = client.submit("Tell me a long story about a dragon.", "ar", SERVER_MAX_NEW, 0.0, 1.0, 0, api_name="/generate")
+    job = client.submit("Tell me a long story about a dragon.", "ar", SERVER_MAX_NEW, 0.0, 1.0, 0, None, api_name="/generate")
     while len(job.outputs()) < 2:
         assert not job.done(), "the long request finished before it could be cancelled"
         time.sleep(0.05)
@@ -228,13 +242,18 @@ def test_browser_chat_streams_and_draws_the_tree(server, tmp_path):
             why = page.locator("#verify-cost").inner_text()
             assert f"{DTYPE} (runs)" in why and " rows: " in why and "DART expected" in why, why
             assert page.locator("#verify-cost-plot .js-plotly-plot").count() == 1
-        # a second turn, in compare mode, runs every method to the end (and then llama.cpp, where built)
+        # a second turn, in compare mode, runs every method to the end (and then llama.cpp, where built),
+        # DART at a tree size set on the page
         page.locator("#compare input").check()
+        if HAVE_DART:
+            page.locator("#tree-size-dart input[type=number]").fill("12")
+            page.locator("#tree-size-dart input[type=number]").press("Enter")
         send_and_wait(page, "Now write a haiku about the sea.", n_runs=len(METHODS) + HAVE_LLAMACPP)
         assert page.locator("#chat .chunk").count() >= 2
         if len(METHODS) > 1:  # lossless at T=0: every method's text is AR's
             rows = page.locator("#summary tbody tr")
             assert rows.count() == len(METHODS) + HAVE_LLAMACPP
+            assert rows.first.locator("td").first.inner_text() == "DART (≤12 nodes)"
             assert [rows.nth(i).locator("td").last.inner_text() for i in range(len(METHODS) - 1)] == ["yes"] * (len(METHODS) - 1)
         if HAVE_LLAMACPP:  # its row: llama.cpp's counts; "same text" marked, as it promises no bit-exactness
             row = page.locator("#summary tbody tr").last.locator("td")
@@ -275,7 +294,7 @@ def test_browser_stop_reaches_a_turn_waiting_in_the_queue(server, client):
     """Stop pressed while the turn still waits behind another client's request: it never runs."""
     from playwright.sync_api import sync_playwright
 
-    job = client.submit("Tell me a long story about a dragon.", "ar", SERVER_MAX_NEW, 0.0, 1.0, 0, api_name="/generate")
+    job = client.submit("Tell me a long story about a dragon.", "ar", SERVER_MAX_NEW, 0.0, 1.0, 0, None, api_name="/generate")
     try:
         while len(job.outputs()) < 2:  # the engine is busy with it
             assert not job.done(), "the long request finished before the browser's turn could queue behind it"

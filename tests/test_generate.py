@@ -98,8 +98,23 @@ def test_the_loop_clamps_the_tree_size(tiny_llama):
     limit = len(prompt) + 9
     run(tiny_llama, prompt, Recording(TINY_VOCAB, 6, 0), max_new_tokens=100, max_length=limit)
     assert budgets[0] == 6 and min(budgets) < 6  # near the context limit: what the cache still holds
+    budgets.clear()
+    run(tiny_llama, prompt, Recording(TINY_VOCAB, 6, 0), max_new_tokens=20, max_nodes=2)
+    assert budgets and set(budgets) == {2}  # the request's size, below the drafter's
+    budgets.clear()
+    run(tiny_llama, prompt, Recording(TINY_VOCAB, 6, 0), max_new_tokens=20, max_nodes=9)
+    assert budgets and set(budgets) == {6}  # never above the drafter's own
     capacity = cache_capacity(limit, len(prompt), 100, 6)
-    assert step_budget(Recording(TINY_VOCAB, 6), capacity, capacity - 1) == 0 and step_budget(ARDrafter(), capacity, 0) == 0
+    assert (
+        step_budget(Recording(TINY_VOCAB, 6).max_nodes, capacity, capacity - 1) == 0
+        and step_budget(ARDrafter().max_nodes, capacity, 0) == 0
+    )
+
+
+@pytest.mark.parametrize("bad", [-1, 2.0, True, "4"])
+def test_generation_params_reject_a_bad_tree_size(bad):
+    with pytest.raises(ValueError, match="max_nodes"):
+        GenerationParams(max_nodes=bad)
 
 
 def test_sampling_is_reproducible_with_a_seed(tiny_llama):

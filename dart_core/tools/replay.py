@@ -103,7 +103,7 @@ def replay(drafter: Drafter, rec: GreedyRecord) -> Replay:
     accepted, sizes = [], []
     pos = 0  # out[pos] is the root; out[:pos] is committed
     while pos < len(out) - 1:
-        max_nodes = step_budget(drafter, capacity, P + pos)  # as the loop does, with P + pos tokens cached
+        max_nodes = step_budget(drafter.max_nodes, capacity, P + pos)  # as the loop does, with P + pos tokens cached
         tree = session.propose(out[pos], max_nodes).tree.truncate(max_nodes + 1)
         tokens = tree.tokens.tolist()
         node, path = 0, [0]
