@@ -42,8 +42,23 @@ def logits_with_argmax(rows: list[int]) -> torch.Tensor:
     ],
 )
 def test_greedy_golden(argmax, path, bonus):
-    acc = accept_greedy(TREE, logits_with_argmax(argmax))
-    assert acc.path == path and acc.bonus == bonus and acc.accepted == len(path) - 1
+    for batched in (False, True):  # a row at a time (the CPU's walk), every row at once (a GPU's)
+        acc = accept_greedy(TREE, logits_with_argmax(argmax), batched)
+        assert acc.path == path and acc.bonus == bonus and acc.accepted == len(path) - 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_walk_is_the_same_batched(dtype):
+    """The batched reduction (every row's argmax in one op, as on a GPU) walks the same path as the
+    row-at-a-time one, ties, NaN and all: random logits from a few values, so rows tie often."""
+    g = torch.Generator().manual_seed(0)
+    values = torch.tensor([0.0, 1.0, 2.0, math.nan, -math.inf])
+    for _ in range(300):
+        idx = torch.randint(len(values), (len(TREE), V), generator=g)
+        idx[idx == 3] = torch.randint(3, (int((idx == 3).sum()),), generator=g) if torch.rand((), generator=g) < 0.8 else 3
+        logits = values[idx].to(dtype)
+        a, b = accept_greedy(TREE, logits, False), accept_greedy(TREE, logits, True)
+        assert (a.path, a.bonus) == (b.path, b.bonus)
 
 
 @pytest.mark.parametrize(
