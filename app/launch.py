@@ -313,13 +313,15 @@ def cost_view(target, weights, dart_nodes: int | None, dart_size) -> tuple[CostV
             paths.append(CostPath(e["weights"], ms, nodes, expected(table, nodes), chosen))
         why = f"Weights path (--dtype auto): {weights.reason}."
     else:
-        costs = calibrate.cached_forward_costs(target) if target.exact_verify(calibrate.MAX_CALIBRATED_ROWS) else None
+        rows = calibrate.calibrated_rows(target)
+        costs = calibrate.cached_forward_costs(target, rows=rows) if rows else None
         if costs is None:
             why = (
                 "No forward-cost table: the tree sizes were given or not calibrated here, and so was the weights path "
                 "(dart-calibrate measures it)."
-                if target.exact_verify(1)
-                else "No forward-cost table: the target is not on the CPU kernels, where the tree size is calibrated."
+                if rows
+                else "No forward-cost table: the target is neither on the CPU kernels nor on a GPU's fixed-shape forward, "
+                "where the tree size is calibrated."
             )
             return None, why
         table = dart_size.table if dart_size is not None else []

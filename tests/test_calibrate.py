@@ -19,6 +19,8 @@ from dart_core.drafters.registry import build_drafter
 from dart_core.tools import calibrate
 from dart_core.tools.replay import record_greedy, replay
 
+from support import tiny_target
+
 PROMPTS = ["Write a short poem about a lighthouse keeper.", "List the planets of the solar system in order."]
 
 
@@ -118,6 +120,37 @@ def test_capped_drafter_replays_as_the_drafter_built_at_that_size(embedded_bf16,
             assert max(a.tree_sizes) <= n
     taus = calibrate.tau_by_size(big, records, [1, 5])
     assert 1.0 <= taus[1] <= taus[5]
+
+
+def test_the_calibration_runs_where_a_verify_is_exact_and_its_cost_depends_on_the_tree(embedded_bf16, tiny_llama):
+    """The CPU kernels: trees up to 16 nodes; the eager path on a CPU (its fixed forward pads every step
+    to the same rows; beyond them not exact): not calibrated, the configs come back as they were. (On a
+    CUDA GPU the fixed-shape forward calibrates up to 60 nodes: scripts/gpu_check.py.)"""
+    from dart_core import kernels
+
+    if kernels.AVAILABLE:
+        assert calibrate.calibrated_rows(embedded_bf16) == calibrate.MAX_CALIBRATED_ROWS
+    eager = tiny_target(tiny_llama.model_dir)
+    eager.model.use_kernels = False
+    assert calibrate.calibrated_rows(eager) == 0
+    configs = drafter_configs(drafter_args(), True)
+    assert calibrate.calibrate_unset_sizes(eager, configs, {"dart", "eagle3"}) == (configs, {})
+    assert "gpu" not in calibrate.machine_key(embedded_bf16, 2)  # a CPU's key names no GPU (its cached files stay valid)
+
+
+@pytest.mark.parametrize(
+    "text, sizes", [("1-16", list(range(1, 17))), ("2,5,8", [2, 5, 8]), ("1-3,20,24,3", [1, 2, 3, 20, 24]), ("60", [60])]
+)
+def test_write_tau_sizes(text, sizes):
+    assert calibrate_cli.parse_sizes(text) == sizes
+
+
+@pytest.mark.parametrize("text", ["", "a-3", "0-4", "3,x", "-2"])
+def test_write_tau_sizes_refused(text):
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError):
+        calibrate_cli.parse_sizes(text)
 
 
 def test_tau_tables(tmp_path):

@@ -22,6 +22,20 @@ from ..tools.bench import held_out_questions
 from ..tools.replay import record_greedy
 
 
+def parse_sizes(text: str) -> list[int]:
+    """Tree sizes from "1-16", "2,5,8" or "1-16,20,24": ascending, each once, every one >= 1."""
+    sizes: set[int] = set()
+    try:
+        for part in text.split(","):
+            lo, dash, hi = part.strip().partition("-")
+            sizes.update(range(int(lo), int(hi) + 1) if dash else [int(lo)])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: sizes are numbers and ranges, e.g. 1-16,20,24") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give sizes of at least 1 drafted node")
+    return sorted(sizes)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="dart-calibrate", description=calibrate.__doc__.split("\n\n")[0])
     p.add_argument(
@@ -53,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip", type=int, default=10, help="--write-tau: prompts skipped per file (the bench reports on the first 10)")
     p.add_argument("--limit", type=int, default=10, help="--write-tau: prompts per file after --skip")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--sizes", default="1-16", help="--write-tau: tree sizes, e.g. 1-16 or 2,5,8")
+    p.add_argument("--sizes", default="1-16", type=parse_sizes, help="--write-tau: tree sizes, e.g. 1-16, 2,5,8 or 1-16,20,24")
     p.add_argument(
         "--refresh",
         action="store_true",
@@ -92,8 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write_tau is not None:
         if not args.dataset:
             raise SystemExit("--write-tau needs --dataset (held-out prompts: not the ones the bench reports on)")
-        lo, _, hi = args.sizes.partition("-")
-        sizes = list(range(int(lo), int(hi) + 1)) if hi else [int(x) for x in args.sizes.split(",")]
+        sizes = args.sizes
         questions = held_out_questions(args.dataset, args.skip, args.limit)
         t0 = time.perf_counter()
         records = [record_greedy(target, [{"role": "user", "content": q["turns"][0]}], args.max_new_tokens) for _, q in questions]

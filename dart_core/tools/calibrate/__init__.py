@@ -13,7 +13,8 @@ ratio depends on the CPU, the kernel build, the weights (bf16, GGUF blocks) and 
   the pieces added up to less than the loop spends (the drafting and pruning cost more right after a
   verify, whose data the caches then hold; docs/changelog.md);
 - forward(k): the target's forward of k new rows after PREFIX committed tokens, measured alone (median
-  of a few runs, 1..MAX_CALIBRATED_ROWS rows): what a verify costs by rows, for the tables and the docs;
+  of a few runs, 1..MAX_CALIBRATED_ROWS rows on the CPU kernels, 1..CUDA_CALIBRATED_ROWS on a CUDA GPU's
+  fixed-shape forward, synchronized: calibrated_rows): what a verify costs by rows, for the tables and the docs;
   both are cached per machine, kernel build, weights and threads under ~/.cache/dart-demo/calibration/
   (a second start reads them back);
 - τ(n): the head's tokens per target forward at n nodes, measured offline by exact replay on held-out
@@ -36,6 +37,7 @@ tree_size.py (the choice of a drafter's size), weights.py (the weights path).
 from . import measure, tau, tree_size, weights
 from .measure import (
     CALIBRATION_VERSION,
+    CUDA_CALIBRATED_ROWS,
     MAX_CALIBRATED_ROWS,
     OVERHEAD_PROMPT,
     OVERHEAD_TOKENS,
@@ -45,6 +47,7 @@ from .measure import (
     SizeCapped,
     build_measured,
     cached_forward_costs,
+    calibrated_rows,
     calibration_dir,
     cpu_model,
     drafting_ms,
@@ -63,10 +66,10 @@ from .weights import AUTO_FALLBACK, WEIGHTS_CANDIDATES, WeightsChoice, choose_we
 
 __all__ = [
     "measure", "tau", "tree_size", "weights",
-    "CALIBRATION_VERSION", "MAX_CALIBRATED_ROWS", "OVERHEAD_PROMPT", "OVERHEAD_TOKENS", "PREFIX", "ForwardCosts", "ForwardSplit",
-    "SizeCapped", "build_measured", "cached_forward_costs", "calibration_dir", "cpu_model", "drafting_ms", "forward_costs",
-    "forward_split", "host_key", "loop_sizes", "loop_step_ms", "machine_key", "measure_forwards", "with_row_costs",
-    "SizeChoice", "calibrate_drafter", "calibrate_unset_sizes", "choose_max_nodes",
-    "TAU_FILE", "read_tau_table", "tau_by_size",
+    "CALIBRATION_VERSION", "CUDA_CALIBRATED_ROWS", "MAX_CALIBRATED_ROWS", "OVERHEAD_PROMPT", "OVERHEAD_TOKENS", "PREFIX", "ForwardCosts",
+    "ForwardSplit", "SizeCapped", "build_measured", "cached_forward_costs", "calibrated_rows", "calibration_dir", "cpu_model",
+    "drafting_ms", "forward_costs", "forward_split", "host_key", "loop_sizes", "loop_step_ms", "machine_key", "measure_forwards",
+    "with_row_costs",
+    "SizeChoice", "calibrate_drafter", "calibrate_unset_sizes", "choose_max_nodes", "TAU_FILE", "read_tau_table", "tau_by_size",
     "AUTO_FALLBACK", "WEIGHTS_CANDIDATES", "WeightsChoice", "choose_weights", "fixed_weights", "rank_weights", "weights_table",
 ]  # fmt: skip

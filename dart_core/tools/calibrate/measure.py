@@ -22,7 +22,8 @@ from ...target import Target
 from ..replay import GreedyRecord, record_greedy, replay
 
 CALIBRATION_VERSION = 5  # bump when what is measured changes, so old cached files are not read
-MAX_CALIBRATED_ROWS = 17  # verify rows timed: trees of up to 16 drafted nodes
+MAX_CALIBRATED_ROWS = 17  # verify rows timed on the CPU kernels: trees of up to 16 drafted nodes
+CUDA_CALIBRATED_ROWS = 61  # on a CUDA GPU's fixed-shape forward: trees of up to the paper's 60 nodes
 PREFIX = 200  # committed tokens before the timed rows (a chat turn's prompt and some answer)
 REPEATS = 9  # timed forwards per row count (median)
 ROUNDS = 3  # passes over the row counts; each pass times about REPEATS / ROUNDS forwards of each
@@ -150,14 +151,28 @@ def host_key(threads: int) -> dict:
 
 
 def machine_key(target: Target, threads: int) -> dict:
-    """What a forward's cost depends on: the host (CPU, kernel build, threads), the model and its weights."""
+    """What a forward's cost depends on: the host (CPU, kernel build, threads), the GPU where the
+    target runs on one, the model and its weights."""
+    gpu = {"gpu": torch.cuda.get_device_name(target.device), "cuda": torch.version.cuda} if target.device.type == "cuda" else {}
     return {
         **host_key(threads),
+        **gpu,
         "model": target.name,
         "model_dir": str(target.model_dir),
         "weights": target.weights,
         "device": str(target.device),
     }
+
+
+def calibrated_rows(target: Target) -> int:
+    """Verify rows the calibration times on the target's path, 0 where it does not calibrate:
+    MAX_CALIBRATED_ROWS on the CPU kernels; CUDA_CALIBRATED_ROWS on a CUDA GPU's fixed-shape forward
+    (exact up to its 64 rows, where a wide tree verifies for about the price of one token). Not on the
+    eager paths: beyond the fixed rows they are not exact, and on a CPU the fixed forward pads every
+    step to its 16 rows, so its cost does not depend on the tree."""
+    if target.device.type == "cuda":
+        return CUDA_CALIBRATED_ROWS if target.model.fixed_path(CUDA_CALIBRATED_ROWS, target.device) else 0
+    return MAX_CALIBRATED_ROWS if target.model.kernel_path(MAX_CALIBRATED_ROWS, target.device) else 0
 
 
 def _prefilled_cache(target: Target, prefix: int, rows: int):
@@ -296,7 +311,7 @@ def write_cache(path: Path, data: dict) -> None:
 def cached_forward_costs(target: Target, threads: int | None = None, rows: int | None = None) -> ForwardCosts | None:
     """The forward costs cached for this machine, build, weights and threads, or None: never measures
     (the app's "why" view shows what the calibration measured, and adds no timing to a start)."""
-    threads, rows = threads or torch.get_num_threads(), rows or MAX_CALIBRATED_ROWS
+    threads, rows = threads or torch.get_num_threads(), rows or calibrated_rows(target) or MAX_CALIBRATED_ROWS
     key = machine_key(target, threads)
     data = read_cache(cache_path("forwards", key), key)
     if data is None:
@@ -314,7 +329,7 @@ def forward_costs(target: Target, threads: int | None = None, refresh: bool = Fa
     """The target's forward cost by rows on this machine: read back from the calibration cache when
     this machine, build, weights and thread count were measured before (unless `refresh`), else
     measured (~3-10 s) and saved."""
-    threads, rows = threads or torch.get_num_threads(), rows or MAX_CALIBRATED_ROWS
+    threads, rows = threads or torch.get_num_threads(), rows or calibrated_rows(target) or MAX_CALIBRATED_ROWS
     if not refresh:
         cached = cached_forward_costs(target, threads, rows)
         if cached is not None:

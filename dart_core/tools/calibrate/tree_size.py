@@ -103,14 +103,16 @@ def calibrate_unset_sizes(
     """For each drafter in `unset` (whose tree size the user left unset), the size calibrated on this
     machine: returns the configs with those sizes and the choices (with their reasons) by drafter.
     An EAGLE3 without a τ table follows DART's size, so both verify trees of one size. Only on the CPU
-    kernel path and when `enabled` (--no-calibration turns it off): elsewhere the configs come back as
+    kernel path or a CUDA GPU's fixed-shape forward (measure.calibrated_rows) and when `enabled`
+    (--no-calibration turns it off): elsewhere the configs come back as
     they were. `known`: choices already made on this target with these configs (choose_weights makes
     DART's), used instead of timing the drafter again."""
     from ...drafters import DEFAULT_DART_HEAD, DEFAULT_EAGLE3_HEAD
     from ...drafters.config import default_max_nodes
     from ...drafters.head import resolve_head_dir
 
-    if not enabled or not target.model.kernel_path(measure.MAX_CALIBRATED_ROWS, target.device):
+    rows = measure.calibrated_rows(target)
+    if not enabled or not rows:
         return configs, {}
     defaults = {"dart": DEFAULT_DART_HEAD, "eagle3": DEFAULT_EAGLE3_HEAD}
     fallback = default_max_nodes(target.device.type)
@@ -121,7 +123,7 @@ def calibrate_unset_sizes(
             choice = known[method]
         else:
             head_dir = resolve_head_dir(config.head) if config.head is not None else defaults[method]
-            drafter = measure.build_measured(method, target, replace(config, max_nodes=measure.MAX_CALIBRATED_ROWS - 1))
+            drafter = measure.build_measured(method, target, replace(config, max_nodes=rows - 1))
             choice = calibrate_drafter(target, drafter, head_dir, fallback)
         if choice.calibrated or method == "dart":
             configs = replace(configs, **{method: replace(config, max_nodes=choice.max_nodes)})
