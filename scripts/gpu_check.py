@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import platform
 import random
@@ -483,8 +484,9 @@ def stage_profile(dev: torch.device, small: bool, rep: Report, opts) -> dict:
 
 def stage_embedded(dev: torch.device, small: bool, rep: Report, opts) -> dict:
     from dart_core import load_target
-    from dart_core.drafters.config import DartConfig, Eagle3Config
+    from dart_core.drafters.config import DartConfig, DrafterConfigs, Eagle3Config
     from dart_core.drafters.registry import build_drafter
+    from dart_core.tools import calibrate
 
     r = {}
     texts = [json.loads(line) for line in opts.prompts.read_text().splitlines() if line.strip()] if opts.prompts else []
@@ -492,15 +494,29 @@ def stage_embedded(dev: torch.device, small: bool, rep: Report, opts) -> dict:
     heads = opts.heads
     for dname in opts.embedded_dtypes.split(","):
         target = load_target(opts.model, dev, dname)
-        methods = {
-            "ar": ARDrafter(),
-            f"dart@{opts.nodes}": build_drafter(
-                "dart",
-                target,
-                DartConfig.embedded(head=str(heads / "dart"), ngram=str(heads / "ngram" / "smollm2-3gram.ngram.xz"), max_nodes=opts.nodes),
-            ),
-            f"eagle3@{opts.nodes}": build_drafter("eagle3", target, Eagle3Config(head=str(heads / "eagle3"), max_nodes=opts.nodes)),
-        }
+        configs = DrafterConfigs(
+            DartConfig.embedded(head=str(heads / "dart"), ngram=str(heads / "ngram" / "smollm2-3gram.ngram.xz")),
+            Eagle3Config(head=str(heads / "eagle3")),
+        )
+        sizes = {m: opts.nodes for m in ("dart", "eagle3")}
+        calibration = {}
+        if opts.calibrate and calibrate.calibrated_rows(target):
+            # the tree sizes the bench and the app would pick on this device (its costs timed to a
+            # synchronize, τ from the heads' tables), run beside the fixed --nodes
+            t0 = time.perf_counter()
+            calibrated, choices = calibrate.calibrate_unset_sizes(target, configs, {"dart", "eagle3"}, log=rep.log)
+            calibration = {
+                m: {"max_nodes": c.max_nodes, "reason": c.reason, "calibrated": c.calibrated, "table": c.table} for m, c in choices.items()
+            }
+            calibration["seconds"] = round(time.perf_counter() - t0, 1)
+            for m in ("dart", "eagle3"):
+                sizes[f"{m}-calibrated"] = calibrated[m].max_nodes
+        methods = {"ar": ARDrafter()}
+        for m, n in sizes.items():
+            method = m.removesuffix("-calibrated")
+            label = f"{method}@{n}"
+            if label not in methods:
+                methods[label] = build_drafter(method, target, dataclasses.replace(configs[method], max_nodes=n))
         params = GenerationParams(opts.max_new_tokens)
         for drafter in methods.values():  # warm-up
             complete(target, texts[0], drafter, GenerationParams(16))
@@ -526,7 +542,7 @@ def stage_embedded(dev: torch.device, small: bool, rep: Report, opts) -> dict:
                 "prompts": len(texts),
             }
         rep.log(f"embedded {dname} ({target.weights}): {rows}")
-        r[dname] = rows
+        r[dname] = {**rows, "calibration": calibration} if calibration else rows
         rep.save("embedded", r)
     return r
 
@@ -543,6 +559,12 @@ def main(argv=None) -> int:
     p.add_argument("--embedded-dtypes", default="bfloat16,float32", help="embedded stage: the target's dtypes, comma-separated")
     p.add_argument("--nodes", type=int, default=60, help="embedded stage: drafted nodes a tree (DART and EAGLE3)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="embedded stage: tokens a prompt")
+    p.add_argument(
+        "--calibrate",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="embedded stage: also calibrate the tree sizes on this device and run DART and EAGLE3 at them (default on)",
+    )
     p.add_argument("--paths", default="fixed,eager", help=f"exact and big stages: the target's forward paths, from {', '.join(PATHS)}")
     p.add_argument("--fixed-rows", type=int, default=0, help="the fixed path's rows (default: the engine's for the device)")
     p.add_argument(

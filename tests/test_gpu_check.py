@@ -48,6 +48,29 @@ def test_gpu_check_runs_on_the_cpu_and_reports_exactness(tmp_path):
     assert "--- big" in (out / "gpu_check.log").read_text()
 
 
+@pytest.mark.slow  # the embedded model in a subprocess, its tree sizes calibrated
+def test_gpu_check_embedded_stage_runs_on_the_cpu(tmp_path, fresh_cache):
+    """The stage a lent GPU runs once the embedded model is brought there: plain decoding, DART and
+    EAGLE3 at --nodes and at the sizes the calibration picks on the device, ids against plain's."""
+    from dart_core import kernels
+
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(SCRIPT), "--out", str(out), "--device", "cpu", "--stages", "embedded"]
+    weights = "gguf-int16" if kernels.AVAILABLE else "float32"
+    cmd += ["--embedded-dtypes", weights, "--nodes", "4", "--max-new-tokens", "12"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads((out / "gpu_check.json").read_text())["stages"]["embedded"][weights]
+    assert {"ar", "dart@4", "eagle3@4"} <= set(rows)
+    for m, row in rows.items():
+        if m != "calibration":
+            assert row["ids_equal_ar"] == row["prompts"] == 2 and row["tau"] >= 1.0, (m, row)
+    if kernels.AVAILABLE:  # the kernels path calibrates (a GPU's fixed forward too); the eager CPU path does not
+        cal = rows["calibration"]
+        for m in ("dart", "eagle3"):
+            assert f"{m}@{cal[m]['max_nodes']}" in rows and 1 <= cal[m]["max_nodes"] <= 16
+
+
 def test_gpu_check_refuses_unknown_stages(tmp_path):
     proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--stages", "env,warp"], capture_output=True, text=True)
     assert proc.returncode == 2 and "unknown stages ['warp']" in proc.stderr
