@@ -315,9 +315,9 @@ class Engine:
         self.tree_sizes: dict[str, TreeSize] = {}
         for m, d in drafters.items():
             default = default_sizes.get(m, d.max_nodes)
-            if not 1 <= default <= d.max_nodes:
+            if not 0 <= default <= d.max_nodes:
                 raise ValueError(
-                    f"{method_label(m)}'s default tree size {default} is not within 1..{d.max_nodes} (its drafter's max_nodes)"
+                    f"{method_label(m)}'s default tree size {default} is not within 0..{d.max_nodes} (its drafter's max_nodes)"
                 )
             self.tree_sizes[m] = TreeSize(default, d.max_nodes)
         self.peers = {p.method: p for p in peers}
@@ -383,8 +383,8 @@ class Engine:
                 drafting = ", ".join(self.tree_sizes) or "none is loaded"
                 raise RequestError(f"a tree size was given for {m!r}, which drafts no tree (drafting methods: {drafting})")
             n, top = _as_int(f"{method_label(m)}'s tree size", n), self.tree_sizes[m].maximum
-            if not 1 <= n <= top:
-                raise RequestError(f"{method_label(m)}'s tree size must be between 1 and {top} drafted nodes, got {n}")
+            if not 0 <= n <= top:  # 0: no drafted node, plain decoding's steps through the method's loop
+                raise RequestError(f"{method_label(m)}'s tree size must be between 0 and {top} drafted nodes, got {n}")
             sizes[m] = n
         return sizes
 

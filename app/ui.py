@@ -208,7 +208,7 @@ class DemoApp:
                     size = self.engine.tree_sizes[m]
                     self.sizes.append(
                         gr.Slider(
-                            1,
+                            0,  # no drafted node: plain decoding's steps, for comparison
                             size.maximum,
                             value=size.default,
                             step=1,

@@ -142,10 +142,10 @@ def test_every_method_gives_ar_text(client):
 
 @pytest.mark.skipif(not HAVE_DART, reason="no DART head")
 def test_a_request_sets_the_tree_size(client):
-    """Any size from 1 to the app's largest (32 on a CPU) runs, and every one gives plain decoding's text."""
+    """Any size from 0 to the app's largest (32 on a CPU) runs, and every one gives plain decoding's text."""
     prompt = "Write one sentence about rivers."
     ar = generate(client, prompt, "ar")["text"]
-    for method, n in (("dart", 1), ("dart", 32 if kernels.AVAILABLE else 15), ("eagle3", 12)):
+    for method, n in (("dart", 0), ("dart", 1), ("dart", 32 if kernels.AVAILABLE else 15), ("eagle3", 12)):
         r = generate(client, prompt, method, tree_size=n)
         assert r["tree_size"] == n and r["text"] == ar, (method, n)
 
@@ -163,7 +163,7 @@ BAD_REQUESTS = [
     (("word " * 3000, "ar", MAX_NEW, 0.0, 1.0, 0), "context limit"),
     (("x" * 30_000, "ar", MAX_NEW, 0.0, 1.0, 0), "characters"),
     (("hi", "ar", MAX_NEW, 0.0, 1.0, 0, 4), "drafts no tree"),
-    (("hi", METHODS[0], MAX_NEW, 0.0, 1.0, 0, 0), "tree size" if HAVE_DART else "drafts no tree"),
+    (("hi", METHODS[0], MAX_NEW, 0.0, 1.0, 0, -1), "tree size" if HAVE_DART else "drafts no tree"),
     (("hi", METHODS[0], MAX_NEW, 0.0, 1.0, 0, 33), "tree size" if HAVE_DART else "drafts no tree"),
 ]
 

@@ -48,8 +48,8 @@ def test_bad_tree_sizes_are_refused_with_the_reason(embedded_bf16):
     ok = engine.request(MESSAGES, "ar", 4, 0.0, 1.0, 0, {"dart": 6})
     assert ok.params.max_nodes is None and ok.for_method("dart").params.max_nodes == 6  # compare mode's DART run
     for sizes, reason in [
-        ({"dart": 0}, "between 1 and 6"),
-        ({"dart": 7}, "between 1 and 6"),
+        ({"dart": -1}, "between 0 and 6"),
+        ({"dart": 7}, "between 0 and 6"),
         ({"dart": 2.5}, "must be an integer"),
         ({"dart": True}, "must be an integer"),
         ({"ar": 2}, "drafts no tree"),
@@ -60,6 +60,10 @@ def test_bad_tree_sizes_are_refused_with_the_reason(embedded_bf16):
             engine.request(MESSAGES, "dart", 4, 0.0, 1.0, 0, sizes)
     with pytest.raises(ValueError, match="default tree size 9"):
         Engine(embedded_bf16, {"dart": built(embedded_bf16, "dart", 6)}, TOKENS, default_sizes={"dart": 9})
+    # --max-nodes 0 (no drafted node) is a default the app serves: plain decoding's steps through DART's loop
+    zero = Engine(embedded_bf16, {"dart": built(embedded_bf16, "dart", 6)}, TOKENS, default_sizes={"dart": 0})
+    run = zero.complete(zero.request(MESSAGES, "dart", 8, 0.0, 1.0, 0))
+    assert run.tree_size == 0 and run.tau == 1.0
 
 
 def test_the_largest_tree_stays_on_the_exact_path(embedded_bf16, tiny_llama):
