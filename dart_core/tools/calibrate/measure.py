@@ -422,11 +422,12 @@ def loop_step_ms(target: Target, drafter: Drafter | None, sizes: list[int], step
         for n in sizes:
             if n > 0 and drafter is None:
                 raise ValueError("loop_step_ms: sizes above 0 need a drafter")
-            d = ARDrafter() if n == 0 else SizeCapped(drafter, n)
+            # the drafter asked for n-node trees the way the app asks it (GenerationParams.max_nodes)
+            d, cap = (ARDrafter(), None) if n == 0 else (drafter, n)
             got: list[float] = []
             warm, settled = 0, 0.0
             # stops at EOS too: a size whose run ends early is timed again in the next pass
-            for ev in generate(target, ids, d, GenerationParams(max_new_tokens=LOOP_MAX_TOKENS)):
+            for ev in generate(target, ids, d, GenerationParams(max_new_tokens=LOOP_MAX_TOKENS, max_nodes=cap)):
                 if not (isinstance(ev, StepEvent) and ev.tree is not None):
                     continue
                 step = ev.times.draft + ev.times.prune + ev.times.verify + ev.times.other
