@@ -29,6 +29,7 @@ targets and the embedded model; docs/gpu.md has the measured costs.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -198,12 +199,9 @@ class FixedInputs:
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, inputs: FixedInputs, kernels) -> torch.Tensor:
     """Attention of a fixed-shape forward: q (R, nh, hd); returns (R, nh, hd), zeros on padding rows.
-    kernels: fixed_triton's (workspace, output) on CUDA, or None for the torch reference."""
+    kernels: a fixed_triton.Kernels (CUDA), or None for the torch reference."""
     if kernels is not None:
-        from . import fixed_triton
-
-        ws, out = kernels
-        return fixed_triton.attention(q.contiguous(), k_cache, v_cache, inputs.path, inputs.plen, inputs.meta, out, ws)
+        return kernels.attention(q, k_cache, v_cache, inputs)
     T = inputs.T
     o = attention(q[:T], k_cache, v_cache, inputs.keys)
     return torch.cat((o, o.new_zeros(q.shape[0] - T, *o.shape[1:])))
@@ -217,35 +215,47 @@ def triton_available() -> bool:
     return True
 
 
+def triton_interpreting() -> bool:
+    """Whether Triton runs its kernels in its interpreter (TRITON_INTERPRET=1, set before it is first
+    imported): on a CPU's tensors, slowly, which is how the tests run the kernels without a GPU."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
 class FixedRunner:
     """Runs a model's fixed-shape forwards into one cache: its FixedInputs and, on CUDA with Triton, the
-    attention's workspace and the forward captured as a CUDA graph on first use (prefill stays eager;
-    this runs the verifies and steps). Kept on the cache (`cache.fixed_runner`): a graph holds the
-    cache's addresses."""
+    Triton kernels (fixed_triton.Kernels) and the forward captured as a CUDA graph on first use (prefill
+    stays eager; this runs the verifies and steps). Kept on the cache (`cache.fixed_runner`): a graph
+    holds the cache's addresses. model.fixed_kernels: None takes the kernels on CUDA where Triton
+    imports, False keeps the torch reference, True demands the kernels (on a CPU: Triton's interpreter,
+    uncaptured); model.fixed_fused: the element-wise work fused too, or torch ops between the GEMMs."""
 
     def __init__(self, model, cache, rows: int, device: torch.device):
         a = model.args
-        self.model, self.cache, self.rows, self.mode = model, cache, rows, model.fixed_kernels
+        self.model, self.cache, self.rows = model, cache, rows
+        self.mode = (model.fixed_kernels, model.fixed_fused)
         device = torch.device(device)
         self.inputs = FixedInputs(rows, device)
         self.kernels = None
         use = model.fixed_kernels
-        if device.type == "cuda" and (use or use is None) and triton_available() and a.head_dim >= 16 and not a.head_dim & (a.head_dim - 1):
+        shape_ok = a.head_dim >= 16 and not a.head_dim & (a.head_dim - 1)
+        where = device.type == "cuda" or (use and device.type == "cpu" and triton_interpreting())
+        if where and use is not False and triton_available() and shape_ok:
             from . import fixed_triton
 
-            G = a.n_heads // a.n_kv_heads
-            ws = fixed_triton.Workspace(rows, a.n_kv_heads, G, a.head_dim, cache.k.shape[3], device)
-            out = torch.empty(rows, a.n_heads, a.head_dim, dtype=model.tok_embeddings.weight.dtype, device=device)
-            self.kernels = (ws, out)
+            dtype = model.tok_embeddings.weight.dtype
+            self.kernels = fixed_triton.Kernels(rows, a, cache.k.shape[3], dtype, device, bool(model.fixed_fused))
         elif use:
-            raise RuntimeError("fixed_kernels=True needs CUDA, Triton and a power-of-two head dim >= 16")
+            raise RuntimeError(
+                "fixed_kernels=True needs Triton on CUDA (or its interpreter, TRITON_INTERPRET=1) and a power-of-two head dim >= 16"
+            )
+        self.capture = device.type == "cuda"
         self.graph = None
         self.outputs = None
 
     def __call__(self, tokens, positions, parents, capture: bool, logits: bool):
         self.inputs.fill(tokens, positions, parents, self.cache.length, reference=self.kernels is None)
-        if self.kernels is None:
-            return self.model.fixed_body(self.inputs, self.cache, None, capture, logits)
+        if self.kernels is None or not self.capture:
+            return self.model.fixed_body(self.inputs, self.cache, self.kernels, capture, logits)
         if self.graph is None:
             self.graph, self.outputs = self._capture()
         self.graph.replay()

@@ -136,3 +136,154 @@ def attention(q, k_cache, v_cache, path, plen, meta, out, ws: Workspace) -> torc
     )  # fmt: skip
     _combine_kernel[(R, nh)](ws.m, ws.l, ws.acc, out, nkv, ws.nsplit, out.stride(0), G=G, GP=ws.gp, HD=hd, NH=nh)
     return out
+
+
+# ------------------------------------------------------------------------------ the element-wise work
+#
+# The fixed forward's work between its GEMMs, fused: one program a row (or a row and a head), so a row's
+# values depend on its own inputs only, as the contract asks. The rounding follows the torch ops they
+# replace (model.RMSNorm, apply_rope, SiLU times up, the residual add): fp32 arithmetic, a result rounded
+# to the model's dtype wherever torch rounds it. Between the GEMMs of a one-row step on a large model the
+# torch ops are ~25 small kernels a layer (docs/gpu.md); these are five.
+
+
+@triton.jit
+def _rmsnorm_kernel(
+    x_ptr, y_ptr, w_ptr, res_ptr, out_ptr, N, eps,
+    stride_x, stride_y, stride_res, stride_out,
+    ADD: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """out = RMSNorm(x (+ y)) with weight w; with ADD, res = x + y (the residual stream) too."""
+    r = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(x_ptr + r * stride_x + cols, mask=mask, other=0.0)
+    if ADD:
+        y = tl.load(y_ptr + r * stride_y + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + y.to(tl.float32)).to(res_ptr.dtype.element_ty)
+        tl.store(res_ptr + r * stride_res + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / N + eps)
+    normed = (xf * rstd).to(out_ptr.dtype.element_ty).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + r * stride_out + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _qkv_kernel(
+    qkv_ptr, q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, meta_ptr, eps,
+    stride_qkv, stride_q, stride_kh, stride_ks,
+    NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, NORM: tl.constexpr,
+):  # fmt: skip
+    """One row's head h of the fused q|k|v projection: a query head (h < NH) normed (Qwen3) and rotated
+    into q; a key head normed and rotated into the cache at slot P + row; a value head copied there."""
+    r = tl.program_id(0)
+    h = tl.program_id(1)
+    d = tl.arange(0, HD)
+    half: tl.constexpr = HD // 2
+    rd = (d + half) % HD  # rotate-half: element d pairs with element d +- HD/2
+    base = qkv_ptr + r * stride_qkv + h * HD
+    dt = q_ptr.dtype.element_ty
+    slot = tl.load(meta_ptr) + r
+    if h < NH + NKV:
+        x = tl.load(base + d).to(tl.float32)
+        xr = tl.load(base + rd).to(tl.float32)
+        if NORM:
+            is_q = h < NH
+            w = tl.where(is_q, tl.load(qw_ptr + d), tl.load(kw_ptr + d)).to(tl.float32)
+            wr = tl.where(is_q, tl.load(qw_ptr + rd), tl.load(kw_ptr + rd)).to(tl.float32)
+            rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / HD + eps)
+            x = (w * (x * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+            xr = (wr * (xr * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        pos = tl.load(pos_ptr + r)
+        c = tl.load(cos_ptr + pos * HD + d).to(dt).to(tl.float32)
+        s = tl.load(sin_ptr + pos * HD + d).to(dt).to(tl.float32)
+        rot = tl.where(d < half, -xr, xr)
+        out = ((x * c).to(dt).to(tl.float32) + (rot * s).to(dt).to(tl.float32)).to(dt)
+        if h < NH:
+            tl.store(q_ptr + r * stride_q + h * HD + d, out)
+        else:
+            tl.store(k_ptr + (h - NH) * stride_kh + slot * stride_ks + d, out.to(k_ptr.dtype.element_ty))
+    else:
+        v = tl.load(base + d)
+        tl.store(v_ptr + (h - NH - NKV) * stride_kh + slot * stride_ks + d, v.to(v_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _silu_mul_kernel(gu_ptr, out_ptr, I, stride_gu, stride_out, BLOCK: tl.constexpr):
+    """out = SiLU(gate) * up for gate|up = gu's two halves (SiLU rounded to the dtype first, as torch)."""
+    r = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < I
+    dt = out_ptr.dtype.element_ty
+    g = tl.load(gu_ptr + r * stride_gu + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + r * stride_gu + I + cols, mask=mask, other=0.0).to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
+    tl.store(out_ptr + r * stride_out + cols, (act * u).to(dt), mask=mask)
+
+
+def _warps(n: int) -> int:
+    return 8 if n >= 4096 else 4 if n >= 1024 else 2 if n >= 256 else 1
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, y: torch.Tensor | None = None):
+    """RMSNorm of x (R, N) (of x + y with y: then returns (x + y, the norm)); one program a row."""
+    R, N = x.shape
+    block = triton.next_power_of_2(N)
+    out = torch.empty_like(x)
+    res = torch.empty_like(x) if y is not None else out
+    _rmsnorm_kernel[(R,)](
+        x, y if y is not None else x, weight, res, out, N, eps,
+        x.stride(0), (y if y is not None else x).stride(0), res.stride(0), out.stride(0),
+        ADD=y is not None, BLOCK=block, num_warps=_warps(block),
+    )  # fmt: skip
+    return (res, out) if y is not None else out
+
+
+def qkv_rope(qkv, q_out, k_cache, v_cache, q_weight, k_weight, eps, cos, sin, positions, meta, n_heads, n_kv, head_dim):
+    """Split the (R, (nh + 2 nkv) hd) projection: rotated queries into q_out (R, nh, hd), rotated keys
+    and the values into the caches (nkv, capacity, hd) at slots meta[0] + row. q_weight / k_weight:
+    Qwen3's per-head norms (None: no norm); cos / sin (positions, hd) fp32, gathered by positions (R,)."""
+    R = qkv.shape[0]
+    norm = q_weight is not None
+    _qkv_kernel[(R, n_heads + 2 * n_kv)](
+        qkv, q_out, k_cache, v_cache, q_weight if norm else cos, k_weight if norm else cos, cos, sin, positions, meta, eps,
+        qkv.stride(0), q_out.stride(0), k_cache.stride(0), k_cache.stride(1),
+        NH=n_heads, NKV=n_kv, HD=head_dim, NORM=norm, num_warps=1,
+    )  # fmt: skip
+    return q_out
+
+
+def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    R, two_i = gu.shape
+    inter = two_i // 2
+    out = torch.empty(R, inter, dtype=gu.dtype, device=gu.device)
+    block = min(1024, triton.next_power_of_2(inter))
+    _silu_mul_kernel[(R, triton.cdiv(inter, block))](gu, out, inter, gu.stride(0), out.stride(0), BLOCK=block, num_warps=_warps(block))
+    return out
+
+
+class Kernels:
+    """The Triton side of one FixedRunner: the attention's workspace and output buffer, and, with
+    `fused`, the element-wise work between the GEMMs (the methods model.Transformer.fixed_body calls)."""
+
+    def __init__(self, rows: int, args, capacity: int, dtype: torch.dtype, device, fused: bool):
+        G = args.n_heads // args.n_kv_heads
+        self.ws = Workspace(rows, args.n_kv_heads, G, args.head_dim, capacity, device)
+        self.out = torch.empty(rows, args.n_heads, args.head_dim, dtype=dtype, device=device)
+        self.fused = fused
+
+    def attention(self, q, k_cache, v_cache, inputs) -> torch.Tensor:
+        return attention(q.contiguous(), k_cache, v_cache, inputs.path, inputs.plen, inputs.meta, self.out, self.ws)
+
+    rmsnorm = staticmethod(rmsnorm)
+    silu_mul = staticmethod(silu_mul)
+
+    def qkv_rope(self, qkv, att, k_cache, v_cache, rope, inputs, args) -> torch.Tensor:
+        """The fused q|k|v projection's output split, normed (Qwen3), rotated and written: returns q."""
+        q = torch.empty(qkv.shape[0], args.n_heads, args.head_dim, dtype=qkv.dtype, device=qkv.device)
+        norm = args.qk_norm
+        return qkv_rope(
+            qkv, q, k_cache, v_cache, att.q_norm.weight if norm else None, att.k_norm.weight if norm else None,
+            args.rms_norm_eps, rope.cos, rope.sin, inputs.positions, inputs.meta, args.n_heads, args.n_kv_heads, args.head_dim,
+        )  # fmt: skip

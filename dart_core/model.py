@@ -329,8 +329,12 @@ class Transformer(nn.Module):
         # not run: None takes FIXED_ROWS for the device, 0 turns it off (the plain eager path).
         self.fixed_rows: int | None = None
         # CUDA: the fixed forward's attention as Triton kernels and the forward as a CUDA graph (None:
-        # wherever Triton imports; False: the torch reference, not captured)
+        # wherever Triton imports; False: the torch reference, not captured; True: demanded, and on a
+        # CPU run by Triton's interpreter, uncaptured: how the tests check the kernels without a GPU)
         self.fixed_kernels: bool | None = None
+        # with the kernels: the element-wise work between the GEMMs fused into Triton kernels too (False:
+        # torch ops there, the attention alone in Triton; for comparison)
+        self.fixed_fused: bool = True
         self._fixed_rope: fixed.RopeTable | None = None
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -463,7 +467,7 @@ class Transformer(nn.Module):
         rope = self._fixed_rope_table(tokens.device)
         rope.check(cache.length + T - 1)
         runner = getattr(cache, "fixed_runner", None)
-        if runner is None or runner.model is not self or runner.rows != rows or runner.mode != self.fixed_kernels:
+        if runner is None or runner.model is not self or runner.rows != rows or runner.mode != (self.fixed_kernels, self.fixed_fused):
             runner = cache.fixed_runner = fixed.FixedRunner(self, cache, rows, tokens.device)
         out_logits, hidden, normed = runner(tokens, positions, parents, capture, logits)
         out_logits = None if out_logits is None else out_logits[:T]
@@ -481,30 +485,55 @@ class Transformer(nn.Module):
     def fixed_body(self, inputs: fixed.FixedInputs, cache: KVCache, kernels, capture: bool, logits: bool):
         """The fixed-shape forward of inputs (loaded by FixedInputs.fill) at its R rows: returns logits
         (R, V) fp32 (or None), the captured residual streams (R, 3H) (or None) and the final-normed
-        states (R, H). Shapes and addresses do not depend on the forward, so this can be captured."""
+        states (R, H). Shapes and addresses do not depend on the forward, so this can be captured.
+        kernels: fixed_triton.Kernels (the attention, and with `fused` the element-wise work between
+        the GEMMs, as Triton kernels) or None (torch ops throughout)."""
         a = self.args
         R = inputs.rows
         q_out, kv_out = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
+        fused = kernels is not None and kernels.fused
+        rope = self._fixed_rope
         x = self.tok_embeddings(inputs.tokens)  # (R, H); padding rows read token 0 and are dropped
-        cos, sin = self._fixed_rope.lookup(inputs.positions, x.dtype)
-        cos, sin = cos[:, None], sin[:, None]  # (R, 1, hd) against (R, heads, hd)
+        if not fused:
+            cos, sin = rope.lookup(inputs.positions, x.dtype)
+            cos, sin = cos[:, None], sin[:, None]  # (R, 1, hd) against (R, heads, hd)
+
+        def norm_after(x, y, norm: RMSNorm):  # (x + y, norm(x + y)); y None: (x, norm(x))
+            if fused:
+                return (x, kernels.rmsnorm(x, norm.weight, norm.eps)) if y is None else kernels.rmsnorm(x, norm.weight, norm.eps, y)
+            x = x if y is None else x + y
+            return x, norm(x)
+
         captured = []
+        x, h = norm_after(x, None, self.layers[0].attention_norm)
         for i, layer in enumerate(self.layers):
             if capture and i in self.capture:
                 captured.append(x)
             att = layer.attention
-            q, k, v = _linear(att.wqkv, layer.attention_norm(x)).split([q_out, kv_out, kv_out], dim=-1)
-            q, k = q.view(R, a.n_heads, a.head_dim), k.view(R, a.n_kv_heads, a.head_dim)
-            if a.qk_norm:
-                q, k = att.q_norm(q), att.k_norm(k)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             k_cache, v_cache = cache.k[i, 0], cache.v[i, 0]  # (nkv, capacity + scratch, hd)
-            k_cache.index_copy_(1, inputs.slots, k.transpose(0, 1).to(k_cache.dtype))
-            v_cache.index_copy_(1, inputs.slots, v.reshape(R, a.n_kv_heads, a.head_dim).transpose(0, 1).to(v_cache.dtype))
+            qkv = _linear(att.wqkv, h)
+            if fused:
+                q = kernels.qkv_rope(qkv, att, k_cache, v_cache, rope, inputs, a)
+            else:
+                q, k, v = qkv.split([q_out, kv_out, kv_out], dim=-1)
+                q, k = q.view(R, a.n_heads, a.head_dim), k.view(R, a.n_kv_heads, a.head_dim)
+                if a.qk_norm:
+                    q, k = att.q_norm(q), att.k_norm(k)
+                q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+                k_cache.index_copy_(1, inputs.slots, k.transpose(0, 1).to(k_cache.dtype))
+                v_cache.index_copy_(1, inputs.slots, v.reshape(R, a.n_kv_heads, a.head_dim).transpose(0, 1).to(v_cache.dtype))
             o = fixed.attend(q, k_cache, v_cache, inputs, kernels).reshape(R, q_out)
-            x = x + _linear(att.wo, o)
-            x = x + layer.feed_forward(layer.ffn_norm(x))
-        normed = self.norm(x)
+            x, h = norm_after(x, _linear(att.wo, o), layer.ffn_norm)
+            mlp = layer.feed_forward
+            gu = _linear(mlp.w13, h)
+            if fused:
+                act = kernels.silu_mul(gu)
+            else:
+                gate, up = gu.chunk(2, dim=-1)
+                act = F.silu(gate) * up
+            nxt = self.layers[i + 1].attention_norm if i + 1 < len(self.layers) else self.norm
+            x, h = norm_after(x, _linear(mlp.w2, act), nxt)
+        normed = h
         out_logits = self.output(normed).float() if logits else None  # the LM head on all R rows too
         return out_logits, (torch.cat(captured, dim=-1) if capture else None), normed
 

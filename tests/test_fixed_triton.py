@@ -1,0 +1,64 @@
+"""The fixed forward's Triton kernels (dart_core/fixed_triton.py: the attention and the fused element-wise
+work the GPU path runs) in Triton's interpreter on this CPU (tests/triton_interpreted.py, a process of its
+own): they compute what the torch ops they replace compute, and a verified node gets its one-token step's
+bits. The GPU's own instructions are checked on the device by scripts/gpu_check.py."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+HERE = Path(__file__).resolve().parent
+
+# Triton's wheels are for Linux on x86-64 and ARM64: the test extra installs it there (pyproject.toml)
+if sys.platform != "linux" or platform.machine() not in ("x86_64", "aarch64"):
+    pytest.skip("Triton has no wheel for this platform", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def interpreted(tmp_path_factory):
+    import triton  # the test extra's: failing here means `pip install -e .[test]` did not run
+
+    assert tuple(int(v) for v in triton.__version__.split(".")[:2]) >= (3, 9), "the interpreter needs Triton >= 3.9 (numpy 2.4)"
+    run = subprocess.run(
+        [sys.executable, str(HERE / "triton_interpreted.py"), str(tmp_path_factory.mktemp("triton"))],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_elementwise_kernels_compute_the_torch_ops(interpreted, dtype):
+    r = interpreted["elementwise"][dtype]
+    assert r["add_bitwise"] and r["qkv_rope_v_bitwise"] and r["qkv_rope_norm_v_bitwise"], r
+    assert r["qkv_rope_rest_untouched"] and r["qkv_rope_norm_rest_untouched"], r  # only slots P..P+R-1 written
+    # a norm's sum runs in another order than torch's (one ulp of the dtype at most); the rest is exact
+    # in fp16 and within fp32 rounding
+    tol = 1e-5 if dtype == "float32" else 1e-3
+    for key in ("add_norm", "norm", "norm_fp32_weight", "silu_mul", "qkv_rope_q", "qkv_rope_k", "qkv_rope_norm_q", "qkv_rope_norm_k"):
+        assert r[key] <= tol * 8, (key, r[key])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_attention_kernels_match_the_torch_reference(interpreted, dtype):
+    r = interpreted["attention"][dtype]
+    assert r["splits"] == 3 and r["padding_rows_zero"], r
+    assert r["max_diff"] <= (1e-5 if dtype == "float32" else 2e-3), r
+
+
+@pytest.mark.parametrize("case", ["llama-float32-fused", "qwen3-float16-fused", "qwen2-float32-attention"])
+def test_verified_nodes_get_their_steps_bits_on_the_kernels(interpreted, case):
+    r = interpreted["models"][case]
+    assert r["nodes"] == 6 and r["nodes_unlike_steps"] == [], r
+    assert r["argmax_agree"] == r["nodes"], r
+    assert r["logits_vs_torch"] <= (1e-4 if "float32" in case else 2e-2), r

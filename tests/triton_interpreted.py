@@ -1,0 +1,158 @@
+"""The fixed forward's Triton kernels (dart_core/fixed_triton.py) run by Triton's interpreter on a CPU,
+so CI checks them without a GPU: run as a script, it prints one JSON object of measurements that
+tests/test_fixed_triton.py asserts on. TRITON_INTERPRET must be set before Triton is first imported,
+hence a process of its own.
+
+What the interpreter can and cannot say: it runs the kernels' program (indexing, masks, the loops over
+chunks and splits, the rounding to the dtype) on numpy, so it checks that they compute what the torch
+ops they replace compute, and that a verified node gets its one-token step's bits in that execution.
+It does not run the GPU's instructions (scripts/gpu_check.py checks those bitwise on the device), and
+its bfloat16 is not the GPU's (it truncates where a GPU rounds, and its bf16 tensor-core dot is not
+emulated), so the dtypes here are fp32 and fp16.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from dart_core import fixed, fixed_triton  # noqa: E402
+from dart_core.model import RMSNorm, apply_rope  # noqa: E402
+from dart_core.tree import DraftTree  # noqa: E402
+from support import TINY_VOCAB, build_tiny_checkpoint, random_tree_under, tiny_target  # noqa: E402
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16}
+
+
+def diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.float() - b.float()).abs().max().item()
+
+
+def elementwise(dtype: torch.dtype) -> dict:
+    """Each element-wise kernel against the torch ops it replaces (max abs differences; the residual add
+    and the value copy bitwise)."""
+    g = torch.Generator().manual_seed(0)
+    R, H, inter, nh, nkv, hd, P = 5, 96, 80, 4, 2, 16, 37
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    r: dict = {}
+    x, y = rnd(R, H), rnd(R, H)
+    norm = RMSNorm(H, 1e-6).to(dtype)
+    norm.weight.data = rnd(H)
+    res, out = fixed_triton.rmsnorm(x, norm.weight.data, norm.eps, y)
+    r["add_bitwise"] = torch.equal(res, x + y)
+    r["add_norm"] = diff(out, norm(x + y))
+    r["norm"] = diff(fixed_triton.rmsnorm(x, norm.weight.data, norm.eps), norm(x))
+    r["norm_fp32_weight"] = diff(
+        fixed_triton.rmsnorm(x, norm.weight.data.float(), norm.eps),
+        (norm.weight.float() * F.rms_norm(x.float(), (H,), eps=1e-6).to(dtype)).to(dtype),
+    )
+    gu = rnd(R, 2 * inter)
+    gate, up = gu.chunk(2, dim=-1)
+    r["silu_mul"] = diff(fixed_triton.silu_mul(gu), F.silu(gate) * up)
+    table = fixed.RopeTable(1.0 / (10000 ** (torch.arange(0, hd, 2).float() / hd)), 1.0, 128)
+    positions = torch.tensor([40, 41, 42, 41, 0])
+    meta = torch.tensor([P, R], dtype=torch.int32)
+    for qk_norm in (False, True):
+        qkv = rnd(R, (nh + 2 * nkv) * hd)
+        qn, kn = RMSNorm(hd, 1e-6).to(dtype), RMSNorm(hd, 1e-6).to(dtype)
+        qn.weight.data, kn.weight.data = rnd(hd), rnd(hd)
+        k_cache, v_cache = torch.zeros(nkv, 64, hd, dtype=dtype), torch.zeros(nkv, 64, hd, dtype=dtype)
+        q = torch.empty(R, nh, hd, dtype=dtype)
+        fixed_triton.qkv_rope(
+            qkv, q, k_cache, v_cache, qn.weight.data if qk_norm else None, kn.weight.data if qk_norm else None, 1e-6,
+            table.cos, table.sin, positions, meta, nh, nkv, hd,
+        )  # fmt: skip
+        tq, tk, tv = qkv.split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+        tq, tk = tq.reshape(R, nh, hd), tk.reshape(R, nkv, hd)
+        if qk_norm:
+            tq, tk = qn(tq), kn(tk)
+        cos, sin = table.lookup(positions, dtype)
+        tq, tk = apply_rope(tq, cos[:, None], sin[:, None]), apply_rope(tk, cos[:, None], sin[:, None])
+        name = "qkv_rope_norm" if qk_norm else "qkv_rope"
+        r[name + "_q"] = diff(q, tq)
+        r[name + "_k"] = diff(k_cache[:, P : P + R], tk.transpose(0, 1))
+        r[name + "_v_bitwise"] = torch.equal(v_cache[:, P : P + R], tv.reshape(R, nkv, hd).transpose(0, 1))
+        r[name + "_rest_untouched"] = bool((k_cache[:, :P] == 0).all() and (k_cache[:, P + R :] == 0).all())
+    return r
+
+
+def attention(dtype: torch.dtype) -> dict:
+    """The split and combine kernels against fixed.attention (the torch reference) on a tree whose keys
+    span three splits."""
+    g = torch.Generator().manual_seed(1)
+    R, nh, nkv, hd, P, cap = 8, 4, 2, 16, 1030, 1100
+    parents = torch.tensor([-1, 0, 0, 1, 3, 2])
+    k_cache = torch.randn(nkv, cap, hd, generator=g).to(dtype)
+    v_cache = torch.randn(nkv, cap, hd, generator=g).to(dtype)
+    q = torch.randn(R, nh, hd, generator=g).to(dtype)
+    inputs = fixed.FixedInputs(R, torch.device("cpu"))
+    T = len(parents)
+    inputs.fill(torch.zeros(T, dtype=torch.long), torch.arange(T), parents, P, reference=True)
+    ref = fixed.attention(q[:T], k_cache, v_cache, inputs.keys)
+    ws = fixed_triton.Workspace(R, nkv, nh // nkv, hd, cap, "cpu")
+    out = fixed_triton.attention(q, k_cache, v_cache, inputs.path, inputs.plen, inputs.meta, torch.empty(R, nh, hd, dtype=dtype), ws)
+    return {"max_diff": diff(out[:T], ref), "padding_rows_zero": bool((out[T:] == 0).all()), "splits": ws.nsplit}
+
+
+def model(arch: str, dtype: torch.dtype, fused: bool, root: Path) -> dict:
+    """A tiny random target's fixed forward on the kernels (8 rows): a random tree's verify against the
+    one-token steps along its paths (bitwise: logits and captured states) and against the torch
+    reference's verify (max logit difference, argmax agreement)."""
+    path = build_tiny_checkpoint(root / arch, arch, seed=1) if not (root / arch).exists() else root / arch
+    rng = random.Random(4)
+    prefix = [rng.randrange(TINY_VOCAB) for _ in range(45)]
+    tree = random_tree_under(rng, prefix[-1], 6, TINY_VOCAB)
+    outs = {}
+    for kernels in (True, False):
+        target = tiny_target(path, dtype)
+        target.model.use_kernels = False  # the fixed path, as on CUDA
+        target.model.fixed_rows = 8
+        target.model.fixed_kernels, target.model.fixed_fused = kernels, fused
+        cache = target.new_cache(len(prefix) + len(tree) + 16)
+        target.prefill(prefix, cache, capture=False)
+        cache.commit(len(prefix))
+        outs[kernels] = (target, cache, target.verify(tree, cache, capture=True))
+    target, cache, out = outs[True]
+    assert type(cache.fixed_runner.kernels) is fixed_triton.Kernels and cache.fixed_runner.kernels.fused == fused
+    P, bad = cache.length, set()
+    for leaf_path in tree.leaf_paths():
+        cache.rewind(P)
+        for node in leaf_path:
+            step = target.verify(DraftTree.root_only(int(tree.tokens[node])), cache, capture=True)
+            cache.commit(1)
+            if not (torch.equal(step.logits[0], out.logits[node]) and torch.equal(step.hidden[0], out.hidden[node])):
+                bad.add(node)
+    ref = outs[False][2]
+    return {
+        "nodes": len(tree),
+        "nodes_unlike_steps": sorted(bad),
+        "logits_vs_torch": diff(out.logits, ref.logits),
+        "argmax_agree": int((out.logits.argmax(-1) == ref.logits.argmax(-1)).sum()),
+    }
+
+
+def main() -> None:
+    root = Path(sys.argv[1])
+    result: dict = {"elementwise": {}, "attention": {}, "models": {}}
+    for name, dtype in DTYPES.items():
+        result["elementwise"][name] = elementwise(dtype)
+        result["attention"][name] = attention(dtype)
+    for arch, name, fused in (("llama", "float32", True), ("qwen3", "float16", True), ("qwen2", "float32", False)):
+        result["models"][f"{arch}-{name}-{'fused' if fused else 'attention'}"] = model(arch, DTYPES[name], fused, root)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
