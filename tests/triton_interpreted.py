@@ -28,6 +28,7 @@ import torch.nn.functional as F  # noqa: E402
 from dart_core import fixed, fixed_triton  # noqa: E402
 from dart_core.model import RMSNorm, apply_rope  # noqa: E402
 from dart_core.tree import DraftTree  # noqa: E402
+
 from support import TINY_VOCAB, build_tiny_checkpoint, random_tree_under, tiny_target  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
