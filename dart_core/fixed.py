@@ -156,6 +156,38 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, key
     return out.reshape(T, nh, hd).to(q.dtype)
 
 
+class Upload:
+    """Host-to-device copies of small integer tensors through a pinned staging buffer: queued without
+    the host waiting for the device (a copy from pageable memory waits for the stream). The staging
+    buffer is reused once the last copy out of it has run (an event); on a CPU it is a plain copy."""
+
+    def __init__(self, dtype: torch.dtype, device: torch.device, size: int = 64):
+        self.dtype, self.device = dtype, torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.event = torch.cuda.Event() if self.cuda else None
+        self._grow(size)
+
+    def _grow(self, size: int) -> None:
+        self.host = torch.zeros(size, dtype=self.dtype, pin_memory=self.cuda)
+        self.dev = torch.zeros(size, dtype=self.dtype, device=self.device)
+
+    def __call__(self, values: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """values (n,) on the host -> a device tensor (n,): into `out` if given, else a view of a buffer
+        of this Upload's that the next call overwrites (in stream order: kernels queued before it still
+        read the old values)."""
+        n = values.numel()
+        if self.event is not None:
+            self.event.synchronize()  # the last copy out of the staging buffer has run
+        if n > self.host.numel():
+            self._grow(max(n, 2 * self.host.numel()))
+        self.host[:n] = values.reshape(-1)
+        dst = self.dev[:n] if out is None else out
+        dst.copy_(self.host[:n], non_blocking=True)
+        if self.event is not None:
+            self.event.record()
+        return dst
+
+
 class FixedInputs:
     """One forward's inputs at the fixed row count, in device buffers a captured graph can keep:
     tokens and positions (R,) (padding rows: token 0 at position 0), the rows' paths (R, R) int32 (tree
@@ -164,10 +196,13 @@ class FixedInputs:
 
     def __init__(self, rows: int, device: torch.device):
         self.rows, self.device = rows, torch.device(device)
-        self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
-        self.positions = torch.zeros(rows, dtype=torch.long, device=device)
-        # path | plen | meta in one int32 buffer: one host-to-device copy a forward
+        # tokens | positions in one int64 buffer, path | plen | meta in one int32 buffer: two copies from
+        # pinned memory a forward (Upload), the host not waiting for the device
+        self.token_pos = torch.zeros(2 * rows, dtype=torch.long, device=device)
+        self.tokens, self.positions = self.token_pos[:rows], self.token_pos[rows:]
         self.packed = torch.zeros(rows * rows + rows + 2, dtype=torch.int32, device=device)
+        self._upload_tp = Upload(torch.long, self.device, 2 * rows)
+        self._upload_packed = Upload(torch.int32, self.device, rows * rows + rows + 2)
         self.path = self.packed[: rows * rows].view(rows, rows)
         self.plen = self.packed[rows * rows : rows * rows + rows]
         self.meta = self.packed[rows * rows + rows :]
@@ -187,11 +222,14 @@ class FixedInputs:
             host[r * R : r * R + len(path)] = torch.tensor(path, dtype=torch.int32)
             host[R * R + r] = len(path)
         host[R * R + R], host[R * R + R + 1] = P, T
-        self.packed.copy_(host, non_blocking=True)
-        self.tokens.zero_()
-        self.tokens[:T] = tokens.to(self.device)
-        self.positions.zero_()
-        self.positions[:T] = positions.to(self.device)
+        self._upload_packed(host, self.packed)
+        if tokens.device.type == "cpu" and positions.device.type == "cpu":
+            tp = torch.zeros(2 * R, dtype=torch.long)
+            tp[:T], tp[R : R + T] = tokens, positions
+            self._upload_tp(tp, self.token_pos)
+        else:  # already on the device
+            self.token_pos.zero_()
+            self.tokens[:T], self.positions[:T] = tokens, positions
         torch.add(self._rows, P, out=self.slots)
         self.T = T
         self.keys = TreeKeys(parents, P, self.device) if reference else None

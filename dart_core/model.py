@@ -110,6 +110,7 @@ class KVCache:
         self.v = torch.empty(shape, dtype=dtype, device=device)
         self.capacity = capacity
         self.length = 0
+        self._upload: fixed.Upload | None = None  # commit_path's node indices to a GPU
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v (B, nkv, T, hd) as pending entries; return the layer's keys/values up to length+T."""
@@ -133,7 +134,12 @@ class KVCache:
         """Keep the pending entries at offsets `nodes` (ascending, nodes[0] == 0 for the root), in that order."""
         n = len(nodes)
         if nodes != list(range(n)):  # a chain is already in place
-            src = torch.tensor(nodes, device=self.k.device) + self.length
+            src = torch.tensor(nodes)
+            if self.k.device.type != "cpu":  # from pinned memory: the host does not wait for the device
+                if self._upload is None:
+                    self._upload = fixed.Upload(torch.long, self.k.device)
+                src = self._upload(src)
+            src = src + self.length
             dst = slice(self.length, self.length + n)
             self.k[:, :, :, dst] = self.k.index_select(3, src)
             self.v[:, :, :, dst] = self.v.index_select(3, src)
@@ -364,7 +370,8 @@ class Transformer(nn.Module):
         all T; final returns the final-normed hidden states (the LM head's input) at those positions.
         """
         T = tokens.shape[0]
-        if self.kernel_path(T, tokens.device) and (parents is not None or tree_mask is None):
+        device = self.norm.weight.device  # tokens and positions may come from the host (Target.verify on the fixed path)
+        if self.kernel_path(T, device) and (parents is not None or tree_mask is None):
             if parents is None:
                 parents = torch.arange(-1, T - 1)
             cache.check_room(T)
@@ -380,12 +387,13 @@ class Transformer(nn.Module):
                 cache.k.dtype,
             )
             return self._forward_kernels(tokens, attention, cache.k[:, 0], cache.v[:, 0], logits_at, capture, final, logits)
-        if self.fixed_path(T, tokens.device):
+        if self.fixed_path(T, device):
             if parents is None:
                 if tree_mask is not None:
                     raise ValueError("the fixed-shape forward takes a tree as parent links (parents), not only its mask")
                 parents = torch.arange(-1, T - 1)
-            return self._forward_fixed(tokens, positions, parents, cache, logits_at, capture, final, logits)
+            return self._forward_fixed(tokens, positions, parents, cache, logits_at, capture, final, logits, device)
+        tokens, positions = tokens.to(device), positions.to(device)
         x = self.tok_embeddings(tokens[None])  # (1, T, H)
         dtype = x.dtype if self.prefill_dtype is None else self.prefill_dtype
         cos, sin = self.rope(positions, dtype)
@@ -455,20 +463,20 @@ class Transformer(nn.Module):
         node gets its one-token step's bits): the CPU kernels or the fixed-shape forward."""
         return self.kernel_path(T, device) or self.fixed_path(T, device)
 
-    def _forward_fixed(self, tokens, positions, parents, cache, logits_at, capture, final, logits) -> ForwardOutput:
+    def _forward_fixed(self, tokens, positions, parents, cache, logits_at, capture, final, logits, device) -> ForwardOutput:
         """`forward` on the fixed-shape path (dart_core/fixed.py): the T new tokens padded to the fixed
         row count for every GEMM, attention per row over its logical key sequence; on CUDA through the
         Triton kernels, captured once a cache as a CUDA graph and replayed."""
         T = tokens.shape[0]
         cache.check_room(T)
-        rows = self.fixed_row_count(tokens.device)
+        rows = self.fixed_row_count(device)
         if cache.k.shape[3] < cache.length + rows:
             raise RuntimeError(f"the fixed-shape forward writes {rows} rows: the cache needs that much scratch (Target.new_cache adds it)")
-        rope = self._fixed_rope_table(tokens.device)
+        rope = self._fixed_rope_table(device)
         rope.check(cache.length + T - 1)
         runner = getattr(cache, "fixed_runner", None)
         if runner is None or runner.model is not self or runner.rows != rows or runner.mode != (self.fixed_kernels, self.fixed_fused):
-            runner = cache.fixed_runner = fixed.FixedRunner(self, cache, rows, tokens.device)
+            runner = cache.fixed_runner = fixed.FixedRunner(self, cache, rows, device)
         out_logits, hidden, normed = runner(tokens, positions, parents, capture, logits)
         out_logits = None if out_logits is None else out_logits[:T]
         normed = normed[:T]

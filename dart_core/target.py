@@ -121,9 +121,12 @@ class Target:
 
     def verify(self, tree: DraftTree, cache: KVCache, capture: bool) -> ForwardOutput:
         """Run every tree node in one forward. Logits (N, V); hidden (N, 3H)."""
-        tokens = tree.tokens.to(self.device)
-        positions = (tree.depths + cache.length).to(self.device)
-        mask = None if len(tree) == 1 else tree.mask.to(self.device)
+        n = len(tree)
+        tokens, positions = tree.tokens, tree.depths + cache.length
+        if not self.model.fixed_path(n, self.device):  # (the fixed path uploads them with the tree: fixed.FixedInputs)
+            tokens, positions = tokens.to(self.device), positions.to(self.device)
+        # the exact paths read the tree from its parent links; the plain eager path needs its mask
+        mask = None if n == 1 or self.model.exact(n, self.device) else tree.mask.to(self.device)
         return self.model(tokens, positions, cache, mask, capture=capture, parents=tree.parents)
 
 

@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import ngram_cpp  # noqa: E402
-from dart_core import ARDrafter, GenerationParams, complete, generate  # noqa: E402
+from dart_core import ARDrafter, GenerationParams, complete, fixed, generate  # noqa: E402
 from dart_core.drafters.dart import DartDrafter, DartParams  # noqa: E402
 from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3Params  # noqa: E402
 from dart_core.drafters.head import head_dtype  # noqa: E402
@@ -182,14 +182,28 @@ def verify_against_steps(target: Target, prefix: list[int], tree: DraftTree) -> 
 
 # ------------------------------------------------------------------------------------------ stages
 
-PATHS = ("fixed", "fixed-torch", "eager")
+PATHS = ("fixed", "fixed-attn", "fixed-torch", "eager")
 
 
 def use_path(model: Transformer, path: str, opts) -> None:
-    """fixed: the fixed-shape forward as the engine runs it (on CUDA: Triton attention, CUDA graph);
-    fixed-torch: the same with its torch reference attention, not captured; eager: plain torch."""
+    """fixed: the fixed-shape forward as the engine runs it (on CUDA: Triton attention and fused
+    element-wise kernels, CUDA graph); fixed-attn: the same with torch ops between the GEMMs (the
+    attention alone in Triton); fixed-torch: the torch reference attention, not captured; eager: plain
+    torch."""
     model.fixed_rows = 0 if path == "eager" else (opts.fixed_rows or None)
     model.fixed_kernels = False if path == "fixed-torch" else None
+    model.fixed_fused = path != "fixed-attn"
+
+
+def forward_engine(model: Transformer, dev: torch.device) -> str:
+    """What a forward path runs on this device, in words (a CPU has no Triton kernels: fixed and
+    fixed-attn are the torch reference there)."""
+    if model.fixed_row_count(dev) == 0:
+        return "eager torch"
+    hd = model.args.head_dim
+    if dev.type == "cuda" and model.fixed_kernels is not False and fixed.triton_available() and hd >= 16 and not hd & (hd - 1):
+        return "Triton attention" + (" + fused element-wise" if model.fixed_fused else "") + ", CUDA graph"
+    return "torch reference, uncaptured"
 
 
 def stage_env(dev: torch.device, small: bool, rep: Report) -> dict:
@@ -223,8 +237,8 @@ def tiny_checkpoints(tmp: Path) -> dict[str, Path]:
 
 def stage_exact(dev: torch.device, small: bool, rep: Report, opts) -> dict:
     """Greedy ids of dart / eagle3 against plain decoding, and verify == steps node by node, on the
-    forward paths asked for: "fixed" (dart_core/fixed.py, the default off the CPU kernels) and "eager"
-    (the plain torch path, fixed_rows = 0)."""
+    forward paths asked for (use_path: "fixed", the default off the CPU kernels, "fixed-attn",
+    "fixed-torch", "eager")."""
     from support import TINY_EOS, TINY_VOCAB
 
     results = []
@@ -238,7 +252,13 @@ def stage_exact(dev: torch.device, small: bool, rep: Report, opts) -> dict:
                 target = target_from_transformer(model, f"tiny-{arch}", dev, dtype, TINY_EOS)
                 for fpath in opts.paths.split(","):
                     use_path(model, fpath, opts)
-                    row = {"arch": arch, "dtype": dname, "path": fpath, "fixed_rows": model.fixed_row_count(dev)}
+                    row = {
+                        "arch": arch,
+                        "dtype": dname,
+                        "path": fpath,
+                        "engine": forward_engine(model, dev),
+                        "fixed_rows": model.fixed_row_count(dev),
+                    }
                     if new_tokens:
                         dart = DartDrafter(
                             random_head(target, 5, 3, 64),
@@ -358,7 +378,7 @@ def stage_big(dev: torch.device, small: bool, rep: Report, opts) -> dict:
             for rows in rows_list:
                 tree = random_tree_under(rng, rng.randrange(V), rows, V)
                 costs[rows] = round(timed_ms(lambda: target.verify(tree, cache, capture=False), dev), 3)
-            entry = {"ms_by_rows": costs, "ratio_64_to_1": round(costs[64] / costs[1], 3)}
+            entry = {"engine": forward_engine(target.model, dev), "ms_by_rows": costs, "ratio_64_to_1": round(costs[64] / costs[1], 3)}
             if bw:
                 limit_ms = (r["weight_bytes_a_step"] + kv_bytes) / (bw * 1e6)
                 entry["hbm_limit_ms"] = round(limit_ms, 3)
@@ -565,7 +585,9 @@ def main(argv=None) -> int:
         default=True,
         help="embedded stage: also calibrate the tree sizes on this device and run DART and EAGLE3 at them (default on)",
     )
-    p.add_argument("--paths", default="fixed,eager", help=f"exact and big stages: the target's forward paths, from {', '.join(PATHS)}")
+    p.add_argument(
+        "--paths", default="fixed,fixed-attn,eager", help=f"exact and big stages: the target's forward paths, from {', '.join(PATHS)}"
+    )
     p.add_argument("--fixed-rows", type=int, default=0, help="the fixed path's rows (default: the engine's for the device)")
     p.add_argument(
         "--contexts",

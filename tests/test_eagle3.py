@@ -194,3 +194,12 @@ def test_angelslim_style_checkpoint_loads(tiny_llama, tmp_path):
     (out / "pytorch_model.bin").write_bytes(b"not a pickle")
     with pytest.raises(ValueError, match="pytorch_model.bin"):
         load_head(out, dart=False, target=tiny_llama)
+
+
+def test_read_back_returns_each_tensor_exactly_in_one_copy():
+    from dart_core.drafters.eagle3 import read_back
+
+    vals = torch.randn(6).float()
+    ids = torch.tensor([0, 151_935, 2**40])
+    a, b, c = read_back(ids, vals, torch.tensor([2, 5]))
+    assert a == [0.0, 151_935.0, float(2**40)] and b == vals.tolist() and c == [2.0, 5.0]

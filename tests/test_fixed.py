@@ -157,3 +157,13 @@ def test_greedy_eagle3_equals_plain_decoding_on_the_torch_path(tiny_paths, dtype
     for prompt in ([5, 6, 7], [11, 40, 12, 90, 4, 4, 4, 17]):
         ar = complete(target, prompt, ARDrafter(), GenerationParams(24)).output_ids
         assert complete(target, prompt, drafter, GenerationParams(24)).output_ids == ar
+
+
+def test_upload_copies_through_its_staging_buffer_and_grows():
+    up = fixed.Upload(torch.long, torch.device("cpu"), size=4)
+    a = up(torch.tensor([3, 1, 4]))
+    assert a.tolist() == [3, 1, 4]
+    b = up(torch.arange(10))  # past the staging size: the buffers grow
+    assert b.tolist() == list(range(10)) and up.host.numel() >= 10
+    out = torch.full((2,), -1)
+    assert up(torch.tensor([7, 8]), out) is out and out.tolist() == [7, 8]

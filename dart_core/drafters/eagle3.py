@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from ..fixed import Upload
 from ..generate import Proposal
 from ..model import KVCache
 from ..tree import DraftTree
@@ -122,6 +123,17 @@ class _Pool:
     sib_top: list[float]  # the log-probability of that parent's top child
 
 
+def read_back(*tensors: torch.Tensor) -> list[list[float]]:
+    """1-D tensors' values as Python lists in one copy to the host (float64 holds every fp32 value
+    and every integer below 2**53 exactly): one wait for a GPU instead of one a tensor."""
+    flat = torch.cat([t.reshape(-1).double() for t in tensors]).tolist()
+    out, i = [], 0
+    for t in tensors:
+        out.append(flat[i : i + t.numel()])
+        i += t.numel()
+    return out
+
+
 class _Eagle3Session:
     def __init__(self, drafter: Eagle3Drafter, capacity: int):
         self.d = drafter
@@ -133,6 +145,9 @@ class _Eagle3Session:
         )
         self.pending_ids: list[int] = []
         self.pending_aux: list[torch.Tensor] = []
+        dev = drafter.target.device
+        # a GPU: the frontier's ids and ancestor masks go up from pinned memory, the host not waiting
+        self._uploads = (Upload(torch.long, dev), Upload(torch.bool, dev)) if dev.type == "cuda" else None
         # the last search's pool (tokens, parents, depths, features), for fitting a ranking
         self.last_pool: tuple | None = None
 
@@ -198,21 +213,15 @@ class _Eagle3Session:
         logp = logits(h).float().log_softmax(-1)[0]
         top = logp.topk(top_k)
         frontier = list(range(top_k))  # pool indices
-        pool = _Pool(
-            head.to_target_ids(top.indices).tolist(),
-            [-1] * top_k,
-            top.values,
-            top.values.tolist(),
-            list(range(top_k)),
-            [top.values[0].item()] * top_k,
-        )
+        ids0, vals0 = read_back(head.to_target_ids(top.indices), top.values)
+        pool = _Pool([int(t) for t in ids0], [-1] * top_k, top.values, vals0, list(range(top_k)), [vals0[0]] * top_k)
         frontier_h = h.expand(top_k, -1)  # the parent state each frontier node is fed with
         fed: list[int] = []  # pool index of each scratch cache entry, in order
         fed_positions: list[int] = []
         prior = None  # the kernel path's q|k|v rows of the fed entries (KernelHead.tree_layer)
         for level in range(depth):
             n = len(frontier)
-            ids = torch.tensor([pool.tokens[i] for i in frontier], device=dev)
+            ids = self._to_device(torch.tensor([pool.tokens[i] for i in frontier]), 0)
             emb = target.model.tok_embeddings(ids).to(frontier_h.dtype)
             # each frontier node sees the committed prefix, its fed ancestors and itself
             if fast is not None:  # the tree in the kernels' attention: fed entries first, then the frontier
@@ -235,7 +244,9 @@ class _Eagle3Session:
                         anc[r, where[a]] = True
                         a = pool.parents[a]
                     anc[r, len(fed) + r] = True
-                mask = torch.cat((torch.ones(n, committed, dtype=torch.bool, device=dev), anc.to(dev)), dim=1)
+                mask = torch.cat(
+                    (torch.ones(n, committed, dtype=torch.bool, device=dev), self._to_device(anc.reshape(-1), 1).view(anc.shape)), dim=1
+                )
                 positions = torch.full((n,), committed + level, device=dev)
                 out = self._forward(u, residual, positions, mask)
                 self.cache.commit(n)  # scratch: rewound below
@@ -244,17 +255,26 @@ class _Eagle3Session:
             top = child_logp.topk(top_k, dim=-1)
             cand = (pool.scores[frontier][:, None] + top.values).reshape(-1)  # (n*k,)
             base = len(pool.tokens)
-            pool.tokens += head.to_target_ids(top.indices.reshape(-1)).tolist()
+            best = cand.topk(min(top_k, cand.numel())).indices.sort().values
+            # the level's children and the next frontier read back in one copy (one wait for a GPU)
+            child_ids, own, best_list = read_back(head.to_target_ids(top.indices.reshape(-1)), top.values.reshape(-1), best)
+            pool.tokens += [int(t) for t in child_ids]
             pool.parents += [f for f in frontier for _ in range(top_k)]
             pool.scores = torch.cat((pool.scores, cand))
-            pool.own += top.values.reshape(-1).tolist()
+            pool.own += own
             pool.ranks += list(range(top_k)) * n
-            pool.sib_top += [v for v in top.values[:, 0].tolist() for _ in range(top_k)]
-            best = cand.topk(min(top_k, cand.numel())).indices.sort().values
-            frontier = (base + best).tolist()
+            pool.sib_top += [own[r * top_k] for r in range(n) for _ in range(top_k)]
+            frontier = [base + int(b) for b in best_list]
             frontier_h = out[best // top_k]
         self.cache.rewind(committed)
         return pool
+
+    def _to_device(self, values: torch.Tensor, which: int) -> torch.Tensor:
+        """values (a host tensor) on the target's device: on a GPU through a pinned buffer (which: 0 ids,
+        1 masks), the view valid until the next call for the same kind."""
+        if self._uploads is None:
+            return values.to(self.d.target.device)
+        return self._uploads[which](values)
 
     def rank(self, root: int, pool: _Pool, keep: int) -> DraftTree:
         """3. The tree: the pool's best `keep` nodes by cumulative log-probability (EAGLE's rule) or by
