@@ -180,7 +180,7 @@ def _qkv_kernel(
     r = tl.program_id(0)
     h = tl.program_id(1)
     d = tl.arange(0, HD)
-    half: tl.constexpr = HD // 2
+    half = HD // 2
     rd = (d + half) % HD  # rotate-half: element d pairs with element d +- HD/2
     base = qkv_ptr + r * stride_qkv + h * HD
     dt = q_ptr.dtype.element_ty
