@@ -265,12 +265,13 @@ class FixedRunner:
     stays eager; this runs the verifies and steps). Kept on the cache (`cache.fixed_runner`): a graph
     holds the cache's addresses. model.fixed_kernels: None takes the kernels on CUDA where Triton
     imports, False keeps the torch reference, True demands the kernels (on a CPU: Triton's interpreter,
-    uncaptured); model.fixed_fused: the element-wise work fused too, or torch ops between the GEMMs."""
+    uncaptured); model.fixed_fused: the element-wise work fused too, or torch ops between the GEMMs;
+    model.fixed_row_group: rows an attention program serves."""
 
     def __init__(self, model, cache, rows: int, device: torch.device):
         a = model.args
         self.model, self.cache, self.rows = model, cache, rows
-        self.mode = (model.fixed_kernels, model.fixed_fused)
+        self.mode = (model.fixed_kernels, model.fixed_fused, model.fixed_row_group)
         device = torch.device(device)
         self.inputs = FixedInputs(rows, device)
         self.kernels = None
@@ -281,7 +282,7 @@ class FixedRunner:
             from . import fixed_triton
 
             dtype = model.tok_embeddings.weight.dtype
-            self.kernels = fixed_triton.Kernels(rows, a, cache.k.shape[3], dtype, device, bool(model.fixed_fused))
+            self.kernels = fixed_triton.Kernels(rows, a, cache.k.shape[3], dtype, device, bool(model.fixed_fused), model.fixed_row_group)
         elif use:
             raise RuntimeError(
                 "fixed_kernels=True needs Triton on CUDA (or its interpreter, TRITON_INTERPRET=1) and a power-of-two head dim >= 16"

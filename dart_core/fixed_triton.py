@@ -76,6 +76,104 @@ def _split_kernel(
 
 
 @triton.jit
+def _chunk_keys(path_ptr, plen_ptr, r, T, R, P, start, offs, D: tl.constexpr, SPLIT_N: tl.constexpr):
+    """Cache slots of row r's logical positions offs (a chunk of split `start`), and which are its keys."""
+    n = tl.where(r < T, P + tl.load(plen_ptr + r, mask=r < R, other=0), 0)
+    ok = offs < tl.minimum(start + SPLIT_N, n)
+    node = tl.load(path_ptr + r * D + (offs - P), mask=ok & (offs >= P), other=0)
+    return tl.where(offs < P, offs, P + node), ok
+
+
+@triton.jit
+def _group_split_kernel(
+    q_ptr, k_ptr, v_ptr, path_ptr, plen_ptr, meta_ptr, m_ptr, l_ptr, acc_ptr,
+    scale, NKV, NSPLIT, R,
+    stride_qr, stride_kh, stride_ks,
+    D: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, RG: tl.constexpr, M: tl.constexpr, HD: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLIT_N: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    """_split_kernel for RG rows at once (program: row group x key-value head x split), the group's
+    queries one tile of M = RG x G rows: a chunk of committed keys, the same for every row, is read once
+    and enters one product for all of them; a chunk holding tree keys runs one product a row (against
+    that row's keys; the rest of the tile's rows discarded). Both products have the tile's shape, so
+    each query row gets the same instructions on the same values either way, and its online softmax
+    is _split_kernel's, guarded where a row has no keys in a chunk (exact zeros, no NaN).
+
+    What this adds to _split_kernel's contract: a node sits at another place of the tile in its verify
+    than in its one-token step (row 0), beside other rows' queries, so it is exact where the dot
+    product gives a row the same bits at any place of its tile and whatever the other rows hold. That
+    is the hardware's to show (scripts/gpu_check.py's fixed-grouped path); numpy's fp32 matmul, which
+    Triton's interpreter uses, does not give it (tests/triton_interpreted.py), its fp16 one does."""
+    grp = tl.program_id(0)
+    g = tl.program_id(1)
+    s = tl.program_id(2)
+    P = tl.load(meta_ptr)
+    T = tl.load(meta_ptr + 1)
+    mrow = tl.arange(0, M)
+    sub = mrow // G  # the row within the group
+    head = mrow % G
+    row = grp * RG + sub
+    live = (sub < RG) & (row < T)
+    n = tl.where(live, P + tl.load(plen_ptr + row, mask=live, other=0), 0)
+    start = s * SPLIT_N
+    end_m = tl.minimum(start + SPLIT_N, n)  # each query row's keys in this split end here
+    end = tl.max(end_m, 0)
+    dims = tl.arange(0, HD)
+    q = tl.load(q_ptr + row[:, None] * stride_qr + (g * G + head)[:, None] * HD + dims[None, :], mask=live[:, None], other=0.0)
+    m_i = tl.full([M], float("-inf"), tl.float32)
+    l_i = tl.zeros([M], tl.float32)
+    acc = tl.zeros([M, HD], tl.float32)
+    for c in range(start, end, BLOCK_N):
+        offs = c + tl.arange(0, BLOCK_N)
+        valid = offs[None, :] < end_m[:, None]
+        shared = c + BLOCK_N <= P
+        if shared:
+            k = tl.load(k_ptr + g * stride_kh + offs[:, None] * stride_ks + dims[None, :])
+            if IEEE:
+                sc = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                sc = tl.dot(q, tl.trans(k))
+        else:
+            sc = tl.zeros([M, BLOCK_N], tl.float32)
+            for i in tl.static_range(RG):
+                slot, ok = _chunk_keys(path_ptr, plen_ptr, grp * RG + i, T, R, P, start, offs, D, SPLIT_N)
+                k = tl.load(k_ptr + g * stride_kh + slot[:, None] * stride_ks + dims[None, :], mask=ok[:, None], other=0.0)
+                if IEEE:
+                    sc_i = tl.dot(q, tl.trans(k), input_precision="ieee")
+                else:
+                    sc_i = tl.dot(q, tl.trans(k))
+                sc = tl.where((sub == i)[:, None], sc_i, sc)
+        sc = tl.where(valid, sc * scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, 1))
+        alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m_i - m_new))
+        p = tl.where(valid, tl.exp(sc - m_new[:, None]), 0.0)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if shared:
+            v = tl.load(v_ptr + g * stride_kh + offs[:, None] * stride_ks + dims[None, :])
+            if IEEE:
+                pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(v.dtype), v)
+        else:
+            pv = tl.zeros([M, HD], tl.float32)
+            for i in tl.static_range(RG):
+                slot, ok = _chunk_keys(path_ptr, plen_ptr, grp * RG + i, T, R, P, start, offs, D, SPLIT_N)
+                v = tl.load(v_ptr + g * stride_kh + slot[:, None] * stride_ks + dims[None, :], mask=ok[:, None], other=0.0)
+                if IEEE:
+                    pv_i = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+                else:
+                    pv_i = tl.dot(p.to(v.dtype), v)
+                pv = tl.where((sub == i)[:, None], pv_i, pv)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    out = ((row * NKV + g) * NSPLIT + s) * GP + head
+    keep = (sub < RG) & (row < R)
+    tl.store(m_ptr + out, m_i, mask=keep)
+    tl.store(l_ptr + out, l_i, mask=keep)
+    tl.store(acc_ptr + out[:, None] * HD + dims[None, :], acc, mask=keep[:, None])
+
+
+@triton.jit
 def _combine_kernel(
     m_ptr, l_ptr, acc_ptr, o_ptr, NKV, NSPLIT, stride_or,
     G: tl.constexpr, GP: tl.constexpr, HD: tl.constexpr, NH: tl.constexpr,
@@ -118,22 +216,38 @@ class Workspace:
         self.key = (rows, n_kv, group, head_dim, capacity, str(device))
 
 
-def attention(q, k_cache, v_cache, path, plen, meta, out, ws: Workspace) -> torch.Tensor:
+def default_row_group(group: int) -> int:
+    """Rows an attention program serves: enough that their queries fill a 16-row tile (the smallest
+    tensor-core product), so a committed chunk read once serves them all."""
+    return max(1, 16 // group)
+
+
+def attention(q, k_cache, v_cache, path, plen, meta, out, ws: Workspace, row_group: int = 1) -> torch.Tensor:
     """q (R, nh, hd) contiguous; k_cache / v_cache (nkv, capacity, hd) with this forward's keys at slots
     P + row; path (R, D) int32 tree nodes of each row's path in depth order, plen (R,) int32 their
-    count, meta (2,) int32 = (P, real rows). Writes out (R, nh, hd) (zeros on padding rows)."""
+    count, meta (2,) int32 = (P, real rows). Writes out (R, nh, hd) (zeros on padding rows).
+    row_group: rows a program (_group_split_kernel; 1: a program a row, _split_kernel)."""
     R, nh, hd = q.shape
     nkv = k_cache.shape[0]
     G = nh // nkv
     if hd & (hd - 1) or hd < 16:
         raise ValueError(f"the Triton attention needs a power-of-two head dim >= 16, got {hd}")
     ieee = q.dtype == torch.float32
-    _split_kernel[(R, nkv, ws.nsplit)](
-        q, k_cache, v_cache, path, plen, meta, ws.m, ws.l, ws.acc,
-        hd**-0.5, nkv, ws.nsplit,
-        q.stride(0), k_cache.stride(0), k_cache.stride(1),
-        D=path.shape[1], G=G, GP=ws.gp, HD=hd, BLOCK_N=BLOCK, SPLIT_N=SPLIT, IEEE=ieee,
-    )  # fmt: skip
+    if row_group > 1:
+        tile = max(16, triton.next_power_of_2(row_group * G))
+        _group_split_kernel[(triton.cdiv(R, row_group), nkv, ws.nsplit)](
+            q, k_cache, v_cache, path, plen, meta, ws.m, ws.l, ws.acc,
+            hd**-0.5, nkv, ws.nsplit, R,
+            q.stride(0), k_cache.stride(0), k_cache.stride(1),
+            D=path.shape[1], G=G, GP=ws.gp, RG=row_group, M=tile, HD=hd, BLOCK_N=BLOCK, SPLIT_N=SPLIT, IEEE=ieee,
+        )  # fmt: skip
+    else:
+        _split_kernel[(R, nkv, ws.nsplit)](
+            q, k_cache, v_cache, path, plen, meta, ws.m, ws.l, ws.acc,
+            hd**-0.5, nkv, ws.nsplit,
+            q.stride(0), k_cache.stride(0), k_cache.stride(1),
+            D=path.shape[1], G=G, GP=ws.gp, HD=hd, BLOCK_N=BLOCK, SPLIT_N=SPLIT, IEEE=ieee,
+        )  # fmt: skip
     _combine_kernel[(R, nh)](ws.m, ws.l, ws.acc, out, nkv, ws.nsplit, out.stride(0), G=G, GP=ws.gp, HD=hd, NH=nh)
     return out
 
@@ -267,14 +381,17 @@ class Kernels:
     """The Triton side of one FixedRunner: the attention's workspace and output buffer, and, with
     `fused`, the element-wise work between the GEMMs (the methods model.Transformer.fixed_body calls)."""
 
-    def __init__(self, rows: int, args, capacity: int, dtype: torch.dtype, device, fused: bool):
+    def __init__(self, rows: int, args, capacity: int, dtype: torch.dtype, device, fused: bool, row_group: int = 1):
         G = args.n_heads // args.n_kv_heads
         self.ws = Workspace(rows, args.n_kv_heads, G, args.head_dim, capacity, device)
         self.out = torch.empty(rows, args.n_heads, args.head_dim, dtype=dtype, device=device)
         self.fused = fused
+        if row_group < 1:
+            raise ValueError(f"an attention program serves at least one row, got {row_group}")
+        self.row_group = row_group
 
     def attention(self, q, k_cache, v_cache, inputs) -> torch.Tensor:
-        return attention(q.contiguous(), k_cache, v_cache, inputs.path, inputs.plen, inputs.meta, self.out, self.ws)
+        return attention(q.contiguous(), k_cache, v_cache, inputs.path, inputs.plen, inputs.meta, self.out, self.ws, self.row_group)
 
     rmsnorm = staticmethod(rmsnorm)
     silu_mul = staticmethod(silu_mul)

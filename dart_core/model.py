@@ -341,6 +341,11 @@ class Transformer(nn.Module):
         # with the kernels: the element-wise work between the GEMMs fused into Triton kernels too (False:
         # torch ops there, the attention alone in Triton; for comparison)
         self.fixed_fused: bool = True
+        # with the kernels: rows an attention program serves (1: a program a row; more: the rows share
+        # each committed chunk's read, exact where a dot product gives a row the same bits at any place
+        # of its tile, which only a GPU run can show: fixed_triton.default_row_group, gpu_check's
+        # fixed-grouped path)
+        self.fixed_row_group: int = 1
         self._fixed_rope: fixed.RopeTable | None = None
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -475,7 +480,12 @@ class Transformer(nn.Module):
         rope = self._fixed_rope_table(device)
         rope.check(cache.length + T - 1)
         runner = getattr(cache, "fixed_runner", None)
-        if runner is None or runner.model is not self or runner.rows != rows or runner.mode != (self.fixed_kernels, self.fixed_fused):
+        if (
+            runner is None
+            or runner.model is not self
+            or runner.rows != rows
+            or runner.mode != (self.fixed_kernels, self.fixed_fused, self.fixed_row_group)
+        ):
             runner = cache.fixed_runner = fixed.FixedRunner(self, cache, rows, device)
         out_logits, hidden, normed = runner(tokens, positions, parents, capture, logits)
         out_logits = None if out_logits is None else out_logits[:T]

@@ -182,17 +182,20 @@ def verify_against_steps(target: Target, prefix: list[int], tree: DraftTree) -> 
 
 # ------------------------------------------------------------------------------------------ stages
 
-PATHS = ("fixed", "fixed-attn", "fixed-torch", "eager")
+PATHS = ("fixed", "fixed-grouped", "fixed-attn", "fixed-torch", "eager")
 
 
 def use_path(model: Transformer, path: str, opts) -> None:
     """fixed: the fixed-shape forward as the engine runs it (on CUDA: Triton attention and fused
-    element-wise kernels, CUDA graph); fixed-attn: the same with torch ops between the GEMMs (the
-    attention alone in Triton); fixed-torch: the torch reference attention, not captured; eager: plain
-    torch."""
+    element-wise kernels, CUDA graph); fixed-grouped: the same with a group of rows an attention program
+    (fixed_triton.default_row_group: each committed chunk read once for the group); fixed-attn: torch
+    ops between the GEMMs (the attention alone in Triton); fixed-torch: the torch reference attention,
+    not captured; eager: plain torch."""
     model.fixed_rows = 0 if path == "eager" else (opts.fixed_rows or None)
     model.fixed_kernels = False if path == "fixed-torch" else None
     model.fixed_fused = path != "fixed-attn"
+    a = model.args
+    model.fixed_row_group = max(1, 16 // (a.n_heads // a.n_kv_heads)) if path == "fixed-grouped" else 1  # default_row_group
 
 
 def forward_engine(model: Transformer, dev: torch.device) -> str:
@@ -202,7 +205,8 @@ def forward_engine(model: Transformer, dev: torch.device) -> str:
         return "eager torch"
     hd = model.args.head_dim
     if dev.type == "cuda" and model.fixed_kernels is not False and fixed.triton_available() and hd >= 16 and not hd & (hd - 1):
-        return "Triton attention" + (" + fused element-wise" if model.fixed_fused else "") + ", CUDA graph"
+        rows = f" ({model.fixed_row_group} rows a program)" if model.fixed_row_group > 1 else ""
+        return "Triton attention" + rows + (" + fused element-wise" if model.fixed_fused else "") + ", CUDA graph"
     return "torch reference, uncaptured"
 
 
@@ -586,7 +590,9 @@ def main(argv=None) -> int:
         help="embedded stage: also calibrate the tree sizes on this device and run DART and EAGLE3 at them (default on)",
     )
     p.add_argument(
-        "--paths", default="fixed,fixed-attn,eager", help=f"exact and big stages: the target's forward paths, from {', '.join(PATHS)}"
+        "--paths",
+        default="fixed,fixed-grouped,fixed-attn,eager",
+        help=f"exact and big stages: the target's forward paths, from {', '.join(PATHS)}",
     )
     p.add_argument("--fixed-rows", type=int, default=0, help="the fixed path's rows (default: the engine's for the device)")
     p.add_argument(

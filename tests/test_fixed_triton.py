@@ -52,13 +52,25 @@ def test_elementwise_kernels_compute_the_torch_ops(interpreted, dtype):
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_attention_kernels_match_the_torch_reference(interpreted, dtype):
     r = interpreted["attention"][dtype]
-    assert r["splits"] == 3 and r["padding_rows_zero"], r
-    assert r["max_diff"] <= (1e-5 if dtype == "float32" else 2e-3), r
+    assert r["splits"] == 3, r
+    for P in (1030, 1022):
+        for group in (1, 2, 8):  # a program a row, and groups of rows (8: the tiny shape's default group)
+            assert r[f"P{P}_group{group}_padding_rows_zero"] and r[f"P{P}_group{group}_finite"], (P, group, r)
+            assert r[f"P{P}_group{group}_max_diff"] <= (1e-5 if dtype == "float32" else 2e-3), (P, group, r)
+    if dtype == "float16":
+        # where the dot gives a row the same bits at any place of its tile (numpy's fp16 matmul; not its
+        # fp32 one, whose bits move with the place), the grouped kernel's masks, branches and guards
+        # give every row exactly what a program of its own gives it
+        assert r["P1030_groups_equal"] and r["P1022_groups_equal"], r
 
 
-@pytest.mark.parametrize("case", ["llama-float32-fused", "qwen3-float16-fused", "qwen2-float32-attention"])
+CASES = ["llama-float32-fused", "qwen3-float16-fused", "qwen2-float32-attention", "llama-float16-fused-group8"]
+
+
+@pytest.mark.parametrize("case", CASES)
 def test_verified_nodes_get_their_steps_bits_on_the_kernels(interpreted, case):
     r = interpreted["models"][case]
     assert r["nodes"] == 6 and r["nodes_unlike_steps"] == [], r
     assert r["argmax_agree"] == r["nodes"], r
+    assert r["row_group"] == (8 if case.endswith("group8") else 1), r
     assert r["logits_vs_torch"] <= (1e-4 if "float32" in case else 2e-2), r

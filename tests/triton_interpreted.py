@@ -90,24 +90,36 @@ def elementwise(dtype: torch.dtype) -> dict:
 
 
 def attention(dtype: torch.dtype) -> dict:
-    """The split and combine kernels against fixed.attention (the torch reference) on a tree whose keys
-    span three splits."""
+    """The split and combine kernels against fixed.attention (the torch reference), a program a row and
+    a group of rows a program: a tree whose keys span three splits (P = 1030), and one whose shallow
+    rows end in the second split while its deeper rows reach the third (P = 1022: a group's rows with
+    no keys in a split beside rows with some, and chunks of committed keys next to chunks of tree keys)."""
     g = torch.Generator().manual_seed(1)
-    R, nh, nkv, hd, P, cap = 8, 4, 2, 16, 1030, 1100
+    R, nh, nkv, hd, cap = 8, 4, 2, 16, 1100
     parents = torch.tensor([-1, 0, 0, 1, 3, 2])
     k_cache = torch.randn(nkv, cap, hd, generator=g).to(dtype)
     v_cache = torch.randn(nkv, cap, hd, generator=g).to(dtype)
     q = torch.randn(R, nh, hd, generator=g).to(dtype)
-    inputs = fixed.FixedInputs(R, torch.device("cpu"))
     T = len(parents)
-    inputs.fill(torch.zeros(T, dtype=torch.long), torch.arange(T), parents, P, reference=True)
-    ref = fixed.attention(q[:T], k_cache, v_cache, inputs.keys)
-    ws = fixed_triton.Workspace(R, nkv, nh // nkv, hd, cap, "cpu")
-    out = fixed_triton.attention(q, k_cache, v_cache, inputs.path, inputs.plen, inputs.meta, torch.empty(R, nh, hd, dtype=dtype), ws)
-    return {"max_diff": diff(out[:T], ref), "padding_rows_zero": bool((out[T:] == 0).all()), "splits": ws.nsplit}
+    r: dict = {}
+    for P in (1030, 1022):
+        inputs = fixed.FixedInputs(R, torch.device("cpu"))
+        inputs.fill(torch.zeros(T, dtype=torch.long), torch.arange(T), parents, P, reference=True)
+        ref = fixed.attention(q[:T], k_cache, v_cache, inputs.keys)
+        ws = fixed_triton.Workspace(R, nkv, nh // nkv, hd, cap, "cpu")
+        outs = {}
+        for group in (1, 2, fixed_triton.default_row_group(nh // nkv)):
+            out = torch.empty(R, nh, hd, dtype=dtype)
+            outs[group] = fixed_triton.attention(q, k_cache, v_cache, inputs.path, inputs.plen, inputs.meta, out, ws, group).clone()
+            r[f"P{P}_group{group}_max_diff"] = diff(outs[group][:T], ref)
+            r[f"P{P}_group{group}_padding_rows_zero"] = bool((outs[group][T:] == 0).all())
+            r[f"P{P}_group{group}_finite"] = bool(outs[group].isfinite().all())
+        r[f"P{P}_groups_equal"] = all(torch.equal(o, outs[1]) for o in outs.values())
+    r["splits"] = ws.nsplit
+    return r
 
 
-def model(arch: str, dtype: torch.dtype, fused: bool, root: Path) -> dict:
+def model(arch: str, dtype: torch.dtype, fused: bool, root: Path, row_group: int) -> dict:
     """A tiny random target's fixed forward on the kernels (8 rows): a random tree's verify against the
     one-token steps along its paths (bitwise: logits and captured states) and against the torch
     reference's verify (max logit difference, argmax agreement)."""
@@ -120,13 +132,14 @@ def model(arch: str, dtype: torch.dtype, fused: bool, root: Path) -> dict:
         target = tiny_target(path, dtype)
         target.model.use_kernels = False  # the fixed path, as on CUDA
         target.model.fixed_rows = 8
-        target.model.fixed_kernels, target.model.fixed_fused = kernels, fused
+        target.model.fixed_kernels, target.model.fixed_fused, target.model.fixed_row_group = kernels, fused, row_group
         cache = target.new_cache(len(prefix) + len(tree) + 16)
         target.prefill(prefix, cache, capture=False)
         cache.commit(len(prefix))
         outs[kernels] = (target, cache, target.verify(tree, cache, capture=True))
     target, cache, out = outs[True]
-    assert type(cache.fixed_runner.kernels) is fixed_triton.Kernels and cache.fixed_runner.kernels.fused == fused
+    kern = cache.fixed_runner.kernels
+    assert type(kern) is fixed_triton.Kernels and kern.fused == fused and kern.row_group == row_group
     P, bad = cache.length, set()
     for leaf_path in tree.leaf_paths():
         cache.rewind(P)
@@ -141,6 +154,7 @@ def model(arch: str, dtype: torch.dtype, fused: bool, root: Path) -> dict:
         "nodes_unlike_steps": sorted(bad),
         "logits_vs_torch": diff(out.logits, ref.logits),
         "argmax_agree": int((out.logits.argmax(-1) == ref.logits.argmax(-1)).sum()),
+        "row_group": kern.row_group,
     }
 
 
@@ -150,8 +164,12 @@ def main() -> None:
     for name, dtype in DTYPES.items():
         result["elementwise"][name] = elementwise(dtype)
         result["attention"][name] = attention(dtype)
-    for arch, name, fused in (("llama", "float32", True), ("qwen3", "float16", True), ("qwen2", "float32", False)):
-        result["models"][f"{arch}-{name}-{'fused' if fused else 'attention'}"] = model(arch, DTYPES[name], fused, root)
+    # the engine's default (fused, a program a row), the attention alone (torch ops between the GEMMs),
+    # and rows grouped in fp16 (exact here where the dot is: numpy's fp16 matmul, not its fp32 one)
+    cases = (("llama", "float32", True, 1), ("qwen3", "float16", True, 1), ("qwen2", "float32", False, 1), ("llama", "float16", True, 8))
+    for arch, name, fused, group in cases:
+        key = f"{arch}-{name}-{'fused' if fused else 'attention'}" + (f"-group{group}" if group > 1 else "")
+        result["models"][key] = model(arch, DTYPES[name], fused, root, group)
     print(json.dumps(result))
 
 
