@@ -19,6 +19,7 @@ import torch
 
 import ngram_cpp
 
+from ..fixed import Upload
 from ..generate import Proposal
 from ..model import KVCache
 from ..tree import DraftTree
@@ -216,6 +217,8 @@ class _DartSession:
         self.pending_ids: list[int] = []
         self.pending_aux: list[torch.Tensor] = []
         self.committed: list[int] = []
+        dev = drafter.target.device
+        self._upload = Upload(torch.long, dev) if dev.type == "cuda" else None  # the pending ids, from pinned memory
         p = drafter.params
         self.index = ngram_cpp.ContextIndex(p.context_order) if p.prune.context_weight > 0 else None
 
@@ -240,7 +243,9 @@ class _DartSession:
                 raise ValueError(f"rows must be in [1, {D + 1}], got {rows}")
             D = rows - 1
         S = len(self.pending_ids)
-        emb = target.model.tok_embeddings(torch.tensor(self.pending_ids[1:] + [root], device=target.device)).to(head.fc.weight.dtype)
+        ids = torch.tensor(self.pending_ids[1:] + [root])
+        ids = self._upload(ids) if self._upload is not None else ids.to(target.device)
+        emb = target.model.tok_embeddings(ids).to(head.fc.weight.dtype)
         aux = torch.cat(self.pending_aux)
         if self.d.fast is not None:  # the CPU kernels: the whole forward in one call
             logits = self.d.fast.draft(aux, emb, self.cache, D)
