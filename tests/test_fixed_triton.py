@@ -74,3 +74,13 @@ def test_verified_nodes_get_their_steps_bits_on_the_kernels(interpreted, case):
     assert r["argmax_agree"] == r["nodes"], r
     assert r["row_group"] == (8 if case.endswith("group8") else 1), r
     assert r["logits_vs_torch"] <= (1e-4 if "float32" in case else 2e-2), r
+
+
+def test_the_captured_dart_head_forward_computes_the_eager_one(interpreted):
+    """dart_core/drafters/head_graph.py (its forward uncaptured, in the interpreter) against the eager
+    head, step by step through a session: the same logits up to fp32 rounding, the same top-8 ids, at
+    1..D+1 rows; a generation with it gives plain decoding's ids and the eager head's tau."""
+    r = interpreted["head"]
+    assert r["steps"] == 7 and r["graph_calls"] == 7 and r["rows_checked"] == 7, r
+    assert r["max_diff"] <= 1e-4 and r["topk_equal"] == 7, r
+    assert r["ids_equal_ar"] == 2 and r["tau_graph"] == r["tau_eager"], r

@@ -158,6 +158,58 @@ def model(arch: str, dtype: torch.dtype, fused: bool, root: Path, row_group: int
     }
 
 
+def head_forward(root: Path) -> dict:
+    """DART's captured head forward (dart_core/drafters/head_graph.py, uncaptured here) against the eager
+    head forward, step by step through one session's pending tokens (fp32, a tiny Qwen3 target, a
+    random head): the logits' largest difference, the top-8 ids, fewer rows, and a generation's ids
+    against plain decoding's."""
+    import ngram_cpp
+    from dart_core import ARDrafter, GenerationParams, complete
+    from dart_core.drafters.dart import DartDrafter, DartParams
+    from dart_core.tools.training import new_head_from_target
+
+    path = root / "qwen3" if (root / "qwen3").exists() else build_tiny_checkpoint(root / "qwen3", "qwen3", seed=1)
+    target = tiny_target(path, torch.float32)
+    target.model.use_kernels = False
+    g = torch.Generator().manual_seed(3)
+    head = new_head_from_target(target, torch.randperm(target.vocab_size, generator=g)[:64].sort().values, 3, 3)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    head.eval()
+    params = DartParams(ngram_cpp.PruneParams(top_k=8, beam_width=4, max_nodes=10))
+    drafters = {}
+    for graph in (False, True):
+        d = DartDrafter(head, target, None, params, use_kernels=False)
+        d.head_graph = graph
+        drafters[graph] = d
+    rng = random.Random(8)
+    tokens = [rng.randrange(TINY_VOCAB) for _ in range(40)]
+    out = target.model(torch.tensor(tokens), torch.arange(len(tokens)), target.new_cache(64), capture=True)
+    sessions = {k: d.new_session(64) for k, d in drafters.items()}
+    assert sessions[True].graph is not None and sessions[False].graph is None
+    r = {"steps": 0, "max_diff": 0.0, "topk_equal": 0, "rows_checked": 0}
+    at = 0
+    for n in (9, 3, 1, 5, 4, 2, 5):  # pending tokens a step (the first: a short prompt's draft)
+        for k, session in sessions.items():
+            session.extend(tokens[at : at + n], out.hidden[at : at + n])
+        root = tokens[at + n]
+        rows = 1 + r["steps"] % 4  # 1..D+1 rows
+        logits = {k: session.draft_logits(root, rows).float() for k, session in sessions.items()}
+        r["max_diff"] = max(r["max_diff"], diff(logits[True], logits[False]))
+        r["topk_equal"] += int(torch.equal(logits[True].topk(8).indices, logits[False].topk(8).indices))
+        r["rows_checked"] += int(logits[True].shape == logits[False].shape == (rows, 64))
+        r["steps"] += 1
+        at += n
+    r["graph_calls"] = sessions[True].graph.calls
+    prompt = tokens[:7]
+    ar = complete(target, prompt, ARDrafter(), GenerationParams(24)).output_ids
+    runs = {k: complete(target, prompt, d, GenerationParams(24)) for k, d in drafters.items()}
+    r["ids_equal_ar"] = sum(run.output_ids == ar for run in runs.values())
+    r["tau_graph"], r["tau_eager"] = round(runs[True].tau, 3), round(runs[False].tau, 3)
+    return r
+
+
 def main() -> None:
     root = Path(sys.argv[1])
     result: dict = {"elementwise": {}, "attention": {}, "models": {}}
@@ -170,6 +222,7 @@ def main() -> None:
     for arch, name, fused, group in cases:
         key = f"{arch}-{name}-{'fused' if fused else 'attention'}" + (f"-group{group}" if group > 1 else "")
         result["models"][key] = model(arch, DTYPES[name], fused, root, group)
+    result["head"] = head_forward(root)
     print(json.dumps(result))
 
 

@@ -23,6 +23,7 @@ from ..fixed import Upload
 from ..generate import Proposal
 from ..model import KVCache
 from ..tree import DraftTree
+from . import head_graph
 from .head import DraftHead, KernelHead, int8_beside, load_head
 
 CONTEXT_TAIL = 8  # committed tokens passed to the pruner as n-gram context (order - 1 are used)
@@ -198,10 +199,15 @@ class DartDrafter:
         if kernel_head is None and use_kernels and KernelHead.supports(head):
             kernel_head = KernelHead(head, int8=int8_beside(target))
         self.fast = kernel_head if use_kernels else None
+        # the head's forward captured as a CUDA graph (head_graph.py): None where it runs (CUDA with
+        # Triton, no CPU kernels), False never, True demanded (on a CPU: Triton's interpreter, uncaptured)
+        self.head_graph: bool | None = None
 
     def with_params(self, params: DartParams) -> "DartDrafter":
         """The same loaded head, kernel weights and trie with other tree parameters (cheap)."""
-        return DartDrafter(self.head, self.target, self.ngram, params, use_kernels=self.fast is not None, kernel_head=self.fast)
+        d = DartDrafter(self.head, self.target, self.ngram, params, use_kernels=self.fast is not None, kernel_head=self.fast)
+        d.head_graph = self.head_graph
+        return d
 
     def new_session(self, capacity: int) -> "_DartSession":
         return _DartSession(self, capacity)
@@ -211,13 +217,19 @@ class _DartSession:
     def __init__(self, drafter: DartDrafter, capacity: int):
         self.d = drafter
         c = drafter.head.config
+        dev = drafter.target.device
+        use = drafter.head_graph
+        graph = use is not False and drafter.fast is None and head_graph.supported(drafter.head, dev, demand=bool(use))
+        if use and not graph:
+            raise RuntimeError("head_graph=True needs Triton on CUDA (or its interpreter), no CPU kernel head, a power-of-two head dim")
+        rows = head_graph.graph_rows(c.draft_length) if graph else 0
         self.cache = KVCache(
-            1, c.num_key_value_heads, c.head_dim, capacity + c.draft_length + 1, drafter.head.fc.weight.dtype, drafter.target.device
+            1, c.num_key_value_heads, c.head_dim, capacity + c.draft_length + 1, drafter.head.fc.weight.dtype, dev, scratch=rows
         )
+        self.graph = head_graph.HeadGraph(drafter.head, drafter.target, self.cache, rows) if graph else None
         self.pending_ids: list[int] = []
         self.pending_aux: list[torch.Tensor] = []
         self.committed: list[int] = []
-        dev = drafter.target.device
         self._upload = Upload(torch.long, dev) if dev.type == "cuda" else None  # the pending ids, from pinned memory
         p = drafter.params
         self.index = ngram_cpp.ContextIndex(p.context_order) if p.prune.context_weight > 0 else None
@@ -243,6 +255,11 @@ class _DartSession:
                 raise ValueError(f"rows must be in [1, {D + 1}], got {rows}")
             D = rows - 1
         S = len(self.pending_ids)
+        if self.graph is not None and self.graph.fits(S):  # the captured forward (a GPU)
+            logits = self.graph(self.pending_ids[1:] + [root], torch.cat(self.pending_aux), D)
+            self.cache.commit(S)
+            self.pending_ids, self.pending_aux = [], []
+            return logits
         ids = torch.tensor(self.pending_ids[1:] + [root])
         ids = self._upload(ids) if self._upload is not None else ids.to(target.device)
         emb = target.model.tok_embeddings(ids).to(head.fc.weight.dtype)

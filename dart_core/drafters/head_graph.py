@@ -1,0 +1,151 @@
+"""DART's draft forward on a GPU at a fixed row count, captured once as a CUDA graph.
+
+The eager head forward (dart.py's draft_logits) is some sixty small torch ops whose shapes change with
+the pending tokens S and the head's cache length P, and launching them costs more than the head's
+arithmetic on a GPU. Here the forward always runs `rows` rows: the S pending tokens, the D mask slots,
+then padding rows. P, S and the real row count are read from a device tensor, so the shapes and
+addresses never change and the forward is captured once per session and replayed every step:
+
+- the token embeddings and the target states through `fc`, the two norms, the mask slots put in by
+  a select (rows S..S+D-1 take `mask_rep`), RoPE gathered from a table computed once;
+- q|k|v in one GEMM (a copy of the three weights made once), keys and values written at cache slots
+  P + row (padding rows write scratch slots past the session's capacity, which nobody keeps);
+- attention over the committed prefix and the chain of new rows by the fixed forward's Triton kernels
+  (dart_core/fixed_triton.py: P and the real rows read on the device; padding rows give zeros);
+- the D + 1 rows that give logits (the last pending token and the masks) gathered at S - 1 on the
+  device, then the MLP, the final norm(s) and the LM head.
+
+Drafts need no exactness (the target's verify decides), so this only has to compute what the eager
+forward computes, up to rounding: the tests compare the two (tests/triton_interpreted.py runs this
+module's forward in Triton's interpreter on a CPU). Forwards that do not fit the rows (the prompt's
+first draft) take the eager path.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..fixed import RopeTable, Upload, triton_available, triton_interpreting
+from ..model import KVCache, apply_rope
+
+
+def graph_rows(draft_length: int) -> int:
+    """Rows of the captured forward: room for the D mask slots and the pending tokens of a step whose
+    whole tree was accepted (at most D + 1, and the root), in a multiple of 16."""
+    return -(-(2 * (draft_length + 1) + 1) // 16) * 16
+
+
+def supported(head, device: torch.device, demand: bool = False) -> bool:
+    """Whether the captured forward runs here: CUDA with Triton (or, when demanded, Triton's interpreter
+    on a CPU: the tests), a power-of-two head dim of at least 16, a float head."""
+    c = head.config
+    device = torch.device(device)
+    where = device.type == "cuda" or (demand and device.type == "cpu" and triton_interpreting())
+    shape = c.head_dim >= 16 and not c.head_dim & (c.head_dim - 1)
+    return where and shape and triton_available() and head.fc.weight.dtype in (torch.float32, torch.bfloat16, torch.float16)
+
+
+class HeadGraph:
+    """One DART session's draft forward at `rows` rows into its head cache (which needs `rows` slots of
+    scratch past its capacity). Call with the pending ids (host), their target states (device) and D;
+    returns the (D + 1, Vd) fp32 logits, a view of a static buffer the next call overwrites."""
+
+    def __init__(self, head, target, cache: KVCache, rows: int):
+        from .. import fixed_triton
+
+        c = head.config
+        dev = torch.device(target.device)
+        dt = head.fc.weight.dtype
+        if cache.k.shape[3] < cache.capacity + rows:
+            raise ValueError(f"the head's captured forward writes {rows} rows: its cache needs that much scratch")
+        self.head, self.target, self.cache, self.rows, self.dev = head, target, cache, rows, dev
+        self.D = c.draft_length
+        R = rows
+        a = head.midlayer.self_attn
+        self.wqkv = torch.cat((a.q_proj.weight, a.k_proj.weight, a.v_proj.weight))  # one GEMM (a copy, made once)
+        self.rope = RopeTable(head.inv_freq.to(dev), 1.0, c.max_position_embeddings)
+        self.ids = torch.zeros(R, dtype=torch.long, device=dev)
+        self.aux = torch.zeros(R, 3 * c.target_hidden_size, dtype=dt, device=dev)
+        self.meta = torch.zeros(3, dtype=torch.int32, device=dev)  # P, real rows (S + D), S
+        path = torch.zeros(R, R, dtype=torch.int32)
+        for r in range(R):  # row r's path through the new rows: a chain, 0..r
+            path[r, : r + 1] = torch.arange(r + 1, dtype=torch.int32)
+        self.path = path.to(dev)
+        self.plen = torch.arange(1, R + 1, dtype=torch.int32, device=dev)
+        self.row_index = torch.arange(R, device=dev)
+        self.sel = torch.arange(self.D + 1, device=dev)
+        self.ws = fixed_triton.Workspace(
+            R, c.num_key_value_heads, c.num_attention_heads // c.num_key_value_heads, c.head_dim, cache.k.shape[3], dev
+        )
+        self.att_out = torch.empty(R, c.num_attention_heads, c.head_dim, dtype=dt, device=dev)
+        self._attention = fixed_triton.attention
+        self._upload_ids = Upload(torch.long, dev, R)
+        self._upload_meta = Upload(torch.int32, dev, 3)
+        self.capture = dev.type == "cuda"
+        self.graph = None
+        self.logits = None
+        self.calls = 0  # forwards run here (the rest of the session's went eager)
+
+    def fits(self, S: int) -> bool:
+        """Whether S pending tokens fit the rows beside all D masks (the logits rows are gathered for all)."""
+        return 1 <= S <= self.rows - self.D and self.cache.length + S + self.D <= self.rope.positions
+
+    def __call__(self, ids: list[int], aux: torch.Tensor, D: int) -> torch.Tensor:
+        S = len(ids)
+        if not 0 <= D <= self.D or not self.fits(S) or aux.shape[0] != S:
+            raise ValueError(
+                f"the captured head forward takes 1..{self.rows - self.D} pending tokens with their states and 0..{self.D} masks"
+            )
+        host = torch.zeros(self.rows, dtype=torch.long)
+        host[:S] = torch.tensor(ids)
+        self._upload_ids(host, self.ids)
+        self.aux[:S].copy_(aux)  # rows past S keep older (finite) states: masks and padding do not read them
+        self._upload_meta(torch.tensor([self.cache.length, S + D, S], dtype=torch.int32), self.meta)
+        self.calls += 1
+        if not self.capture:
+            return self._body()[: D + 1]
+        if self.graph is None:
+            self.graph, self.logits = self._capture()
+        self.graph.replay()
+        return self.logits[: D + 1]
+
+    def _body(self) -> torch.Tensor:
+        head, c = self.head, self.head.config
+        layer, a = head.midlayer, head.midlayer.self_attn
+        R, H, dt = self.rows, c.hidden_size, self.aux.dtype
+        nh, nkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        P, T, S = self.meta[0], self.meta[1], self.meta[2]
+        rows = self.row_index
+        emb = self.target.model.tok_embeddings(self.ids).to(dt)
+        g = F.linear(self.aux, head.fc.weight)
+        u = torch.cat((layer.input_layernorm(emb), layer.hidden_norm(g)), dim=-1)
+        masks = ((rows >= S) & (rows < T))[:, None]  # the mask slots bypass both norms
+        u = torch.where(masks, layer.mask_rep.to(dt), u)
+        residual = torch.where(masks, layer.mask_rep[:H].to(dt), g)
+        positions = (rows + P).clamp(max=self.rope.positions - 1)  # padding rows past the table: any row
+        cos, sin = self.rope.lookup(positions, dt)
+        q, k, v = F.linear(u, self.wqkv).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+        q = apply_rope(q.reshape(R, nh, hd), cos[:, None], sin[:, None])
+        k = apply_rope(k.reshape(R, nkv, hd), cos[:, None], sin[:, None])
+        k_cache, v_cache = self.cache.k[0, 0], self.cache.v[0, 0]
+        slots = rows + P
+        k_cache.index_copy_(1, slots, k.transpose(0, 1).to(k_cache.dtype))
+        v_cache.index_copy_(1, slots, v.reshape(R, nkv, hd).transpose(0, 1).to(v_cache.dtype))
+        att = self._attention(q.contiguous(), k_cache, v_cache, self.path, self.plen, self.meta, self.att_out, self.ws)
+        h = residual + F.linear(att.reshape(R, nh * hd), a.o_proj.weight)
+        h = h.index_select(0, self.sel + (S - 1))  # the last pending token and the D masks
+        return head.logits(layer.mlp_block(h)).float()
+
+    def _capture(self):
+        """Warm up on a side stream (Triton compiles, cuBLAS settles), then capture the forward."""
+        side = torch.cuda.Stream(self.dev)
+        side.wait_stream(torch.cuda.current_stream(self.dev))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._body()
+        torch.cuda.current_stream(self.dev).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            logits = self._body()
+        return graph, logits
