@@ -407,8 +407,12 @@ def stage_big(dev: torch.device, small: bool, rep: Report, opts) -> dict:
     dart_head = random_head(target, 11, 4, vd)
     eagle_head = random_head(target, 12, None, vd)
     trie = ngram_cpp.build([[rng.randrange(V) for _ in range(64)] for _ in range(200)], V)
+    dart_params = DartParams(ngram_cpp.PruneParams(max_nodes=60, context_weight=0.5))
+    eager_head = DartDrafter(dart_head, target, trie, dart_params)
+    eager_head.head_graph = False  # the head's forward as eager torch ops, for comparison
     drafters = {
-        "dart": DartDrafter(dart_head, target, trie, DartParams(ngram_cpp.PruneParams(max_nodes=60, context_weight=0.5))),
+        "dart": DartDrafter(dart_head, target, trie, dart_params),  # on CUDA: the head's forward captured (head_graph.py)
+        "dart-eager-head": eager_head,
         "eagle3": Eagle3Drafter(eagle_head, target, Eagle3Params(depth=7, top_k=10, max_nodes=60)),
     }
     prompt = [rng.randrange(V) for _ in range(512)]
@@ -428,7 +432,9 @@ def stage_big(dev: torch.device, small: bool, rep: Report, opts) -> dict:
             draft.append(prop.draft_s * 1e3)
             prune.append(prop.prune_s * 1e3)
             session.extend([int(prop.tree.tokens[0])], out.hidden[-1:])
+        graph = getattr(session, "graph", None)
         drafting[name] = {
+            "head_graph_calls": graph.calls if graph is not None else 0,
             "nodes": len(prop.tree) - 1,
             "draft_ms": round(statistics.median(draft[2:]), 3),
             "prune_ms": round(statistics.median(prune[2:]), 3),

@@ -43,9 +43,10 @@ def test_gpu_check_runs_on_the_cpu_and_reports_exactness(tmp_path):
     fixed = big["verify_vs_steps"]["fixed"]
     assert fixed["bitwise_equal"] == fixed["nodes"]
     assert set(big["verify"]) == {"fixed", "eager"} and set(big["verify"]["fixed"]) == {"256"}
-    assert set(big["drafting_60"]) == {"dart", "eagle3"}
-    assert big["drafting_60"]["dart"]["nodes"] == 60
-    assert set(big["loop"]) == {"ar", "dart", "eagle3"}
+    assert set(big["drafting_60"]) == {"dart", "dart-eager-head", "eagle3"}
+    assert big["drafting_60"]["dart"]["nodes"] == 60 and big["drafting_60"]["dart-eager-head"]["nodes"] == 60
+    assert big["drafting_60"]["dart"]["head_graph_calls"] == 0  # a CPU: no captured head forward (CUDA only)
+    assert set(big["loop"]) == {"ar", "dart", "dart-eager-head", "eagle3"}
     assert "--- big" in (out / "gpu_check.log").read_text()
 
 
