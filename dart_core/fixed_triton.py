@@ -76,6 +76,15 @@ def _split_kernel(
 
 
 @triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    """a @ b in fp32: exact fp32 products where the inputs are fp32 (no TF32), tensor cores otherwise."""
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
 def _chunk_keys(path_ptr, plen_ptr, r, T, R, P, start, offs, D: tl.constexpr, SPLIT_N: tl.constexpr):
     """Cache slots of row r's logical positions offs (a chunk of split `start`), and which are its keys."""
     n = tl.where(r < T, P + tl.load(plen_ptr + r, mask=r < R, other=0), 0)
@@ -129,20 +138,13 @@ def _group_split_kernel(
         shared = c + BLOCK_N <= P
         if shared:
             k = tl.load(k_ptr + g * stride_kh + offs[:, None] * stride_ks + dims[None, :])
-            if IEEE:
-                sc = tl.dot(q, tl.trans(k), input_precision="ieee")
-            else:
-                sc = tl.dot(q, tl.trans(k))
+            sc = _dot(q, tl.trans(k), IEEE)
         else:
             sc = tl.zeros([M, BLOCK_N], tl.float32)
             for i in tl.static_range(RG):
                 slot, ok = _chunk_keys(path_ptr, plen_ptr, grp * RG + i, T, R, P, start, offs, D, SPLIT_N)
                 k = tl.load(k_ptr + g * stride_kh + slot[:, None] * stride_ks + dims[None, :], mask=ok[:, None], other=0.0)
-                if IEEE:
-                    sc_i = tl.dot(q, tl.trans(k), input_precision="ieee")
-                else:
-                    sc_i = tl.dot(q, tl.trans(k))
-                sc = tl.where((sub == i)[:, None], sc_i, sc)
+                sc = tl.where((sub == i)[:, None], _dot(q, tl.trans(k), IEEE), sc)
         sc = tl.where(valid, sc * scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(sc, 1))
         alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m_i - m_new))
@@ -150,20 +152,13 @@ def _group_split_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         if shared:
             v = tl.load(v_ptr + g * stride_kh + offs[:, None] * stride_ks + dims[None, :])
-            if IEEE:
-                pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-            else:
-                pv = tl.dot(p.to(v.dtype), v)
+            pv = _dot(p.to(v.dtype), v, IEEE)
         else:
             pv = tl.zeros([M, HD], tl.float32)
             for i in tl.static_range(RG):
                 slot, ok = _chunk_keys(path_ptr, plen_ptr, grp * RG + i, T, R, P, start, offs, D, SPLIT_N)
                 v = tl.load(v_ptr + g * stride_kh + slot[:, None] * stride_ks + dims[None, :], mask=ok[:, None], other=0.0)
-                if IEEE:
-                    pv_i = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-                else:
-                    pv_i = tl.dot(p.to(v.dtype), v)
-                pv = tl.where((sub == i)[:, None], pv_i, pv)
+                pv = tl.where((sub == i)[:, None], _dot(p.to(v.dtype), v, IEEE), pv)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
     out = ((row * NKV + g) * NSPLIT + s) * GP + head

@@ -89,6 +89,22 @@ def tiny_target(path: Path, dtype=torch.float32) -> Target:
     return Target(f"tiny:{path.name}", path, model, None, frozenset({TINY_EOS}), torch.device("cpu"), dtype)
 
 
+def nodes_unlike_their_steps(target, cache, tree: DraftTree, out) -> list[int]:
+    """Nodes whose verify outputs `out` (logits and captured states, the tree verified at the cache's
+    committed length) differ bitwise from the one-token steps along the tree's root-to-leaf paths (each
+    node is on one; every path is stepped once). Leaves the cache at its committed length."""
+    P, bad = cache.length, set()
+    for path in tree.leaf_paths():
+        cache.rewind(P)
+        for node in path:
+            step = target.verify(DraftTree.root_only(int(tree.tokens[node])), cache, capture=True)
+            cache.commit(1)
+            if not (torch.equal(step.logits[0], out.logits[node]) and torch.equal(step.hidden[0], out.hidden[node])):
+                bad.add(node)
+    cache.rewind(P)
+    return sorted(bad)
+
+
 # ------------------------------------------------------------------------------------------- heads
 
 

@@ -11,9 +11,8 @@ import torch
 
 from dart_core import ARDrafter, GenerationParams, complete, fixed
 from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3Params
-from dart_core.tree import DraftTree
 
-from support import TINY_VOCAB, build_tiny_checkpoint, random_eagle3_head, random_tree_under, tiny_target
+from support import TINY_VOCAB, build_tiny_checkpoint, nodes_unlike_their_steps, random_eagle3_head, random_tree_under, tiny_target
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -69,17 +68,7 @@ def nodes_unlike_steps(target, prompt, tree) -> list[int]:
     cache = target.new_cache(len(prompt) + len(tree) + 80)
     target.prefill(prompt, cache, capture=False)
     cache.commit(len(prompt))
-    P = cache.length
-    out = target.verify(tree, cache, capture=True)
-    bad = set()
-    for path in tree.leaf_paths():
-        cache.rewind(P)
-        for node in path:
-            step = target.verify(DraftTree.root_only(int(tree.tokens[node])), cache, capture=True)
-            cache.commit(1)
-            if not (torch.equal(step.logits[0], out.logits[node]) and torch.equal(step.hidden[0], out.hidden[node])):
-                bad.add(node)
-    return sorted(bad)
+    return nodes_unlike_their_steps(target, cache, tree, target.verify(tree, cache, capture=True))
 
 
 @pytest.fixture(scope="module")

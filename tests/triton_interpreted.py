@@ -27,9 +27,8 @@ import torch.nn.functional as F  # noqa: E402
 
 from dart_core import fixed, fixed_triton  # noqa: E402
 from dart_core.model import RMSNorm, apply_rope  # noqa: E402
-from dart_core.tree import DraftTree  # noqa: E402
 
-from support import TINY_VOCAB, build_tiny_checkpoint, random_tree_under, tiny_target  # noqa: E402
+from support import TINY_VOCAB, build_tiny_checkpoint, nodes_unlike_their_steps, random_tree_under, tiny_target  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
@@ -140,18 +139,11 @@ def model(arch: str, dtype: torch.dtype, fused: bool, root: Path, row_group: int
     target, cache, out = outs[True]
     kern = cache.fixed_runner.kernels
     assert type(kern) is fixed_triton.Kernels and kern.fused == fused and kern.row_group == row_group
-    P, bad = cache.length, set()
-    for leaf_path in tree.leaf_paths():
-        cache.rewind(P)
-        for node in leaf_path:
-            step = target.verify(DraftTree.root_only(int(tree.tokens[node])), cache, capture=True)
-            cache.commit(1)
-            if not (torch.equal(step.logits[0], out.logits[node]) and torch.equal(step.hidden[0], out.hidden[node])):
-                bad.add(node)
+    bad = nodes_unlike_their_steps(target, cache, tree, out)
     ref = outs[False][2]
     return {
         "nodes": len(tree),
-        "nodes_unlike_steps": sorted(bad),
+        "nodes_unlike_steps": bad,
         "logits_vs_torch": diff(out.logits, ref.logits),
         "argmax_agree": int((out.logits.argmax(-1) == ref.logits.argmax(-1)).sum()),
         "row_group": kern.row_group,
