@@ -142,7 +142,7 @@ def hf_runner(target: Target, prompt_lookup: bool) -> Runner:
         if prompt_lookup:
             kwargs.update(prompt_lookup_num_tokens=PLD_NUM_TOKENS)
         x = torch.tensor([ids], device=target.device)
-        sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
+        sync = (lambda: torch.cuda.synchronize(target.device)) if target.device.type == "cuda" else (lambda: None)  # the target's own GPU
         sync()
         t0 = time.perf_counter()
         with torch.inference_mode():
