@@ -49,7 +49,7 @@ def supported(head, device: torch.device, demand: bool = False) -> bool:
 class HeadGraph:
     """One DART session's draft forward at `rows` rows into its head cache (which needs `rows` slots of
     scratch past its capacity). Call with the pending ids (host), their target states (device) and D;
-    returns the (D + 1, Vd) fp32 logits, a view of a static buffer the next call overwrites."""
+    returns the (D + 1, Vd) fp32 logits."""
 
     def __init__(self, head, target, cache: KVCache, rows: int):
         from .. import fixed_triton
@@ -108,7 +108,7 @@ class HeadGraph:
         if self.graph is None:
             self.graph, self.logits = self._capture()
         self.graph.replay()
-        return self.logits[: D + 1]
+        return self.logits[: D + 1].clone()  # the static buffer is the next replay's
 
     def _body(self) -> torch.Tensor:
         head, c = self.head, self.head.config
