@@ -93,18 +93,23 @@ class Replay:
         return self.new_tokens / self.steps
 
 
-def replay(drafter: Drafter, rec: GreedyRecord) -> Replay:
+def replay(drafter: Drafter, rec: GreedyRecord, max_nodes: int | None = None) -> Replay:
     """The steps `drafter` takes on the record's prompt at temperature 0: what `generate` would
-    accept, step for step, with the drafter's real trees (the same tree cut by cache room too)."""
+    accept, step for step, with the drafter's real trees (the same tree cut by cache room too).
+    max_nodes: the tree size asked of the drafter each step (as GenerationParams.max_nodes asks it; its
+    trees are then those of the drafter built at that size), None the drafter's own."""
     out, P = rec.output_ids, len(rec.prompt_ids)
-    capacity = cache_capacity(rec.limit, P, rec.max_new_tokens, drafter.max_nodes)
+    size = drafter.max_nodes if max_nodes is None else max_nodes
+    if size < 0:
+        raise ValueError(f"max_nodes must be >= 0, got {max_nodes}")
+    capacity = cache_capacity(rec.limit, P, rec.max_new_tokens, size)
     session = drafter.new_session(capacity)
     session.extend(rec.prompt_ids, rec.hidden[:P] if drafter.needs_hidden else None)
     accepted, sizes = [], []
     pos = 0  # out[pos] is the root; out[:pos] is committed
     while pos < len(out) - 1:
-        max_nodes = step_budget(drafter.max_nodes, capacity, P + pos)  # as the loop does, with P + pos tokens cached
-        tree = session.propose(out[pos], max_nodes).tree.truncate(max_nodes + 1)
+        budget = step_budget(size, capacity, P + pos)  # as the loop does, with P + pos tokens cached
+        tree = session.propose(out[pos], budget).tree.truncate(budget + 1)
         tokens = tree.tokens.tolist()
         node, path = 0, [0]
         while pos + len(path) < len(out):

@@ -44,7 +44,6 @@ from .measure import (
     PREFIX,
     ForwardCosts,
     ForwardSplit,
-    SizeCapped,
     build_measured,
     cached_forward_costs,
     calibrated_rows,
@@ -67,7 +66,7 @@ from .weights import AUTO_FALLBACK, WEIGHTS_CANDIDATES, WeightsChoice, choose_we
 __all__ = [
     "measure", "tau", "tree_size", "weights",
     "CALIBRATION_VERSION", "CUDA_CALIBRATED_ROWS", "MAX_CALIBRATED_ROWS", "OVERHEAD_PROMPT", "OVERHEAD_TOKENS", "PREFIX", "ForwardCosts",
-    "ForwardSplit", "SizeCapped", "build_measured", "cached_forward_costs", "calibrated_rows", "calibration_dir", "cpu_model",
+    "ForwardSplit", "build_measured", "cached_forward_costs", "calibrated_rows", "calibration_dir", "cpu_model",
     "drafting_ms", "forward_costs", "forward_split", "host_key", "loop_sizes", "loop_step_ms", "machine_key", "measure_forwards",
     "with_row_costs",
     "SizeChoice", "calibrate_drafter", "calibrate_unset_sizes", "choose_max_nodes", "TAU_FILE", "read_tau_table", "tau_by_size",

@@ -1,7 +1,7 @@
 """The costs the calibration measures on this machine, cached per machine, kernel build, weights and
 threads under ~/.cache/dart-demo/calibration/: the target's forward by rows (measure_forwards,
-forward_costs), the generation loop's step by tree size (loop_step_ms), drafting by replay
-(drafting_ms), and a drafter capped at a smaller tree (SizeCapped)."""
+forward_costs), the generation loop's step by tree size (loop_step_ms) and drafting by replay
+(drafting_ms); smaller trees are asked of one drafter (GenerationParams.max_nodes, replay's max_nodes)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from ...drafters.config import DartConfig
-from ...generate import Drafter, DraftSession, Proposal
+from ...generate import Drafter
 from ...target import Target
 from ..replay import GreedyRecord, record_greedy, replay
 
@@ -341,40 +341,14 @@ def forward_costs(target: Target, threads: int | None = None, refresh: bool = Fa
     return costs
 
 
-class _CappedSession:
-    def __init__(self, session: DraftSession, max_nodes: int):
-        self.session, self.max_nodes = session, max_nodes
-
-    def extend(self, ids, hidden) -> None:
-        self.session.extend(ids, hidden)
-
-    def propose(self, root: int, max_nodes: int) -> Proposal:
-        return self.session.propose(root, min(self.max_nodes, max_nodes))
-
-
-class SizeCapped:
-    """`drafter` with trees of at most `max_nodes` drafted nodes: the same trees as the drafter built
-    at that size (both drafters cut their pool to the size the loop allows), without rebuilding it."""
-
-    def __init__(self, drafter: Drafter, max_nodes: int):
-        if max_nodes < 0:
-            raise ValueError(f"max_nodes must be >= 0, got {max_nodes}")
-        self.drafter, self.max_nodes = drafter, max_nodes
-        self.name, self.needs_hidden = drafter.name, drafter.needs_hidden
-
-    def new_session(self, capacity: int) -> _CappedSession:
-        return _CappedSession(self.drafter.new_session(capacity), self.max_nodes)
-
-
 def drafting_ms(drafter: Drafter, record: GreedyRecord, sizes: list[int]) -> dict[int, float]:
     """Wall ms per step that `drafter` spends drafting and pruning at each tree size, timed by exact
     replay of one greedy record (the head forward and the pruner are real; nothing else runs)."""
     out = {}
     for n in sizes:
-        capped = SizeCapped(drafter, n)
-        replay(capped, record)  # warm-up: first-use allocations, the pruner's tables
+        replay(drafter, record, n)  # warm-up: first-use allocations, the pruner's tables
         t0 = time.perf_counter()
-        r = replay(capped, record)
+        r = replay(drafter, record, n)
         out[n] = (time.perf_counter() - t0) * 1e3 / max(1, len(r.accepted))
     return out
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 from ...generate import Drafter
 from ..replay import GreedyRecord, replay
-from .measure import SizeCapped
 
 TAU_FILE = "tree_sizes.json"  # beside a head's config.json: τ by tree size, by replay
 
@@ -37,7 +36,6 @@ def tau_by_size(drafter: Drafter, records: list[GreedyRecord], sizes: list[int])
     records, by exact replay."""
     out = {}
     for n in sizes:
-        capped = SizeCapped(drafter, n)
-        runs = [replay(capped, rec) for rec in records]
+        runs = [replay(drafter, rec, n) for rec in records]
         out[n] = sum(r.new_tokens for r in runs) / sum(r.steps for r in runs)
     return out
