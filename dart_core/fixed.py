@@ -259,6 +259,41 @@ def triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def triton_kernels_here(device: torch.device, use: bool | None) -> bool:
+    """Whether the Triton kernels (fixed_triton.py) run on `device`: use None takes them on CUDA where
+    Triton imports, False never, True demands them (and on a CPU runs them in Triton's interpreter)."""
+    device = torch.device(device)
+    where = device.type == "cuda" or (bool(use) and device.type == "cpu" and triton_interpreting())
+    return where and use is not False and triton_available()
+
+
+def kernel_head_dim(head_dim: int) -> bool:
+    """Whether the Triton attention takes this head dim: a power of two, at least 16."""
+    return head_dim >= 16 and not head_dim & (head_dim - 1)
+
+
+def default_row_group(group: int) -> int:
+    """Rows an attention program serves when rows are grouped (fixed_triton._group_split_kernel): enough
+    that their queries (G = query heads a key-value head each) fill a 16-row tile, the smallest
+    tensor-core product, so a committed chunk read once serves them all."""
+    return max(1, 16 // group)
+
+
+def capture_graph(body, device: torch.device):
+    """body() captured as a CUDA graph: warmed up twice on a side stream first (Triton compiles, cuBLAS
+    settles its workspace). Returns (graph, body's outputs: static buffers each replay rewrites)."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            body()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = body()
+    return graph, outputs
+
+
 class FixedRunner:
     """Runs a model's fixed-shape forwards into one cache: its FixedInputs and, on CUDA with Triton, the
     Triton kernels (fixed_triton.Kernels) and the forward captured as a CUDA graph on first use (prefill
@@ -276,9 +311,7 @@ class FixedRunner:
         self.inputs = FixedInputs(rows, device)
         self.kernels = None
         use = model.fixed_kernels
-        shape_ok = a.head_dim >= 16 and not a.head_dim & (a.head_dim - 1)
-        where = device.type == "cuda" or (use and device.type == "cpu" and triton_interpreting())
-        if where and use is not False and triton_available() and shape_ok:
+        if triton_kernels_here(device, use) and kernel_head_dim(a.head_dim):
             from . import fixed_triton
 
             dtype = model.tok_embeddings.weight.dtype
@@ -303,16 +336,5 @@ class FixedRunner:
         return (out_logits[:T].clone() if logits else None), (hidden[:T].clone() if capture else None), normed[:T].clone()
 
     def _capture(self):
-        """Warm up on a side stream (Triton compiles; cuBLAS settles its workspace), then capture one
-        forward with every output (logits and captured states) into static buffers."""
-        body = lambda: self.model.fixed_body(self.inputs, self.cache, self.kernels, True, True)  # noqa: E731
-        side = torch.cuda.Stream(self.inputs.device)
-        side.wait_stream(torch.cuda.current_stream(self.inputs.device))
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                body()
-        torch.cuda.current_stream(self.inputs.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            outputs = body()
-        return graph, outputs
+        """One forward captured with every output (logits and captured states) in static buffers."""
+        return capture_graph(lambda: self.model.fixed_body(self.inputs, self.cache, self.kernels, True, True), self.inputs.device)

@@ -211,12 +211,6 @@ class Workspace:
         self.key = (rows, n_kv, group, head_dim, capacity, str(device))
 
 
-def default_row_group(group: int) -> int:
-    """Rows an attention program serves: enough that their queries fill a 16-row tile (the smallest
-    tensor-core product), so a committed chunk read once serves them all."""
-    return max(1, 16 // group)
-
-
 def attention(q, k_cache, v_cache, path, plen, meta, out, ws: Workspace, row_group: int = 1) -> torch.Tensor:
     """q (R, nh, hd) contiguous; k_cache / v_cache (nkv, capacity, hd) with this forward's keys at slots
     P + row; path (R, D) int32 tree nodes of each row's path in depth order, plen (R,) int32 their

@@ -343,7 +343,7 @@ class Transformer(nn.Module):
         self.fixed_fused: bool = True
         # with the kernels: rows an attention program serves (1: a program a row; more: the rows share
         # each committed chunk's read, exact where a dot product gives a row the same bits at any place
-        # of its tile, which only a GPU run can show: fixed_triton.default_row_group, gpu_check's
+        # of its tile, which only a GPU run can show: fixed.default_row_group, gpu_check's
         # fixed-grouped path)
         self.fixed_row_group: int = 1
         self._fixed_rope: fixed.RopeTable | None = None

@@ -191,14 +191,14 @@ PATHS = ("fixed", "fixed-grouped", "fixed-attn", "fixed-torch", "eager")
 def use_path(model: Transformer, path: str, opts) -> None:
     """fixed: the fixed-shape forward as the engine runs it (on CUDA: Triton attention and fused
     element-wise kernels, CUDA graph); fixed-grouped: the same with a group of rows an attention program
-    (fixed_triton.default_row_group: each committed chunk read once for the group); fixed-attn: torch
+    (fixed.default_row_group: each committed chunk read once for the group); fixed-attn: torch
     ops between the GEMMs (the attention alone in Triton); fixed-torch: the torch reference attention,
     not captured; eager: plain torch."""
     model.fixed_rows = 0 if path == "eager" else (opts.fixed_rows or None)
     model.fixed_kernels = False if path == "fixed-torch" else None
     model.fixed_fused = path != "fixed-attn"
     a = model.args
-    model.fixed_row_group = max(1, 16 // (a.n_heads // a.n_kv_heads)) if path == "fixed-grouped" else 1  # default_row_group
+    model.fixed_row_group = fixed.default_row_group(a.n_heads // a.n_kv_heads) if path == "fixed-grouped" else 1
 
 
 def forward_engine(model: Transformer, dev: torch.device) -> str:
@@ -206,8 +206,7 @@ def forward_engine(model: Transformer, dev: torch.device) -> str:
     fixed-attn are the torch reference there)."""
     if model.fixed_row_count(dev) == 0:
         return "eager torch"
-    hd = model.args.head_dim
-    if dev.type == "cuda" and model.fixed_kernels is not False and fixed.triton_available() and hd >= 16 and not hd & (hd - 1):
+    if fixed.triton_kernels_here(dev, model.fixed_kernels) and fixed.kernel_head_dim(model.args.head_dim):
         rows = f" ({model.fixed_row_group} rows a program)" if model.fixed_row_group > 1 else ""
         return "Triton attention" + rows + (" + fused element-wise" if model.fixed_fused else "") + ", CUDA graph"
     return "torch reference, uncaptured"

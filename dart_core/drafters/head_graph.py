@@ -8,8 +8,9 @@ addresses never change and the forward is captured once per session and replayed
 
 - the token embeddings and the target states through `fc`, the two norms, the mask slots put in by
   a select (rows S..S+D-1 take `mask_rep`), RoPE gathered from a table computed once;
-- q|k|v in one GEMM (a copy of the three weights made once), keys and values written at cache slots
-  P + row (padding rows write scratch slots past the session's capacity, which nobody keeps);
+- q|k|v in one GEMM (a copy of the three weights made once), then the fixed forward's fused kernel
+  (fixed_triton.qkv_rope) rotating q and k and writing the keys and values at cache slots P + row
+  (padding rows write scratch slots past the session's capacity, which nobody keeps);
 - attention over the committed prefix and the chain of new rows by the fixed forward's Triton kernels
   (dart_core/fixed_triton.py: P and the real rows read on the device; padding rows give zeros);
 - the D + 1 rows that give logits (the last pending token and the masks) gathered at S - 1 on the
@@ -26,8 +27,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..fixed import RopeTable, Upload, triton_available, triton_interpreting
-from ..model import KVCache, apply_rope
+from ..fixed import RopeTable, Upload, capture_graph, kernel_head_dim, triton_kernels_here
+from ..model import KVCache
 
 
 def graph_rows(draft_length: int) -> int:
@@ -39,11 +40,8 @@ def graph_rows(draft_length: int) -> int:
 def supported(head, device: torch.device, demand: bool = False) -> bool:
     """Whether the captured forward runs here: CUDA with Triton (or, when demanded, Triton's interpreter
     on a CPU: the tests), a power-of-two head dim of at least 16, a float head."""
-    c = head.config
-    device = torch.device(device)
-    where = device.type == "cuda" or (demand and device.type == "cpu" and triton_interpreting())
-    shape = c.head_dim >= 16 and not c.head_dim & (c.head_dim - 1)
-    return where and shape and triton_available() and head.fc.weight.dtype in (torch.float32, torch.bfloat16, torch.float16)
+    float_head = head.fc.weight.dtype in (torch.float32, torch.bfloat16, torch.float16)
+    return triton_kernels_here(device, True if demand else None) and kernel_head_dim(head.config.head_dim) and float_head
 
 
 class HeadGraph:
@@ -78,8 +76,9 @@ class HeadGraph:
         self.ws = fixed_triton.Workspace(
             R, c.num_key_value_heads, c.num_attention_heads // c.num_key_value_heads, c.head_dim, cache.k.shape[3], dev
         )
+        self.q = torch.empty(R, c.num_attention_heads, c.head_dim, dtype=dt, device=dev)
         self.att_out = torch.empty(R, c.num_attention_heads, c.head_dim, dtype=dt, device=dev)
-        self._attention = fixed_triton.attention
+        self._kernels = fixed_triton
         self._upload_ids = Upload(torch.long, dev, R)
         self._upload_meta = Upload(torch.int32, dev, 3)
         self.capture = dev.type == "cuda"
@@ -106,7 +105,7 @@ class HeadGraph:
         if not self.capture:
             return self._body()[: D + 1]
         if self.graph is None:
-            self.graph, self.logits = self._capture()
+            self.graph, self.logits = capture_graph(self._body, self.dev)
         self.graph.replay()
         return self.logits[: D + 1].clone()  # the static buffer is the next replay's
 
@@ -124,28 +123,13 @@ class HeadGraph:
         u = torch.where(masks, layer.mask_rep.to(dt), u)
         residual = torch.where(masks, layer.mask_rep[:H].to(dt), g)
         positions = (rows + P).clamp(max=self.rope.positions - 1)  # padding rows past the table: any row
-        cos, sin = self.rope.lookup(positions, dt)
-        q, k, v = F.linear(u, self.wqkv).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
-        q = apply_rope(q.reshape(R, nh, hd), cos[:, None], sin[:, None])
-        k = apply_rope(k.reshape(R, nkv, hd), cos[:, None], sin[:, None])
         k_cache, v_cache = self.cache.k[0, 0], self.cache.v[0, 0]
-        slots = rows + P
-        k_cache.index_copy_(1, slots, k.transpose(0, 1).to(k_cache.dtype))
-        v_cache.index_copy_(1, slots, v.reshape(R, nkv, hd).transpose(0, 1).to(v_cache.dtype))
-        att = self._attention(q.contiguous(), k_cache, v_cache, self.path, self.plen, self.meta, self.att_out, self.ws)
+        kern = self._kernels
+        q = kern.qkv_rope(
+            F.linear(u, self.wqkv), self.q, k_cache, v_cache, None, None, c.rms_norm_eps,
+            self.rope.cos, self.rope.sin, positions, self.meta, nh, nkv, hd,
+        )  # fmt: skip
+        att = kern.attention(q, k_cache, v_cache, self.path, self.plen, self.meta, self.att_out, self.ws)
         h = residual + F.linear(att.reshape(R, nh * hd), a.o_proj.weight)
         h = h.index_select(0, self.sel + (S - 1))  # the last pending token and the D masks
         return head.logits(layer.mlp_block(h)).float()
-
-    def _capture(self):
-        """Warm up on a side stream (Triton compiles, cuBLAS settles), then capture the forward."""
-        side = torch.cuda.Stream(self.dev)
-        side.wait_stream(torch.cuda.current_stream(self.dev))
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self._body()
-        torch.cuda.current_stream(self.dev).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            logits = self._body()
-        return graph, logits
