@@ -35,6 +35,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT))
 
+import gpu_check  # noqa: E402  (scripts/: the device check's shapes and random heads)
 import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
@@ -46,7 +47,6 @@ from dart_core.drafters.head_graph import HeadGraph, graph_rows  # noqa: E402
 from dart_core.hf_checkpoint import load_transformer  # noqa: E402
 from dart_core.model import FIXED_ROWS, KVCache, ModelArgs, Transformer  # noqa: E402
 
-import gpu_check  # noqa: E402  (scripts/: the device check's shapes and random heads)
 from support import TINY_EOS, build_tiny_checkpoint  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)  # the H200 (Hopper: compute capability 9.0, 32-thread warps)
