@@ -22,6 +22,12 @@ soon as it ends, so a run cut short keeps what it measured:
 
     python scripts/gpu_check.py --parts device_parts   # the embedded model in parts a device call can carry
 
+On CUDA each piece (a stage; the exact stage and the big stage's verify a forward path at a time; the
+big stage's drafting and loop) runs in a process of its own (--isolate), and within a piece each path
+and each drafter is recorded on its own: a kernel that fails, or loses the CUDA context, costs its piece,
+and everything else still runs and is merged into the one report (its pieces' exit codes under
+"pieces"; failures under "errors" or a row's "error").
+
 It measures the engine as it is; nothing here changes how the engine runs. Runs on a CPU too
 (--device cpu --small: the same code at toy sizes, which is how it is tested without a GPU).
 """
@@ -32,6 +38,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import os
 import platform
 import random
 import statistics
@@ -183,6 +190,59 @@ def verify_against_steps(target: Target, prefix: list[int], tree: DraftTree) -> 
     return {"nodes": len(tree), "bitwise_equal": same, "argmax_equal": argmax, "max_abs_diff": diff}
 
 
+# ---------------------------------------------------------------------------------------- failures
+
+
+class ContextLost(RuntimeError):
+    """The CUDA context is unusable after a failure (an illegal address, a kernel that trapped): nothing
+    after it can run in this process."""
+
+
+def cuda_alive(dev: torch.device) -> bool:
+    if dev.type != "cuda":
+        return True
+    try:
+        torch.cuda.synchronize(dev)
+        return torch.ones(1, device=dev).add_(1).item() == 2.0
+    except Exception:  # noqa: BLE001  (any error here means the context is gone)
+        return False
+
+
+@contextlib.contextmanager
+def recorded_failure(rep: Report, what: str, entry: dict, dev: torch.device):
+    """A failure of one piece of a stage (a forward path, a drafter) goes into `entry["error"]` and the
+    log, and the stage goes on with its next piece; unless the CUDA context is lost with it (raises
+    ContextLost: the stage ends there, and an isolated run goes on in a fresh process)."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001
+        entry["error"] = f"{type(e).__name__}: {e}"[:2000]
+        rep.log(f"{what} FAILED: {traceback.format_exc()}")
+        if not cuda_alive(dev):
+            raise ContextLost(f"the CUDA context is lost after {what}: {entry['error']}") from e
+
+
+def has_failure(result) -> bool:
+    """Whether a stage's result records a failure anywhere (an "error", or "errors" not empty)."""
+    if isinstance(result, dict):
+        return "error" in result or bool(result.get("errors")) or any(has_failure(v) for v in result.values())
+    if isinstance(result, list):
+        return any(has_failure(v) for v in result)
+    return False
+
+
+def fault(where: str) -> None:
+    """Fault injection for the tests of this script's own failure handling (tests/test_gpu_check.py):
+    GPU_CHECK_FAULT=<path>:raise makes that forward path's work raise; <path>:exit ends the process
+    there, as a lost CUDA context ends a process's use of the device."""
+    spec = os.environ.get("GPU_CHECK_FAULT", "")
+    path, _, how = spec.partition(":")
+    if spec and path == where:
+        if how == "exit":
+            os._exit(86)
+        raise RuntimeError(f"fault injected at {where} (GPU_CHECK_FAULT={spec})")
+
+
 # ------------------------------------------------------------------------------------------ stages
 
 PATHS = ("fixed", "fixed-grouped", "fixed-attn", "fixed-torch", "eager")
@@ -245,7 +305,7 @@ def stage_exact(dev: torch.device, small: bool, rep: Report, opts) -> dict:
     """Greedy ids of dart / eagle3 against plain decoding, and verify == steps node by node, on the
     forward paths asked for (use_path: "fixed", the default off the CPU kernels, "fixed-attn",
     "fixed-torch", "eager")."""
-    from support import TINY_EOS, TINY_VOCAB
+    from support import TINY_EOS
 
     results = []
     prompts = [[5, 6, 7], [60], [11, 40, 12, 90, 4, 4, 4, 17], [2, 30, 31, 32, 33, 34]]
@@ -265,32 +325,42 @@ def stage_exact(dev: torch.device, small: bool, rep: Report, opts) -> dict:
                         "engine": forward_engine(model, dev),
                         "fixed_rows": model.fixed_row_count(dev),
                     }
-                    if new_tokens:
-                        dart = DartDrafter(
-                            random_head(target, 5, 3, 64),
-                            target,
-                            None,
-                            DartParams(ngram_cpp.PruneParams(top_k=8, beam_width=4, max_nodes=12)),
-                        )
-                        eagle = Eagle3Drafter(random_head(target, 6, None, 64), target, Eagle3Params(depth=4, top_k=4, max_nodes=15))
-                        ar_out = [complete(target, p, ARDrafter(), GenerationParams(new_tokens)).output_ids for p in prompts]
-                        for name, drafter in (("dart", dart), ("eagle3", eagle)):
-                            outs = [complete(target, p, drafter, GenerationParams(new_tokens)) for p in prompts]
-                            row[f"{name}_ids_equal"] = sum(o.output_ids == a for o, a in zip(outs, ar_out))
-                            row[f"{name}_tau"] = round(sum(o.new_tokens for o in outs) / sum(o.steps for o in outs), 3)
-                        row["prompts"] = len(prompts)
-                    rng = random.Random(7)
-                    checks = []
-                    for n in (4, 16, 33):
-                        prefix = [rng.randrange(TINY_VOCAB) for _ in range(rng.randrange(3, 40))]
-                        checks.append(verify_against_steps(target, prefix, random_tree_under(rng, prefix[-1], n, TINY_VOCAB)))
-                    row["verify_nodes"] = sum(c["nodes"] for c in checks)
-                    row["verify_bitwise_equal"] = sum(c["bitwise_equal"] for c in checks)
-                    row["verify_argmax_equal"] = sum(c["argmax_equal"] for c in checks)
-                    row["verify_max_abs_diff"] = max(c["max_abs_diff"] for c in checks)
-                    rep.log(f"exact: {row}")
+                    with recorded_failure(rep, f"exact ({arch} {dname} {fpath})", row, dev):
+                        exact_row(target, row, prompts, new_tokens)
+                        rep.log(f"exact: {row}")
                     results.append(row)
+                    rep.save("exact", {"rows": results})
     return {"rows": results}
+
+
+def exact_row(target: Target, row: dict, prompts: list[list[int]], new_tokens: int) -> None:
+    """One exact-stage row (a target on one forward path): greedy ids and verify == steps."""
+    from support import TINY_VOCAB
+
+    fault(row["path"])
+    if new_tokens:
+        dart = DartDrafter(
+            random_head(target, 5, 3, 64),
+            target,
+            None,
+            DartParams(ngram_cpp.PruneParams(top_k=8, beam_width=4, max_nodes=12)),
+        )
+        eagle = Eagle3Drafter(random_head(target, 6, None, 64), target, Eagle3Params(depth=4, top_k=4, max_nodes=15))
+        ar_out = [complete(target, p, ARDrafter(), GenerationParams(new_tokens)).output_ids for p in prompts]
+        for name, drafter in (("dart", dart), ("eagle3", eagle)):
+            outs = [complete(target, p, drafter, GenerationParams(new_tokens)) for p in prompts]
+            row[f"{name}_ids_equal"] = sum(o.output_ids == a for o, a in zip(outs, ar_out))
+            row[f"{name}_tau"] = round(sum(o.new_tokens for o in outs) / sum(o.steps for o in outs), 3)
+        row["prompts"] = len(prompts)
+    rng = random.Random(7)
+    checks = []
+    for n in (4, 16, 33):
+        prefix = [rng.randrange(TINY_VOCAB) for _ in range(rng.randrange(3, 40))]
+        checks.append(verify_against_steps(target, prefix, random_tree_under(rng, prefix[-1], n, TINY_VOCAB)))
+    row["verify_nodes"] = sum(c["nodes"] for c in checks)
+    row["verify_bitwise_equal"] = sum(c["bitwise_equal"] for c in checks)
+    row["verify_argmax_equal"] = sum(c["argmax_equal"] for c in checks)
+    row["verify_max_abs_diff"] = max(c["max_abs_diff"] for c in checks)
 
 
 def stage_sampling(dev: torch.device, small: bool, rep: Report) -> dict:
@@ -358,6 +428,8 @@ def fill_cache(target: Target, P: int, capacity: int):
 
 
 def stage_big(dev: torch.device, small: bool, rep: Report, opts) -> dict:
+    """opts.big_parts: "verify" (each path's cost by rows, verify == steps) and "drafting" (drafting at 60
+    nodes and the loop a step, on the first path asked for that verified without failing)."""
     r: dict = {}
     t0 = time.perf_counter()
     target = random_big_target(dev, small)
@@ -367,44 +439,69 @@ def stage_big(dev: torch.device, small: bool, rep: Report, opts) -> dict:
     }
     r["weight_bytes_a_step"] = target.model.step_weight_bytes()
     rep.log(f"big: built {r['shape']} in {time.perf_counter() - t0:.1f} s, {r['weight_bytes_a_step'] / 1e9:.2f} GB a step")
+    paths = opts.paths.split(",")
+    parts = opts.big_parts.split(",")
+    if "verify" in parts:
+        r["verify"], r["verify_vs_steps"] = {}, {}
+        for fpath in paths:
+            entry: dict = {}
+            with recorded_failure(rep, f"big ({fpath})", entry, dev):
+                big_verify(target, fpath, r, rep, opts)
+            if "error" in entry:
+                r.setdefault("errors", {})[fpath] = entry["error"]
+            rep.save("big", r)
+    if "drafting" in parts:
+        ok = [p for p in paths if p not in r.get("errors", {})]
+        if not ok:
+            raise RuntimeError(f"no forward path verified without failing ({r.get('errors')}): no drafting or loop to run")
+        use_path(target.model, ok[0], opts)
+        r["loop_path"] = ok[0]
+        big_drafting(target, r, rep, small, dev)
+    return r
+
+
+def big_verify(target: Target, fpath: str, r: dict, rep: Report, opts) -> None:
+    """One forward path at the big shape: the verify's cost by rows at each context, then verify == steps."""
+    dev = torch.device(target.device)
+    a = target.model.args
     env = rep.data["stages"].get("env", {})
-    bw = env.get("read_gb_s") or env.get("copy_gb_s")
+    bw = opts.read_gb_s or env.get("read_gb_s") or env.get("copy_gb_s")
     rng = random.Random(3)
     V = a.vocab_size
     rows_list = [1, 2, 4, 8, 16, 32, 48, 64]
-    paths = opts.paths.split(",")
-    r["verify"], r["verify_vs_steps"] = {}, {}
-    for fpath in paths:
-        use_path(target.model, fpath, opts)
-        by_context = {}
-        for P in opts.contexts:
-            cache = fill_cache(target, P, P + 80)
-            kv_bytes = 2 * a.n_layers * a.n_kv_heads * a.head_dim * P * cache.k.element_size()
-            costs = {}
-            for rows in rows_list:
-                tree = random_tree_under(rng, rng.randrange(V), rows, V)
-                costs[rows] = round(timed_ms(lambda: target.verify(tree, cache, capture=False), dev), 3)
-            entry = {"engine": forward_engine(target.model, dev), "ms_by_rows": costs, "ratio_64_to_1": round(costs[64] / costs[1], 3)}
-            if bw:
-                limit_ms = (r["weight_bytes_a_step"] + kv_bytes) / (bw * 1e6)
-                entry["hbm_limit_ms"] = round(limit_ms, 3)
-                entry["step_over_hbm_limit"] = round(costs[1] / limit_ms, 3)
-            by_context[P] = entry
-            rep.log(f"big ({fpath}): P={P} {entry}")
-            cache = None
+    fault(fpath)
+    use_path(target.model, fpath, opts)
+    by_context = {}
+    for P in opts.contexts:
+        cache = fill_cache(target, P, P + 80)
+        kv_bytes = 2 * a.n_layers * a.n_kv_heads * a.head_dim * P * cache.k.element_size()
+        costs = {}
+        for rows in rows_list:
+            tree = random_tree_under(rng, rng.randrange(V), rows, V)
+            costs[rows] = round(timed_ms(lambda: target.verify(tree, cache, capture=False), dev), 3)
+        entry = {"engine": forward_engine(target.model, dev), "ms_by_rows": costs, "ratio_64_to_1": round(costs[64] / costs[1], 3)}
+        if bw:
+            limit_ms = (r["weight_bytes_a_step"] + kv_bytes) / (bw * 1e6)
+            entry["hbm_limit_ms"] = round(limit_ms, 3)
+            entry["step_over_hbm_limit"] = round(costs[1] / limit_ms, 3)
+        by_context[P] = entry
         r["verify"][fpath] = by_context
+        rep.log(f"big ({fpath}): P={P} {entry}")
         rep.save("big", r)
+        cache = None
 
-        # verify == steps at this size: the eager path's GEMMs and SDPA change with the rows and the mask
-        prefix = [rng.randrange(V) for _ in range(300)]
-        tree = random_tree_under(rng, prefix[-1], 24, V)
-        r["verify_vs_steps"][fpath] = verify_against_steps(target, prefix, tree)
-        rep.log(f"big ({fpath}): verify vs steps {r['verify_vs_steps'][fpath]}")
-        rep.save("big", r)
-    use_path(target.model, paths[0], opts)  # the drafting and the loop below: the first path asked for
-    r["loop_path"] = paths[0]
+    # verify == steps at this size: the eager path's GEMMs and SDPA change with the rows and the mask
+    prefix = [rng.randrange(V) for _ in range(300)]
+    tree = random_tree_under(rng, prefix[-1], 24, V)
+    r["verify_vs_steps"][fpath] = verify_against_steps(target, prefix, tree)
+    rep.log(f"big ({fpath}): verify vs steps {r['verify_vs_steps'][fpath]}")
 
-    # drafting at 60 nodes: DART's one head forward + the C++ pruner, EAGLE3's 7-deep rollout
+
+def big_drafting(target: Target, r: dict, rep: Report, small: bool, dev: torch.device) -> None:
+    """Drafting at 60 nodes (DART's one head forward + the C++ pruner, EAGLE3's 7-deep rollout) and the
+    loop a step, each drafter on its own (one failing leaves the others' rows)."""
+    rng = random.Random(3)
+    V = target.model.args.vocab_size
     vd = 2048 if small else 32000
     dart_head = random_head(target, 11, 4, vd)
     eagle_head = random_head(target, 12, None, vd)
@@ -420,57 +517,65 @@ def stage_big(dev: torch.device, small: bool, rep: Report, opts) -> dict:
     prompt = [rng.randrange(V) for _ in range(512)]
     cache = target.new_cache(700)
     out = target.prefill(prompt, cache, capture=True)
-    drafting = {}
-    for name, drafter in drafters.items():
-        session = drafter.new_session(700)
-        session.extend(prompt, out.hidden)
-        draft, prune, wall = [], [], []
-        for i in range(12):
-            sync(dev)
-            t_start = time.perf_counter()
-            prop = session.propose(rng.randrange(V), 60)
-            sync(dev)
-            wall.append((time.perf_counter() - t_start) * 1e3)
-            draft.append(prop.draft_s * 1e3)
-            prune.append(prop.prune_s * 1e3)
-            session.extend([int(prop.tree.tokens[0])], out.hidden[-1:])
-        graph = getattr(session, "graph", None)
-        drafting[name] = {
-            "head_graph_calls": graph.calls if graph is not None else 0,
-            "nodes": len(prop.tree) - 1,
-            "draft_ms": round(statistics.median(draft[2:]), 3),
-            "prune_ms": round(statistics.median(prune[2:]), 3),
-            "propose_ms": round(statistics.median(wall[2:]), 3),
-        }
-        rep.log(f"big: drafting {name} {drafting[name]}")
+    drafting: dict = {}
     r["drafting_60"] = drafting
+    for name, drafter in drafters.items():
+        entry: dict = {}
+        with recorded_failure(rep, f"big: drafting {name}", entry, dev):
+            fault(name)
+            session = drafter.new_session(700)
+            session.extend(prompt, out.hidden)
+            draft, prune, wall = [], [], []
+            for i in range(12):
+                sync(dev)
+                t_start = time.perf_counter()
+                prop = session.propose(rng.randrange(V), 60)
+                sync(dev)
+                wall.append((time.perf_counter() - t_start) * 1e3)
+                draft.append(prop.draft_s * 1e3)
+                prune.append(prop.prune_s * 1e3)
+                session.extend([int(prop.tree.tokens[0])], out.hidden[-1:])
+            graph = getattr(session, "graph", None)
+            entry.update(
+                head_graph_calls=graph.calls if graph is not None else 0,
+                nodes=len(prop.tree) - 1,
+                draft_ms=round(statistics.median(draft[2:]), 3),
+                prune_ms=round(statistics.median(prune[2:]), 3),
+                propose_ms=round(statistics.median(wall[2:]), 3),
+            )
+            rep.log(f"big: drafting {name} {entry}")
+        drafting[name] = entry
+        rep.save("big", r)
     cache = out = None
-    rep.save("big", r)
 
     # the loop, a step: stage times and synchronizations (greedy; random weights accept little)
-    loop = {}
-    for name, drafter in (("ar", ARDrafter()), *drafters.items()):
-        params = GenerationParams(12 if small else 24)
-        complete(target, prompt, drafter, params)  # warm-up
-        with count_syncs(dev) as syncs:
-            summary = None
-            for ev in generate(target, prompt, drafter, params):
-                summary = ev
-        assert isinstance(summary, Summary)
-        steps = summary.steps - 1
-        t = summary.times
-        loop[name] = {
-            "steps": steps,
-            "tau": round(summary.tau, 3),
-            "ms_a_step": {k: round(getattr(t, k) / steps * 1e3, 3) for k in ("draft", "prune", "verify", "other")},
-            "tokens_per_s": round(summary.tokens_per_s, 1),
-            "prefill_ms": round(summary.prefill_s * 1e3, 2),
-            "syncs_a_step": round(syncs["n"] / summary.steps, 1),
-            "sync_sites": dict(sorted(syncs["sites"].items(), key=lambda kv: -kv[1])[:8]),
-        }
-        rep.log(f"big: loop {name} {loop[name]}")
+    loop: dict = {}
     r["loop"] = loop
-    return r
+    for name, drafter in (("ar", ARDrafter()), *drafters.items()):
+        entry = {}
+        with recorded_failure(rep, f"big: loop {name}", entry, dev):
+            fault(name)
+            params = GenerationParams(12 if small else 24)
+            complete(target, prompt, drafter, params)  # warm-up
+            with count_syncs(dev) as syncs:
+                summary = None
+                for ev in generate(target, prompt, drafter, params):
+                    summary = ev
+            assert isinstance(summary, Summary)
+            steps = summary.steps - 1
+            t = summary.times
+            entry.update(
+                steps=steps,
+                tau=round(summary.tau, 3),
+                ms_a_step={k: round(getattr(t, k) / steps * 1e3, 3) for k in ("draft", "prune", "verify", "other")},
+                tokens_per_s=round(summary.tokens_per_s, 1),
+                prefill_ms=round(summary.prefill_s * 1e3, 2),
+                syncs_a_step=round(syncs["n"] / summary.steps, 1),
+                sync_sites=dict(sorted(syncs["sites"].items(), key=lambda kv: -kv[1])[:8]),
+            )
+            rep.log(f"big: loop {name} {entry}")
+        loop[name] = entry
+        rep.save("big", r)
 
 
 def stage_profile(dev: torch.device, small: bool, rep: Report, opts) -> dict:
@@ -636,6 +741,90 @@ def write_parts(folder: str, stage_args: str) -> None:
     print(f"carry=[]\ncommand: {join}")
 
 
+# ------------------------------------------------------------------- each piece in its own process
+
+
+def child_options(a) -> list[str]:
+    """The options an isolated piece runs with (all but what names the piece)."""
+    args = ["--no-isolate", "--device", a.device, "--fixed-rows", str(a.fixed_rows), "--exact-tokens", str(a.exact_tokens)]
+    args += ["--contexts", ",".join(map(str, a.contexts)), "--model", a.model, "--heads", str(a.heads), "--nodes", str(a.nodes)]
+    args += ["--embedded-dtypes", a.embedded_dtypes, "--max-new-tokens", str(a.max_new_tokens)]
+    args += ["--calibrate" if a.calibrate else "--no-calibrate"] + (["--small"] if a.small else [])
+    args += ["--prompts", str(a.prompts)] if a.prompts else []
+    return args + (["--read-gb-s", str(a.read_gb_s)] if a.read_gb_s else [])
+
+
+def pieces(stage: str, paths: list[str]) -> list[tuple[str, list[str]]]:
+    """A stage's isolated pieces: (name, the options naming it). The exact stage and the big stage's
+    verify run a process a forward path; the big stage's drafting and loop one more process, on the
+    first path whose verify did not fail."""
+    if stage == "exact":
+        return [(f"exact-{p}", ["--stages", "exact", "--paths", p]) for p in paths]
+    if stage == "big":
+        verify = [(f"big-{p}", ["--stages", "big", "--paths", p, "--big-parts", "verify"]) for p in paths]
+        return verify + [("big-drafting", ["--stages", "big", "--big-parts", "drafting"])]  # --paths: filled in when it runs
+    return [(stage, ["--stages", stage])]
+
+
+def merge_piece(stage: str, merged: dict, part: dict, name: str) -> None:
+    """One piece's result into its stage's: the exact stage's rows appended, the big stage's verify
+    results by path, the rest taken whole; a piece's failure kept under errors[name]."""
+    error = part.pop("error", None)
+    part.pop("traceback", None)
+    seconds = part.pop("seconds", 0.0)
+    if stage == "exact":
+        merged.setdefault("rows", []).extend(part.get("rows", []))
+    elif stage == "big":
+        for k, v in part.items():
+            if k in ("verify", "verify_vs_steps", "errors"):
+                merged.setdefault(k, {}).update(v)
+            else:
+                merged[k] = v
+    else:
+        merged.update(part)
+    if error:
+        merged.setdefault("errors", {})[name] = error
+    merged["seconds"] = round(merged.get("seconds", 0.0) + seconds, 1)
+
+
+def run_isolated(a, stages: list[str], rep: Report) -> int:
+    """Each piece of each stage in a process of its own (a lost CUDA context, a crash, a hang past
+    --piece-timeout ends that piece only), merged into one report as a single process would write it."""
+    paths = a.paths.split(",")
+    failed = 0
+    for stage in stages:
+        rep.log(f"--- {stage} (a process a piece)")
+        merged: dict = {}
+        for name, naming in pieces(stage, paths):
+            if name == "big-drafting":
+                ok = [p for p in paths if p not in merged.get("errors", {}) and p in merged.get("verify", {})] or paths
+                naming = naming + ["--paths", ok[0]]
+            out = a.out / "pieces" / name
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--out", str(out), *naming, *child_options(a)]
+            t0 = time.perf_counter()
+            try:
+                rc = subprocess.run(cmd, timeout=a.piece_timeout).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+            seconds = round(time.perf_counter() - t0, 1)
+            log = out / "gpu_check.log"
+            if log.exists():
+                rep.log_file.write(log.read_text())
+            result = json.loads((out / "gpu_check.json").read_text()).get("stages", {}) if (out / "gpu_check.json").exists() else {}
+            part = result.get(stage, {})
+            if stage == "env" and part.get("read_gb_s"):
+                a.read_gb_s = part["read_gb_s"]  # the big stage's HBM limit, in its own processes
+            if rc != 0 and "error" not in part:
+                part["error"] = f"the process ended with {rc} (after {seconds} s; its last results kept)"
+            merge_piece(stage, merged, part, name)
+            rep.data.setdefault("pieces", []).append({"name": name, "rc": rc, "seconds": seconds})
+            rep.log(f"{name}: exit {rc} in {seconds} s")
+            rep.save(stage, merged)
+        failed += has_failure(merged)
+    rep.log(f"done: {len(stages) - failed}/{len(stages)} stages ran without a failure")
+    return 1 if failed else 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, help="folder for gpu_check.json and gpu_check.log (required but with --parts)")
@@ -676,6 +865,20 @@ def main(argv=None) -> int:
         help="big and profile stages: cached tokens the verify is timed at, comma-separated (default 512,4096)",
     )
     p.add_argument("--exact-tokens", type=int, default=40, help="exact stage: greedy tokens a prompt (0: the verify checks only)")
+    p.add_argument(
+        "--big-parts",
+        default="verify,drafting",
+        help="big stage: verify (each path's cost by rows, verify == steps), drafting (drafting at 60 nodes and the loop a step)",
+    )
+    p.add_argument(
+        "--isolate",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run each piece (a stage, or a stage's forward path) in a process of its own, so a lost CUDA context or a crash "
+        "costs that piece only (default: on CUDA)",
+    )
+    p.add_argument("--piece-timeout", type=float, default=300, help="--isolate: seconds a piece may run (default 300)")
+    p.add_argument("--read-gb-s", type=float, default=None, help="big stage: the read bandwidth for the HBM limit (default: env's)")
     a = p.parse_args(argv)
     if a.parts:
         write_parts(a.parts, a.parts_stage_args)
@@ -691,8 +894,12 @@ def main(argv=None) -> int:
     dev = torch.device(a.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         p.error("CUDA is not available (use --device cpu --small for a CPU run)")
+    if set(a.big_parts.split(",")) - {"verify", "drafting"}:
+        p.error(f"--big-parts: from verify, drafting, got {a.big_parts!r}")
     rep = Report(a.out)
     rep.data["argv"] = sys.argv
+    if a.isolate if a.isolate is not None else dev.type == "cuda":
+        return run_isolated(a, stages, rep)
     failed = 0
     for stage in stages:
         t0 = time.perf_counter()
@@ -704,13 +911,16 @@ def main(argv=None) -> int:
                 result = globals()[f"stage_{stage}"](dev, a.small, rep)
             result["seconds"] = round(time.perf_counter() - t0, 1)
         except Exception as e:  # a stage's failure is recorded; the next stages still run
-            failed += 1
             result = {**rep.data["stages"].get(stage, {}), "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
             rep.log(f"{stage} FAILED: {result['traceback']}")
+        failed += has_failure(result)
         rep.save(stage, result)
+        if not cuda_alive(dev):
+            rep.log(f"the CUDA context is lost: the stages after {stage} cannot run in this process (--isolate runs each in its own)")
+            break
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-    rep.log(f"done: {len(stages) - failed}/{len(stages)} stages ran")
+    rep.log(f"done: {len(stages) - failed}/{len(stages)} stages ran without a failure")
     return 1 if failed else 0
 
 

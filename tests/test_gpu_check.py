@@ -74,6 +74,46 @@ def test_gpu_check_embedded_stage_runs_on_the_cpu(tmp_path, fresh_cache):
             assert f"{m}@{cal[m]['max_nodes']}" in rows and 1 <= cal[m]["max_nodes"] <= 16
 
 
+@pytest.mark.slow  # five processes at toy sizes
+def test_a_lost_process_costs_its_piece_only(tmp_path):
+    """--isolate (the default on CUDA) runs each stage, and each forward path of the exact and big
+    stages, in a process of its own: a path whose process dies (as one does when a kernel loses the
+    CUDA context; here GPU_CHECK_FAULT ends it) is recorded as failed and every other piece still runs,
+    the big stage's drafting and loop on the first path that verified."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(SCRIPT), "--out", str(out), "--device", "cpu", "--small", "--isolate", "--stages", "env,exact,big"]
+    cmd += ["--fixed-rows", "64", "--exact-tokens", "4", "--contexts", "256", "--paths", "fixed,eager"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "GPU_CHECK_FAULT": "fixed:exit"})
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads((out / "gpu_check.json").read_text())
+    assert [(p["name"], p["rc"]) for p in data["pieces"]] == [
+        ("env", 0), ("exact-fixed", 86), ("exact-eager", 0), ("big-fixed", 86), ("big-eager", 0), ("big-drafting", 0),
+    ]  # fmt: skip
+    stages = data["stages"]
+    assert "ended with 86" in stages["exact"]["errors"]["exact-fixed"]
+    assert {r["path"] for r in stages["exact"]["rows"]} == {"eager"} and len(stages["exact"]["rows"]) == 9
+    big = stages["big"]
+    assert set(big["errors"]) == {"big-fixed"} and set(big["verify"]) == {"eager"}
+    assert big["verify"]["eager"]["256"]["hbm_limit_ms"] > 0  # env's bandwidth reached the big stage's process
+    assert big["loop_path"] == "eager" and set(big["loop"]) == {"ar", "dart", "dart-eager-head", "eagle3"}
+    log = (out / "gpu_check.log").read_text()
+    assert "exact-fixed: exit 86" in log and "big: loop eagle3" in log  # the pieces' logs in the run's
+
+
+@pytest.mark.slow  # the big stage at toy sizes in a subprocess
+def test_a_failing_drafter_leaves_the_others_rows(tmp_path):
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(SCRIPT), "--out", str(out), "--device", "cpu", "--small", "--stages", "big"]
+    cmd += ["--fixed-rows", "64", "--contexts", "256", "--paths", "fixed"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "GPU_CHECK_FAULT": "dart:raise"})
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    big = json.loads((out / "gpu_check.json").read_text())["stages"]["big"]
+    assert "fault injected at dart" in big["drafting_60"]["dart"]["error"] and "fault injected" in big["loop"]["dart"]["error"]
+    assert big["drafting_60"]["eagle3"]["nodes"] == 60 and big["drafting_60"]["dart-eager-head"]["nodes"] == 60
+    assert big["loop"]["ar"]["tau"] == 1.0 and big["loop"]["eagle3"]["steps"] > 0
+    assert big["verify_vs_steps"]["fixed"]["bitwise_equal"] == big["verify_vs_steps"]["fixed"]["nodes"]
+
+
 def test_gpu_check_refuses_unknown_stages(tmp_path):
     proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--stages", "env,warp"], capture_output=True, text=True)
     assert proc.returncode == 2 and "unknown stages ['warp']" in proc.stderr
