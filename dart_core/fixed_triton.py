@@ -3,7 +3,9 @@
 Row r of a forward attends over its logical key sequence: the P committed keys in place, then its path
 through this forward's pending keys (slots P + node). The keys are cut at fixed logical positions into
 splits of SPLIT keys (one program each: row x key-value head x split), every split into chunks of BLOCK
-keys read in order with an online softmax; a second kernel combines a row's splits in split order. Every
+keys read in order with an online softmax; a second kernel combines a row's splits in split order (only
+those holding its keys: the first kernel writes no others, so neither the work nor the bits depend on
+the cache's capacity, and a one-row step writes a few KiB of partial results, not the whole grid's). Every
 boundary is a logical position, and every chunk runs the same instructions (one tl.dot for the scores,
 one for the values), so a node's output depends on its own sequence only: a verified node and its
 one-token step (the same sequence, its ancestors by then committed) get the same bits, whatever the
@@ -42,7 +44,10 @@ def _split_kernel(
     end = tl.minimum(start + SPLIT_N, n)
     rows = tl.arange(0, GP)
     dims = tl.arange(0, HD)
-    q = tl.load(q_ptr + r * stride_qr + (g * G + rows)[:, None] * HD + dims[None, :], mask=(rows < G)[:, None], other=0.0)
+    # query rows with keys in this split (none on padding rows, nor past n); the comparison broadcast to
+    # the rows first (Triton's interpreter refuses a scalar bool in an `&` with a vector)
+    live = (rows < G) & (rows * 0 + start < n)
+    q = tl.load(q_ptr + r * stride_qr + (g * G + rows)[:, None] * HD + dims[None, :], mask=live[:, None], other=0.0)
     m_i = tl.full([GP], float("-inf"), tl.float32)
     l_i = tl.zeros([GP], tl.float32)
     acc = tl.zeros([GP, HD], tl.float32)
@@ -70,9 +75,9 @@ def _split_kernel(
         acc = acc * alpha[:, None] + pv
         m_i = m_new
     out = ((r * NKV + g) * NSPLIT + s) * GP + rows
-    tl.store(m_ptr + out, m_i)
-    tl.store(l_ptr + out, l_i)
-    tl.store(acc_ptr + out[:, None] * HD + dims[None, :], acc)
+    tl.store(m_ptr + out, m_i, mask=live)  # the combine reads a row's splits below cdiv(n, SPLIT_N) only
+    tl.store(l_ptr + out, l_i, mask=live)
+    tl.store(acc_ptr + out[:, None] * HD + dims[None, :], acc, mask=live[:, None])
 
 
 @triton.jit
@@ -128,7 +133,8 @@ def _group_split_kernel(
     end_m = tl.minimum(start + SPLIT_N, n)  # each query row's keys in this split end here
     end = tl.max(end_m, 0)
     dims = tl.arange(0, HD)
-    q = tl.load(q_ptr + row[:, None] * stride_qr + (g * G + head)[:, None] * HD + dims[None, :], mask=live[:, None], other=0.0)
+    has = start < n  # query rows with keys in this split
+    q = tl.load(q_ptr + row[:, None] * stride_qr + (g * G + head)[:, None] * HD + dims[None, :], mask=(live & has)[:, None], other=0.0)
     m_i = tl.full([M], float("-inf"), tl.float32)
     l_i = tl.zeros([M], tl.float32)
     acc = tl.zeros([M, HD], tl.float32)
@@ -162,7 +168,7 @@ def _group_split_kernel(
         acc = acc * alpha[:, None] + pv
         m_i = m_new
     out = ((row * NKV + g) * NSPLIT + s) * GP + head
-    keep = (sub < RG) & (row < R)
+    keep = (sub < RG) & (row < R) & has
     tl.store(m_ptr + out, m_i, mask=keep)
     tl.store(l_ptr + out, l_i, mask=keep)
     tl.store(acc_ptr + out[:, None] * HD + dims[None, :], acc, mask=keep[:, None])
@@ -170,18 +176,24 @@ def _group_split_kernel(
 
 @triton.jit
 def _combine_kernel(
-    m_ptr, l_ptr, acc_ptr, o_ptr, NKV, NSPLIT, stride_or,
-    G: tl.constexpr, GP: tl.constexpr, HD: tl.constexpr, NH: tl.constexpr,
+    m_ptr, l_ptr, acc_ptr, o_ptr, plen_ptr, meta_ptr, NKV, NSPLIT, stride_or,
+    G: tl.constexpr, GP: tl.constexpr, HD: tl.constexpr, NH: tl.constexpr, SPLIT_N: tl.constexpr,
 ):  # fmt: skip
+    """Row r's query head h: its splits combined in split order, those holding its keys only (the split
+    kernels write no others), so the work and the bits depend on the row's key count, not on the
+    cache's capacity; a padding row has none and gets zeros."""
     r = tl.program_id(0)
     h = tl.program_id(1)
     g = h // G
     j = h % G
+    P = tl.load(meta_ptr)
+    T = tl.load(meta_ptr + 1)
+    n = tl.where(r < T, P + tl.load(plen_ptr + r), 0)  # r < R: plen has a count for every row
     dims = tl.arange(0, HD)
     m_run = tl.full([1], float("-inf"), tl.float32)
     l_run = tl.zeros([1], tl.float32)
     acc = tl.zeros([HD], tl.float32)
-    for s in range(0, NSPLIT):
+    for s in range(0, tl.cdiv(n, SPLIT_N)):
         idx = ((r * NKV + g) * NSPLIT + s) * GP + j
         m_s = tl.load(m_ptr + idx + tl.zeros([1], tl.int32))
         l_s = tl.load(l_ptr + idx + tl.zeros([1], tl.int32))
@@ -205,9 +217,11 @@ class Workspace:
         self.gp = max(16, triton.next_power_of_2(group))
         self.nsplit = triton.cdiv(capacity, SPLIT)
         n = rows * n_kv * self.nsplit * self.gp
-        self.m = torch.empty(n, dtype=torch.float32, device=device)
-        self.l = torch.empty(n, dtype=torch.float32, device=device)
-        self.acc = torch.empty(n, head_dim, dtype=torch.float32, device=device)
+        # NaN until written: the split kernels write only the splits holding a row's keys and the combine
+        # reads only those, so a read of anything else would show in every output it touched
+        self.m = torch.full((n,), float("nan"), dtype=torch.float32, device=device)
+        self.l = torch.full((n,), float("nan"), dtype=torch.float32, device=device)
+        self.acc = torch.full((n, head_dim), float("nan"), dtype=torch.float32, device=device)
         self.key = (rows, n_kv, group, head_dim, capacity, str(device))
 
 
@@ -237,7 +251,9 @@ def attention(q, k_cache, v_cache, path, plen, meta, out, ws: Workspace, row_gro
             q.stride(0), k_cache.stride(0), k_cache.stride(1),
             D=path.shape[1], G=G, GP=ws.gp, HD=hd, BLOCK_N=BLOCK, SPLIT_N=SPLIT, IEEE=ieee,
         )  # fmt: skip
-    _combine_kernel[(R, nh)](ws.m, ws.l, ws.acc, out, nkv, ws.nsplit, out.stride(0), G=G, GP=ws.gp, HD=hd, NH=nh)
+    _combine_kernel[(R, nh)](
+        ws.m, ws.l, ws.acc, out, plen, meta, nkv, ws.nsplit, out.stride(0), G=G, GP=ws.gp, HD=hd, NH=nh, SPLIT_N=SPLIT,
+    )  # fmt: skip
     return out
 
 
