@@ -68,7 +68,9 @@ class Proposal:
 
 
 class DraftSession(Protocol):
-    """Per-generation drafter state (e.g. the draft head's own KV cache)."""
+    """Per-generation drafter state (e.g. the draft head's own KV cache). A session may also have
+    `close()`, which the loop calls once the generation ends: it gives back what the drafter may hand
+    to its next session (DART's head cache, with the forward captured on it)."""
 
     def extend(self, ids: list[int], hidden: torch.Tensor | None) -> None:
         """Tokens just committed to the target's cache, with their captured hidden states (n, 3H)."""
@@ -218,22 +220,29 @@ def _loop(target, ids, drafter, params, limit, capacity) -> Iterator[StepEvent |
     # holds (torch, transformers, the app): perf put ~5% of a bench run's CPU samples in it. The objects
     # that exist before the loop are set aside for its duration and handed back at its end (also when
     # the consumer stops early), so collections during the loop see only the loop's own objects.
+    # The target's cache and the drafter's session state are leased for the generation and given back
+    # at its end (also when the consumer stops early), so the next generation replays what this one
+    # captured on them (Target.lease_cache, DraftSession.close).
+    cache = target.lease_cache(capacity)
+    session = drafter.new_session(capacity)
     gc.freeze()
     try:
-        yield from _steps(target, ids, drafter, params, limit, capacity)
+        yield from _steps(target, ids, drafter, params, limit, capacity, cache, session)
     finally:
         gc.unfreeze()
+        close = getattr(session, "close", None)
+        if close is not None:
+            close()
+        target.return_cache(cache)
 
 
-def _steps(target, ids, drafter, params, limit, capacity) -> Iterator[StepEvent | Summary]:
+def _steps(target, ids, drafter, params, limit, capacity, cache, session) -> Iterator[StepEvent | Summary]:
     sp = params.sampling
     gen = None
     if not sp.greedy:
         gen = torch.Generator(device="cpu")
         gen.manual_seed(sp.seed if sp.seed is not None else torch.seed())
     clock = _Clock(target.device)
-    cache = target.new_cache(capacity)
-    session = drafter.new_session(capacity)
 
     t0 = clock()
     out = target.prefill(ids, cache, capture=drafter.needs_hidden)

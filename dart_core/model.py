@@ -16,6 +16,7 @@ nh / nkv = query / key-value heads, hd = head dim, V = vocab.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 
@@ -150,6 +151,39 @@ class KVCache:
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot rewind to {length}: committed length is {self.length}")
         self.length = length
+
+    @property
+    def scratch(self) -> int:
+        return self.k.shape[3] - self.capacity
+
+
+class SpareCache:
+    """One idle KV cache kept for the next generation it fits. A CUDA graph holds the addresses of the
+    cache it was captured on (the target's fixed forward, DART's head forward: each kept on its cache),
+    so handing the last generation's cache to the next one replays the graphs it captured instead of
+    capturing them again (on a GPU, a capture is some forwards' time; on a CPU, reuse saves the
+    allocations). A forward's results do not depend on the cache's capacity, so a larger cache than
+    asked gives the same bits. Thread-safe: generations running at once each hold a cache of their own."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._idle: KVCache | None = None
+
+    def take(self, capacity: int, scratch: int, dtype: torch.dtype, device: torch.device) -> KVCache | None:
+        """The idle cache, emptied, if it holds `capacity` entries with this scratch, dtype and device."""
+        with self._lock:
+            c = self._idle
+            if c is None or c.capacity < capacity or c.scratch != scratch or c.k.dtype != dtype or c.k.device != torch.device(device):
+                return None
+            self._idle = None
+        c.length = 0
+        return c
+
+    def give(self, cache: KVCache) -> None:
+        """A generation is done with `cache`: kept unless the idle one is larger."""
+        with self._lock:
+            if self._idle is None or cache.capacity >= self._idle.capacity:
+                self._idle = cache
 
 
 class RowCache:

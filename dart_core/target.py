@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -21,7 +21,7 @@ from . import kernels as kernel_ops
 from .gguf_checkpoint import load_gguf_transformer
 from .hf_checkpoint import load_transformer
 from .loading import AUTO, DEFAULT_MODEL, GGUF, GGUF_INT8, GGUF_INT16, GGUF_PATHS, embedded_gguf_path, parse_dtype, resolve_model_dir
-from .model import BlockLinear, ForwardOutput, KVCache, Transformer, interleave_bf16_linears
+from .model import BlockLinear, ForwardOutput, KVCache, SpareCache, Transformer, interleave_bf16_linears
 from .tree import DraftTree
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,7 @@ class Target:
     dtype: torch.dtype  # of activations
     weights: str = ""  # what the weights are read as: the dtype's name, or "gguf (Q4_1, Q8_0)"
     cache_dtype: torch.dtype | None = None  # of the KV cache; None: `dtype`
+    spare: SpareCache = field(default_factory=SpareCache, repr=False, compare=False)  # the last generation's cache
 
     def __post_init__(self):
         if self.cache_dtype is None:
@@ -105,8 +106,19 @@ class Target:
 
     def new_cache(self, capacity: int) -> KVCache:
         a = self.model.args
-        scratch = 0 if self.model.kernel_path(1, self.device) else self.model.fixed_row_count(self.device)
-        return KVCache(a.n_layers, a.n_kv_heads, a.head_dim, capacity, self.cache_dtype, self.device, scratch)
+        return KVCache(a.n_layers, a.n_kv_heads, a.head_dim, capacity, self.cache_dtype, self.device, self._cache_scratch())
+
+    def _cache_scratch(self) -> int:
+        return 0 if self.model.kernel_path(1, self.device) else self.model.fixed_row_count(self.device)
+
+    def lease_cache(self, capacity: int) -> KVCache:
+        """An empty cache of at least `capacity` for one generation: the last generation's when it fits
+        (with the graphs captured on it, SpareCache), else a new one. Give it back with `return_cache`."""
+        spare = self.spare.take(capacity, self._cache_scratch(), self.cache_dtype, self.device)
+        return spare if spare is not None else self.new_cache(capacity)
+
+    def return_cache(self, cache: KVCache) -> None:
+        self.spare.give(cache)
 
     def prefill(self, ids: list[int], cache: KVCache, capture: bool) -> ForwardOutput:
         """Run the prompt causally after the cache's prefix. Logits (1, V) for the last token; hidden (T, 3H)."""

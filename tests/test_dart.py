@@ -236,6 +236,30 @@ def test_dart_greedy_equals_ar(tiny_ckpt, use_ngram):
             assert len(s.accepted) == s.steps - 1
 
 
+def test_sessions_reuse_the_last_sessions_head_cache(qwen3):
+    """A DART session takes the head cache the drafter's last closed session gave back when it fits
+    (on a GPU with the head's forward captured on it, head_graph.py), never one another session holds;
+    the loop closes its session; a drafter with other tree parameters shares the head and its caches."""
+    drafter = DartDrafter(random_head(qwen3, seed=5), qwen3, None, DartParams(ngram_cpp.PruneParams(top_k=8, max_nodes=12)))
+    s1 = drafter.new_session(40)
+    cache = s1.cache
+    s1.close()
+    s1.close()  # once only
+    s2 = drafter.new_session(30)
+    s3 = drafter.new_session(30)
+    assert s2.cache is cache and s3.cache is not cache
+    s2.close()
+    s3.close()  # the smaller one is not kept over the larger
+    assert drafter.spare._idle is cache
+    assert drafter.new_session(500).cache.capacity >= 500
+    ar = complete(qwen3, [5, 6, 7], ARDrafter(), GenerationParams(20)).output_ids
+    other = drafter.with_params(DartParams(ngram_cpp.PruneParams(top_k=4, max_nodes=5)))
+    assert other.spare is drafter.spare
+    for d in (drafter, other, drafter):
+        assert complete(qwen3, [5, 6, 7], d, GenerationParams(20)).output_ids == ar
+        assert drafter.spare._idle is cache  # given back by the loop, taken again by the next
+
+
 def test_fitted_ranking_and_adaptive_trees_are_lossless(tiny_llama):
     """Trees ranked by a (random) fitted acceptance model, fixed-size and adaptive, change only what is
     drafted: greedy output equals AR's."""

@@ -94,6 +94,7 @@ def test_the_captured_dart_head_forward_computes_the_eager_one(interpreted):
     assert r["steps"] == 7 and r["graph_calls"] == 7 and r["rows_checked"] == 7, r
     assert r["max_diff"] <= 1e-4 and r["topk_equal"] == 7, r
     assert r["ids_equal_ar"] == 2 and r["tau_graph"] == r["tau_eager"], r
+    assert r["head_graph_reused"] and r["reused_ids_equal_ar"], r  # the next generation reuses the captured forward
 
 
 FUSED = {"_rmsnorm_kernel", "_qkv_kernel", "_silu_mul_kernel"}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -176,3 +178,54 @@ def test_rejects_bad_dtype_and_device():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA"):
             load_target("default", device="cuda")
+
+
+@pytest.mark.parametrize("fixed", [False, True], ids=["kernels-or-eager", "fixed-forward"])
+def test_generations_reuse_the_last_generations_cache(tiny_llama, fixed):
+    """The loop leases the target's cache and gives it back (Target.lease_cache / SpareCache): the next
+    generation that fits takes the same cache (on a GPU, with the graph captured on it), a larger one
+    gets a new cache that is then kept, generations running at once hold caches of their own, and the
+    output is the same as with fresh caches."""
+    target = tiny_target(tiny_llama.model_dir)
+    if fixed:  # the fixed-shape forward (the path CUDA takes; here with the torch reference attention)
+        target.model.use_kernels = False
+        target.model.fixed_rows = 16
+    fresh = {}
+    for i, p in enumerate(PROMPTS):
+        fresh[i] = complete(tiny_target(tiny_llama.model_dir) if not fixed else target, p, ARDrafter(), GenerationParams(20)).output_ids
+        target.spare = type(target.spare)()  # (forget the cache: each of these from a fresh one)
+    drafter = OracleDrafter(fresh[1], TINY_VOCAB, 16, 0)
+    first = complete(target, PROMPTS[1], drafter, GenerationParams(20))
+    kept = target.spare._idle
+    assert kept is not None and first.output_ids == fresh[1]
+    again = complete(target, PROMPTS[0], ARDrafter(), GenerationParams(12))  # fits: the same cache
+    assert target.spare._idle is kept and again.output_ids == fresh[0][:12]
+    if fixed:
+        assert getattr(kept, "fixed_runner", None) is not None  # what a GPU captures its graph on, reused with it
+    big = complete(target, PROMPTS[2], ARDrafter(), GenerationParams(60))  # larger: a new cache, then kept
+    assert target.spare._idle is not kept and target.spare._idle.capacity > kept.capacity
+    assert big.output_ids[:20] == fresh[2]
+    # two generations at once, interleaved step by step: each its own cache, each its own output
+    a = generate(target, PROMPTS[0], ARDrafter(), GenerationParams(20))
+    b = generate(target, PROMPTS[1], drafter, GenerationParams(20))
+    out_a, out_b = list(next(a).new_tokens), list(next(b).new_tokens)
+    for ev_a, ev_b in itertools.zip_longest(a, b):
+        for ev, out in ((ev_a, out_a), (ev_b, out_b)):
+            if isinstance(ev, StepEvent):
+                out += ev.new_tokens
+    assert out_a == fresh[0] and out_b == fresh[1]
+
+
+def test_a_generation_stopped_early_gives_its_cache_back(tiny_llama):
+    target = tiny_target(tiny_llama.model_dir)
+    gen = generate(target, PROMPTS[1], ARDrafter(), GenerationParams(30))
+    next(gen)
+    next(gen)
+    assert target.spare._idle is None  # leased
+    gen.close()  # the consumer stops (the app's stop button)
+    back = target.spare._idle
+    assert back is not None
+    again = generate(target, PROMPTS[0], ARDrafter(), GenerationParams(10))
+    next(again)
+    assert target.spare._idle is None  # the next generation took it
+    assert list(again)[-1].output_ids == complete(tiny_target(tiny_llama.model_dir), PROMPTS[0], ARDrafter(), GenerationParams(10)).output_ids

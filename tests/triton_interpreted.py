@@ -199,6 +199,14 @@ def head_forward(root: Path) -> dict:
     runs = {k: complete(target, prompt, d, GenerationParams(24)) for k, d in drafters.items()}
     r["ids_equal_ar"] = sum(run.output_ids == ar for run in runs.values())
     r["tau_graph"], r["tau_eager"] = round(runs[True].tau, 3), round(runs[False].tau, 3)
+    # the next generation takes the head cache the last one gave back, with the forward built on it
+    # (on a GPU, the graph captured there: replayed, not captured again), and is still lossless
+    kept = drafters[True].spare._idle
+    graph = kept.head_graph
+    other = tokens[10:15]
+    again = complete(target, other, drafters[True], GenerationParams(16))
+    r["head_graph_reused"] = drafters[True].spare._idle is kept and kept.head_graph is graph and graph.calls == again.steps - 1
+    r["reused_ids_equal_ar"] = again.output_ids == complete(target, other, ARDrafter(), GenerationParams(16)).output_ids
     return r
 
 

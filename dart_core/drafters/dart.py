@@ -21,7 +21,7 @@ import ngram_cpp
 
 from ..fixed import Upload
 from ..generate import Proposal
-from ..model import KVCache
+from ..model import KVCache, SpareCache
 from ..tree import DraftTree
 from . import head_graph
 from .head import DraftHead, KernelHead, int8_beside, load_head
@@ -202,11 +202,14 @@ class DartDrafter:
         # the head's forward captured as a CUDA graph (head_graph.py): None where it runs (CUDA with
         # Triton, no CPU kernels), False never, True demanded (on a CPU: Triton's interpreter, uncaptured)
         self.head_graph: bool | None = None
+        # the last session's head cache (with its captured forward), for the next session (SpareCache)
+        self.spare = SpareCache()
 
     def with_params(self, params: DartParams) -> "DartDrafter":
         """The same loaded head, kernel weights and trie with other tree parameters (cheap)."""
         d = DartDrafter(self.head, self.target, self.ngram, params, use_kernels=self.fast is not None, kernel_head=self.fast)
         d.head_graph = self.head_graph
+        d.spare = self.spare  # the same head: its sessions' caches serve both
         return d
 
     def new_session(self, capacity: int) -> "_DartSession":
@@ -223,16 +226,28 @@ class _DartSession:
         if use and not graph:
             raise RuntimeError("head_graph=True needs Triton on CUDA (or its interpreter), no CPU kernel head, a power-of-two head dim")
         rows = head_graph.graph_rows(c.draft_length) if graph else 0
-        self.cache = KVCache(
-            1, c.num_key_value_heads, c.head_dim, capacity + c.draft_length + 1, drafter.head.fc.weight.dtype, dev, scratch=rows
-        )
-        self.graph = head_graph.HeadGraph(drafter.head, drafter.target, self.cache, rows) if graph else None
+        size, dtype = capacity + c.draft_length + 1, drafter.head.fc.weight.dtype
+        cache = drafter.spare.take(size, rows, dtype, dev)  # the last session's, with its captured forward
+        self.cache = cache if cache is not None else KVCache(1, c.num_key_value_heads, c.head_dim, size, dtype, dev, scratch=rows)
+        self.graph = None
+        if graph:  # kept on its cache: a graph holds the cache's addresses
+            if getattr(self.cache, "head_graph", None) is None:
+                self.cache.head_graph = head_graph.HeadGraph(drafter.head, drafter.target, self.cache, rows)
+            self.graph = self.cache.head_graph
+            self.graph.calls = 0
+        self._closed = False
         self.pending_ids: list[int] = []
         self.pending_aux: list[torch.Tensor] = []
         self.committed: list[int] = []
         self._upload = Upload(torch.long, dev) if dev.type == "cuda" else None  # the pending ids, from pinned memory
         p = drafter.params
         self.index = ngram_cpp.ContextIndex(p.context_order) if p.prune.context_weight > 0 else None
+
+    def close(self) -> None:
+        """The generation is over: the head cache (and the forward captured on it) to the drafter's next session."""
+        if not self._closed:
+            self._closed = True
+            self.d.spare.give(self.cache)
 
     def extend(self, ids: list[int], hidden: torch.Tensor | None) -> None:
         if hidden is None or hidden.shape[0] != len(ids):

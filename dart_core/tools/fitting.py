@@ -91,6 +91,11 @@ class _CollectingSession:
         self.owner.collect(prop.info, root, list(self.s.committed), self.s.index, self.owner.output[self.pos + 1 :])
         return prop
 
+    def close(self) -> None:
+        close = getattr(self.s, "close", None)
+        if close is not None:
+            close()
+
 
 class Collector:
     """Wraps a DartDrafter for replay(); `steps` gets, per step, the search's `keep` best nodes by

@@ -129,4 +129,7 @@ def replay(drafter: Drafter, rec: GreedyRecord, max_nodes: int | None = None) ->
         else:
             session.extend(out[pos:end], None)
         pos = end
+    close = getattr(session, "close", None)  # what the session holds, to the drafter's next one (as the loop does)
+    if close is not None:
+        close()
     return Replay(accepted, sizes, len(out))
