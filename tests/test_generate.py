@@ -228,4 +228,6 @@ def test_a_generation_stopped_early_gives_its_cache_back(tiny_llama):
     again = generate(target, PROMPTS[0], ARDrafter(), GenerationParams(10))
     next(again)
     assert target.spare._idle is None  # the next generation took it
-    assert list(again)[-1].output_ids == complete(tiny_target(tiny_llama.model_dir), PROMPTS[0], ARDrafter(), GenerationParams(10)).output_ids
+    assert (
+        list(again)[-1].output_ids == complete(tiny_target(tiny_llama.model_dir), PROMPTS[0], ARDrafter(), GenerationParams(10)).output_ids
+    )
