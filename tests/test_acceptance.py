@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from dart_core import GenerationParams, SamplingParams, complete
 from dart_core.sampling import accept_greedy, accept_sampling, greedy_token, target_probs
 from dart_core.tree import DraftTree
 
-from support import TREE, RandomTreeDrafter, build_tiny_checkpoint, chi_square_p, tiny_target
+from support import TREE, RandomTreeDrafter, build_tiny_checkpoint, chi_square_p, random_tree_under, tiny_target
 from support import TREE_VOCAB as V
 
 P_VALUE = 1e-3  # a correct sampler fails each test about once in a thousand runs (seeds are fixed)
@@ -91,6 +92,20 @@ def test_tree_structure():
         DraftTree.from_parents([1, 2, 3], [-1, 2, 0])
     with pytest.raises(ValueError, match="same token"):
         DraftTree.from_parents([1, 2, 2], [-1, 0, 0])
+    with pytest.raises(ValueError, match="node 2 has two children"):
+        DraftTree.from_parents([1, 2, 3, 4, 4], [-1, 0, 0, 2, 2])
+
+
+def test_tree_masks_are_the_ancestor_relation():
+    """from_parents builds the mask a depth at a time: row i holds exactly i and its ancestors."""
+    rng = random.Random(0)
+    for n in (1, 2, 9, 33, 61):
+        tree = random_tree_under(rng, 5, n, V)
+        want = torch.zeros(len(tree), len(tree), dtype=torch.bool)
+        for i in range(len(tree)):
+            want[i, tree.path_to(i)] = True
+        assert torch.equal(tree.mask, want), n
+        assert tree.depths.tolist() == [len(tree.path_to(i)) - 1 for i in range(len(tree))]
 
 
 @pytest.mark.parametrize(
