@@ -45,6 +45,29 @@ def test_key_paths():
         fixed.key_paths(torch.tensor([-1, 2, 0]))
 
 
+def test_fixed_inputs_hold_each_rows_path():
+    """FixedInputs.fill's path matrix (built a depth at a time, chains at once) holds key_paths' paths,
+    their lengths and (P, T), for trees, chains, forests and the one-token step; bad parents refused."""
+    rng = random.Random(4)
+    inputs = fixed.FixedInputs(16, torch.device("cpu"))
+    trees = [random_tree_under(rng, 3, n, TINY_VOCAB).parents for n in (1, 2, 7, 16)]
+    trees += [torch.arange(-1, 15), torch.arange(-1, 4), torch.tensor([-1, 0, -1, 2, 1, -1])]  # chains, a forest
+    for parents in trees:
+        T = len(parents)
+        inputs.fill(torch.arange(T), torch.arange(T) + 9, parents, 9, reference=False)
+        paths, _ = fixed.key_paths(parents)
+        for r in range(16):
+            n = int(inputs.plen[r])
+            assert n == (len(paths[r]) if r < T else 0), (parents, r)
+            if r < T:
+                assert inputs.path[r, :n].tolist() == paths[r] and not inputs.path[r, n:].any(), (parents, r)
+        assert inputs.meta.tolist() == [9, T] and inputs.tokens[:T].tolist() == list(range(T)) and not inputs.tokens[T:].any()
+    with pytest.raises(ValueError, match="parent comes before"):
+        inputs.fill(torch.arange(3), torch.arange(3), torch.tensor([-1, 2, 0]), 0, reference=False)
+    with pytest.raises(ValueError, match="1..16 tokens"):
+        inputs.fill(torch.arange(17), torch.arange(17), torch.arange(-1, 16), 0, reference=False)
+
+
 def test_attention_matches_softmax_reference():
     g = torch.Generator().manual_seed(2)
     nkv, G, hd, P, T = 2, 3, 16, 70, 5
