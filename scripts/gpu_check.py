@@ -657,7 +657,7 @@ def stage_embedded(dev: torch.device, small: bool, rep: Report, opts) -> dict:
         params = GenerationParams(opts.max_new_tokens)
         for drafter in methods.values():  # warm-up
             complete(target, texts[0], drafter, GenerationParams(16))
-        res = {m: {"ids": [], "tokens": 0, "steps": 0, "wall": 0.0, "decode": 0.0} for m in methods}
+        res = {m: {"ids": [], "tokens": 0, "steps": 0, "wall": 0.0, "decode": 0.0, "prefill": 0.0, "stages": {}} for m in methods}
         for text in texts:
             for m, drafter in methods.items():  # interleaved prompt by prompt
                 s = complete(target, text, drafter, params)
@@ -667,6 +667,9 @@ def stage_embedded(dev: torch.device, small: bool, rep: Report, opts) -> dict:
                 v["steps"] += s.steps
                 v["wall"] += s.wall_s
                 v["decode"] += s.wall_s - s.prefill_s
+                v["prefill"] += s.prefill_s
+                for k in ("draft", "prune", "verify", "other"):
+                    v["stages"][k] = v["stages"].get(k, 0.0) + getattr(s.times, k)
         rows = {}
         ar_rate = res["ar"]["tokens"] / res["ar"]["wall"]
         for m, v in res.items():
@@ -677,6 +680,9 @@ def stage_embedded(dev: torch.device, small: bool, rep: Report, opts) -> dict:
                 "tau": round(v["tokens"] / v["steps"], 3),
                 "ids_equal_ar": sum(a == b for a, b in zip(v["ids"], res["ar"]["ids"])),
                 "prompts": len(texts),
+                # where a decoding step's time goes (ms; the steps after the prompt's), and the prompts'
+                "ms_a_step": {k: round(t / max(1, v["steps"] - len(texts)) * 1e3, 3) for k, t in v["stages"].items()},
+                "prefill_ms": round(v["prefill"] / len(texts) * 1e3, 2),
             }
         rep.log(f"embedded {dname} ({target.weights}): {rows}")
         r[dname] = {**rows, "calibration": calibration} if calibration else rows
