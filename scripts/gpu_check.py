@@ -509,10 +509,14 @@ def big_drafting(target: Target, r: dict, rep: Report, small: bool, dev: torch.d
     dart_params = DartParams(ngram_cpp.PruneParams(max_nodes=60, context_weight=0.5))
     eager_head = DartDrafter(dart_head, target, trie, dart_params)
     eager_head.head_graph = False  # the head's forward as eager torch ops, for comparison
+    eagle_params = Eagle3Params(depth=7, top_k=10, max_nodes=60)
+    eager_expand = Eagle3Drafter(eagle_head, target, eagle_params)
+    eager_expand.expand_graph = False  # the expansion as eager torch ops, a read-back a level, for comparison
     drafters = {
         "dart": DartDrafter(dart_head, target, trie, dart_params),  # on CUDA: the head's forward captured (head_graph.py)
         "dart-eager-head": eager_head,
-        "eagle3": Eagle3Drafter(eagle_head, target, Eagle3Params(depth=7, top_k=10, max_nodes=60)),
+        "eagle3": Eagle3Drafter(eagle_head, target, eagle_params),  # on CUDA: the expansion captured (expand_graph.py)
+        "eagle3-eager-expand": eager_expand,
     }
     prompt = [rng.randrange(V) for _ in range(512)]
     cache = target.new_cache(700)
@@ -537,7 +541,7 @@ def big_drafting(target: Target, r: dict, rep: Report, small: bool, dev: torch.d
                 session.extend([int(prop.tree.tokens[0])], out.hidden[-1:])
             graph = getattr(session, "graph", None)
             entry.update(
-                head_graph_calls=graph.calls if graph is not None else 0,
+                graph_calls=graph.calls if graph is not None else 0,  # proposals through the captured forward
                 nodes=len(prop.tree) - 1,
                 draft_ms=round(statistics.median(draft[2:]), 3),
                 prune_ms=round(statistics.median(prune[2:]), 3),

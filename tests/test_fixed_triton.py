@@ -97,6 +97,17 @@ def test_the_captured_dart_head_forward_computes_the_eager_one(interpreted):
     assert r["head_graph_reused"] and r["reused_ids_equal_ar"], r  # the next generation reuses the captured forward
 
 
+def test_the_captured_eagle3_expansion_computes_the_eager_one(interpreted):
+    """dart_core/drafters/expand_graph.py (uncaptured, in the interpreter) against the eager expansion,
+    proposal by proposal: the same trees (tokens and parents) with scores equal up to fp32 rounding; a
+    generation through it gives plain decoding's ids and the eager expansion's tau, and the next
+    session takes the same captured expansion."""
+    r = interpreted["expand"]
+    assert r["steps"] == 6 and r["graph_calls"] == 6 and r["nodes"] == 15, r
+    assert r["trees_equal"] == 6 and r["max_score_diff"] <= 1e-5, r
+    assert r["ids_equal_ar"] == 2 and r["tau_graph"] == r["tau_eager"] and r["expand_graph_reused"], r
+
+
 FUSED = {"_rmsnorm_kernel", "_qkv_kernel", "_silu_mul_kernel"}
 ATTENTION = {"_split_kernel", "_combine_kernel"}
 
@@ -112,9 +123,9 @@ def test_every_launch_compiles_for_the_h200(compiled):
         assert k["shared"] <= 232448, k  # sm_90: 227 KiB a block
         for label in k["labels"]:
             by_label.setdefault(label, set()).add(k["kernel"])
-    assert set(by_label) == set(compiled["runs"]) and len(compiled["runs"]) == 46, sorted(by_label)
-    # 46: tiny targets 3 archs x 3 dtypes x 3 paths + DART's head on tiny Llama x 3 dtypes; Qwen3-8B's
-    # layer 3 paths + the head; the embedded model's 3 dtypes x (3 paths + the head)
+    assert set(by_label) == set(compiled["runs"]) and len(compiled["runs"]) == 53, sorted(by_label)
+    # 53: tiny targets 3 archs x 3 dtypes x 3 paths + DART's head and EAGLE3's expansion on tiny Llama x
+    # 3 dtypes; Qwen3-8B's layer 3 paths + the two drafters; the embedded model's 3 dtypes x (3 paths + 2)
     for label, kernels in by_label.items():
         path = label.rsplit(" ", 1)[1]
         expected = {
@@ -122,12 +133,13 @@ def test_every_launch_compiles_for_the_h200(compiled):
             "fixed-grouped": FUSED | {"_group_split_kernel", "_combine_kernel"},
             "fixed-attn": ATTENTION,
             "dart-head": ATTENTION | {"_qkv_kernel"},
+            "eagle3-expand": ATTENTION | {"_qkv_kernel"},
         }[path]
         assert kernels == expected, (label, kernels)
 
 
 def test_the_default_kernels_spill_no_registers(compiled):
-    """ptxas's account of every kernel the engine runs by default (the fixed path, DART's head): no
+    """ptxas's account of every kernel the engine runs by default (the fixed path, the drafters'): no
     spills. (The grouped attention, off by default, is reported, not held to it: unrolled over its rows
     it spills in fp32.)"""
     for k in compiled["kernels"]:

@@ -5,7 +5,8 @@ tests/test_fixed_triton.py asserts on.
 Triton's interpreter (tests/triton_interpreted.py) runs the kernels' program on numpy: it never lowers
 them to the GPU, where a kernel can fail to compile (a tensor-core product below its smallest shape, a
 layout the backend cannot convert, shared memory past the device's) or spill registers. Here the engine
-runs its own code, `Transformer.fixed_body` and DART's captured head forward (`HeadGraph._body`), on
+runs its own code, `Transformer.fixed_body`, DART's captured head forward (`HeadGraph._body`) and
+EAGLE3's captured expansion (`ExpandGraph._body`), on
 the CPU at the shapes the device check runs (gpu_check's tiny targets in every dtype, Qwen3-8B's shape,
 the embedded model's shape, each path: fused or not, rows grouped or not), with every Triton launch
 turned into a compile for sm_90: the same arguments, specializations and options the launch would take
@@ -43,6 +44,7 @@ from triton.runtime import driver  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
 from dart_core import fixed, fixed_triton  # noqa: E402
+from dart_core.drafters.expand_graph import ExpandGraph  # noqa: E402
 from dart_core.drafters.head_graph import HeadGraph, graph_rows  # noqa: E402
 from dart_core.hf_checkpoint import load_transformer  # noqa: E402
 from dart_core.model import FIXED_ROWS, KVCache, ModelArgs, Transformer  # noqa: E402
@@ -178,6 +180,18 @@ def head_forward(model: Transformer, dtype: torch.dtype, draft_length: int, vd: 
         graph._body()
 
 
+def expand_forward(model: Transformer, dtype: torch.dtype, vd: int) -> None:
+    """EAGLE3's captured expansion (ExpandGraph._body) on a random head shaped like model's layer, at
+    the width and depth gpu_check drafts 60 nodes with (10 x 7)."""
+    target = gpu_check.target_from_transformer(model, "compile", torch.device("cpu"), dtype, TINY_EOS)
+    head = gpu_check.random_head(target, 12, None, vd)
+    cache = KVCache(1, head.config.num_key_value_heads, head.config.head_dim, 600, head.fc.weight.dtype, "cpu")
+    cache.length = 300
+    graph = ExpandGraph(head, target, cache, 10, 7)
+    with torch.inference_mode():
+        graph._body()
+
+
 def main() -> int:
     out: dict = {"triton": triton.__version__, "target": f"{TARGET.backend} sm_{TARGET.arch}", "runs": []}
     with tempfile.TemporaryDirectory() as tmp, Compiles() as c:
@@ -203,6 +217,9 @@ def main() -> int:
             if name.startswith("tiny-llama") or name in ("qwen3-8b", "smollm2-135m"):
                 c.label = f"{name} {dname} dart-head"
                 head_forward(model, dtype, 3 if name.startswith("tiny") else 4, 64 if name.startswith("tiny") else 2048)
+                out["runs"].append(c.label)
+                c.label = f"{name} {dname} eagle3-expand"
+                expand_forward(model, dtype, 64 if name.startswith("tiny") else 2048)
                 out["runs"].append(c.label)
         seen: dict[str, dict] = {}  # one report a distinct compiled kernel
         for k in c.kernels:

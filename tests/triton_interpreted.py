@@ -210,6 +210,58 @@ def head_forward(root: Path) -> dict:
     return r
 
 
+def expand_forward(root: Path) -> dict:
+    """EAGLE3's captured expansion (drafters/expand_graph.py, uncaptured here) against the eager one,
+    proposal by proposal through a session: the same trees and scores up to rounding; a generation
+    through it gives plain decoding's ids and the eager expansion's tau; the next session reuses it."""
+    import ngram_cpp  # noqa: F401  (the drafters' pruner module, loaded as the engine loads it)
+    from dart_core import ARDrafter, GenerationParams, complete
+    from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3Params
+
+    from support import random_eagle3_head
+
+    path = root / "llama" if (root / "llama").exists() else build_tiny_checkpoint(root / "llama", "llama", seed=1)
+    target = tiny_target(path, torch.float32)
+    target.model.use_kernels = False
+    head = random_eagle3_head(target, seed=6)
+    params = Eagle3Params(depth=4, top_k=4, max_nodes=15)
+    drafters = {}
+    for graph in (False, True):
+        d = Eagle3Drafter(head, target, params, use_kernels=False)
+        d.expand_graph = graph
+        drafters[graph] = d
+    rng = random.Random(9)
+    tokens = [rng.randrange(TINY_VOCAB) for _ in range(40)]
+    out = target.model(torch.tensor(tokens), torch.arange(len(tokens)), target.new_cache(64), capture=True)
+    sessions = {k: d.new_session(64) for k, d in drafters.items()}
+    assert sessions[True].graph is not None and sessions[False].graph is None
+    r = {"steps": 0, "trees_equal": 0, "max_score_diff": 0.0, "nodes": 0}
+    at = 0
+    for n in (9, 3, 1, 5, 4, 2):
+        for session in sessions.values():
+            session.extend(tokens[at : at + n], out.hidden[at : at + n])
+        trees = {k: session.propose(tokens[at + n], 15).tree for k, session in sessions.items()}
+        a, b = trees[True], trees[False]
+        same = torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
+        r["trees_equal"] += int(same)
+        if same:
+            r["max_score_diff"] = max(r["max_score_diff"], diff(a.scores, b.scores))
+        r["nodes"] = max(r["nodes"], len(a) - 1)
+        r["steps"] += 1
+        at += n
+    r["graph_calls"] = sessions[True].graph.calls
+    for session in sessions.values():
+        session.close()
+    prompt = tokens[:7]
+    ar = complete(target, prompt, ARDrafter(), GenerationParams(20)).output_ids
+    runs = {k: complete(target, prompt, d, GenerationParams(20)) for k, d in drafters.items()}
+    r["ids_equal_ar"] = sum(run.output_ids == ar for run in runs.values())
+    r["tau_graph"], r["tau_eager"] = round(runs[True].tau, 3), round(runs[False].tau, 3)
+    kept = drafters[True].spare._idle
+    r["expand_graph_reused"] = kept is not None and kept.expand_graph is sessions[True].graph
+    return r
+
+
 def main() -> None:
     root = Path(sys.argv[1])
     result: dict = {"elementwise": {}, "attention": {}, "models": {}}
@@ -223,6 +275,7 @@ def main() -> None:
         key = f"{arch}-{name}-{'fused' if fused else 'attention'}" + (f"-group{group}" if group > 1 else "")
         result["models"][key] = model(arch, DTYPES[name], fused, root, group)
     result["head"] = head_forward(root)
+    result["expand"] = expand_forward(root)
     print(json.dumps(result))
 
 

@@ -27,8 +27,9 @@ import torch
 
 from ..fixed import Upload
 from ..generate import Proposal
-from ..model import KVCache
+from ..model import KVCache, SpareCache
 from ..tree import DraftTree
+from . import expand_graph
 from .head import DraftHead, KernelHead, int8_beside, load_head
 
 ACCEPTANCE_FILE = "acceptance.json"  # beside an EAGLE3 head: its fitted ranking (dart-fit --method eagle3)
@@ -106,6 +107,11 @@ class Eagle3Drafter:
         # the whole step on the CPU kernels where they run (the eager module's bf16 matmuls are
         # emulated on CPUs without bf16 arithmetic); elsewhere the eager module
         self.fast = KernelHead(head, int8=int8_beside(target)) if use_kernels and KernelHead.supports(head) else None
+        # the expansion captured as a CUDA graph (expand_graph.py): None where it runs (CUDA with Triton,
+        # no CPU kernels), False never, True demanded (on a CPU: Triton's interpreter, uncaptured)
+        self.expand_graph: bool | None = None
+        # the last session's head cache (with its captured expansion), for the next session (SpareCache)
+        self.spare = SpareCache()
 
     def new_session(self, capacity: int) -> "_Eagle3Session":
         return _Eagle3Session(self, capacity)
@@ -140,16 +146,34 @@ class _Eagle3Session:
         c, p = drafter.head.config, drafter.params
         self.collect = False  # keep last_pool (dart_core/tools/fitting.py sets it)
         scratch = p.top_k * p.depth
-        self.cache = KVCache(
-            1, c.num_key_value_heads, c.head_dim, capacity + scratch + 1, drafter.head.fc.weight.dtype, drafter.target.device
-        )
+        dev = drafter.target.device
+        use = drafter.expand_graph
+        graph = use is not False and drafter.fast is None and p.depth >= 1 and expand_graph.supported(drafter.head, dev, demand=bool(use))
+        if use and not graph:
+            raise RuntimeError("expand_graph=True needs Triton on CUDA (or its interpreter), no CPU kernel head, a power-of-two head dim")
+        size, dtype = capacity + scratch + 1, drafter.head.fc.weight.dtype
+        cache = drafter.spare.take(size, 0, dtype, dev)  # the last session's, with its captured expansion
+        self.cache = cache if cache is not None else KVCache(1, c.num_key_value_heads, c.head_dim, size, dtype, dev)
+        self.graph = None
+        if graph:  # kept on its cache: a graph holds the cache's addresses
+            kept = getattr(self.cache, "expand_graph", None)
+            if kept is None or (kept.k, kept.depth) != (p.top_k, p.depth):
+                self.cache.expand_graph = expand_graph.ExpandGraph(drafter.head, drafter.target, self.cache, p.top_k, p.depth)
+            self.graph = self.cache.expand_graph
+            self.graph.calls = 0
+        self._closed = False
         self.pending_ids: list[int] = []
         self.pending_aux: list[torch.Tensor] = []
-        dev = drafter.target.device
         # a GPU: the frontier's ids and ancestor masks go up from pinned memory, the host not waiting
         self._uploads = (Upload(torch.long, dev), Upload(torch.bool, dev)) if dev.type == "cuda" else None
         # the last search's pool (tokens, parents, depths, features), for fitting a ranking
         self.last_pool: tuple | None = None
+
+    def close(self) -> None:
+        """The generation is over: the head cache (and the expansion captured on it) to the drafter's next session."""
+        if not self._closed:
+            self._closed = True
+            self.d.spare.give(self.cache)
 
     def extend(self, ids: list[int], hidden: torch.Tensor | None) -> None:
         if hidden is None or hidden.shape[0] != len(ids):
@@ -208,6 +232,8 @@ class _Eagle3Session:
         dev = target.device
         committed = self.cache.length
         top_k, depth = max(1, min(p.top_k, keep)), min(p.depth, max(0, keep - 1))
+        if self.graph is not None and self.graph.fits(top_k, depth, committed):
+            return self._expand_captured(h)
         fast = self.d.fast  # the kernels where they run (Eagle3Drafter.__init__)
         logits = fast.logits if fast is not None else head.logits
         logp = logits(h).float().log_softmax(-1)[0]
@@ -267,6 +293,25 @@ class _Eagle3Session:
             frontier = [base + int(b) for b in best_list]
             frontier_h = out[best // top_k]
         self.cache.rewind(committed)
+        return pool
+
+    def _expand_captured(self, h: torch.Tensor) -> _Pool:
+        """`expand` through the captured search (expand_graph.py): the same pool, built from its one read-back."""
+        ids0, vals0, levels = self.graph(h)
+        k = self.graph.k
+        pool = _Pool([int(t) for t in ids0], [-1] * k, torch.empty(0), vals0, list(range(k)), [vals0[0]] * k)
+        scores = list(vals0)
+        frontier = list(range(k))
+        for child_ids, own, cand, best in levels:
+            base = len(pool.tokens)
+            pool.tokens += [int(t) for t in child_ids]
+            pool.parents += [f for f in frontier for _ in range(k)]
+            scores += cand
+            pool.own += own
+            pool.ranks += list(range(k)) * k
+            pool.sib_top += [own[r * k] for r in range(k) for _ in range(k)]
+            frontier = [base + int(b) for b in best]
+        pool.scores = torch.tensor(scores, dtype=torch.float64)  # fp32 values, exactly
         return pool
 
     def _to_device(self, values: torch.Tensor, which: int) -> torch.Tensor:
