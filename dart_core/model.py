@@ -157,6 +157,13 @@ class KVCache:
         return self.k.shape[3] - self.capacity
 
 
+def same_device(where: torch.device, asked: torch.device | str) -> bool:
+    """Whether a tensor on `where` is on the device `asked` names: "cuda" (no index: the current
+    device, where a target's tensors go) matches "cuda:0" (where they are then), as torch's == does not."""
+    asked = torch.device(asked)
+    return where.type == asked.type and (asked.index is None or where.index is None or where.index == asked.index)
+
+
 class SpareCache:
     """One idle KV cache kept for the next generation it fits. A CUDA graph holds the addresses of the
     cache it was captured on (the target's fixed forward, DART's head forward: each kept on its cache),
@@ -173,7 +180,7 @@ class SpareCache:
         """The idle cache, emptied, if it holds `capacity` entries with this scratch, dtype and device."""
         with self._lock:
             c = self._idle
-            if c is None or c.capacity < capacity or c.scratch != scratch or c.k.dtype != dtype or c.k.device != torch.device(device):
+            if c is None or c.capacity < capacity or c.scratch != scratch or c.k.dtype != dtype or not same_device(c.k.device, device):
                 return None
             self._idle = None
         c.length = 0

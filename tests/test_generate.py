@@ -231,3 +231,13 @@ def test_a_generation_stopped_early_gives_its_cache_back(tiny_llama):
     assert (
         list(again)[-1].output_ids == complete(tiny_target(tiny_llama.model_dir), PROMPTS[0], ARDrafter(), GenerationParams(10)).output_ids
     )
+
+
+def test_a_spare_cache_matches_its_device_as_a_target_names_it():
+    """A target on "cuda" allocates its caches on "cuda:0" (the current device); torch's == says those
+    differ, which would make every generation on a GPU capture again. same_device says they match."""
+    from dart_core.model import same_device
+
+    assert same_device(torch.device("cuda", 0), "cuda") and same_device(torch.device("cuda", 0), torch.device("cuda:0"))
+    assert not same_device(torch.device("cuda", 1), "cuda:0") and not same_device(torch.device("cpu"), "cuda")
+    assert same_device(torch.device("cpu"), "cpu") and torch.device("cuda:0") != torch.device("cuda")
