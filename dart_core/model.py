@@ -186,6 +186,12 @@ class SpareCache:
         c.length = 0
         return c
 
+    def lease(self, n_layers: int, n_kv_heads: int, head_dim: int, capacity: int, dtype, device, scratch: int = 0) -> KVCache:
+        """The idle cache when it fits (`take`), else a new KVCache of these dimensions (the spare of one
+        model or head: its cache's dimensions are the same every time)."""
+        cache = self.take(capacity, scratch, dtype, device)
+        return cache if cache is not None else KVCache(n_layers, n_kv_heads, head_dim, capacity, dtype, device, scratch)
+
     def give(self, cache: KVCache) -> None:
         """A generation is done with `cache`: kept unless the idle one is larger."""
         with self._lock:

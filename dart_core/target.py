@@ -114,8 +114,8 @@ class Target:
     def lease_cache(self, capacity: int) -> KVCache:
         """An empty cache of at least `capacity` for one generation: the last generation's when it fits
         (with the graphs captured on it, SpareCache), else a new one. Give it back with `return_cache`."""
-        spare = self.spare.take(capacity, self._cache_scratch(), self.cache_dtype, self.device)
-        return spare if spare is not None else self.new_cache(capacity)
+        a = self.model.args
+        return self.spare.lease(a.n_layers, a.n_kv_heads, a.head_dim, capacity, self.cache_dtype, self.device, self._cache_scratch())
 
     def return_cache(self, cache: KVCache) -> None:
         self.spare.give(cache)

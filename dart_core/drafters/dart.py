@@ -21,7 +21,7 @@ import ngram_cpp
 
 from ..fixed import Upload
 from ..generate import Proposal
-from ..model import KVCache, SpareCache
+from ..model import SpareCache
 from ..tree import DraftTree
 from . import head_graph
 from .head import DraftHead, KernelHead, int8_beside, load_head
@@ -227,8 +227,7 @@ class _DartSession:
             raise RuntimeError("head_graph=True needs Triton on CUDA (or its interpreter), no CPU kernel head, a power-of-two head dim")
         rows = head_graph.graph_rows(c.draft_length) if graph else 0
         size, dtype = capacity + c.draft_length + 1, drafter.head.fc.weight.dtype
-        cache = drafter.spare.take(size, rows, dtype, dev)  # the last session's, with its captured forward
-        self.cache = cache if cache is not None else KVCache(1, c.num_key_value_heads, c.head_dim, size, dtype, dev, scratch=rows)
+        self.cache = drafter.spare.lease(1, c.num_key_value_heads, c.head_dim, size, dtype, dev, rows)  # with its captured forward
         self.graph = None
         if graph:  # kept on its cache: a graph holds the cache's addresses
             if getattr(self.cache, "head_graph", None) is None:

@@ -27,9 +27,9 @@ import torch
 
 from ..fixed import Upload
 from ..generate import Proposal
-from ..model import KVCache, SpareCache
+from ..model import SpareCache
 from ..tree import DraftTree
-from . import expand_graph
+from . import expand_graph, head_graph
 from .head import DraftHead, KernelHead, int8_beside, load_head
 
 ACCEPTANCE_FILE = "acceptance.json"  # beside an EAGLE3 head: its fitted ranking (dart-fit --method eagle3)
@@ -128,6 +128,24 @@ class _Pool:
     ranks: list[int]  # its place among its parent's top-k children
     sib_top: list[float]  # the log-probability of that parent's top child
 
+    @classmethod
+    def of_root(cls, ids: list[float], logp: list[float], scores: torch.Tensor) -> "_Pool":
+        """The root's top-k children (target ids, log-probabilities; scores: the same as a tensor)."""
+        k = len(ids)
+        return cls([int(t) for t in ids], [-1] * k, scores, list(logp), list(range(k)), [logp[0]] * k)
+
+    def add_level(self, frontier: list[int], child_ids: list[float], own: list[float], cand: torch.Tensor, best, k: int) -> list[int]:
+        """A level's children joined to the pool (k a frontier node, row-major: target ids, own
+        log-probabilities, cumulative scores); returns the next frontier (best: indices among them)."""
+        base, n = len(self.tokens), len(frontier)
+        self.tokens += [int(t) for t in child_ids]
+        self.parents += [f for f in frontier for _ in range(k)]
+        self.scores = torch.cat((self.scores, cand))
+        self.own += own
+        self.ranks += list(range(k)) * n
+        self.sib_top += [own[r * k] for r in range(n) for _ in range(k)]
+        return [base + int(b) for b in best]
+
 
 def read_back(*tensors: torch.Tensor) -> list[list[float]]:
     """1-D tensors' values as Python lists in one copy to the host (float64 holds every fp32 value
@@ -148,12 +166,11 @@ class _Eagle3Session:
         scratch = p.top_k * p.depth
         dev = drafter.target.device
         use = drafter.expand_graph
-        graph = use is not False and drafter.fast is None and p.depth >= 1 and expand_graph.supported(drafter.head, dev, demand=bool(use))
+        graph = use is not False and drafter.fast is None and p.depth >= 1 and head_graph.supported(drafter.head, dev, demand=bool(use))
         if use and not graph:
             raise RuntimeError("expand_graph=True needs Triton on CUDA (or its interpreter), no CPU kernel head, a power-of-two head dim")
         size, dtype = capacity + scratch + 1, drafter.head.fc.weight.dtype
-        cache = drafter.spare.take(size, 0, dtype, dev)  # the last session's, with its captured expansion
-        self.cache = cache if cache is not None else KVCache(1, c.num_key_value_heads, c.head_dim, size, dtype, dev)
+        self.cache = drafter.spare.lease(1, c.num_key_value_heads, c.head_dim, size, dtype, dev)  # with its captured expansion
         self.graph = None
         if graph:  # kept on its cache: a graph holds the cache's addresses
             kept = getattr(self.cache, "expand_graph", None)
@@ -240,7 +257,7 @@ class _Eagle3Session:
         top = logp.topk(top_k)
         frontier = list(range(top_k))  # pool indices
         ids0, vals0 = read_back(head.to_target_ids(top.indices), top.values)
-        pool = _Pool([int(t) for t in ids0], [-1] * top_k, top.values, vals0, list(range(top_k)), [vals0[0]] * top_k)
+        pool = _Pool.of_root(ids0, vals0, top.values)
         frontier_h = h.expand(top_k, -1)  # the parent state each frontier node is fed with
         fed: list[int] = []  # pool index of each scratch cache entry, in order
         fed_positions: list[int] = []
@@ -280,17 +297,10 @@ class _Eagle3Session:
             child_logp = logits(out.contiguous()).float().log_softmax(-1)
             top = child_logp.topk(top_k, dim=-1)
             cand = (pool.scores[frontier][:, None] + top.values).reshape(-1)  # (n*k,)
-            base = len(pool.tokens)
             best = cand.topk(min(top_k, cand.numel())).indices.sort().values
             # the level's children and the next frontier read back in one copy (one wait for a GPU)
             child_ids, own, best_list = read_back(head.to_target_ids(top.indices.reshape(-1)), top.values.reshape(-1), best)
-            pool.tokens += [int(t) for t in child_ids]
-            pool.parents += [f for f in frontier for _ in range(top_k)]
-            pool.scores = torch.cat((pool.scores, cand))
-            pool.own += own
-            pool.ranks += list(range(top_k)) * n
-            pool.sib_top += [own[r * top_k] for r in range(n) for _ in range(top_k)]
-            frontier = [base + int(b) for b in best_list]
+            frontier = pool.add_level(frontier, child_ids, own, cand, best_list, top_k)
             frontier_h = out[best // top_k]
         self.cache.rewind(committed)
         return pool
@@ -299,19 +309,10 @@ class _Eagle3Session:
         """`expand` through the captured search (expand_graph.py): the same pool, built from its one read-back."""
         ids0, vals0, levels = self.graph(h)
         k = self.graph.k
-        pool = _Pool([int(t) for t in ids0], [-1] * k, torch.empty(0), vals0, list(range(k)), [vals0[0]] * k)
-        scores = list(vals0)
+        pool = _Pool.of_root(ids0, vals0, torch.tensor(vals0, dtype=torch.float64))  # fp32 values, exactly
         frontier = list(range(k))
         for child_ids, own, cand, best in levels:
-            base = len(pool.tokens)
-            pool.tokens += [int(t) for t in child_ids]
-            pool.parents += [f for f in frontier for _ in range(k)]
-            scores += cand
-            pool.own += own
-            pool.ranks += list(range(k)) * k
-            pool.sib_top += [own[r * k] for r in range(k) for _ in range(k)]
-            frontier = [base + int(b) for b in best]
-        pool.scores = torch.tensor(scores, dtype=torch.float64)  # fp32 values, exactly
+            frontier = pool.add_level(frontier, child_ids, own, torch.tensor(cand, dtype=torch.float64), best, k)
         return pool
 
     def _to_device(self, values: torch.Tensor, which: int) -> torch.Tensor:

@@ -26,15 +26,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..fixed import RopeTable, Upload, capture_graph, kernel_head_dim, triton_kernels_here
+from ..fixed import RopeTable, Upload, capture_graph
 from ..model import KVCache
-
-
-def supported(head, device: torch.device, demand: bool = False) -> bool:
-    """Whether the captured expansion runs here (as head_graph.supported: CUDA with Triton, or when
-    demanded Triton's interpreter on a CPU; a power-of-two head dim of at least 16; a float head)."""
-    float_head = head.fc.weight.dtype in (torch.float32, torch.bfloat16, torch.float16)
-    return triton_kernels_here(device, True if demand else None) and kernel_head_dim(head.config.head_dim) and float_head
 
 
 class ExpandGraph:

@@ -38,8 +38,9 @@ def graph_rows(draft_length: int) -> int:
 
 
 def supported(head, device: torch.device, demand: bool = False) -> bool:
-    """Whether the captured forward runs here: CUDA with Triton (or, when demanded, Triton's interpreter
-    on a CPU: the tests), a power-of-two head dim of at least 16, a float head."""
+    """Whether a draft head's captured forward runs here (this module's, and EAGLE3's expansion,
+    expand_graph.py): CUDA with Triton (or, when demanded, Triton's interpreter on a CPU: the tests),
+    a power-of-two head dim of at least 16, a float head."""
     float_head = head.fc.weight.dtype in (torch.float32, torch.bfloat16, torch.float16)
     return triton_kernels_here(device, True if demand else None) and kernel_head_dim(head.config.head_dim) and float_head
 
