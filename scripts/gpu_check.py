@@ -754,16 +754,6 @@ def write_parts(folder: str, stage_args: str) -> None:
 # ------------------------------------------------------------------- each piece in its own process
 
 
-def child_options(a) -> list[str]:
-    """The options an isolated piece runs with (all but what names the piece)."""
-    args = ["--no-isolate", "--device", a.device, "--fixed-rows", str(a.fixed_rows), "--exact-tokens", str(a.exact_tokens)]
-    args += ["--contexts", ",".join(map(str, a.contexts)), "--model", a.model, "--heads", str(a.heads), "--nodes", str(a.nodes)]
-    args += ["--embedded-dtypes", a.embedded_dtypes, "--max-new-tokens", str(a.max_new_tokens)]
-    args += ["--calibrate" if a.calibrate else "--no-calibrate"] + (["--small"] if a.small else [])
-    args += ["--prompts", str(a.prompts)] if a.prompts else []
-    return args + (["--read-gb-s", str(a.read_gb_s)] if a.read_gb_s else [])
-
-
 def pieces(stage: str, paths: list[str]) -> list[tuple[str, list[str]]]:
     """A stage's isolated pieces: (name, the options naming it). The exact stage and the big stage's
     verify run a process a forward path; the big stage's drafting and loop one more process, on the
@@ -797,9 +787,10 @@ def merge_piece(stage: str, merged: dict, part: dict, name: str) -> None:
     merged["seconds"] = round(merged.get("seconds", 0.0) + seconds, 1)
 
 
-def run_isolated(a, stages: list[str], rep: Report) -> int:
+def run_isolated(a, argv: list[str], stages: list[str], rep: Report) -> int:
     """Each piece of each stage in a process of its own (a lost CUDA context, a crash, a hang past
-    --piece-timeout ends that piece only), merged into one report as a single process would write it."""
+    --piece-timeout ends that piece only), merged into one report as a single process would write it.
+    A piece runs with this run's options, then those naming it (argparse keeps an option's last value)."""
     paths = a.paths.split(",")
     failed = 0
     for stage in stages:
@@ -810,7 +801,8 @@ def run_isolated(a, stages: list[str], rep: Report) -> int:
                 ok = [p for p in paths if p not in merged.get("errors", {}) and p in merged.get("verify", {})] or paths
                 naming = naming + ["--paths", ok[0]]
             out = a.out / "pieces" / name
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--out", str(out), *naming, *child_options(a)]
+            cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--out", str(out), *naming, "--no-isolate"]
+            cmd += ["--read-gb-s", str(a.read_gb_s)] if a.read_gb_s else []
             t0 = time.perf_counter()
             try:
                 rc = subprocess.run(cmd, timeout=a.piece_timeout).returncode
@@ -889,6 +881,7 @@ def main(argv=None) -> int:
     )
     p.add_argument("--piece-timeout", type=float, default=300, help="--isolate: seconds a piece may run (default 300)")
     p.add_argument("--read-gb-s", type=float, default=None, help="big stage: the read bandwidth for the HBM limit (default: env's)")
+    argv = sys.argv[1:] if argv is None else list(argv)
     a = p.parse_args(argv)
     if a.parts:
         write_parts(a.parts, a.parts_stage_args)
@@ -909,7 +902,7 @@ def main(argv=None) -> int:
     rep = Report(a.out)
     rep.data["argv"] = sys.argv
     if a.isolate if a.isolate is not None else dev.type == "cuda":
-        return run_isolated(a, stages, rep)
+        return run_isolated(a, argv, stages, rep)
     failed = 0
     for stage in stages:
         t0 = time.perf_counter()

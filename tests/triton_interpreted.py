@@ -118,11 +118,32 @@ def attention(dtype: torch.dtype) -> dict:
     return r
 
 
+def tiny_checkpoint(root: Path, arch: str) -> Path:
+    """The tiny random checkpoint of `arch` under root, built the first time it is asked for."""
+    return root / arch if (root / arch).exists() else build_tiny_checkpoint(root / arch, arch, seed=1)
+
+
+def eager_and_captured(target, make, flag: str, seed: int):
+    """Two drafters from make(), their captured forward off (`flag` False) and demanded (True); 40 random
+    tokens, the target's forward over them (their captured states), and a session of each drafter."""
+    drafters = {}
+    for graph in (False, True):
+        d = make()
+        setattr(d, flag, graph)
+        drafters[graph] = d
+    rng = random.Random(seed)
+    tokens = [rng.randrange(TINY_VOCAB) for _ in range(40)]
+    out = target.model(torch.tensor(tokens), torch.arange(len(tokens)), target.new_cache(64), capture=True)
+    sessions = {k: d.new_session(64) for k, d in drafters.items()}
+    assert sessions[True].graph is not None and sessions[False].graph is None
+    return drafters, tokens, out, sessions
+
+
 def model(arch: str, dtype: torch.dtype, fused: bool, root: Path, row_group: int) -> dict:
     """A tiny random target's fixed forward on the kernels (8 rows): a random tree's verify against the
     one-token steps along its paths (bitwise: logits and captured states) and against the torch
     reference's verify (max logit difference, argmax agreement)."""
-    path = build_tiny_checkpoint(root / arch, arch, seed=1) if not (root / arch).exists() else root / arch
+    path = tiny_checkpoint(root, arch)
     rng = random.Random(4)
     prefix = [rng.randrange(TINY_VOCAB) for _ in range(45)]
     tree = random_tree_under(rng, prefix[-1], 6, TINY_VOCAB)
@@ -160,8 +181,7 @@ def head_forward(root: Path) -> dict:
     from dart_core.drafters.dart import DartDrafter, DartParams
     from dart_core.tools.training import new_head_from_target
 
-    path = root / "qwen3" if (root / "qwen3").exists() else build_tiny_checkpoint(root / "qwen3", "qwen3", seed=1)
-    target = tiny_target(path, torch.float32)
+    target = tiny_target(tiny_checkpoint(root, "qwen3"), torch.float32)
     target.model.use_kernels = False
     g = torch.Generator().manual_seed(3)
     head = new_head_from_target(target, torch.randperm(target.vocab_size, generator=g)[:64].sort().values, 3, 3)
@@ -170,16 +190,9 @@ def head_forward(root: Path) -> dict:
             p.add_(torch.randn(p.shape, generator=g) * 0.05)
     head.eval()
     params = DartParams(ngram_cpp.PruneParams(top_k=8, beam_width=4, max_nodes=10))
-    drafters = {}
-    for graph in (False, True):
-        d = DartDrafter(head, target, None, params, use_kernels=False)
-        d.head_graph = graph
-        drafters[graph] = d
-    rng = random.Random(8)
-    tokens = [rng.randrange(TINY_VOCAB) for _ in range(40)]
-    out = target.model(torch.tensor(tokens), torch.arange(len(tokens)), target.new_cache(64), capture=True)
-    sessions = {k: d.new_session(64) for k, d in drafters.items()}
-    assert sessions[True].graph is not None and sessions[False].graph is None
+    drafters, tokens, out, sessions = eager_and_captured(
+        target, lambda: DartDrafter(head, target, None, params, use_kernels=False), "head_graph", 8
+    )
     r = {"steps": 0, "max_diff": 0.0, "topk_equal": 0, "rows_checked": 0}
     at = 0
     for n in (9, 3, 1, 5, 4, 2, 5):  # pending tokens a step (the first: a short prompt's draft)
@@ -220,21 +233,13 @@ def expand_forward(root: Path) -> dict:
 
     from support import random_eagle3_head
 
-    path = root / "llama" if (root / "llama").exists() else build_tiny_checkpoint(root / "llama", "llama", seed=1)
-    target = tiny_target(path, torch.float32)
+    target = tiny_target(tiny_checkpoint(root, "llama"), torch.float32)
     target.model.use_kernels = False
     head = random_eagle3_head(target, seed=6)
     params = Eagle3Params(depth=4, top_k=4, max_nodes=15)
-    drafters = {}
-    for graph in (False, True):
-        d = Eagle3Drafter(head, target, params, use_kernels=False)
-        d.expand_graph = graph
-        drafters[graph] = d
-    rng = random.Random(9)
-    tokens = [rng.randrange(TINY_VOCAB) for _ in range(40)]
-    out = target.model(torch.tensor(tokens), torch.arange(len(tokens)), target.new_cache(64), capture=True)
-    sessions = {k: d.new_session(64) for k, d in drafters.items()}
-    assert sessions[True].graph is not None and sessions[False].graph is None
+    drafters, tokens, out, sessions = eager_and_captured(
+        target, lambda: Eagle3Drafter(head, target, params, use_kernels=False), "expand_graph", 9
+    )
     r = {"steps": 0, "trees_equal": 0, "max_score_diff": 0.0, "nodes": 0}
     at = 0
     for n in (9, 3, 1, 5, 4, 2):
