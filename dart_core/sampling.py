@@ -98,14 +98,13 @@ def accept_greedy(tree: DraftTree, logits: torch.Tensor, batched: bool | None = 
     default where the logits are not on the CPU) every row is reduced in one launch and copied to the
     host once: a row at a time would wait for the device once per node. Both give each row's first
     maximum, so the same path."""
-    tokens = tree.tokens.tolist()
     if batched is None:
         batched = logits.device.type != "cpu"
     argmaxes = logits.argmax(-1).tolist() if batched else None
     node, path = 0, [0]
     while True:
         best = argmaxes[node] if argmaxes is not None else greedy_token(logits[node])
-        nxt = next((c for c in tree.children[node] if tokens[c] == best), None)
+        nxt = tree.child(node, best)
         if nxt is None:
             return Acceptance(path, best)
         node = nxt

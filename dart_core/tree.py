@@ -7,13 +7,14 @@ any prefix of the nodes is itself a valid tree; drafters emit nodes in depth ord
     tokens   (N,)  int64   token id per node
     parents  (N,)  int64   parent node index, -1 for the root
     depths   (N,)  int64   root 0; the rope position of node i is committed_length + depths[i]
-    mask     (N, N) bool   mask[i, j] = j is i or an ancestor of i (the tree attention mask)
+    mask     (N, N) bool   mask[i, j] = j is i or an ancestor of i (the tree attention mask; built when read)
     scores   (N,)  float32 optional drafter scores, for display only
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -24,13 +25,13 @@ class DraftTree:
     tokens: torch.Tensor
     parents: torch.Tensor
     depths: torch.Tensor
-    mask: torch.Tensor
     scores: torch.Tensor | None = None
-    children: tuple[tuple[int, ...], ...] = field(default=(), repr=False)
 
     @classmethod
     def from_parents(cls, tokens, parents, scores=None) -> "DraftTree":
-        """Build depths, mask and child lists from tokens and parent indices, validating the shape of the tree."""
+        """Build the depths from tokens and parent indices, validating the shape of the tree. The mask
+        and the child lists are built when first read (the exact forwards and the accept walk need
+        neither whole: this runs once a step, on the host, while the device waits)."""
         tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
         parents = torch.as_tensor(parents, dtype=torch.long).reshape(-1)
         n = tokens.numel()
@@ -40,30 +41,48 @@ class DraftTree:
         if par[0] != -1:
             raise ValueError("node 0 must be the root (parent -1)")
         depths = [0] * n
-        kids: list[list[int]] = [[] for _ in range(n)]
         for i in range(1, n):
             p = par[i]
             if not 0 <= p < i:
                 raise ValueError(f"node {i} has parent {p}: parents must come before their children")
             depths[i] = depths[p] + 1
-            kids[p].append(i)
         toks = tokens.tolist()
         if len(set(zip(par, toks))) != n:  # two children of one parent with the same token
-            for p, ks in enumerate(kids):
+            for p, ks in enumerate(_child_lists(par)):
                 child_tokens = [toks[k] for k in ks]
                 if len(set(child_tokens)) != len(child_tokens):
                     raise ValueError(f"node {p} has two children with the same token")
-        # the mask a depth at a time (a node's row: its parent's, finished a level before, and itself),
-        # in numpy and handed over: a row at a time took ~1 us a node, torch's indexing ~5 us
-        mask = np.eye(n, dtype=np.bool_)
-        level = np.asarray(depths)
-        parent = np.asarray(par)
-        for d in range(1, max(depths) + 1):
-            rows = np.flatnonzero(level == d)
-            mask[rows] |= mask[parent[rows]]
         if scores is not None:
             scores = torch.as_tensor(scores, dtype=torch.float32).reshape(-1)
-        return cls(tokens, parents, torch.tensor(depths), torch.from_numpy(mask), scores, tuple(tuple(k) for k in kids))
+        return cls(tokens, parents, torch.from_numpy(np.array(depths, dtype=np.int64)), scores)
+
+    @cached_property
+    def mask(self) -> torch.Tensor:
+        """(N, N) bool: row i holds i and its ancestors (the attention mask of the plain eager verify)."""
+        par = self.parents.cpu().numpy()
+        n = par.size
+        mask = np.zeros((n, n), dtype=np.bool_)
+        rows = np.arange(n)
+        up = rows  # each row's ancestor a level further up each round, rows whose chain ended dropped
+        while rows.size:
+            mask[rows, up] = True
+            up = par[up]
+            live = up >= 0
+            rows, up = rows[live], up[live]
+        return torch.from_numpy(mask)
+
+    @cached_property
+    def _child_index(self) -> dict[tuple[int, int], int]:
+        return {key: i for i, key in enumerate(zip(self.parents.tolist(), self.tokens.tolist()))}
+
+    def child(self, node: int, token: int) -> int | None:
+        """The child of `node` holding `token` (a tree has at most one), or None: the greedy walks' step."""
+        return self._child_index.get((node, token))
+
+    @cached_property
+    def children(self) -> tuple[tuple[int, ...], ...]:
+        """Each node's children, in node order."""
+        return tuple(tuple(k) for k in _child_lists(self.parents.tolist()))
 
     @classmethod
     def root_only(cls, root: int) -> "DraftTree":
@@ -97,3 +116,10 @@ class DraftTree:
     def leaf_paths(self) -> list[list[int]]:
         """One root-to-leaf node path per leaf, in node order (the 'retrieve indices' without padding)."""
         return [self.path_to(i) for i in range(len(self)) if not self.children[i]]
+
+
+def _child_lists(par: list[int]) -> list[list[int]]:
+    kids: list[list[int]] = [[] for _ in par]
+    for i in range(1, len(par)):
+        kids[par[i]].append(i)
+    return kids

@@ -18,6 +18,7 @@ read and written unchanged; it records no vocabulary size or tokenizer (`vocab_k
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import os
 import tempfile
@@ -316,20 +317,36 @@ def prune(
         return prune_reference(
             tokens, probs, root, context, None if model is None else model._impl, params, eos_id, None if index is None else index._impl
         )
-    native = _ngram.PruneParams()
-    for f in dataclasses.fields(PruneParams):
-        setattr(native, f.name, getattr(params, f.name))
     out = _ngram.prune(
         np.asarray(tokens, dtype=np.int64),
         np.asarray(probs, dtype=np.float32),
         int(root),
         np.asarray(context, dtype=np.int64).reshape(-1),
         None if model is None else model.native,
-        native,
+        _native_params(params),
         int(eos_id),
         None if index is None else index._impl,
     )
     return PrunedTree(**out)
+
+
+def _native_params(params: PruneParams):
+    """The C++ extension's copy of `params` (read-only there), built once per distinct value: a drafter
+    passes the same values every step, and copying the fitted ranking's weights took a few us."""
+    try:
+        return _cached_native_params(params)
+    except TypeError:  # a field given as a list (unhashable): built for this call alone
+        return _build_native_params(params)
+
+
+def _build_native_params(params: PruneParams):
+    native = _ngram.PruneParams()
+    for f in dataclasses.fields(PruneParams):
+        setattr(native, f.name, getattr(params, f.name))
+    return native
+
+
+_cached_native_params = functools.lru_cache(maxsize=64)(_build_native_params)
 
 
 def tokenizer_fingerprint(tokenizer) -> str:

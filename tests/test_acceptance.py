@@ -97,7 +97,8 @@ def test_tree_structure():
 
 
 def test_tree_masks_are_the_ancestor_relation():
-    """from_parents builds the mask a depth at a time: row i holds exactly i and its ancestors."""
+    """The mask (built when first read, an ancestor level at a time) holds in row i exactly i and its
+    ancestors; the depths and the greedy walks' child lookup agree with the parent links."""
     rng = random.Random(0)
     for n in (1, 2, 9, 33, 61):
         tree = random_tree_under(rng, 5, n, V)
@@ -106,6 +107,11 @@ def test_tree_masks_are_the_ancestor_relation():
             want[i, tree.path_to(i)] = True
         assert torch.equal(tree.mask, want), n
         assert tree.depths.tolist() == [len(tree.path_to(i)) - 1 for i in range(len(tree))]
+        tokens = tree.tokens.tolist()
+        for node in range(len(tree)):
+            for t in range(V):
+                want_child = next((c for c in tree.children[node] if tokens[c] == t), None)
+                assert tree.child(node, t) == want_child, (n, node, t)
 
 
 @pytest.mark.parametrize(

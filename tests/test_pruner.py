@@ -192,6 +192,23 @@ def test_bad_params_raise(tries):
             ngram_cpp.prune([[1, 2]] * 3, [[0.5, 0.5]] * 3, 1, [2], tries[0], params)
 
 
+@pytest.mark.skipif(not ngram_cpp.HAVE_CPP, reason="the C++ extension is not built")
+def test_native_params_are_built_once_per_value(tries):
+    """The extension's copy of the parameters is reused for equal values (a drafter passes the same
+    ones every step) and never for other values; a list-valued field (unhashable) still works."""
+    from ngram_cpp import _native_params
+
+    a = PruneParams(max_nodes=7, acceptance=(0.5,) * 14)
+    assert _native_params(a) is _native_params(PruneParams(max_nodes=7, acceptance=(0.5,) * 14))
+    assert _native_params(a) is not _native_params(PruneParams(max_nodes=8, acceptance=(0.5,) * 14))
+    assert _native_params(a).max_nodes == 7 and list(_native_params(a).acceptance) == [0.5] * 14
+    tokens, probs = [[5, 6, 7], [8, 9, 10]], [[0.5, 0.3, 0.2], [0.6, 0.3, 0.1]]
+    as_list = PruneParams(max_nodes=4, acceptance=[0.1] * 14)
+    as_tuple = PruneParams(max_nodes=4, acceptance=(0.1,) * 14)
+    got, want = ngram_cpp.prune(tokens, probs, 1, [2, 3], tries[0], as_list), ngram_cpp.prune(tokens, probs, 1, [2, 3], tries[0], as_tuple)
+    assert got.tokens.tolist() == want.tokens.tolist() and got.parents.tolist() == want.parents.tolist()
+
+
 def test_upstream_trie_does_not_bound_token_ids(tries, tmp_path):
     """An upstream .trie only knows its largest token id, not the tokenizer's vocabulary: larger ids are
     valid candidates (never seen, so q = 0); a trie built here knows the vocabulary and refuses them."""

@@ -110,11 +110,9 @@ def replay(drafter: Drafter, rec: GreedyRecord, max_nodes: int | None = None) ->
     while pos < len(out) - 1:
         budget = step_budget(size, capacity, P + pos)  # as the loop does, with P + pos tokens cached
         tree = session.propose(out[pos], budget).tree.truncate(budget + 1)
-        tokens = tree.tokens.tolist()
         node, path = 0, [0]
         while pos + len(path) < len(out):
-            want = out[pos + len(path)]
-            nxt = next((c for c in tree.children[node] if tokens[c] == want), None)
+            nxt = tree.child(node, out[pos + len(path)])
             if nxt is None:
                 break
             node = nxt
