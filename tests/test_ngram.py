@@ -47,6 +47,20 @@ def test_counts_and_probs_match_reference(order):
     np.testing.assert_array_equal(model.probs([3, 4], cands), ref.probs([3, 4], cands))
 
 
+def test_context_lookups_past_the_first_level_table():
+    """Level 1's table covers ids below 2**22; larger ids (possible in a trie read from an upstream
+    file) take the binary search: the same answers as the reference on both sides of the bound."""
+    big = 1 << 22
+    ids = [3, 7, 11, big - 1, big, big + 5, 5_000_000]
+    rng = random.Random(3)
+    seqs = [[rng.choice(ids) for _ in range(rng.randrange(1, 12))] for _ in range(80)]
+    model, ref = both(seqs, 3, vocab=5_000_001)
+    for _ in range(400):
+        ctx = [rng.choice(ids + [4, big + 1]) for _ in range(rng.randrange(0, 4))]
+        tok = rng.choice(ids + [4, big + 1])
+        assert model.prob(ctx, tok) == ref.prob(ctx, tok), (ctx, tok)
+
+
 def test_upstream_rule_by_hand():
     # "1 2 3" twice, "1 2 4" once, "5 2 3" once; order 3
     model, _ = both([[1, 2, 3], [1, 2, 3], [1, 2, 4], [5, 2, 3]], vocab=10)

@@ -87,9 +87,31 @@ NGramModel::NGramModel(uint32_t order, uint32_t vocab_size, uint64_t total, std:
         lv.counts = storage_->counts[l].data();
         lv.first_child = l + 1 < order ? storage_->first_child[l].data() : nullptr;
     }
+    index_first_level();
 }
 
 NGramModel::~NGramModel() = default;
+
+// Token ids up to this bound get a table entry (16 MiB at most); a trie with larger ids (a damaged
+// file) keeps the binary search for those.
+constexpr size_t kMaxTableTokens = size_t{1} << 22;
+
+void NGramModel::index_first_level() {
+    const Level& lv = levels_[0];
+    token_t top = -1;
+    for (uint64_t i = 0; i < lv.size; ++i) top = std::max(top, lv.tokens[i]);
+    first_level_.assign(std::min<size_t>(top < 0 ? 0 : static_cast<size_t>(top) + 1, kMaxTableTokens), -1);
+    for (uint64_t i = 0; i < lv.size; ++i) {
+        const token_t t = lv.tokens[i];
+        // the first occurrence, as the binary search finds it (a valid level holds each token once)
+        if (t >= 0 && static_cast<size_t>(t) < first_level_.size() && first_level_[t] < 0) first_level_[t] = static_cast<int32_t>(i);
+    }
+}
+
+int64_t NGramModel::first_level_node(token_t token) const {
+    if (token >= 0 && static_cast<size_t>(token) < first_level_.size()) return first_level_[token];
+    return search(levels_[0], 0, levels_[0].size, token);
+}
 
 uint64_t NGramModel::num_nodes() const {
     uint64_t n = 1;
@@ -100,7 +122,7 @@ uint64_t NGramModel::num_nodes() const {
 int64_t NGramModel::find_context(const token_t* ctx, size_t n_ctx, size_t len) const {
     if (len == 0 || len > n_ctx || len >= order_) return -1;
     const token_t* c = ctx + (n_ctx - len);
-    int64_t node = search(levels_[0], 0, levels_[0].size, c[0]);
+    int64_t node = first_level_node(c[0]);
     for (size_t l = 1; l < len && node >= 0; ++l) {
         uint64_t lo, hi;
         child_range(levels_[l - 1], levels_[l], node, &lo, &hi);
@@ -303,6 +325,7 @@ std::unique_ptr<NGramModel> NGramModel::load_compact(const std::string& path) {
             throw file_error(path, "corrupt: child index ranges do not match level sizes");
     }
     m->storage_ = std::move(storage);
+    m->index_first_level();
     return m;
 }
 
