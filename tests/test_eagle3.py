@@ -203,3 +203,37 @@ def test_read_back_returns_each_tensor_exactly_in_one_copy():
     ids = torch.tensor([0, 151_935, 2**40])
     a, b, c = read_back(ids, vals, torch.tensor([2, 5]))
     assert a == [0.0, 151_935.0, float(2**40)] and b == vals.tolist() and c == [2.0, 5.0]
+
+
+def test_rank_orders_by_score_then_depth_then_pool_order(tiny_llama):
+    """The pool's ranking (numpy's lexsort) keeps the nodes a Python sort by (score descending, depth,
+    pool order) keeps, ties included, and builds the same tree from them."""
+    import random
+
+    from dart_core.drafters.eagle3 import _Pool
+
+    drafter = Eagle3Drafter(random_eagle3_head(tiny_llama, seed=1), tiny_llama, Eagle3Params(depth=4, top_k=4, max_nodes=30))
+    session = drafter.new_session(64)
+    rng = random.Random(0)
+    for trial in range(40):
+        k = rng.choice((2, 3, 4))
+        own = [rng.choice((-0.25, -0.5, -1.0, -2.0)) for _ in range(k)]  # few values: many exact ties
+        pool = _Pool.of_root(list(range(100, 100 + k)), own, torch.tensor(own, dtype=torch.float64))
+        frontier = list(range(k))
+        for _ in range(rng.randrange(1, 4)):
+            base = pool.scores[frontier]
+            child = [rng.choice((-0.25, -0.5, -1.0)) for _ in range(len(frontier) * k)]
+            cand = (base[:, None] + torch.tensor(child, dtype=torch.float64).view(len(frontier), k)).reshape(-1)
+            best = sorted(rng.sample(range(cand.numel()), k))
+            frontier = pool.add_level(frontier, rng.sample(range(1000), len(child)), child, cand, best, k)
+        sc = pool.scores.tolist()
+        depth = [0] * len(sc)
+        for i, par in enumerate(pool.parents):
+            depth[i] = 1 if par < 0 else depth[par] + 1
+        keep = rng.randrange(1, len(sc) + 1)
+        want = sorted(sorted(range(len(sc)), key=lambda i: (-sc[i], depth[i], i))[:keep])
+        tree = session.rank(7, pool, keep)
+        assert tree.tokens.tolist() == [7] + [pool.tokens[i] for i in want], trial
+        assert tree.scores[1:].tolist() == [pytest.approx(sc[i]) for i in want]
+        index = {node: j + 1 for j, node in enumerate(want)}
+        assert tree.parents.tolist() == [-1] + [index.get(pool.parents[i], 0) for i in want]

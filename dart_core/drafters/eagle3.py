@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..fixed import Upload
@@ -337,7 +338,10 @@ class _Eagle3Session:
                 self.last_pool = (list(tokens), list(parents), list(depth), feats)
             if p.ranking:  # rank by the fitted ln P(accepted) (never above the parent's: the kept set stays closed)
                 sc = fitted_scores(p.ranking, feats, parents, depth)
-        ranked = sorted(range(len(tokens)), key=lambda i: (-sc[i], depth[i], i))[:keep]
+        # by (score descending, depth, pool order): np.lexsort's last key first, stable; in numpy, as a
+        # Python sort of the ~700 nodes of a 60-node search took ~0.3 ms of the host's time a step
+        n = len(tokens)
+        ranked = np.lexsort((np.arange(n), np.asarray(depth), -np.asarray(sc, dtype=np.float64)))[:keep].tolist()
         chosen = set()
         for i in ranked:  # parent-first by construction of the ranking; checked anyway
             if parents[i] < 0 or parents[i] in chosen:
