@@ -510,13 +510,13 @@ def big_drafting(target: Target, r: dict, rep: Report, small: bool, dev: torch.d
     eager_head = DartDrafter(dart_head, target, trie, dart_params)
     eager_head.head_graph = False  # the head's forward as eager torch ops, for comparison
     eagle_params = Eagle3Params(depth=7, top_k=10, max_nodes=60)
-    eager_expand = Eagle3Drafter(eagle_head, target, eagle_params)
-    eager_expand.expand_graph = False  # the expansion as eager torch ops, a read-back a level, for comparison
+    eager_eagle = Eagle3Drafter(eagle_head, target, eagle_params)
+    eager_eagle.head_graph = eager_eagle.expand_graph = False  # its forwards as eager torch ops, a read-back a level, for comparison
     drafters = {
         "dart": DartDrafter(dart_head, target, trie, dart_params),  # on CUDA: the head's forward captured (head_graph.py)
         "dart-eager-head": eager_head,
-        "eagle3": Eagle3Drafter(eagle_head, target, eagle_params),  # on CUDA: the expansion captured (expand_graph.py)
-        "eagle3-eager-expand": eager_expand,
+        "eagle3": Eagle3Drafter(eagle_head, target, eagle_params),  # on CUDA: its first forward and expansion captured
+        "eagle3-eager": eager_eagle,
     }
     prompt = [rng.randrange(V) for _ in range(512)]
     cache = target.new_cache(700)
@@ -540,6 +540,9 @@ def big_drafting(target: Target, r: dict, rep: Report, small: bool, dev: torch.d
                 prune.append(prop.prune_s * 1e3)
                 session.extend([int(prop.tree.tokens[0])], out.hidden[-1:])
             graph = getattr(session, "graph", None)
+            first = getattr(session, "head_graph", None)  # EAGLE3's captured first forward (its `graph`: the expansion)
+            if isinstance(drafter, Eagle3Drafter):
+                entry["first_forward_graph_calls"] = first.calls if first is not None else 0
             entry.update(
                 graph_calls=graph.calls if graph is not None else 0,  # proposals through the captured forward
                 nodes=len(prop.tree) - 1,

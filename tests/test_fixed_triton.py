@@ -97,13 +97,14 @@ def test_the_captured_dart_head_forward_computes_the_eager_one(interpreted):
     assert r["head_graph_reused"] and r["reused_ids_equal_ar"], r  # the next generation reuses the captured forward
 
 
-def test_the_captured_eagle3_expansion_computes_the_eager_one(interpreted):
-    """dart_core/drafters/expand_graph.py (uncaptured, in the interpreter) against the eager expansion,
+def test_the_captured_eagle3_drafting_computes_the_eager_one(interpreted):
+    """EAGLE3's captured first forward (dart_core/drafters/head_graph.py) and expansion
+    (dart_core/drafters/expand_graph.py), uncaptured in the interpreter, against the eager ones,
     proposal by proposal: the same trees (tokens and parents) with scores equal up to fp32 rounding; a
-    generation through it gives plain decoding's ids and the eager expansion's tau, and the next
-    session takes the same captured expansion."""
+    generation through them gives plain decoding's ids and the eager drafting's tau, and the next
+    session takes the same captured forwards."""
     r = interpreted["expand"]
-    assert r["steps"] == 6 and r["graph_calls"] == 6 and r["nodes"] == 15, r
+    assert r["steps"] == 6 and r["graph_calls"] == 6 and r["head_graph_calls"] == 6 and r["nodes"] == 15, r
     assert r["trees_equal"] == 6 and r["max_score_diff"] <= 1e-5, r
     assert r["ids_equal_ar"] == 2 and r["tau_graph"] == r["tau_eager"] and r["expand_graph_reused"], r
 
@@ -124,7 +125,7 @@ def test_every_launch_compiles_for_the_h200(compiled):
         for label in k["labels"]:
             by_label.setdefault(label, set()).add(k["kernel"])
     assert set(by_label) == set(compiled["runs"]) and len(compiled["runs"]) == 53, sorted(by_label)
-    # 53: tiny targets 3 archs x 3 dtypes x 3 paths + DART's head and EAGLE3's expansion on tiny Llama x
+    # 53: tiny targets 3 archs x 3 dtypes x 3 paths + DART's head and EAGLE3's drafting on tiny Llama x
     # 3 dtypes; Qwen3-8B's layer 3 paths + the two drafters; the embedded model's 3 dtypes x (3 paths + 2)
     for label, kernels in by_label.items():
         path = label.rsplit(" ", 1)[1]
@@ -133,7 +134,7 @@ def test_every_launch_compiles_for_the_h200(compiled):
             "fixed-grouped": FUSED | {"_group_split_kernel", "_combine_kernel"},
             "fixed-attn": ATTENTION,
             "dart-head": ATTENTION | {"_qkv_kernel"},
-            "eagle3-expand": ATTENTION | {"_qkv_kernel"},
+            "eagle3": ATTENTION | {"_qkv_kernel"},
         }[path]
         assert kernels == expected, (label, kernels)
 

@@ -44,10 +44,10 @@ def test_gpu_check_runs_on_the_cpu_and_reports_exactness(tmp_path):
     fixed = big["verify_vs_steps"]["fixed"]
     assert fixed["bitwise_equal"] == fixed["nodes"]
     assert set(big["verify"]) == {"fixed", "eager"} and set(big["verify"]["fixed"]) == {"256"}
-    assert set(big["drafting_60"]) == {"dart", "dart-eager-head", "eagle3", "eagle3-eager-expand"}
+    assert set(big["drafting_60"]) == {"dart", "dart-eager-head", "eagle3", "eagle3-eager"}
     assert all(big["drafting_60"][m]["nodes"] == 60 for m in big["drafting_60"])
     assert big["drafting_60"]["dart"]["graph_calls"] == big["drafting_60"]["eagle3"]["graph_calls"] == 0  # captured: CUDA only
-    assert set(big["loop"]) == {"ar", "dart", "dart-eager-head", "eagle3", "eagle3-eager-expand"}
+    assert set(big["loop"]) == {"ar", "dart", "dart-eager-head", "eagle3", "eagle3-eager"}
     assert "--- big" in (out / "gpu_check.log").read_text()
 
 
@@ -95,7 +95,7 @@ def test_a_lost_process_costs_its_piece_only(tmp_path):
     big = stages["big"]
     assert set(big["errors"]) == {"big-fixed"} and set(big["verify"]) == {"eager"}
     assert big["verify"]["eager"]["256"]["hbm_limit_ms"] > 0  # env's bandwidth reached the big stage's process
-    assert big["loop_path"] == "eager" and set(big["loop"]) == {"ar", "dart", "dart-eager-head", "eagle3", "eagle3-eager-expand"}
+    assert big["loop_path"] == "eager" and set(big["loop"]) == {"ar", "dart", "dart-eager-head", "eagle3", "eagle3-eager"}
     log = (out / "gpu_check.log").read_text()
     assert "exact-fixed: exit 86" in log and "big: loop eagle3" in log  # the pieces' logs in the run's
 
@@ -110,7 +110,7 @@ def test_a_failing_drafter_leaves_the_others_rows(tmp_path):
     big = json.loads((out / "gpu_check.json").read_text())["stages"]["big"]
     assert "fault injected at dart" in big["drafting_60"]["dart"]["error"] and "fault injected" in big["loop"]["dart"]["error"]
     assert big["drafting_60"]["eagle3"]["nodes"] == 60 and big["drafting_60"]["dart-eager-head"]["nodes"] == 60
-    assert big["drafting_60"]["eagle3-eager-expand"]["nodes"] == 60
+    assert big["drafting_60"]["eagle3-eager"]["nodes"] == 60
     assert big["loop"]["ar"]["tau"] == 1.0 and big["loop"]["eagle3"]["steps"] > 0
     assert big["verify_vs_steps"]["fixed"]["bitwise_equal"] == big["verify_vs_steps"]["fixed"]["nodes"]
 

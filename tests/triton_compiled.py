@@ -6,7 +6,7 @@ Triton's interpreter (tests/triton_interpreted.py) runs the kernels' program on 
 them to the GPU, where a kernel can fail to compile (a tensor-core product below its smallest shape, a
 layout the backend cannot convert, shared memory past the device's) or spill registers. Here the engine
 runs its own code, `Transformer.fixed_body`, DART's captured head forward (`HeadGraph._body`) and
-EAGLE3's captured expansion (`ExpandGraph._body`), on
+EAGLE3's captured first forward and expansion (`HeadGraph._body`, `ExpandGraph._body`), on
 the CPU at the shapes the device check runs (gpu_check's tiny targets in every dtype, Qwen3-8B's shape,
 the embedded model's shape, each path: fused or not, rows grouped or not), with every Triton launch
 turned into a compile for sm_90: the same arguments, specializations and options the launch would take
@@ -180,15 +180,20 @@ def head_forward(model: Transformer, dtype: torch.dtype, draft_length: int, vd: 
         graph._body()
 
 
-def expand_forward(model: Transformer, dtype: torch.dtype, vd: int) -> None:
-    """EAGLE3's captured expansion (ExpandGraph._body) on a random head shaped like model's layer, at
-    the width and depth gpu_check drafts 60 nodes with (10 x 7)."""
+def eagle3_forwards(model: Transformer, dtype: torch.dtype, vd: int) -> None:
+    """EAGLE3's captured drafting on a random head shaped like model's layer: its first forward
+    (HeadGraph._body, 3 pending tokens) and its expansion (ExpandGraph._body) at the width and depth
+    gpu_check drafts 60 nodes with (10 x 7)."""
     target = gpu_check.target_from_transformer(model, "compile", torch.device("cpu"), dtype, TINY_EOS)
     head = gpu_check.random_head(target, 12, None, vd)
-    cache = KVCache(1, head.config.num_key_value_heads, head.config.head_dim, 600, head.fc.weight.dtype, "cpu")
+    rows = graph_rows(0)
+    cache = KVCache(1, head.config.num_key_value_heads, head.config.head_dim, 600, head.fc.weight.dtype, "cpu", scratch=rows)
     cache.length = 300
+    first = HeadGraph(head, target, cache, rows)
+    first.meta.copy_(torch.tensor([300, 3, 3], dtype=torch.int32))
     graph = ExpandGraph(head, target, cache, 10, 7)
     with torch.inference_mode():
+        first._body()
         graph._body()
 
 
@@ -218,8 +223,8 @@ def main() -> int:
                 c.label = f"{name} {dname} dart-head"
                 head_forward(model, dtype, 3 if name.startswith("tiny") else 4, 64 if name.startswith("tiny") else 2048)
                 out["runs"].append(c.label)
-                c.label = f"{name} {dname} eagle3-expand"
-                expand_forward(model, dtype, 64 if name.startswith("tiny") else 2048)
+                c.label = f"{name} {dname} eagle3"
+                eagle3_forwards(model, dtype, 64 if name.startswith("tiny") else 2048)
                 out["runs"].append(c.label)
         seen: dict[str, dict] = {}  # one report a distinct compiled kernel
         for k in c.kernels:

@@ -123,13 +123,14 @@ def tiny_checkpoint(root: Path, arch: str) -> Path:
     return root / arch if (root / arch).exists() else build_tiny_checkpoint(root / arch, arch, seed=1)
 
 
-def eager_and_captured(target, make, flag: str, seed: int):
-    """Two drafters from make(), their captured forward off (`flag` False) and demanded (True); 40 random
-    tokens, the target's forward over them (their captured states), and a session of each drafter."""
+def eager_and_captured(target, make, flags: tuple[str, ...], seed: int):
+    """Two drafters from make(), their captured forwards off (each of `flags` False) and demanded (True);
+    40 random tokens, the target's forward over them (their captured states), and a session of each."""
     drafters = {}
     for graph in (False, True):
         d = make()
-        setattr(d, flag, graph)
+        for flag in flags:
+            setattr(d, flag, graph)
         drafters[graph] = d
     rng = random.Random(seed)
     tokens = [rng.randrange(TINY_VOCAB) for _ in range(40)]
@@ -191,7 +192,7 @@ def head_forward(root: Path) -> dict:
     head.eval()
     params = DartParams(ngram_cpp.PruneParams(top_k=8, beam_width=4, max_nodes=10))
     drafters, tokens, out, sessions = eager_and_captured(
-        target, lambda: DartDrafter(head, target, None, params, use_kernels=False), "head_graph", 8
+        target, lambda: DartDrafter(head, target, None, params, use_kernels=False), ("head_graph",), 8
     )
     r = {"steps": 0, "max_diff": 0.0, "topk_equal": 0, "rows_checked": 0}
     at = 0
@@ -224,9 +225,10 @@ def head_forward(root: Path) -> dict:
 
 
 def expand_forward(root: Path) -> dict:
-    """EAGLE3's captured expansion (drafters/expand_graph.py, uncaptured here) against the eager one,
-    proposal by proposal through a session: the same trees and scores up to rounding; a generation
-    through it gives plain decoding's ids and the eager expansion's tau; the next session reuses it."""
+    """EAGLE3's captured drafting (its first forward, drafters/head_graph.py, and its expansion,
+    drafters/expand_graph.py; uncaptured here) against the eager one, proposal by proposal through a
+    session: the same trees and scores up to rounding; a generation through it gives plain decoding's
+    ids and the eager drafting's tau; the next session reuses both."""
     import ngram_cpp  # noqa: F401  (the drafters' pruner module, loaded as the engine loads it)
     from dart_core import ARDrafter, GenerationParams, complete
     from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3Params
@@ -238,7 +240,7 @@ def expand_forward(root: Path) -> dict:
     head = random_eagle3_head(target, seed=6)
     params = Eagle3Params(depth=4, top_k=4, max_nodes=15)
     drafters, tokens, out, sessions = eager_and_captured(
-        target, lambda: Eagle3Drafter(head, target, params, use_kernels=False), "expand_graph", 9
+        target, lambda: Eagle3Drafter(head, target, params, use_kernels=False), ("head_graph", "expand_graph"), 9
     )
     r = {"steps": 0, "trees_equal": 0, "max_score_diff": 0.0, "nodes": 0}
     at = 0
@@ -255,6 +257,8 @@ def expand_forward(root: Path) -> dict:
         r["steps"] += 1
         at += n
     r["graph_calls"] = sessions[True].graph.calls
+    r["head_graph_calls"] = sessions[True].head_graph.calls  # the first proposal's 9 pending tokens fit the 16 rows too
+    captured = (sessions[True].head_graph, sessions[True].graph)
     for session in sessions.values():
         session.close()
     prompt = tokens[:7]
@@ -263,7 +267,7 @@ def expand_forward(root: Path) -> dict:
     r["ids_equal_ar"] = sum(run.output_ids == ar for run in runs.values())
     r["tau_graph"], r["tau_eager"] = round(runs[True].tau, 3), round(runs[False].tau, 3)
     kept = drafters[True].spare._idle
-    r["expand_graph_reused"] = kept is not None and kept.expand_graph is sessions[True].graph
+    r["expand_graph_reused"] = kept is not None and (kept.head_graph, kept.expand_graph) == captured
     return r
 
 

@@ -111,6 +111,9 @@ class Eagle3Drafter:
         # the expansion captured as a CUDA graph (expand_graph.py): None where it runs (CUDA with Triton,
         # no CPU kernels), False never, True demanded (on a CPU: Triton's interpreter, uncaptured)
         self.expand_graph: bool | None = None
+        # the step's first forward (extend_root) captured too (head_graph.py, as DART's draft forward):
+        # the same values
+        self.head_graph: bool | None = None
         # the last session's head cache (with its captured expansion), for the next session (SpareCache)
         self.spare = SpareCache()
 
@@ -166,14 +169,25 @@ class _Eagle3Session:
         self.collect = False  # keep last_pool (dart_core/tools/fitting.py sets it)
         scratch = p.top_k * p.depth
         dev = drafter.target.device
-        use = drafter.expand_graph
-        graph = use is not False and drafter.fast is None and p.depth >= 1 and head_graph.supported(drafter.head, dev, demand=bool(use))
-        if use and not graph:
-            raise RuntimeError("expand_graph=True needs Triton on CUDA (or its interpreter), no CPU kernel head, a power-of-two head dim")
+        captured = {}
+        for flag in ("head_graph", "expand_graph"):
+            use = getattr(drafter, flag)
+            captured[flag] = use is not False and drafter.fast is None and head_graph.supported(drafter.head, dev, demand=bool(use))
+            if use and not captured[flag]:
+                raise RuntimeError(f"{flag}=True needs Triton on CUDA (or its interpreter), no CPU kernel head, a power-of-two head dim")
+        captured["expand_graph"] = captured["expand_graph"] and p.depth >= 1
+        rows = head_graph.graph_rows(0) if captured["head_graph"] else 0
         size, dtype = capacity + scratch + 1, drafter.head.fc.weight.dtype
-        self.cache = drafter.spare.lease(1, c.num_key_value_heads, c.head_dim, size, dtype, dev)  # with its captured expansion
+        # with its captured forwards (a graph holds the cache's addresses, so they are kept on it)
+        self.cache = drafter.spare.lease(1, c.num_key_value_heads, c.head_dim, size, dtype, dev, rows)
+        self.head_graph = None
+        if captured["head_graph"]:
+            if getattr(self.cache, "head_graph", None) is None:
+                self.cache.head_graph = head_graph.HeadGraph(drafter.head, drafter.target, self.cache, rows)
+            self.head_graph = self.cache.head_graph
+            self.head_graph.calls = 0
         self.graph = None
-        if graph:  # kept on its cache: a graph holds the cache's addresses
+        if captured["expand_graph"]:
             kept = getattr(self.cache, "expand_graph", None)
             if kept is None or (kept.k, kept.depth) != (p.top_k, p.depth):
                 self.cache.expand_graph = expand_graph.ExpandGraph(drafter.head, drafter.target, self.cache, p.top_k, p.depth)
@@ -223,6 +237,11 @@ class _Eagle3Session:
         head, target = self.d.head, self.d.target
         dev = target.device
         S = len(self.pending_ids)
+        if self.head_graph is not None and self.head_graph.fits(S):  # the captured forward (a GPU)
+            h = self.head_graph(self.pending_ids[1:] + [root], torch.cat(self.pending_aux), 0)
+            self.cache.commit(S)
+            self.pending_ids, self.pending_aux = [], []
+            return h
         emb = target.model.tok_embeddings(torch.tensor(self.pending_ids[1:] + [root], device=dev)).to(head.fc.weight.dtype)
         fast = self.d.fast
         if fast is not None:

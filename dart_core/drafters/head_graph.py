@@ -1,4 +1,7 @@
-"""DART's draft forward on a GPU at a fixed row count, captured once as a CUDA graph.
+"""A draft head's forward over the pending tokens on a GPU at a fixed row count, captured once as a
+CUDA graph: DART's draft forward (the pending tokens and D mask slots, to the D + 1 rows' logits), and
+EAGLE3's first forward of a step (the pending tokens, to the state at the root that its expansion
+starts from: eagle3.py's `extend_root`).
 
 The eager head forward (dart.py's draft_logits) is some sixty small torch ops whose shapes change with
 the pending tokens S and the head's cache length P, and launching them costs more than the head's
@@ -14,7 +17,9 @@ addresses never change and the forward is captured once per session and replayed
 - attention over the committed prefix and the chain of new rows by the fixed forward's Triton kernels
   (dart_core/fixed_triton.py: P and the real rows read on the device; padding rows give zeros);
 - the D + 1 rows that give logits (the last pending token and the masks) gathered at S - 1 on the
-  device, then the MLP, the final norm(s) and the LM head.
+  device, then the MLP, the final norm(s) and the LM head; for an EAGLE3 head (no masks, D = 0) the
+  last pending token's row through the MLP is the result (its expansion, expand_graph.py, takes the
+  logits from there).
 
 Drafts need no exactness (the target's verify decides), so this only has to compute what the eager
 forward computes, up to rounding: the tests compare the two (tests/triton_interpreted.py runs this
@@ -46,9 +51,10 @@ def supported(head, device: torch.device, demand: bool = False) -> bool:
 
 
 class HeadGraph:
-    """One DART session's draft forward at `rows` rows into its head cache (which needs `rows` slots of
+    """One session's head forward at `rows` rows into its head cache (which needs `rows` slots of
     scratch past its capacity). Call with the pending ids (host), their target states (device) and D;
-    returns the (D + 1, Vd) fp32 logits."""
+    returns, for a DART head, the (D + 1, Vd) fp32 logits; for an EAGLE3 head (D = 0), the state at the
+    last pending token (1, H) in the head's dtype."""
 
     def __init__(self, head, target, cache: KVCache, rows: int):
         from .. import fixed_triton
@@ -59,7 +65,8 @@ class HeadGraph:
         if cache.k.shape[3] < cache.capacity + rows:
             raise ValueError(f"the head's captured forward writes {rows} rows: its cache needs that much scratch")
         self.head, self.target, self.cache, self.rows, self.dev = head, target, cache, rows, dev
-        self.D = c.draft_length
+        self.D = c.draft_length if c.is_dart else 0
+        self.state = not c.is_dart  # EAGLE3: the state at the root, not logits
         R = rows
         a = head.midlayer.self_attn
         self.wqkv = torch.cat((a.q_proj.weight, a.k_proj.weight, a.v_proj.weight))  # one GEMM (a copy, made once)
@@ -84,7 +91,7 @@ class HeadGraph:
         self._upload_meta = Upload(torch.int32, dev, 3)
         self.capture = dev.type == "cuda"
         self.graph = None
-        self.logits = None
+        self.out = None
         self.calls = 0  # forwards run here (the rest of the session's went eager)
 
     def fits(self, S: int) -> bool:
@@ -106,9 +113,9 @@ class HeadGraph:
         if not self.capture:
             return self._body()[: D + 1]
         if self.graph is None:
-            self.graph, self.logits = capture_graph(self._body, self.dev)
+            self.graph, self.out = capture_graph(self._body, self.dev)
         self.graph.replay()
-        return self.logits[: D + 1].clone()  # the static buffer is the next replay's
+        return self.out[: D + 1].clone()  # the static buffer is the next replay's
 
     def _body(self) -> torch.Tensor:
         head, c = self.head, self.head.config
@@ -120,9 +127,11 @@ class HeadGraph:
         emb = self.target.model.tok_embeddings(self.ids).to(dt)
         g = F.linear(self.aux, head.fc.weight)
         u = torch.cat((layer.input_layernorm(emb), layer.hidden_norm(g)), dim=-1)
-        masks = ((rows >= S) & (rows < T))[:, None]  # the mask slots bypass both norms
-        u = torch.where(masks, layer.mask_rep.to(dt), u)
-        residual = torch.where(masks, layer.mask_rep[:H].to(dt), g)
+        residual = g
+        if self.D:
+            masks = ((rows >= S) & (rows < T))[:, None]  # the mask slots bypass both norms
+            u = torch.where(masks, layer.mask_rep.to(dt), u)
+            residual = torch.where(masks, layer.mask_rep[:H].to(dt), g)
         positions = (rows + P).clamp(max=self.rope.positions - 1)  # padding rows past the table: any row
         k_cache, v_cache = self.cache.k[0, 0], self.cache.v[0, 0]
         kern = self._kernels
@@ -132,5 +141,5 @@ class HeadGraph:
         )  # fmt: skip
         att = kern.attention(q, k_cache, v_cache, self.path, self.plen, self.meta, self.att_out, self.ws)
         h = residual + F.linear(att.reshape(R, nh * hd), a.o_proj.weight)
-        h = h.index_select(0, self.sel + (S - 1))  # the last pending token and the D masks
-        return head.logits(layer.mlp_block(h)).float()
+        h = layer.mlp_block(h.index_select(0, self.sel + (S - 1)))  # the last pending token and the D masks
+        return h if self.state else head.logits(h).float()
