@@ -393,6 +393,11 @@ class Transformer(nn.Module):
         # of its tile, which only a GPU run can show: fixed.default_row_group, gpu_check's
         # fixed-grouped path)
         self.fixed_row_group: int = 1
+        # A prompt of more than the fixed rows runs as that many fixed-shape forwards when its chunks
+        # are at most this many (Target.prefill), else as one eager forward; 0 (the default): always
+        # eager. A replay a chunk against an eager forward's launches: which is faster depends on the
+        # model's size and the device (gpu_check times both).
+        self.fixed_prefill_chunks: int = 0
         self._fixed_rope: fixed.RopeTable | None = None
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -121,10 +121,36 @@ class Target:
         self.spare.give(cache)
 
     def prefill(self, ids: list[int], cache: KVCache, capture: bool) -> ForwardOutput:
-        """Run the prompt causally after the cache's prefix. Logits (1, V) for the last token; hidden (T, 3H)."""
+        """Run the prompt causally after the cache's prefix. Logits (1, V) for the last token; hidden (T, 3H).
+
+        A prompt longer than the fixed-shape forward's rows R runs as one eager forward, or, where
+        model.fixed_prefill_chunks allows its ceil(T / R) chunks, as fixed-shape forwards of R tokens
+        in turn (on a GPU: a replay of the captured graph a chunk instead of an eager forward's
+        hundreds of launches; each row then gets its one-token step's bits). Like any forward it
+        leaves the prompt's entries pending: the caller commits them."""
+        R = self.model.fixed_row_count(self.device)
+        if len(ids) > R > 0 and -(-len(ids) // R) <= self.model.fixed_prefill_chunks and self.model.fixed_path(R, self.device):
+            return self._prefill_chunked(ids, cache, capture, R)
         tokens = torch.tensor(ids, dtype=torch.long, device=self.device)
         positions = torch.arange(cache.length, cache.length + len(ids), device=self.device)
         return self.model(tokens, positions, cache, None, logits_at=slice(-1, None), capture=capture)
+
+    def _prefill_chunked(self, ids: list[int], cache: KVCache, capture: bool, R: int) -> ForwardOutput:
+        start = cache.length
+        cache.check_room(len(ids))
+        hidden = []
+        try:
+            for at in range(0, len(ids), R):
+                chunk = ids[at : at + R]
+                last = at + R >= len(ids)
+                positions = torch.arange(cache.length, cache.length + len(chunk))
+                out = self.model(torch.tensor(chunk), positions, cache, None, slice(-1, None) if last else None, capture=capture, logits=last)
+                if capture:
+                    hidden.append(out.hidden)
+                cache.commit(len(chunk))  # the next chunk attends to this one
+        finally:
+            cache.rewind(start)  # pending again (their keys and values stay in place)
+        return ForwardOutput(logits=out.logits, hidden=torch.cat(hidden) if capture else None)
 
     def exact_verify(self, rows: int) -> bool:
         """Whether a verify of up to `rows` nodes computes bit for bit what one-token steps compute

@@ -129,6 +129,28 @@ def timed_ms(fn, device: torch.device, warmup: int = 2, reps: int = 7) -> float:
     return statistics.median(times)
 
 
+def prefill_costs(target: Target, lengths: list[int], dev: torch.device, reps: int = 7) -> dict:
+    """A prompt's prefill (ms, capturing the drafters' states) as one eager forward and as fixed-shape
+    forwards of the fixed rows in turn (Target.prefill with model.fixed_prefill_chunks): which is
+    faster depends on the model's size and the device, so the device says."""
+    model = target.model
+    R = model.fixed_row_count(dev)
+    rng = random.Random(5)
+    saved, out = model.fixed_prefill_chunks, {}
+    try:
+        for n in lengths:
+            ids = [rng.randrange(model.args.vocab_size) for _ in range(n)]
+            cache = target.new_cache(n + 8)
+            row = {"chunks": -(-n // R)}
+            for mode, chunks in (("eager", 0), ("chunked", row["chunks"])):
+                model.fixed_prefill_chunks = chunks
+                row[f"{mode}_ms"] = round(timed_ms(lambda: target.prefill(ids, cache, capture=True), dev, min(2, reps), reps), 3)
+            out[str(n)] = row
+    finally:
+        model.fixed_prefill_chunks = saved
+    return out
+
+
 @contextlib.contextmanager
 def count_syncs(device: torch.device):
     """Counts the host-device synchronizations torch reports (its sync debug mode: .item(), .tolist(),
@@ -583,6 +605,14 @@ def big_drafting(target: Target, r: dict, rep: Report, small: bool, dev: torch.d
             rep.log(f"big: loop {name} {entry}")
         loop[name] = entry
         rep.save("big", r)
+    R = target.model.fixed_row_count(dev)
+    if target.model.fixed_path(R, dev):  # (the loop's path may be the plain eager one: no chunks there)
+        entry = {}
+        with recorded_failure(rep, "big: prefill", entry, dev):
+            entry.update(prefill_costs(target, [R + 1] if small else [2 * R, 8 * R], dev, 1 if small else 7))
+            rep.log(f"big: prefill {entry}")
+        r["prefill"] = entry
+        rep.save("big", r)
 
 
 def stage_profile(dev: torch.device, small: bool, rep: Report, opts) -> dict:
@@ -691,8 +721,14 @@ def stage_embedded(dev: torch.device, small: bool, rep: Report, opts) -> dict:
                 "ms_a_step": {k: round(t / max(1, v["steps"] - len(texts)) * 1e3, 3) for k, t in v["stages"].items()},
                 "prefill_ms": round(v["prefill"] / len(texts) * 1e3, 2),
             }
-        rep.log(f"embedded {dname} ({target.weights}): {rows}")
-        r[dname] = {**rows, "calibration": calibration} if calibration else rows
+        R = target.model.fixed_row_count(dev)
+        prefill: dict = {}
+        if target.model.fixed_path(R, dev):  # (on the CPU kernels a prompt runs on them, not in chunks)
+            with recorded_failure(rep, f"embedded {dname}: prefill", prefill, dev):
+                prefill.update(prefill_costs(target, [R + 1, 2 * R, 4 * R, 8 * R], dev))
+        rep.log(f"embedded {dname} ({target.weights}): {rows}, prefill {prefill}")
+        # the prompt's forward: one eager forward against fixed-shape chunks
+        r[dname] = {**rows, "prefill": prefill, **({"calibration": calibration} if calibration else {})}
         rep.save("embedded", r)
     return r
 

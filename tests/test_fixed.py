@@ -145,6 +145,45 @@ def test_trees_beyond_the_rows_take_the_eager_path_and_say_so(tiny_paths):
     assert target.verify(tree, cache, capture=False).logits.shape == (24, TINY_VOCAB)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_chunked_prefill_gives_each_row_its_one_token_steps_bits(tiny_paths, dtype):
+    """A prompt of three 16-row chunks through the fixed forward (model.fixed_prefill_chunks): the last
+    logits, every captured state and every cache entry are bit for bit those of feeding the prompt a
+    token at a time, left pending as any forward's; with fewer chunks allowed than the prompt needs it
+    runs one eager forward; drafting after a chunked prefill stays lossless."""
+    target = torch_target(tiny_paths["qwen3"], dtype, 16)
+    rng = random.Random(8)
+    prompt = [rng.randrange(TINY_VOCAB) for _ in range(40)]
+    steps = target.new_cache(64)
+    step_hidden = []
+    for t in prompt:
+        out = target.model(torch.tensor([t]), torch.tensor([steps.length]), steps, capture=True)
+        step_hidden.append(out.hidden)
+        steps.commit(1)
+    last_logits = out.logits
+
+    def prefilled(chunks: int):
+        target.model.fixed_prefill_chunks = chunks
+        cache = target.new_cache(64)
+        out = target.prefill(prompt, cache, capture=True)
+        assert cache.length == 0 and out.logits.shape == (1, TINY_VOCAB) and out.hidden.shape[0] == 40
+        return out, cache
+
+    try:
+        out, cache = prefilled(3)
+        assert torch.equal(out.logits, last_logits)
+        assert torch.equal(out.hidden, torch.cat(step_hidden))
+        assert torch.equal(cache.k[:, :, :, :40], steps.k[:, :, :, :40]) and torch.equal(cache.v[:, :, :, :40], steps.v[:, :, :, :40])
+        _, eager_cache = prefilled(2)  # three chunks needed, two allowed: one eager forward
+        assert getattr(eager_cache, "fixed_runner", None) is None and cache.fixed_runner is not None
+        target.model.fixed_prefill_chunks = 3
+        drafter = Eagle3Drafter(random_eagle3_head(target, seed=4), target, Eagle3Params(depth=4, top_k=4, max_nodes=15))
+        ar = complete(target, prompt, ARDrafter(), GenerationParams(16)).output_ids
+        assert complete(target, prompt, drafter, GenerationParams(16)).output_ids == ar
+    finally:
+        target.model.fixed_prefill_chunks = 0
+
+
 def test_fixed_forward_refuses_a_mask_without_parents(tiny_paths):
     target = torch_target(tiny_paths["llama"], torch.float32, 16)
     cache = target.new_cache(16)

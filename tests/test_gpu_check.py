@@ -48,6 +48,8 @@ def test_gpu_check_runs_on_the_cpu_and_reports_exactness(tmp_path):
     assert all(big["drafting_60"][m]["nodes"] == 60 for m in big["drafting_60"])
     assert big["drafting_60"]["dart"]["graph_calls"] == big["drafting_60"]["eagle3"]["graph_calls"] == 0  # captured: CUDA only
     assert set(big["loop"]) == {"ar", "dart", "dart-eager-head", "eagle3", "eagle3-eager"}
+    prefill = big["prefill"]["65"]  # a prompt one token past the rows: two fixed-shape chunks, or one eager forward
+    assert prefill["chunks"] == 2 and prefill["eager_ms"] > 0 and prefill["chunked_ms"] > 0, big["prefill"]
     assert "--- big" in (out / "gpu_check.log").read_text()
 
 
@@ -66,7 +68,7 @@ def test_gpu_check_embedded_stage_runs_on_the_cpu(tmp_path, fresh_cache):
     rows = json.loads((out / "gpu_check.json").read_text())["stages"]["embedded"][weights]
     assert {"ar", "dart@4", "eagle3@4"} <= set(rows)
     for m, row in rows.items():
-        if m != "calibration":
+        if m not in ("calibration", "prefill"):
             assert row["ids_equal_ar"] == row["prompts"] == 2 and row["tau"] >= 1.0, (m, row)
     if kernels.AVAILABLE:  # the kernels path calibrates (a GPU's fixed forward too); the eager CPU path does not
         cal = rows["calibration"]
