@@ -144,7 +144,9 @@ class Target:
                 chunk = ids[at : at + R]
                 last = at + R >= len(ids)
                 positions = torch.arange(cache.length, cache.length + len(chunk))
-                out = self.model(torch.tensor(chunk), positions, cache, None, slice(-1, None) if last else None, capture=capture, logits=last)
+                out = self.model(
+                    torch.tensor(chunk), positions, cache, None, slice(-1, None) if last else None, capture=capture, logits=last
+                )
                 if capture:
                     hidden.append(out.hidden)
                 cache.commit(len(chunk))  # the next chunk attends to this one
