@@ -140,6 +140,20 @@ def eager_and_captured(target, make, flags: tuple[str, ...], seed: int):
     return drafters, tokens, out, sessions
 
 
+def against_plain(target, drafters: dict, prompt: list[int], new_tokens: int) -> dict:
+    """Greedy generations of `prompt` by the eager (False) and the captured (True) drafter: how many give
+    plain decoding's ids, and each one's tau."""
+    from dart_core import ARDrafter, GenerationParams, complete
+
+    ar = complete(target, prompt, ARDrafter(), GenerationParams(new_tokens)).output_ids
+    runs = {k: complete(target, prompt, d, GenerationParams(new_tokens)) for k, d in drafters.items()}
+    return {
+        "ids_equal_ar": sum(run.output_ids == ar for run in runs.values()),
+        "tau_graph": round(runs[True].tau, 3),
+        "tau_eager": round(runs[False].tau, 3),
+    }
+
+
 def model(arch: str, dtype: torch.dtype, fused: bool, root: Path, row_group: int) -> dict:
     """A tiny random target's fixed forward on the kernels (8 rows): a random tree's verify against the
     one-token steps along its paths (bitwise: logits and captured states) and against the torch
@@ -208,11 +222,7 @@ def head_forward(root: Path) -> dict:
         r["steps"] += 1
         at += n
     r["graph_calls"] = sessions[True].graph.calls
-    prompt = tokens[:7]
-    ar = complete(target, prompt, ARDrafter(), GenerationParams(24)).output_ids
-    runs = {k: complete(target, prompt, d, GenerationParams(24)) for k, d in drafters.items()}
-    r["ids_equal_ar"] = sum(run.output_ids == ar for run in runs.values())
-    r["tau_graph"], r["tau_eager"] = round(runs[True].tau, 3), round(runs[False].tau, 3)
+    r.update(against_plain(target, drafters, tokens[:7], 24))
     # the next generation takes the head cache the last one gave back, with the forward built on it
     # (on a GPU, the graph captured there: replayed, not captured again), and is still lossless
     kept = drafters[True].spare._idle
@@ -230,7 +240,6 @@ def expand_forward(root: Path) -> dict:
     session: the same trees and scores up to rounding; a generation through it gives plain decoding's
     ids and the eager drafting's tau; the next session reuses both."""
     import ngram_cpp  # noqa: F401  (the drafters' pruner module, loaded as the engine loads it)
-    from dart_core import ARDrafter, GenerationParams, complete
     from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3Params
 
     from support import random_eagle3_head
@@ -261,11 +270,7 @@ def expand_forward(root: Path) -> dict:
     captured = (sessions[True].head_graph, sessions[True].graph)
     for session in sessions.values():
         session.close()
-    prompt = tokens[:7]
-    ar = complete(target, prompt, ARDrafter(), GenerationParams(20)).output_ids
-    runs = {k: complete(target, prompt, d, GenerationParams(20)) for k, d in drafters.items()}
-    r["ids_equal_ar"] = sum(run.output_ids == ar for run in runs.values())
-    r["tau_graph"], r["tau_eager"] = round(runs[True].tau, 3), round(runs[False].tau, 3)
+    r.update(against_plain(target, drafters, tokens[:7], 20))
     kept = drafters[True].spare._idle
     r["expand_graph_reused"] = kept is not None and (kept.head_graph, kept.expand_graph) == captured
     return r

@@ -221,19 +221,11 @@ class _DartSession:
         self.d = drafter
         c = drafter.head.config
         dev = drafter.target.device
-        use = drafter.head_graph
-        graph = use is not False and drafter.fast is None and head_graph.supported(drafter.head, dev, demand=bool(use))
-        if use and not graph:
-            raise RuntimeError("head_graph=True needs Triton on CUDA (or its interpreter), no CPU kernel head, a power-of-two head dim")
+        graph = head_graph.wanted(drafter, "head_graph")
         rows = head_graph.graph_rows(c.draft_length) if graph else 0
         size, dtype = capacity + c.draft_length + 1, drafter.head.fc.weight.dtype
         self.cache = drafter.spare.lease(1, c.num_key_value_heads, c.head_dim, size, dtype, dev, rows)  # with its captured forward
-        self.graph = None
-        if graph:  # kept on its cache: a graph holds the cache's addresses
-            if getattr(self.cache, "head_graph", None) is None:
-                self.cache.head_graph = head_graph.HeadGraph(drafter.head, drafter.target, self.cache, rows)
-            self.graph = self.cache.head_graph
-            self.graph.calls = 0
+        self.graph = head_graph.kept_on(self.cache, drafter.head, drafter.target, rows) if graph else None
         self._closed = False
         self.pending_ids: list[int] = []
         self.pending_aux: list[torch.Tensor] = []

@@ -169,25 +169,15 @@ class _Eagle3Session:
         self.collect = False  # keep last_pool (dart_core/tools/fitting.py sets it)
         scratch = p.top_k * p.depth
         dev = drafter.target.device
-        captured = {}
-        for flag in ("head_graph", "expand_graph"):
-            use = getattr(drafter, flag)
-            captured[flag] = use is not False and drafter.fast is None and head_graph.supported(drafter.head, dev, demand=bool(use))
-            if use and not captured[flag]:
-                raise RuntimeError(f"{flag}=True needs Triton on CUDA (or its interpreter), no CPU kernel head, a power-of-two head dim")
-        captured["expand_graph"] = captured["expand_graph"] and p.depth >= 1
-        rows = head_graph.graph_rows(0) if captured["head_graph"] else 0
+        first = head_graph.wanted(drafter, "head_graph")
+        expand = head_graph.wanted(drafter, "expand_graph") and p.depth >= 1
+        rows = head_graph.graph_rows(0) if first else 0
         size, dtype = capacity + scratch + 1, drafter.head.fc.weight.dtype
         # with its captured forwards (a graph holds the cache's addresses, so they are kept on it)
         self.cache = drafter.spare.lease(1, c.num_key_value_heads, c.head_dim, size, dtype, dev, rows)
-        self.head_graph = None
-        if captured["head_graph"]:
-            if getattr(self.cache, "head_graph", None) is None:
-                self.cache.head_graph = head_graph.HeadGraph(drafter.head, drafter.target, self.cache, rows)
-            self.head_graph = self.cache.head_graph
-            self.head_graph.calls = 0
+        self.head_graph = head_graph.kept_on(self.cache, drafter.head, drafter.target, rows) if first else None
         self.graph = None
-        if captured["expand_graph"]:
+        if expand:
             kept = getattr(self.cache, "expand_graph", None)
             if kept is None or (kept.k, kept.depth) != (p.top_k, p.depth):
                 self.cache.expand_graph = expand_graph.ExpandGraph(drafter.head, drafter.target, self.cache, p.top_k, p.depth)

@@ -50,6 +50,17 @@ def supported(head, device: torch.device, demand: bool = False) -> bool:
     return triton_kernels_here(device, True if demand else None) and kernel_head_dim(head.config.head_dim) and float_head
 
 
+def wanted(drafter, flag: str) -> bool:
+    """Whether a session of `drafter` (DART's or EAGLE3's) runs the captured forward its attribute `flag`
+    asks for: None where it runs (`supported`, and no CPU kernel head), False never, True demanded
+    (RuntimeError where it cannot run)."""
+    use = getattr(drafter, flag)
+    run = use is not False and drafter.fast is None and supported(drafter.head, drafter.target.device, demand=bool(use))
+    if use and not run:
+        raise RuntimeError(f"{flag}=True needs Triton on CUDA (or its interpreter), no CPU kernel head, a power-of-two head dim")
+    return run
+
+
 class HeadGraph:
     """One session's head forward at `rows` rows into its head cache (which needs `rows` slots of
     scratch past its capacity). Call with the pending ids (host), their target states (device) and D;
@@ -143,3 +154,14 @@ class HeadGraph:
         h = residual + F.linear(att.reshape(R, nh * hd), a.o_proj.weight)
         h = layer.mlp_block(h.index_select(0, self.sel + (S - 1)))  # the last pending token and the D masks
         return h if self.state else head.logits(h).float()
+
+
+def kept_on(cache: KVCache, head, target, rows: int) -> HeadGraph:
+    """The head forward on a session's leased head cache: built once a cache and kept there (a graph
+    holds its cache's addresses), so every session that leases the cache replays it; its count of
+    calls restarted for the session."""
+    graph = getattr(cache, "head_graph", None)
+    if graph is None:
+        graph = cache.head_graph = HeadGraph(head, target, cache, rows)
+    graph.calls = 0
+    return graph
