@@ -297,6 +297,14 @@ def default_row_group(group: int) -> int:
     return max(1, 16 // group)
 
 
+def graphs_here(device: torch.device) -> bool:
+    """Whether the captured forwards (FixedRunner's, the drafters' head_graph and expand_graph) capture
+    their bodies as CUDA graphs on `device` (capture_graph) rather than run them each call: on CUDA.
+    The tests replace it and capture_graph to replay the bodies as a graph would on a CPU
+    (tests/graph_replay.py), so every caller reads both through this module."""
+    return torch.device(device).type == "cuda"
+
+
 def capture_graph(body, device: torch.device):
     """body() captured as a CUDA graph: warmed up twice on a side stream first (Triton compiles, cuBLAS
     settles its workspace). Returns (graph, body's outputs: static buffers each replay rewrites)."""
@@ -338,7 +346,7 @@ class FixedRunner:
             raise RuntimeError(
                 "fixed_kernels=True needs Triton on CUDA (or its interpreter, TRITON_INTERPRET=1) and a power-of-two head dim >= 16"
             )
-        self.capture = device.type == "cuda"
+        self.capture = graphs_here(device)
         self.graph = None
         self.outputs = None
 

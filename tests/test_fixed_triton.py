@@ -109,6 +109,21 @@ def test_the_captured_eagle3_drafting_computes_the_eager_one(interpreted):
     assert r["ids_equal_ar"] == 2 and r["tau_graph"] == r["tau_eager"] and r["expand_graph_reused"], r
 
 
+def test_the_captured_forwards_replay_as_cuda_graphs(interpreted):
+    """Every captured forward of the engine (the fixed forward: plain steps, tree verifies, a prompt in
+    chunks; DART's head forward; EAGLE3's first forward and expansion) run as a CUDA graph would run it
+    (tests/graph_replay.py, on the interpreted kernels): captured once, no op a capture refuses, every
+    replay's ops and launches those of its capture (the step's inputs reach the body only through
+    static buffers), and greedy generations through the replays give plain decoding's ids, a second
+    generation on the same graphs too. A forward that reads a buffer rebound after the capture is caught."""
+    r = interpreted["replayed"]
+    assert r["ids_equal_ar"] == {"ar": 2, "dart": 2, "eagle3": 2}, r
+    assert r["captured"] == ["ExpandGraph._body", "FixedRunner._capture", "HeadGraph._body"] and r["captures"] == 4, r
+    # replays: every target forward past the captures' and the drafters' head forwards, both generations
+    assert r["replays"] >= sum(r["steps"].values()), r
+    assert (r["rebound_buffer_caught"] or "").startswith("replay 2 of FixedRunner._capture"), r
+
+
 FUSED = {"_rmsnorm_kernel", "_qkv_kernel", "_silu_mul_kernel"}
 ATTENTION = {"_split_kernel", "_combine_kernel"}
 

@@ -204,7 +204,7 @@ def head_forward(root: Path) -> dict:
         for p in head.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 0.05)
     head.eval()
-    params = DartParams(ngram_cpp.PruneParams(top_k=8, beam_width=4, max_nodes=10))
+    params = DartParams(ngram_cpp.PruneParams(top_k=8, beam_width=4, max_nodes=6))
     drafters, tokens, out, sessions = eager_and_captured(
         target, lambda: DartDrafter(head, target, None, params, use_kernels=False), ("head_graph",), 8
     )
@@ -276,6 +276,73 @@ def expand_forward(root: Path) -> dict:
     return r
 
 
+def replayed(root: Path) -> dict:
+    """The engine's captured forwards as CUDA graphs would run them (tests/graph_replay.py: captured once,
+    each replay's record of ops and launches held to the capture's): the fixed forward (plain decoding's
+    steps, tree verifies, a prompt in chunks), DART's head forward, EAGLE3's first forward and expansion,
+    on the interpreted kernels. Greedy generations through the replays against plain decoding run
+    uncaptured, a second prompt reusing the graphs; and a forward made to read a buffer rebound after
+    the capture (as a GPU graph would, it keeps the old one) is caught."""
+    from graph_replay import GraphReplayError, simulated
+
+    import ngram_cpp
+    from dart_core import ARDrafter, GenerationParams, complete
+    from dart_core.drafters.dart import DartDrafter, DartParams
+    from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3Params
+    from dart_core.tools.training import new_head_from_target
+
+    from support import random_eagle3_head
+
+    def fixed_target():
+        target = tiny_target(tiny_checkpoint(root, "llama"), torch.float32)
+        target.model.use_kernels = False
+        target.model.fixed_rows, target.model.fixed_kernels, target.model.fixed_prefill_chunks = 8, True, 2
+        return target
+
+    target = fixed_target()
+    g = torch.Generator().manual_seed(5)
+    dart_head = new_head_from_target(target, torch.randperm(target.vocab_size, generator=g)[:64].sort().values, 3, 5)
+    with torch.no_grad():
+        for p in dart_head.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    dart = DartDrafter(
+        dart_head.eval(), target, None, DartParams(ngram_cpp.PruneParams(top_k=8, beam_width=4, max_nodes=6)), use_kernels=False
+    )
+    eagle3 = Eagle3Drafter(random_eagle3_head(target, seed=7), target, Eagle3Params(depth=3, top_k=4, max_nodes=6), use_kernels=False)
+    dart.head_graph = eagle3.head_graph = eagle3.expand_graph = True
+    rng = random.Random(11)
+    # (prompt, new tokens): 12 > 8 rows, a prompt in two chunks; then a second generation on the same graphs
+    prompts = [([rng.randrange(TINY_VOCAB) for _ in range(n)], new) for n, new in ((12, 6), (4, 3))]
+    plain = [complete(target, p, ARDrafter(), GenerationParams(new)).output_ids for p, new in prompts]  # uncaptured
+    r: dict = {"ids_equal_ar": {}, "steps": {}}
+    with simulated() as stats:
+        for name, drafter in (("ar", ARDrafter()), ("dart", dart), ("eagle3", eagle3)):
+            runs = [complete(target, p, drafter, GenerationParams(new)) for p, new in prompts]
+            r["ids_equal_ar"][name] = sum(run.output_ids == ids for run, ids in zip(runs, plain))
+            r["steps"][name] = sum(run.steps for run in runs)
+    r["captures"], r["replays"] = stats.captures, stats.replays
+    r["captured"] = sorted({n.split(".")[0] + "." + n.split(".")[1] if n.count(".") else n for n in stats.names})
+    r["ops_per_capture"] = stats.ops
+
+    # a forward whose step input reaches the body through a buffer rebound at each fill
+    fill = fixed.FixedInputs.fill
+
+    def rebinding_fill(self, *args, **kwargs):
+        fill(self, *args, **kwargs)
+        self.meta = self.meta.clone()
+
+    fixed.FixedInputs.fill = rebinding_fill
+    try:
+        with simulated():
+            complete(fixed_target(), prompts[1][0], ARDrafter(), GenerationParams(3))
+        r["rebound_buffer_caught"] = None
+    except GraphReplayError as e:
+        r["rebound_buffer_caught"] = str(e).splitlines()[0]
+    finally:
+        fixed.FixedInputs.fill = fill
+    return r
+
+
 def main() -> None:
     root = Path(sys.argv[1])
     result: dict = {"elementwise": {}, "attention": {}, "models": {}}
@@ -290,6 +357,7 @@ def main() -> None:
         result["models"][key] = model(arch, DTYPES[name], fused, root, group)
     result["head"] = head_forward(root)
     result["expand"] = expand_forward(root)
+    result["replayed"] = replayed(root)
     print(json.dumps(result))
 
 

@@ -26,7 +26,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..fixed import RopeTable, Upload, capture_graph
+from .. import fixed
+from ..fixed import RopeTable, Upload
 from ..model import KVCache
 
 
@@ -60,7 +61,7 @@ class ExpandGraph:
         self.att_out = torch.empty(k, c.num_attention_heads, c.head_dim, dtype=dt, device=dev)
         self._kernels = fixed_triton
         self._upload_P = Upload(torch.int32, dev, 1)
-        self.capture = dev.type == "cuda"
+        self.capture = fixed.graphs_here(dev)
         self.graph = None
         self.flat = None
         self.calls = 0
@@ -82,7 +83,7 @@ class ExpandGraph:
             flat = self._body()
         else:
             if self.graph is None:
-                self.graph, self.flat = capture_graph(self._body, self.dev)
+                self.graph, self.flat = fixed.capture_graph(self._body, self.dev)
             self.graph.replay()
             flat = self.flat
         vals = flat.tolist()  # one copy to the host, one wait

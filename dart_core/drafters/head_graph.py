@@ -32,7 +32,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..fixed import RopeTable, Upload, capture_graph, kernel_head_dim, triton_kernels_here
+from .. import fixed
+from ..fixed import RopeTable, Upload, kernel_head_dim, triton_kernels_here
 from ..model import KVCache
 
 
@@ -100,7 +101,7 @@ class HeadGraph:
         self._kernels = fixed_triton
         self._upload_ids = Upload(torch.long, dev, R)
         self._upload_meta = Upload(torch.int32, dev, 3)
-        self.capture = dev.type == "cuda"
+        self.capture = fixed.graphs_here(dev)
         self.graph = None
         self.out = None
         self.calls = 0  # forwards run here (the rest of the session's went eager)
@@ -124,7 +125,7 @@ class HeadGraph:
         if not self.capture:
             return self._body()[: D + 1]
         if self.graph is None:
-            self.graph, self.out = capture_graph(self._body, self.dev)
+            self.graph, self.out = fixed.capture_graph(self._body, self.dev)
         self.graph.replay()
         return self.out[: D + 1].clone()  # the static buffer is the next replay's
 
