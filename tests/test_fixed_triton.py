@@ -154,6 +154,18 @@ def test_every_launch_compiles_for_the_h200(compiled):
         assert kernels == expected, (label, kernels)
 
 
+def test_what_the_app_runs_compiles_for_the_spaces_gpus(compiled):
+    """The embedded model's forward in bf16, DART's captured head and EAGLE3's captured drafting (what
+    the app runs on a Space's GPU hardware, docs/app.md) compile for the T4 (sm_75), A100 (sm_80),
+    A10G (sm_86) and L4 (sm_89) within each one's shared memory."""
+    gpus = compiled["space_gpus"]
+    assert sorted(gpus) == ["sm_75", "sm_80", "sm_86", "sm_89"], gpus
+    for name, r in gpus.items():
+        assert r["errors"] == [], (name, r["errors"])
+        assert set(r["kernels"]) == FUSED | ATTENTION and r["launches"] > 0, (name, r)
+        assert 0 < r["max_shared"] <= r["shared_limit"], (name, r)
+
+
 def test_the_default_kernels_spill_no_registers(compiled):
     """ptxas's account of every kernel the engine runs by default (the fixed path, the drafters'): no
     spills. (The grouped attention, off by default, is reported, not held to it: unrolled over its rows

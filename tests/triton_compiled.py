@@ -10,13 +10,15 @@ EAGLE3's captured first forward and expansion (`HeadGraph._body`, `ExpandGraph._
 the CPU at the shapes the device check runs (gpu_check's tiny targets in every dtype, Qwen3-8B's shape,
 the embedded model's shape, each path: fused or not, rows grouped or not), with every Triton launch
 turned into a compile for sm_90: the same arguments, specializations and options the launch would take
-on an H200 (Triton's driver answered by `SM90` below), through Triton's own backend and the ptxas it
+on an H200 (Triton's driver answered by `AbsentGPU` below), through Triton's own backend and the ptxas it
 ships. Each compiled kernel is then put through `ptxas -v` for its registers and spills. Nothing runs
 on a GPU and no result is computed (the kernels' outputs stay uninitialized; the torch ops between them
 run on garbage); whether the compiled code computes the right bits is the interpreter's and the
 device's to say.
 
 The compiler is this machine's Triton (the test extra's), not necessarily the device's own version.
+The same compile runs for the GPUs of a Space's hardware menu (T4, A100, A10G, L4) at what the app runs
+there (the embedded model in bf16 and both drafters' captured forwards): `space_gpus`.
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ from support import TINY_EOS, build_tiny_checkpoint  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)  # the H200 (Hopper: compute capability 9.0, 32-thread warps)
 SHARED_LIMIT = 232448  # bytes of shared memory a block may take on sm_90 (227 KiB)
+# The GPUs a Space's hardware menu offers (docs/app.md), where the app runs the embedded model in bf16:
+# compute capability -> the shared memory a block may take there
+SPACE_GPUS = {75: 65536, 80: 166912, 86: 101376, 89: 101376}  # T4, A100, A10G, L4
 ROWS = FIXED_ROWS["cuda"]
 
 # SmolLM2-135M-Instruct's shape (the embedded model; its DART head, assets/dart/config.json, has the same)
@@ -71,12 +76,16 @@ SMOLLM2 = dict(
 )
 
 
-class SM90:
-    """What Triton's launch asks of its driver before it compiles, answered for an H200 that is not
-    here. A launch stops after the compile (below), so nothing else of a driver is needed."""
+class AbsentGPU:
+    """What Triton's launch asks of its driver before it compiles, answered for a GPU that is not here
+    (the H200 unless told otherwise). A launch stops after the compile (below), so nothing else of a
+    driver is needed."""
+
+    def __init__(self, target: GPUTarget = TARGET):
+        self.target = target
 
     def get_current_target(self):
-        return TARGET
+        return self.target
 
     def get_current_device(self):
         return 0
@@ -89,10 +98,11 @@ class Compiles:
     """Every Triton launch while active compiles for TARGET instead of running; the kernels are kept
     with the label of what the engine was doing."""
 
-    def __init__(self):
+    def __init__(self, target: GPUTarget = TARGET):
         self.kernels: list[dict] = []
         self.label = ""
         self.errors: list[dict] = []
+        self.target = target
 
     def __enter__(self):
         compiles = self
@@ -111,7 +121,7 @@ class Compiles:
             return launch
 
         JITFunction.__getitem__ = getitem
-        driver.set_active(SM90())
+        driver.set_active(AbsentGPU(self.target))
         return self
 
     def __exit__(self, *exc):
@@ -197,6 +207,32 @@ def eagle3_forwards(model: Transformer, dtype: torch.dtype, vd: int) -> None:
         graph._body()
 
 
+def space_gpus() -> dict:
+    """What the app runs on a Space's GPU hardware (the embedded model in bf16: the fixed forward, DART's
+    captured head, EAGLE3's captured drafting) compiled for each of SPACE_GPUS: errors, kernels and the
+    most shared memory a kernel takes, against that GPU's limit. (Registers are ptxas's per GPU and
+    left to sm_90's account above.)"""
+    report = {}
+    for cc, limit in SPACE_GPUS.items():
+        with Compiles(GPUTarget("cuda", cc, 32)) as c:
+            model = one_layer(SMOLLM2, torch.bfloat16)
+            for label, run in (
+                ("fixed", lambda: forward(model, torch.bfloat16, True, 1)),
+                ("dart-head", lambda: head_forward(model, torch.bfloat16, 4, 2048)),
+                ("eagle3", lambda: eagle3_forwards(model, torch.bfloat16, 2048)),
+            ):
+                c.label = label
+                run()
+        report[f"sm_{cc}"] = {
+            "kernels": sorted({k["kernel"] for k in c.kernels}),
+            "launches": len(c.kernels),
+            "max_shared": max((k["compiled"].metadata.shared for k in c.kernels), default=0),
+            "shared_limit": limit,
+            "errors": c.errors,
+        }
+    return report
+
+
 def main() -> int:
     out: dict = {"triton": triton.__version__, "target": f"{TARGET.backend} sm_{TARGET.arch}", "runs": []}
     with tempfile.TemporaryDirectory() as tmp, Compiles() as c:
@@ -244,6 +280,7 @@ def main() -> int:
         out["launches"] = len(c.kernels)
         out["kernels"] = list(seen.values())
         out["errors"] = c.errors
+    out["space_gpus"] = space_gpus()
     print(json.dumps(out))
     return 0
 
