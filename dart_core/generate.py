@@ -273,7 +273,7 @@ def _steps(target, ids, drafter, params, limit, capacity, cache, session) -> Ite
         kept = _append_until_stop(output, new, target.eos_ids, params.max_new_tokens, len(ids), limit)
         stop = _stop_reason(output, target.eos_ids, params.max_new_tokens, len(ids), limit)
         if stop is None:
-            session.extend(committed, None if out.hidden is None else out.hidden[acc.path])
+            session.extend(committed, None if out.hidden is None else target.rows(out.hidden, acc.path))
         root = acc.bonus
         t_end = clock()
         verify_s = t_accept - t_verify

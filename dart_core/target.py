@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from . import kernels as kernel_ops
+from .fixed import Upload
 from .gguf_checkpoint import load_gguf_transformer
 from .hf_checkpoint import load_transformer
 from .loading import AUTO, DEFAULT_MODEL, GGUF, GGUF_INT8, GGUF_INT16, GGUF_PATHS, embedded_gguf_path, parse_dtype, resolve_model_dir
@@ -41,6 +42,7 @@ class Target:
     weights: str = ""  # what the weights are read as: the dtype's name, or "gguf (Q4_1, Q8_0)"
     cache_dtype: torch.dtype | None = None  # of the KV cache; None: `dtype`
     spare: SpareCache = field(default_factory=SpareCache, repr=False, compare=False)  # the last generation's cache
+    _rows_upload: Upload | None = field(default=None, repr=False, compare=False)  # Target.rows' indices to a GPU
 
     def __post_init__(self):
         if self.cache_dtype is None:
@@ -168,6 +170,20 @@ class Target:
         # the exact paths read the tree from its parent links; the plain eager path needs its mask
         mask = None if n == 1 or self.model.exact(n, self.device) else tree.mask.to(self.device)
         return self.model(tokens, positions, cache, mask, capture=capture, parents=tree.parents)
+
+    def rows(self, x: torch.Tensor, nodes: list[int]) -> torch.Tensor:
+        """x's rows at `nodes` (a verify's captured states at the accepted path, for the drafter): a
+        slice where they are 0..n-1 (a chain, plain decoding's step); on a GPU the indices go up from
+        pinned memory (fixed.Upload): indexing with a list copies it from pageable memory, which waits
+        for everything the device has queued (the cache's commit) once a step."""
+        n = len(nodes)
+        if nodes == list(range(n)):
+            return x[:n]
+        if x.device.type == "cpu":
+            return x[nodes]
+        if self._rows_upload is None:
+            self._rows_upload = Upload(torch.long, x.device)
+        return x.index_select(0, self._rows_upload(torch.tensor(nodes)))
 
 
 def _eos_ids(model_dir: Path, tokenizer) -> frozenset[int]:

@@ -241,3 +241,13 @@ def test_a_spare_cache_matches_its_device_as_a_target_names_it():
     assert same_device(torch.device("cuda", 0), "cuda") and same_device(torch.device("cuda", 0), torch.device("cuda:0"))
     assert not same_device(torch.device("cuda", 1), "cuda:0") and not same_device(torch.device("cpu"), "cuda")
     assert same_device(torch.device("cpu"), "cpu") and torch.device("cuda:0") != torch.device("cuda")
+
+
+def test_the_accepted_paths_states_are_the_verifys_rows_at_the_path(tiny_llama):
+    """Target.rows (what the loop hands the drafter after each verify): a chain's rows as a slice of the
+    verify's states (no copy), any other path's rows as indexing gives them."""
+    x = torch.randn(7, 5)
+    chain = tiny_llama.rows(x, [0, 1, 2])
+    assert torch.equal(chain, x[:3]) and chain.data_ptr() == x.data_ptr()
+    for nodes in ([0], [0, 2, 5], [0, 1, 4, 6]):
+        assert torch.equal(tiny_llama.rows(x, nodes), x[nodes]), nodes
