@@ -186,11 +186,22 @@ class SpareCache:
         c.length = 0
         return c
 
+    # Where forwards are captured as graphs (fixed.graphs_here), a new cache's capacity is rounded up to
+    # a multiple of this: a later generation a little longer than the one before still fits the cache
+    # and replays its graphs, where an exact fit captured them again (seen on an H200: the embedded
+    # model's drafting at 16 ms a step instead of 0.9, each measured generation longer than the last).
+    GRAPH_CAPACITY_STEP = 512
+
     def lease(self, n_layers: int, n_kv_heads: int, head_dim: int, capacity: int, dtype, device, scratch: int = 0) -> KVCache:
         """The idle cache when it fits (`take`), else a new KVCache of these dimensions (the spare of one
-        model or head: its cache's dimensions are the same every time)."""
+        model or head: its cache's dimensions are the same every time), with room to spare where graphs
+        are captured (GRAPH_CAPACITY_STEP). Callers bound their writes by the capacity they asked for."""
         cache = self.take(capacity, scratch, dtype, device)
-        return cache if cache is not None else KVCache(n_layers, n_kv_heads, head_dim, capacity, dtype, device, scratch)
+        if cache is not None:
+            return cache
+        if fixed.graphs_here(device):
+            capacity = -(-capacity // self.GRAPH_CAPACITY_STEP) * self.GRAPH_CAPACITY_STEP
+        return KVCache(n_layers, n_kv_heads, head_dim, capacity, dtype, device, scratch)
 
     def give(self, cache: KVCache) -> None:
         """A generation is done with `cache`: kept unless the idle one is larger."""

@@ -692,8 +692,9 @@ def stage_embedded(dev: torch.device, small: bool, rep: Report, opts) -> dict:
             if label not in methods:
                 methods[label] = build_drafter(method, target, dataclasses.replace(configs[method], max_nodes=n))
         params = GenerationParams(opts.max_new_tokens)
-        for drafter in methods.values():  # warm-up
-            complete(target, texts[0], drafter, GenerationParams(16))
+        for drafter in methods.values():  # warm-up: the longest prompt at the measured length, so the caches
+            # (and the graphs captured on them) the measured generations lease are already there
+            complete(target, max(texts, key=lambda t: len(target.encode(t))), drafter, params)
         res = {m: {"ids": [], "tokens": 0, "steps": 0, "wall": 0.0, "decode": 0.0, "prefill": 0.0, "stages": {}} for m in methods}
         for text in texts:
             for m, drafter in methods.items():  # interleaved prompt by prompt
