@@ -132,10 +132,12 @@ class SimulatedGraph:
 
     def __init__(self, body, stats: Stats):
         self.body, self.stats = body, stats
+        self.name = getattr(body, "__qualname__", repr(body))
+        self.replays = 0
         self.record, self.outputs = self._run()
         stats.captures += 1
         stats.ops.append(len(self.record))
-        stats.names.append(getattr(body, "__qualname__", repr(body)))
+        stats.names.append(self.name)
 
     def _run(self):
         rec = _Record()
@@ -154,12 +156,13 @@ class SimulatedGraph:
             captured = self.record[at] if at < len(self.record) else "(the capture ended here)"
             replayed = record[at] if at < len(record) else "(the replay ended here)"
             raise GraphReplayError(
-                f"replay {self.stats.replays + 1} of {self.stats.names[-1] if self.stats.names else 'a body'} differs from its "
+                f"replay {self.replays + 1} of {self.name} differs from its "
                 f"capture at op {at} of {len(self.record)}:\n  captured: {captured}\n  replayed: {replayed}"
             )
         for static, new in zip(tree_flatten(self.outputs)[0], tree_flatten(out)[0]):
             if isinstance(static, torch.Tensor):
                 static.copy_(new)
+        self.replays += 1
         self.stats.replays += 1
 
 

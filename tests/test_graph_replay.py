@@ -96,3 +96,24 @@ def test_the_simulation_is_undone_when_it_ends():
     with pytest.raises(RuntimeError), simulated():
         raise RuntimeError("a failing test inside it")
     assert fixed.capture_graph is original and not fixed.graphs_here(CPU)
+
+
+def test_a_failing_replay_names_its_own_graph_and_count():
+    a = torch.zeros(4)
+    length = [5]
+
+    def stale():
+        return a + length[0]
+
+    def fine():
+        return a * 2
+
+    with simulated() as stats:
+        graph, _ = fixed.capture_graph(stale, CPU)
+        other, _ = fixed.capture_graph(fine, CPU)  # captured after it: the message must not name this one
+        other.replay()
+        other.replay()
+        length[0] = 6
+        with pytest.raises(GraphReplayError, match=r"^replay 1 of .*stale differs"):
+            graph.replay()
+    assert stats.replays == 2 and other.replays == 2 and graph.replays == 0

@@ -321,7 +321,7 @@ def replayed(root: Path) -> dict:
             r["ids_equal_ar"][name] = sum(run.output_ids == ids for run, ids in zip(runs, plain))
             r["steps"][name] = sum(run.steps for run in runs)
     r["captures"], r["replays"] = stats.captures, stats.replays
-    r["captured"] = sorted({n.split(".")[0] + "." + n.split(".")[1] if n.count(".") else n for n in stats.names})
+    r["captured"] = sorted({".".join(n.split(".")[:2]) for n in stats.names})  # class.method of each body
     r["ops_per_capture"] = stats.ops
 
     # a forward whose step input reaches the body through a buffer rebound at each fill
