@@ -297,6 +297,30 @@ def default_row_group(group: int) -> int:
     return max(1, 16 // group)
 
 
+# The CUDA compute capabilities where a device run showed the grouped attention exact: a verified node's
+# bits equal its one-token step's at every place of the tile (scripts/gpu_check.py's fixed-grouped
+# path, bitwise on the tiny targets in bf16/fp16/fp32 and at the 8B shape). (9, 0): the H200 run of
+# 2026-11-29 (docs/results/gpu-h200-2026-11-29.json). A kind not listed runs a program a row until a
+# run there shows the same.
+GROUPED_EXACT_CAPABILITIES = frozenset({(9, 0)})
+
+
+def row_group_here(setting: int | None, group: int, device: torch.device, dtype: torch.dtype) -> int:
+    """Rows an attention program serves for model.fixed_row_group = `setting` on `device`: the setting
+    where given; None: default_row_group(group) for a 16-bit model on a CUDA device of a kind in
+    GROUPED_EXACT_CAPABILITIES, else 1 (a program a row, exact on any hardware; in fp32 the grouped
+    tile spills registers, tests/triton_compiled.py)."""
+    if setting is not None:
+        if setting < 1:
+            raise ValueError(f"an attention program serves at least one row, got fixed_row_group={setting}")
+        return setting
+    device = torch.device(device)
+    sixteen = dtype in (torch.bfloat16, torch.float16)
+    if sixteen and device.type == "cuda" and torch.cuda.get_device_capability(device) in GROUPED_EXACT_CAPABILITIES:
+        return default_row_group(group)
+    return 1
+
+
 def graphs_here(device: torch.device) -> bool:
     """Whether the captured forwards (FixedRunner's, the drafters' head_graph and expand_graph) capture
     their bodies as CUDA graphs on `device` (capture_graph) rather than run them each call: on CUDA.
@@ -327,7 +351,7 @@ class FixedRunner:
     holds the cache's addresses. model.fixed_kernels: None takes the kernels on CUDA where Triton
     imports, False keeps the torch reference, True demands the kernels (on a CPU: Triton's interpreter,
     uncaptured); model.fixed_fused: the element-wise work fused too, or torch ops between the GEMMs;
-    model.fixed_row_group: rows an attention program serves."""
+    model.fixed_row_group: rows an attention program serves (row_group_here)."""
 
     def __init__(self, model, cache, rows: int, device: torch.device):
         a = model.args
@@ -341,7 +365,8 @@ class FixedRunner:
             from . import fixed_triton
 
             dtype = model.tok_embeddings.weight.dtype
-            self.kernels = fixed_triton.Kernels(rows, a, cache.k.shape[3], dtype, device, bool(model.fixed_fused), model.fixed_row_group)
+            group = row_group_here(model.fixed_row_group, a.n_heads // a.n_kv_heads, device, dtype)
+            self.kernels = fixed_triton.Kernels(rows, a, cache.k.shape[3], dtype, device, bool(model.fixed_fused), group)
         elif use:
             raise RuntimeError(
                 "fixed_kernels=True needs Triton on CUDA (or its interpreter, TRITON_INTERPRET=1) and a power-of-two head dim >= 16"

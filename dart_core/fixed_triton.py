@@ -99,12 +99,34 @@ def _chunk_keys(path_ptr, plen_ptr, r, T, R, P, start, offs, D: tl.constexpr, SP
 
 
 @triton.jit
+def _row_scores(
+    sc, q, k_ptr, path_ptr, plen_ptr, r, mine, T, R, P, start, offs, dims, k_head, stride_ks,
+    D: tl.constexpr, SPLIT_N: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    """sc with the tile rows `mine` (row r's queries) replaced by their scores against row r's keys at offs."""
+    slot, ok = _chunk_keys(path_ptr, plen_ptr, r, T, R, P, start, offs, D, SPLIT_N)
+    k = tl.load(k_ptr + k_head + slot[:, None] * stride_ks + dims[None, :], mask=ok[:, None], other=0.0)
+    return tl.where(mine[:, None], _dot(q, tl.trans(k), IEEE), sc)
+
+
+@triton.jit
+def _row_values(
+    pv, p, v_ptr, path_ptr, plen_ptr, r, mine, T, R, P, start, offs, dims, v_head, stride_ks,
+    D: tl.constexpr, SPLIT_N: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    """pv with the tile rows `mine` (row r's queries) replaced by their weights p times row r's values at offs."""
+    slot, ok = _chunk_keys(path_ptr, plen_ptr, r, T, R, P, start, offs, D, SPLIT_N)
+    v = tl.load(v_ptr + v_head + slot[:, None] * stride_ks + dims[None, :], mask=ok[:, None], other=0.0)
+    return tl.where(mine[:, None], _dot(p.to(v.dtype), v, IEEE), pv)
+
+
+@triton.jit
 def _group_split_kernel(
     q_ptr, k_ptr, v_ptr, path_ptr, plen_ptr, meta_ptr, m_ptr, l_ptr, acc_ptr,
     scale, NKV, NSPLIT, R,
     stride_qr, stride_kh, stride_ks,
     D: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, RG: tl.constexpr, M: tl.constexpr, HD: tl.constexpr,
-    BLOCK_N: tl.constexpr, SPLIT_N: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLIT_N: tl.constexpr, IEEE: tl.constexpr, UNROLL: tl.constexpr,
 ):  # fmt: skip
     """_split_kernel for RG rows at once (program: row group x key-value head x split), the group's
     queries one tile of M = RG x G rows: a chunk of committed keys, the same for every row, is read once
@@ -147,10 +169,18 @@ def _group_split_kernel(
             sc = _dot(q, tl.trans(k), IEEE)
         else:
             sc = tl.zeros([M, BLOCK_N], tl.float32)
-            for i in tl.static_range(RG):
-                slot, ok = _chunk_keys(path_ptr, plen_ptr, grp * RG + i, T, R, P, start, offs, D, SPLIT_N)
-                k = tl.load(k_ptr + g * stride_kh + slot[:, None] * stride_ks + dims[None, :], mask=ok[:, None], other=0.0)
-                sc = tl.where((sub == i)[:, None], _dot(q, tl.trans(k), IEEE), sc)
+            if UNROLL:
+                for i in tl.static_range(RG):
+                    sc = _row_scores(
+                        sc, q, k_ptr, path_ptr, plen_ptr, grp * RG + i, sub == i, T, R, P, start, offs, dims,
+                        g * stride_kh, stride_ks, D, SPLIT_N, IEEE,
+                    )  # fmt: skip
+            else:
+                for i in tl.range(0, RG, loop_unroll_factor=1):
+                    sc = _row_scores(
+                        sc, q, k_ptr, path_ptr, plen_ptr, grp * RG + i, sub == i, T, R, P, start, offs, dims,
+                        g * stride_kh, stride_ks, D, SPLIT_N, IEEE,
+                    )  # fmt: skip
         sc = tl.where(valid, sc * scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(sc, 1))
         alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m_i - m_new))
@@ -161,10 +191,18 @@ def _group_split_kernel(
             pv = _dot(p.to(v.dtype), v, IEEE)
         else:
             pv = tl.zeros([M, HD], tl.float32)
-            for i in tl.static_range(RG):
-                slot, ok = _chunk_keys(path_ptr, plen_ptr, grp * RG + i, T, R, P, start, offs, D, SPLIT_N)
-                v = tl.load(v_ptr + g * stride_kh + slot[:, None] * stride_ks + dims[None, :], mask=ok[:, None], other=0.0)
-                pv = tl.where((sub == i)[:, None], _dot(p.to(v.dtype), v, IEEE), pv)
+            if UNROLL:
+                for i in tl.static_range(RG):
+                    pv = _row_values(
+                        pv, p, v_ptr, path_ptr, plen_ptr, grp * RG + i, sub == i, T, R, P, start, offs, dims,
+                        g * stride_kh, stride_ks, D, SPLIT_N, IEEE,
+                    )  # fmt: skip
+            else:
+                for i in tl.range(0, RG, loop_unroll_factor=1):
+                    pv = _row_values(
+                        pv, p, v_ptr, path_ptr, plen_ptr, grp * RG + i, sub == i, T, R, P, start, offs, dims,
+                        g * stride_kh, stride_ks, D, SPLIT_N, IEEE,
+                    )  # fmt: skip
         acc = acc * alpha[:, None] + pv
         m_i = m_new
     out = ((row * NKV + g) * NSPLIT + s) * GP + head
@@ -225,6 +263,18 @@ class Workspace:
         self.key = (rows, n_kv, group, head_dim, capacity, str(device))
 
 
+# The grouped attention's tree chunks run a product a row of the group: unrolled up to this many rows
+# (the kernel the H200 run measured, at 4 rows a program), a loop past it (16 rows unrolled spill
+# registers: tests/triton_compiled.py counts them)
+UNROLLED_ROWS = 8
+
+
+def group_warps(tile: int) -> int:
+    """Warps of a grouped attention program: 4 up to a 32-row tile, a warp for each 8 rows past that (a
+    64-row tile's accumulators and queries spill 4 warps' registers: tests/triton_compiled.py)."""
+    return max(4, tile // 8)
+
+
 def attention(q, k_cache, v_cache, path, plen, meta, out, ws: Workspace, row_group: int = 1) -> torch.Tensor:
     """q (R, nh, hd) contiguous; k_cache / v_cache (nkv, capacity, hd) with this forward's keys at slots
     P + row; path (R, D) int32 tree nodes of each row's path in depth order, plen (R,) int32 their
@@ -243,6 +293,7 @@ def attention(q, k_cache, v_cache, path, plen, meta, out, ws: Workspace, row_gro
             hd**-0.5, nkv, ws.nsplit, R,
             q.stride(0), k_cache.stride(0), k_cache.stride(1),
             D=path.shape[1], G=G, GP=ws.gp, RG=row_group, M=tile, HD=hd, BLOCK_N=BLOCK, SPLIT_N=SPLIT, IEEE=ieee,
+            UNROLL=row_group <= UNROLLED_ROWS, num_warps=group_warps(tile),
         )  # fmt: skip
     else:
         _split_kernel[(R, nkv, ws.nsplit)](

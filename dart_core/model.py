@@ -89,6 +89,14 @@ class ModelArgs:
 # a CPU (--eager) pays for each padded row in its GEMMs, so it keeps a tree's worth of the CPU's sizes.
 FIXED_ROWS = {"cuda": 64, "cpu": 16}
 
+# A prompt longer than the fixed rows runs as fixed-shape forwards of that many tokens in turn when it
+# needs at most this many (Target.prefill), else as one eager forward. CUDA: 2, measured on the H200
+# (docs/results/gpu-h200-2026-11-29.json): two chunks beat the eager forward's launches for the
+# embedded model (2.4 against 22.8 ms) and at the 8B shape (10.7 against 20.3 ms); at 8 chunks the
+# embedded model still gains (9.3 against 24.4) but the 8B loses (45 against 20), so longer prompts
+# stay eager. A CPU (--eager) pays for every padded row: always eager there.
+FIXED_PREFILL_CHUNKS = {"cuda": 2, "cpu": 0}
+
 
 class KVCache:
     """Preallocated keys/values for every layer, plus the committed length.
@@ -401,14 +409,16 @@ class Transformer(nn.Module):
         self.fixed_fused: bool = True
         # with the kernels: rows an attention program serves (1: a program a row; more: the rows share
         # each committed chunk's read, exact where a dot product gives a row the same bits at any place
-        # of its tile, which only a GPU run can show: fixed.default_row_group, gpu_check's
-        # fixed-grouped path)
-        self.fixed_row_group: int = 1
+        # of its tile, which only a GPU run can show: gpu_check's fixed-grouped path). None: grouped
+        # (fixed.default_row_group) on the GPU kinds where a run showed it exact, else 1
+        # (fixed.row_group_here)
+        self.fixed_row_group: int | None = None
         # A prompt of more than the fixed rows runs as that many fixed-shape forwards when its chunks
-        # are at most this many (Target.prefill), else as one eager forward; 0 (the default): always
-        # eager. A replay a chunk against an eager forward's launches: which is faster depends on the
-        # model's size and the device (gpu_check times both).
-        self.fixed_prefill_chunks: int = 0
+        # are at most this many (Target.prefill), else as one eager forward; 0: always eager; None
+        # (the default): FIXED_PREFILL_CHUNKS for the device. A replay a chunk against an eager
+        # forward's launches: which is faster depends on the model's size and the device (gpu_check
+        # times both).
+        self.fixed_prefill_chunks: int | None = None
         self._fixed_rope: fixed.RopeTable | None = None
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -521,6 +531,12 @@ class Transformer(nn.Module):
         if self.fixed_rows is not None:
             return self.fixed_rows
         return FIXED_ROWS.get(torch.device(device).type, FIXED_ROWS["cpu"])
+
+    def prefill_chunk_limit(self, device: torch.device) -> int:
+        """Fixed-shape chunks a prompt may run as on this device (0: prompts past the fixed rows run eager)."""
+        if self.fixed_prefill_chunks is not None:
+            return self.fixed_prefill_chunks
+        return FIXED_PREFILL_CHUNKS.get(torch.device(device).type, 0)
 
     def fixed_path(self, T: int, device: torch.device) -> bool:
         """Whether a forward of T new tokens runs the fixed-shape forward (the exact eager path)."""

@@ -126,12 +126,12 @@ class Target:
         """Run the prompt causally after the cache's prefix. Logits (1, V) for the last token; hidden (T, 3H).
 
         A prompt longer than the fixed-shape forward's rows R runs as one eager forward, or, where
-        model.fixed_prefill_chunks allows its ceil(T / R) chunks, as fixed-shape forwards of R tokens
+        model.prefill_chunk_limit allows its ceil(T / R) chunks, as fixed-shape forwards of R tokens
         in turn (on a GPU: a replay of the captured graph a chunk instead of an eager forward's
         hundreds of launches; each row then gets its one-token step's bits). Like any forward it
         leaves the prompt's entries pending: the caller commits them."""
         R = self.model.fixed_row_count(self.device)
-        if len(ids) > R > 0 and -(-len(ids) // R) <= self.model.fixed_prefill_chunks and self.model.fixed_path(R, self.device):
+        if len(ids) > R > 0 and -(-len(ids) // R) <= self.model.prefill_chunk_limit(self.device) and self.model.fixed_path(R, self.device):
             return self._prefill_chunked(ids, cache, capture, R)
         tokens = torch.tensor(ids, dtype=torch.long, device=self.device)
         positions = torch.arange(cache.length, cache.length + len(ids), device=self.device)

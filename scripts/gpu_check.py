@@ -267,20 +267,37 @@ def fault(where: str) -> None:
 
 # ------------------------------------------------------------------------------------------ stages
 
-PATHS = ("fixed", "fixed-grouped", "fixed-attn", "fixed-torch", "eager")
+PATHS = ("fixed", "fixed-ungrouped", "fixed-grouped", "fixed-attn", "fixed-torch", "eager")  # and fixed-grouped-N
+
+
+def known_path(path: str) -> bool:
+    """A forward path of PATHS, or fixed-grouped-N: N rows an attention program (N >= 1)."""
+    base, _, n = path.rpartition("-")
+    return path in PATHS or (base == "fixed-grouped" and n.isdigit() and int(n) >= 1)
 
 
 def use_path(model: Transformer, path: str, opts) -> None:
-    """fixed: the fixed-shape forward as the engine runs it (on CUDA: Triton attention and fused
-    element-wise kernels, CUDA graph); fixed-grouped: the same with a group of rows an attention program
-    (fixed.default_row_group: each committed chunk read once for the group); fixed-attn: torch
-    ops between the GEMMs (the attention alone in Triton); fixed-torch: the torch reference attention,
-    not captured; eager: plain torch."""
+    """fixed: the fixed-shape forward as the engine runs it on this device (on CUDA: Triton attention
+    and fused element-wise kernels, CUDA graph; rows grouped in the attention where
+    fixed.row_group_here groups them); fixed-ungrouped: the same with a program a row;
+    fixed-grouped: a group of rows a program (fixed.default_row_group: each committed chunk read once
+    for the group), fixed-grouped-N: N rows a program; fixed-attn: torch ops between the GEMMs (the
+    attention alone in Triton, a program a row); fixed-torch: the torch reference attention, not
+    captured; eager: plain torch."""
+    if not known_path(path):
+        raise ValueError(f"unknown forward path {path!r}: from {', '.join(PATHS)} or fixed-grouped-N")
     model.fixed_rows = 0 if path == "eager" else (opts.fixed_rows or None)
     model.fixed_kernels = False if path == "fixed-torch" else None
     model.fixed_fused = path != "fixed-attn"
     a = model.args
-    model.fixed_row_group = fixed.default_row_group(a.n_heads // a.n_kv_heads) if path == "fixed-grouped" else 1
+    if path == "fixed":
+        model.fixed_row_group = None
+    elif path == "fixed-grouped":
+        model.fixed_row_group = fixed.default_row_group(a.n_heads // a.n_kv_heads)
+    elif path.startswith("fixed-grouped-"):
+        model.fixed_row_group = int(path.rpartition("-")[2])
+    else:
+        model.fixed_row_group = 1
 
 
 def forward_engine(model: Transformer, dev: torch.device) -> str:
@@ -289,7 +306,9 @@ def forward_engine(model: Transformer, dev: torch.device) -> str:
     if model.fixed_row_count(dev) == 0:
         return "eager torch"
     if fixed.triton_kernels_here(dev, model.fixed_kernels) and fixed.kernel_head_dim(model.args.head_dim):
-        rows = f" ({model.fixed_row_group} rows a program)" if model.fixed_row_group > 1 else ""
+        a = model.args
+        group = fixed.row_group_here(model.fixed_row_group, a.n_heads // a.n_kv_heads, dev, model.tok_embeddings.weight.dtype)
+        rows = f" ({group} rows a program)" if group > 1 else ""
         return "Triton attention" + rows + (" + fused element-wise" if model.fixed_fused else "") + ", CUDA graph"
     return "torch reference, uncaptured"
 
@@ -656,6 +675,51 @@ def stage_profile(dev: torch.device, small: bool, rep: Report, opts) -> dict:
     return r
 
 
+def traced(target: Target, prompt, drafter, params: GenerationParams) -> tuple[Summary, list[float]]:
+    """complete(), with each decoding step's draft time (ms) in order."""
+    draft_ms, summary = [], None
+    for event in generate(target, prompt, drafter, params):
+        if isinstance(event, Summary):
+            summary = event
+        elif event.step > 0:
+            draft_ms.append(round(event.times.draft * 1e3, 3))
+    assert summary is not None
+    return summary, draft_ms
+
+
+def draft_trace(draft_ms: list[float]) -> dict:
+    """One generation's draft times: its first steps' each, and the median and largest of the rest."""
+    rest = draft_ms[3:]
+    return {
+        "first_ms": draft_ms[:3],
+        "rest_median_ms": round(statistics.median(rest), 3) if rest else None,
+        "rest_max_ms": max(rest, default=None),
+        "steps": len(draft_ms),
+    }
+
+
+def profiled_generation(target: Target, prompt, drafter, params: GenerationParams, dev: torch.device) -> dict:
+    """One generation under torch's profiler: the ops that took the most host time and device time, to
+    name what a drafter pays in a generation beyond its steady steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    t0 = time.perf_counter()
+    with profile(activities=activities) as prof:
+        summary, draft_ms = traced(target, prompt, drafter, params)
+        sync(dev)
+    out = {"wall_ms": round((time.perf_counter() - t0) * 1e3, 1), "draft": draft_trace(draft_ms), "steps": summary.steps}
+    events = prof.key_averages()
+    for key, name in (
+        ("cpu_time_total", "top_host_total"),
+        ("self_cpu_time_total", "top_host_self"),
+        ("self_device_time_total", "top_device_self"),
+    ):
+        ranked = sorted(events, key=lambda e: -getattr(e, key, 0))[:15]
+        out[name] = [{"name": e.key[:90], "calls": e.count, "ms": round(getattr(e, key, 0) / 1e3, 3)} for e in ranked if getattr(e, key, 0)]
+    return out
+
+
 def stage_embedded(dev: torch.device, small: bool, rep: Report, opts) -> dict:
     from dart_core import load_target
     from dart_core.drafters.config import DartConfig, DrafterConfigs, Eagle3Config
@@ -692,13 +756,15 @@ def stage_embedded(dev: torch.device, small: bool, rep: Report, opts) -> dict:
             if label not in methods:
                 methods[label] = build_drafter(method, target, dataclasses.replace(configs[method], max_nodes=n))
         params = GenerationParams(opts.max_new_tokens)
-        for drafter in methods.values():  # warm-up: the longest prompt at the measured length, so the caches
-            # (and the graphs captured on them) the measured generations lease are already there
-            complete(target, max(texts, key=lambda t: len(target.encode(t))), drafter, params)
         res = {m: {"ids": [], "tokens": 0, "steps": 0, "wall": 0.0, "decode": 0.0, "prefill": 0.0, "stages": {}} for m in methods}
+        traces = {m: [] for m in methods}  # each generation's draft times, the warm-up's first
+        for m, drafter in methods.items():  # warm-up: the longest prompt at the measured length, so the caches
+            # (and the graphs captured on them) the measured generations lease are already there
+            traces[m].append(draft_trace(traced(target, max(texts, key=lambda t: len(target.encode(t))), drafter, params)[1]))
         for text in texts:
             for m, drafter in methods.items():  # interleaved prompt by prompt
-                s = complete(target, text, drafter, params)
+                s, draft_ms = traced(target, text, drafter, params)
+                traces[m].append(draft_trace(draft_ms))
                 v = res[m]
                 v["ids"].append(s.output_ids)
                 v["tokens"] += s.new_tokens
@@ -721,15 +787,28 @@ def stage_embedded(dev: torch.device, small: bool, rep: Report, opts) -> dict:
                 # where a decoding step's time goes (ms; the steps after the prompt's), and the prompts'
                 "ms_a_step": {k: round(t / max(1, v["steps"] - len(texts)) * 1e3, 3) for k, t in v["stages"].items()},
                 "prefill_ms": round(v["prefill"] / len(texts) * 1e3, 2),
+                "draft_by_generation": traces[m],  # the warm-up, then the measured prompts in turn
             }
         R = target.model.fixed_row_count(dev)
         prefill: dict = {}
         if target.model.fixed_path(R, dev):  # (on the CPU kernels a prompt runs on them, not in chunks)
             with recorded_failure(rep, f"embedded {dname}: prefill", prefill, dev):
                 prefill.update(prefill_costs(target, [R + 1, 2 * R, 4 * R, 8 * R], dev))
+        profiles = {}
+        if opts.profile_drafters:  # each drafter once more on a prompt none of its generations had (a new length)
+            fresh = texts[0] + " Answer in one short paragraph, then stop."
+            for m, drafter in methods.items():
+                if m != "ar":
+                    with recorded_failure(rep, f"embedded {dname}: profile {m}", profiles.setdefault(m, {}), dev):
+                        profiles[m].update(profiled_generation(target, fresh, drafter, params, dev))
         rep.log(f"embedded {dname} ({target.weights}): {rows}, prefill {prefill}")
         # the prompt's forward: one eager forward against fixed-shape chunks
-        r[dname] = {**rows, "prefill": prefill, **({"calibration": calibration} if calibration else {})}
+        r[dname] = {
+            **rows,
+            "prefill": prefill,
+            **({"calibration": calibration} if calibration else {}),
+            **({"profiles": profiles} if profiles else {}),
+        }
         rep.save("embedded", r)
     return r
 
@@ -889,6 +968,12 @@ def main(argv=None) -> int:
     p.add_argument("--nodes", type=int, default=60, help="embedded stage: drafted nodes a tree (DART and EAGLE3)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="embedded stage: tokens a prompt")
     p.add_argument(
+        "--profile-drafters",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="embedded stage: profile one more generation of each drafter on a new prompt (top host and device ops; default on)",
+    )
+    p.add_argument(
         "--calibrate",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -896,8 +981,9 @@ def main(argv=None) -> int:
     )
     p.add_argument(
         "--paths",
-        default="fixed,fixed-grouped,fixed-attn,eager",
-        help=f"exact and big stages: the target's forward paths, from {', '.join(PATHS)}",
+        default="fixed,fixed-ungrouped,fixed-grouped-16,eager",
+        help=f"exact and big stages: the target's forward paths, from {', '.join(PATHS)} or fixed-grouped-N (N rows an "
+        "attention program); the default: the engine as it runs, a program a row, 16 rows a program, plain torch",
     )
     p.add_argument("--fixed-rows", type=int, default=0, help="the fixed path's rows (default: the engine's for the device)")
     p.add_argument(
@@ -929,8 +1015,8 @@ def main(argv=None) -> int:
     if a.out is None:
         p.error("--out is required (but with --parts)")
     stages = [s for s in a.stages.split(",") if s]
-    if set(a.paths.split(",")) - set(PATHS):
-        p.error(f"--paths: from {', '.join(PATHS)}, got {a.paths!r}")
+    if not all(known_path(x) for x in a.paths.split(",")):
+        p.error(f"--paths: from {', '.join(PATHS)} or fixed-grouped-N, got {a.paths!r}")
     unknown = set(stages) - set(STAGES)
     if unknown:
         p.error(f"unknown stages {sorted(unknown)}: choose from {', '.join(STAGES)}")

@@ -181,7 +181,30 @@ def test_a_chunked_prefill_gives_each_row_its_one_token_steps_bits(tiny_paths, d
         ar = complete(target, prompt, ARDrafter(), GenerationParams(16)).output_ids
         assert complete(target, prompt, drafter, GenerationParams(16)).output_ids == ar
     finally:
-        target.model.fixed_prefill_chunks = 0
+        target.model.fixed_prefill_chunks = None
+
+
+def test_prompts_run_in_chunks_by_default_on_cuda_only(tiny_paths):
+    """model.fixed_prefill_chunks None takes FIXED_PREFILL_CHUNKS for the device (CUDA: prompts of up to
+    two fixed-shape chunks, as the H200 measured; a CPU: always one eager forward); a setting is taken
+    as given. On the CPU the default leaves a long prompt to the eager forward."""
+    from dart_core.model import FIXED_PREFILL_CHUNKS
+
+    target = torch_target(tiny_paths["qwen3"], torch.float32, 16)
+    model = target.model
+    assert model.fixed_prefill_chunks is None and FIXED_PREFILL_CHUNKS == {"cuda": 2, "cpu": 0}
+    assert model.prefill_chunk_limit(torch.device("cuda", 1)) == 2 and model.prefill_chunk_limit(torch.device("cpu")) == 0
+    cache = target.new_cache(64)
+    target.prefill(list(range(1, 21)), cache, capture=False)  # 20 tokens: two 16-row chunks, allowed none here
+    assert getattr(cache, "fixed_runner", None) is None
+    model.fixed_prefill_chunks = 3
+    try:
+        assert model.prefill_chunk_limit(torch.device("cuda")) == 3 == model.prefill_chunk_limit(torch.device("cpu"))
+        cache = target.new_cache(64)
+        target.prefill(list(range(1, 21)), cache, capture=False)
+        assert cache.fixed_runner is not None
+    finally:
+        model.fixed_prefill_chunks = None
 
 
 def test_fixed_forward_refuses_a_mask_without_parents(tiny_paths):
@@ -218,3 +241,23 @@ def test_upload_copies_through_its_staging_buffer_and_grows():
     assert b.tolist() == list(range(10)) and up.host.numel() >= 10
     out = torch.full((2,), -1)
     assert up(torch.tensor([7, 8]), out) is out and out.tolist() == [7, 8]
+
+
+def test_rows_are_grouped_by_default_only_where_a_device_run_showed_it_exact(monkeypatch):
+    """model.fixed_row_group None groups an attention program's rows (fixed.default_row_group) for a
+    16-bit model on the CUDA kinds in GROUPED_EXACT_CAPABILITIES (the H200's sm_90); a program a row in
+    fp32, on other GPUs and on a CPU (Triton's interpreter); a setting is taken as given, and one below
+    1 is an error."""
+    capability = {"now": (9, 0)}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability["now"])
+    cuda, cpu, bf16 = torch.device("cuda", 0), torch.device("cpu"), torch.bfloat16
+    assert fixed.GROUPED_EXACT_CAPABILITIES == {(9, 0)}
+    assert fixed.row_group_here(None, 4, cuda, bf16) == 4 == fixed.default_row_group(4)  # Qwen3-8B: 16 query rows a tile
+    assert fixed.row_group_here(None, 3, cuda, torch.float16) == 5  # SmolLM2: 15
+    assert fixed.row_group_here(None, 4, cuda, torch.float32) == 1
+    capability["now"] = (8, 0)  # an A100: not shown yet
+    assert fixed.row_group_here(None, 4, cuda, bf16) == 1
+    assert fixed.row_group_here(None, 4, cpu, bf16) == 1
+    assert fixed.row_group_here(16, 4, cpu, bf16) == 16 and fixed.row_group_here(1, 4, cuda, bf16) == 1
+    with pytest.raises(ValueError, match="at least one row"):
+        fixed.row_group_here(0, 4, cuda, bf16)

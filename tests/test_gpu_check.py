@@ -68,8 +68,14 @@ def test_gpu_check_embedded_stage_runs_on_the_cpu(tmp_path, fresh_cache):
     rows = json.loads((out / "gpu_check.json").read_text())["stages"]["embedded"][weights]
     assert {"ar", "dart@4", "eagle3@4"} <= set(rows)
     for m, row in rows.items():
-        if m not in ("calibration", "prefill"):
+        if m not in ("calibration", "prefill", "profiles"):
             assert row["ids_equal_ar"] == row["prompts"] == 2 and row["tau"] >= 1.0, (m, row)
+            # each generation's draft times: the warm-up's and the two prompts'
+            assert len(row["draft_by_generation"]) == 3 and all(g["steps"] >= 1 for g in row["draft_by_generation"]), (m, row)
+    # one more generation of each drafter on a new prompt, profiled: the ops that took the host's time
+    assert {"dart@4", "eagle3@4"} <= set(rows["profiles"]) and "ar" not in rows["profiles"], rows["profiles"]
+    for m, prof in rows["profiles"].items():
+        assert "error" not in prof and prof["steps"] >= 2 and prof["top_host_total"], (m, prof)
     if kernels.AVAILABLE:  # the kernels path calibrates (a GPU's fixed forward too); the eager CPU path does not
         cal = rows["calibration"]
         for m in ("dart", "eagle3"):
@@ -120,6 +126,34 @@ def test_a_failing_drafter_leaves_the_others_rows(tmp_path):
 def test_gpu_check_refuses_unknown_stages(tmp_path):
     proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--stages", "env,warp"], capture_output=True, text=True)
     assert proc.returncode == 2 and "unknown stages ['warp']" in proc.stderr
+
+
+def test_gpu_check_names_its_forward_paths(tmp_path):
+    """--paths takes PATHS and fixed-grouped-N (N rows an attention program, N >= 1), refusing the rest
+    before any stage runs; each path sets the row group it names (None: the engine's own choice)."""
+    for bad in ("fixed-grouped-0", "fixed-grouped-x", "fixed-row"):
+        proc = subprocess.run(
+            [sys.executable, str(SCRIPT), "--out", str(tmp_path), "--paths", f"fixed,{bad}"], capture_output=True, text=True
+        )
+        assert proc.returncode == 2 and "--paths: from" in proc.stderr, (bad, proc.stderr[-500:])
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    from types import SimpleNamespace
+
+    from dart_core.model import Transformer
+
+    model = Transformer.__new__(Transformer)  # use_path sets attributes only; the shape is read from args
+    model.args = SimpleNamespace(n_heads=32, n_kv_heads=8)
+    groups = {}
+    for path in ("fixed", "fixed-ungrouped", "fixed-grouped", "fixed-grouped-16", "fixed-attn", "fixed-torch", "eager"):
+        gpu_check.use_path(model, path, SimpleNamespace(fixed_rows=0))
+        groups[path] = model.fixed_row_group
+    assert groups == {
+        "fixed": None, "fixed-ungrouped": 1, "fixed-grouped": 4, "fixed-grouped-16": 16, "fixed-attn": 1, "fixed-torch": 1, "eager": 1,
+    }  # fmt: skip
 
 
 @pytest.mark.slow  # the embedded GGUF compressed (~15 s) and the gguf wheel downloaded from PyPI

@@ -251,6 +251,8 @@ def main() -> int:
             dtype = gpu_check.DTYPES[dname]
             G = model.args.n_heads // model.args.n_kv_heads
             paths = {"fixed": (True, 1), "fixed-grouped": (True, fixed.default_row_group(G)), "fixed-attn": (False, 1)}
+            if name == "qwen3-8b":  # gpu_check's fixed-grouped-16 (a 64-row tile at the 8B shape)
+                paths["fixed-grouped-16"] = (True, 16)
             for pname, (fused, group) in paths.items():
                 c.label = f"{name} {dname} {pname}"
                 forward(model, dtype, fused, group)
