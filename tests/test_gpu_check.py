@@ -175,12 +175,21 @@ def test_parts_carry_the_embedded_model_within_a_device_call():
         tree_mib = float(re.search(r"the tracked tree: ([0-9.]+) MiB", proc.stdout).group(1))
         carries = [ast.literal_eval(line.removeprefix("carry=")) for line in proc.stdout.splitlines() if line.startswith("carry=")]
         parts = sorted((root / folder).glob("embedded.xz.*"))
-        assert len(parts) >= 2 and carries[-1] == [] and [c[0] for c in carries[:-1]] == [str(p.relative_to(root)) for p in parts]
-        for carry in carries[:-1]:
+        assert len(parts) >= 2 and [c[0] for c in carries[:-1]] == [str(p.relative_to(root)) for p in parts]
+        for carry in carries:
             assert tree_mib + sum((root / f).stat().st_size for f in carry) / 2**20 <= 64, carry
         joined = lzma.decompress(b"".join(p.read_bytes() for p in parts))
         assert joined == embedded_gguf_path().read_bytes()
-        assert "--stages env,embedded" in proc.stdout.splitlines()[-1]
+        last = proc.stdout.splitlines()[-1]
+        assert "--stages env,embedded" in last
+        sets = sorted((root.parent / "shared" / "data" / "bench").glob("*.jsonl"))
+        if sets:  # the last call carries the first two prompts of each bench set, as the bench prompts them
+            assert carries[-1] == [f"{folder}/prompts.jsonl"] and f"--prompts {folder}/prompts.jsonl" in last
+            prompts = [json.loads(line) for line in (root / folder / "prompts.jsonl").read_text().splitlines()]
+            first = json.loads(sets[0].read_text().splitlines()[0])["turns"][0]
+            assert len(prompts) == 2 * len(sets) and prompts[0] == [{"role": "user", "content": first}]
+        else:
+            assert carries[-1] == [] and "--prompts" not in last
     finally:
         shutil.rmtree(root / folder, ignore_errors=True)
 
