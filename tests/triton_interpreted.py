@@ -210,7 +210,7 @@ def head_forward(root: Path) -> dict:
     )
     r = {"steps": 0, "max_diff": 0.0, "topk_equal": 0, "rows_checked": 0}
     at = 0
-    for n in (9, 3, 1, 5, 4, 2, 5):  # pending tokens a step (the first: a short prompt's draft)
+    for n in (20, 3, 1, 5, 4, 2, 4):  # pending tokens a step (the first: a prompt's draft, past the 13 the rows take: 2 forwards)
         for k, session in sessions.items():
             session.extend(tokens[at : at + n], out.hidden[at : at + n])
         root = tokens[at + n]
@@ -222,7 +222,7 @@ def head_forward(root: Path) -> dict:
         r["steps"] += 1
         at += n
     r["graph_calls"] = sessions[True].graph.calls
-    r.update(against_plain(target, drafters, tokens[:7], 24))
+    r.update(against_plain(target, drafters, tokens[:30], 24))  # a prompt the first draft takes in 3 forwards
     # the next generation takes the head cache the last one gave back, with the forward built on it
     # (on a GPU, the graph captured there: replayed, not captured again), and is still lossless
     kept = drafters[True].spare._idle
@@ -237,8 +237,9 @@ def head_forward(root: Path) -> dict:
 def expand_forward(root: Path) -> dict:
     """EAGLE3's captured drafting (its first forward, drafters/head_graph.py, and its expansion,
     drafters/expand_graph.py; uncaptured here) against the eager one, proposal by proposal through a
-    session: the same trees and scores up to rounding; a generation through it gives plain decoding's
-    ids and the eager drafting's tau; the next session reuses both."""
+    session, the prompt's first forward too (more pending tokens than the rows: in chunks): the same
+    trees and scores up to rounding; a generation through it gives plain decoding's ids and the eager
+    drafting's tau; the next session reuses both."""
     import ngram_cpp  # noqa: F401  (the drafters' pruner module, loaded as the engine loads it)
     from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3Params
 
@@ -253,7 +254,7 @@ def expand_forward(root: Path) -> dict:
     )
     r = {"steps": 0, "trees_equal": 0, "max_score_diff": 0.0, "nodes": 0}
     at = 0
-    for n in (9, 3, 1, 5, 4, 2):
+    for n in (20, 3, 1, 5, 4, 2):  # the first: a prompt past the 16 rows (2 forwards)
         for session in sessions.values():
             session.extend(tokens[at : at + n], out.hidden[at : at + n])
         trees = {k: session.propose(tokens[at + n], 15).tree for k, session in sessions.items()}
@@ -266,11 +267,11 @@ def expand_forward(root: Path) -> dict:
         r["steps"] += 1
         at += n
     r["graph_calls"] = sessions[True].graph.calls
-    r["head_graph_calls"] = sessions[True].head_graph.calls  # the first proposal's 9 pending tokens fit the 16 rows too
+    r["head_graph_calls"] = sessions[True].head_graph.calls
     captured = (sessions[True].head_graph, sessions[True].graph)
     for session in sessions.values():
         session.close()
-    r.update(against_plain(target, drafters, tokens[:7], 20))
+    r.update(against_plain(target, drafters, tokens[:24], 20))  # a prompt past the rows (in 2), a cache as big as the sessions'
     kept = drafters[True].spare._idle
     r["expand_graph_reused"] = kept is not None and (kept.head_graph, kept.expand_graph) == captured
     return r
@@ -296,7 +297,7 @@ def replayed(root: Path) -> dict:
     def fixed_target():
         target = tiny_target(tiny_checkpoint(root, "llama"), torch.float32)
         target.model.use_kernels = False
-        target.model.fixed_rows, target.model.fixed_kernels, target.model.fixed_prefill_chunks = 8, True, 2
+        target.model.fixed_rows, target.model.fixed_kernels, target.model.fixed_prefill_chunks = 8, True, 3
         return target
 
     target = fixed_target()
@@ -311,8 +312,10 @@ def replayed(root: Path) -> dict:
     eagle3 = Eagle3Drafter(random_eagle3_head(target, seed=7), target, Eagle3Params(depth=3, top_k=4, max_nodes=6), use_kernels=False)
     dart.head_graph = eagle3.head_graph = eagle3.expand_graph = True
     rng = random.Random(11)
-    # (prompt, new tokens): 12 > 8 rows, a prompt in two chunks; then a second generation on the same graphs
-    prompts = [([rng.randrange(TINY_VOCAB) for _ in range(n)], new) for n, new in ((12, 6), (4, 3))]
+    # (prompt, new tokens): 18 > 8 rows, a prompt in three chunks, and past the drafters' head forwards'
+    # rows (DART: 13 beside its masks, EAGLE3: 16), their first drafts in two; then a second generation
+    # on the same graphs
+    prompts = [([rng.randrange(TINY_VOCAB) for _ in range(n)], new) for n, new in ((18, 6), (4, 3))]
     plain = [complete(target, p, ARDrafter(), GenerationParams(new)).output_ids for p, new in prompts]  # uncaptured
     r: dict = {"ids_equal_ar": {}, "steps": {}}
     with simulated() as stats:

@@ -261,9 +261,9 @@ class _DartSession:
                 raise ValueError(f"rows must be in [1, {D + 1}], got {rows}")
             D = rows - 1
         S = len(self.pending_ids)
-        if self.graph is not None and self.graph.fits(S):  # the captured forward (a GPU)
-            logits = self.graph(self.pending_ids[1:] + [root], torch.cat(self.pending_aux), D)
-            self.cache.commit(S)
+        if self.graph is not None and self.graph.takes(S):  # the captured forward (a GPU), a prompt in chunks
+            logits, last = self.graph.chunked(self.pending_ids[1:] + [root], torch.cat(self.pending_aux), D)
+            self.cache.commit(last)
             self.pending_ids, self.pending_aux = [], []
             return logits
         ids = torch.tensor(self.pending_ids[1:] + [root])

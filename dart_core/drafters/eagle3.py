@@ -227,9 +227,9 @@ class _Eagle3Session:
         head, target = self.d.head, self.d.target
         dev = target.device
         S = len(self.pending_ids)
-        if self.head_graph is not None and self.head_graph.fits(S):  # the captured forward (a GPU)
-            h = self.head_graph(self.pending_ids[1:] + [root], torch.cat(self.pending_aux), 0)
-            self.cache.commit(S)
+        if self.head_graph is not None and self.head_graph.takes(S):  # the captured forward (a GPU), a prompt in chunks
+            h, last = self.head_graph.chunked(self.pending_ids[1:] + [root], torch.cat(self.pending_aux), 0)
+            self.cache.commit(last)
             self.pending_ids, self.pending_aux = [], []
             return h
         emb = target.model.tok_embeddings(torch.tensor(self.pending_ids[1:] + [root], device=dev)).to(head.fc.weight.dtype)

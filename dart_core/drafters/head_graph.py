@@ -23,8 +23,10 @@ addresses never change and the forward is captured once per session and replayed
 
 Drafts need no exactness (the target's verify decides), so this only has to compute what the eager
 forward computes, up to rounding: the tests compare the two (tests/triton_interpreted.py runs this
-module's forward in Triton's interpreter on a CPU). Forwards that do not fit the rows (the prompt's
-first draft) take the eager path.
+module's forward in Triton's interpreter on a CPU). More pending tokens than the rows take beside the
+masks (the prompt's first draft) go through the same forward in chunks (`chunked`): the leading ones
+rows - D at a time for their keys and values, committed, then the rest for the result, so no draft runs
+the eager head, whose shapes would change with every prompt's length.
 """
 
 from __future__ import annotations
@@ -109,6 +111,23 @@ class HeadGraph:
     def fits(self, S: int) -> bool:
         """Whether S pending tokens fit the rows beside all D masks (the logits rows are gathered for all)."""
         return 1 <= S <= self.rows - self.D and self.cache.length + S + self.D <= self.rope.positions
+
+    def takes(self, S: int) -> bool:
+        """Whether S pending tokens go through this forward, in chunks where they do not fit (`chunked`):
+        their positions and the masks' within the RoPE table."""
+        return S >= 1 and self.cache.length + S + self.D <= self.rope.positions
+
+    def chunked(self, ids: list[int], aux: torch.Tensor, D: int) -> tuple[torch.Tensor, int]:
+        """This forward for any number of pending tokens (`takes`): while more remain than fit beside
+        the masks, the next rows - D of them run with no masks, their keys and values committed to the
+        cache (the result discarded); the rest run with D masks. Returns that last forward's result and
+        how many tokens it ran, for the caller to commit as it commits a single forward's."""
+        step, at = self.rows - self.D, 0
+        while len(ids) - at > step:
+            self(ids[at : at + step], aux[at : at + step], 0)
+            self.cache.commit(step)
+            at += step
+        return self(ids[at:], aux[at:], D), len(ids) - at
 
     def __call__(self, ids: list[int], aux: torch.Tensor, D: int) -> torch.Tensor:
         S = len(ids)
