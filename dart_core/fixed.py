@@ -351,7 +351,7 @@ class FixedRunner:
     holds the cache's addresses. model.fixed_kernels: None takes the kernels on CUDA where Triton
     imports, False keeps the torch reference, True demands the kernels (on a CPU: Triton's interpreter,
     uncaptured); model.fixed_fused: the element-wise work fused too, or torch ops between the GEMMs;
-    model.fixed_row_group: rows an attention program serves (row_group_here)."""
+    model.fixed_row_group: rows an attention program serves (model.fixed_row_group_on)."""
 
     def __init__(self, model, cache, rows: int, device: torch.device):
         a = model.args
@@ -364,8 +364,7 @@ class FixedRunner:
         if triton_kernels_here(device, use) and kernel_head_dim(a.head_dim):
             from . import fixed_triton
 
-            dtype = model.tok_embeddings.weight.dtype
-            group = row_group_here(model.fixed_row_group, a.n_heads // a.n_kv_heads, device, dtype)
+            dtype, group = model.tok_embeddings.weight.dtype, model.fixed_row_group_on(device)
             self.kernels = fixed_triton.Kernels(rows, a, cache.k.shape[3], dtype, device, bool(model.fixed_fused), group)
         elif use:
             raise RuntimeError(

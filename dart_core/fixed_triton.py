@@ -169,18 +169,11 @@ def _group_split_kernel(
             sc = _dot(q, tl.trans(k), IEEE)
         else:
             sc = tl.zeros([M, BLOCK_N], tl.float32)
-            if UNROLL:
-                for i in tl.static_range(RG):
-                    sc = _row_scores(
-                        sc, q, k_ptr, path_ptr, plen_ptr, grp * RG + i, sub == i, T, R, P, start, offs, dims,
-                        g * stride_kh, stride_ks, D, SPLIT_N, IEEE,
-                    )  # fmt: skip
-            else:
-                for i in tl.range(0, RG, loop_unroll_factor=1):
-                    sc = _row_scores(
-                        sc, q, k_ptr, path_ptr, plen_ptr, grp * RG + i, sub == i, T, R, P, start, offs, dims,
-                        g * stride_kh, stride_ks, D, SPLIT_N, IEEE,
-                    )  # fmt: skip
+            for i in tl.range(0, RG, loop_unroll_factor=UNROLL):
+                sc = _row_scores(
+                    sc, q, k_ptr, path_ptr, plen_ptr, grp * RG + i, sub == i, T, R, P, start, offs, dims,
+                    g * stride_kh, stride_ks, D, SPLIT_N, IEEE,
+                )  # fmt: skip
         sc = tl.where(valid, sc * scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(sc, 1))
         alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m_i - m_new))
@@ -191,18 +184,11 @@ def _group_split_kernel(
             pv = _dot(p.to(v.dtype), v, IEEE)
         else:
             pv = tl.zeros([M, HD], tl.float32)
-            if UNROLL:
-                for i in tl.static_range(RG):
-                    pv = _row_values(
-                        pv, p, v_ptr, path_ptr, plen_ptr, grp * RG + i, sub == i, T, R, P, start, offs, dims,
-                        g * stride_kh, stride_ks, D, SPLIT_N, IEEE,
-                    )  # fmt: skip
-            else:
-                for i in tl.range(0, RG, loop_unroll_factor=1):
-                    pv = _row_values(
-                        pv, p, v_ptr, path_ptr, plen_ptr, grp * RG + i, sub == i, T, R, P, start, offs, dims,
-                        g * stride_kh, stride_ks, D, SPLIT_N, IEEE,
-                    )  # fmt: skip
+            for i in tl.range(0, RG, loop_unroll_factor=UNROLL):
+                pv = _row_values(
+                    pv, p, v_ptr, path_ptr, plen_ptr, grp * RG + i, sub == i, T, R, P, start, offs, dims,
+                    g * stride_kh, stride_ks, D, SPLIT_N, IEEE,
+                )  # fmt: skip
         acc = acc * alpha[:, None] + pv
         m_i = m_new
     out = ((row * NKV + g) * NSPLIT + s) * GP + head
@@ -263,9 +249,10 @@ class Workspace:
         self.key = (rows, n_kv, group, head_dim, capacity, str(device))
 
 
-# The grouped attention's tree chunks run a product a row of the group: unrolled up to this many rows
-# (the kernel the H200 run measured, at 4 rows a program), a loop past it (16 rows unrolled spill
-# registers: tests/triton_compiled.py counts them)
+# The grouped attention's tree chunks run a product a row of the group (UNROLL: the loop's unroll
+# factor): unrolled up to this many rows (the kernel the H200 run measured, at 4 rows a program; the
+# same PTX instructions static_range gave it), a loop past it (16 rows unrolled spill registers:
+# tests/triton_compiled.py counts them)
 UNROLLED_ROWS = 8
 
 
@@ -293,7 +280,7 @@ def attention(q, k_cache, v_cache, path, plen, meta, out, ws: Workspace, row_gro
             hd**-0.5, nkv, ws.nsplit, R,
             q.stride(0), k_cache.stride(0), k_cache.stride(1),
             D=path.shape[1], G=G, GP=ws.gp, RG=row_group, M=tile, HD=hd, BLOCK_N=BLOCK, SPLIT_N=SPLIT, IEEE=ieee,
-            UNROLL=row_group <= UNROLLED_ROWS, num_warps=group_warps(tile),
+            UNROLL=row_group if row_group <= UNROLLED_ROWS else 1, num_warps=group_warps(tile),
         )  # fmt: skip
     else:
         _split_kernel[(R, nkv, ws.nsplit)](

@@ -532,6 +532,12 @@ class Transformer(nn.Module):
             return self.fixed_rows
         return FIXED_ROWS.get(torch.device(device).type, FIXED_ROWS["cpu"])
 
+    def fixed_row_group_on(self, device: torch.device) -> int:
+        """Rows an attention program of the fixed forward's kernels serves on this device (fixed_row_group
+        resolved by fixed.row_group_here)."""
+        a = self.args
+        return fixed.row_group_here(self.fixed_row_group, a.n_heads // a.n_kv_heads, device, self.tok_embeddings.weight.dtype)
+
     def prefill_chunk_limit(self, device: torch.device) -> int:
         """Fixed-shape chunks a prompt may run as on this device (0: prompts past the fixed rows run eager)."""
         if self.fixed_prefill_chunks is not None:

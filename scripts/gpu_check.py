@@ -306,8 +306,7 @@ def forward_engine(model: Transformer, dev: torch.device) -> str:
     if model.fixed_row_count(dev) == 0:
         return "eager torch"
     if fixed.triton_kernels_here(dev, model.fixed_kernels) and fixed.kernel_head_dim(model.args.head_dim):
-        a = model.args
-        group = fixed.row_group_here(model.fixed_row_group, a.n_heads // a.n_kv_heads, dev, model.tok_embeddings.weight.dtype)
+        group = model.fixed_row_group_on(dev)
         rows = f" ({group} rows a program)" if group > 1 else ""
         return "Triton attention" + rows + (" + fused element-wise" if model.fixed_fused else "") + ", CUDA graph"
     return "torch reference, uncaptured"
