@@ -351,12 +351,13 @@ class FixedRunner:
     holds the cache's addresses. model.fixed_kernels: None takes the kernels on CUDA where Triton
     imports, False keeps the torch reference, True demands the kernels (on a CPU: Triton's interpreter,
     uncaptured); model.fixed_fused: the element-wise work fused too, or torch ops between the GEMMs;
-    model.fixed_row_group: rows an attention program serves (model.fixed_row_group_on)."""
+    model.fixed_row_group: rows an attention program serves (model.fixed_row_group_on); model.fixed_split:
+    keys an attention program reads (fixed_triton.SPLIT by default)."""
 
     def __init__(self, model, cache, rows: int, device: torch.device):
         a = model.args
         self.model, self.cache, self.rows = model, cache, rows
-        self.mode = (model.fixed_kernels, model.fixed_fused, model.fixed_row_group)
+        self.mode = model.fixed_mode()
         device = torch.device(device)
         self.inputs = FixedInputs(rows, device)
         self.kernels = None
@@ -365,7 +366,7 @@ class FixedRunner:
             from . import fixed_triton
 
             dtype, group = model.tok_embeddings.weight.dtype, model.fixed_row_group_on(device)
-            self.kernels = fixed_triton.Kernels(rows, a, cache.k.shape[3], dtype, device, bool(model.fixed_fused), group)
+            self.kernels = fixed_triton.Kernels(rows, a, cache.k.shape[3], dtype, device, bool(model.fixed_fused), group, model.fixed_split)
         elif use:
             raise RuntimeError(
                 "fixed_kernels=True needs Triton on CUDA (or its interpreter, TRITON_INTERPRET=1) and a power-of-two head dim >= 16"

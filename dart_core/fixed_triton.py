@@ -23,7 +23,13 @@ import triton
 import triton.language as tl
 
 BLOCK = 64  # keys a chunk
-SPLIT = 512  # keys a split (a multiple of BLOCK)
+# Keys a split, by default (Transformer.fixed_split sets another: any multiple of BLOCK). Every value
+# is exact, as every boundary is a logical position; it sets how many programs a forward's attention
+# spreads over: a one-row step over P cached keys runs KV heads x cdiv(P, split) programs, each reading
+# its split's keys in turn, so a short context's step waits on a few programs' loops (the H200 timed
+# 17.8 us a layer at 512 keys, 8 programs at the 8B shape), while a small split writes and combines
+# more partial results. scripts/gpu_check.py's sweep times the choice on a device.
+SPLIT = 512
 
 
 @triton.jit
@@ -234,19 +240,22 @@ def _combine_kernel(
 
 
 class Workspace:
-    """The partial results of the split kernel for a fixed row count and cache capacity (reused, so a
-    captured graph keeps its addresses)."""
+    """The partial results of the split kernel for a fixed row count, cache capacity and split size
+    (reused, so a captured graph keeps its addresses)."""
 
-    def __init__(self, rows: int, n_kv: int, group: int, head_dim: int, capacity: int, device):
+    def __init__(self, rows: int, n_kv: int, group: int, head_dim: int, capacity: int, device, split: int = SPLIT):
+        if split < BLOCK or split % BLOCK:
+            raise ValueError(f"a split holds a whole number of {BLOCK}-key chunks, got {split} keys")
+        self.split = split
         self.gp = max(16, triton.next_power_of_2(group))
-        self.nsplit = triton.cdiv(capacity, SPLIT)
+        self.nsplit = triton.cdiv(capacity, split)
         n = rows * n_kv * self.nsplit * self.gp
         # NaN until written: the split kernels write only the splits holding a row's keys and the combine
         # reads only those, so a read of anything else would show in every output it touched
         self.m = torch.full((n,), float("nan"), dtype=torch.float32, device=device)
         self.l = torch.full((n,), float("nan"), dtype=torch.float32, device=device)
         self.acc = torch.full((n, head_dim), float("nan"), dtype=torch.float32, device=device)
-        self.key = (rows, n_kv, group, head_dim, capacity, str(device))
+        self.key = (rows, n_kv, group, head_dim, capacity, str(device), split)
 
 
 # The grouped attention's tree chunks run a product a row of the group (UNROLL: the loop's unroll
@@ -279,7 +288,7 @@ def attention(q, k_cache, v_cache, path, plen, meta, out, ws: Workspace, row_gro
             q, k_cache, v_cache, path, plen, meta, ws.m, ws.l, ws.acc,
             hd**-0.5, nkv, ws.nsplit, R,
             q.stride(0), k_cache.stride(0), k_cache.stride(1),
-            D=path.shape[1], G=G, GP=ws.gp, RG=row_group, M=tile, HD=hd, BLOCK_N=BLOCK, SPLIT_N=SPLIT, IEEE=ieee,
+            D=path.shape[1], G=G, GP=ws.gp, RG=row_group, M=tile, HD=hd, BLOCK_N=BLOCK, SPLIT_N=ws.split, IEEE=ieee,
             UNROLL=row_group if row_group <= UNROLLED_ROWS else 1, num_warps=group_warps(tile),
         )  # fmt: skip
     else:
@@ -287,10 +296,10 @@ def attention(q, k_cache, v_cache, path, plen, meta, out, ws: Workspace, row_gro
             q, k_cache, v_cache, path, plen, meta, ws.m, ws.l, ws.acc,
             hd**-0.5, nkv, ws.nsplit,
             q.stride(0), k_cache.stride(0), k_cache.stride(1),
-            D=path.shape[1], G=G, GP=ws.gp, HD=hd, BLOCK_N=BLOCK, SPLIT_N=SPLIT, IEEE=ieee,
+            D=path.shape[1], G=G, GP=ws.gp, HD=hd, BLOCK_N=BLOCK, SPLIT_N=ws.split, IEEE=ieee,
         )  # fmt: skip
     _combine_kernel[(R, nh)](
-        ws.m, ws.l, ws.acc, out, plen, meta, nkv, ws.nsplit, out.stride(0), G=G, GP=ws.gp, HD=hd, NH=nh, SPLIT_N=SPLIT,
+        ws.m, ws.l, ws.acc, out, plen, meta, nkv, ws.nsplit, out.stride(0), G=G, GP=ws.gp, HD=hd, NH=nh, SPLIT_N=ws.split,
     )  # fmt: skip
     return out
 
@@ -424,9 +433,11 @@ class Kernels:
     """The Triton side of one FixedRunner: the attention's workspace and output buffer, and, with
     `fused`, the element-wise work between the GEMMs (the methods model.Transformer.fixed_body calls)."""
 
-    def __init__(self, rows: int, args, capacity: int, dtype: torch.dtype, device, fused: bool, row_group: int = 1):
+    def __init__(
+        self, rows: int, args, capacity: int, dtype: torch.dtype, device, fused: bool, row_group: int = 1, split: int | None = None
+    ):
         G = args.n_heads // args.n_kv_heads
-        self.ws = Workspace(rows, args.n_kv_heads, G, args.head_dim, capacity, device)
+        self.ws = Workspace(rows, args.n_kv_heads, G, args.head_dim, capacity, device, SPLIT if split is None else split)
         self.out = torch.empty(rows, args.n_heads, args.head_dim, dtype=dtype, device=device)
         self.fused = fused
         if row_group < 1:

@@ -413,6 +413,11 @@ class Transformer(nn.Module):
         # (fixed.default_row_group) on the GPU kinds where a run showed it exact, else 1
         # (fixed.row_group_here)
         self.fixed_row_group: int | None = None
+        # with the kernels: keys an attention program reads at most (a multiple of 64; None:
+        # fixed_triton.SPLIT). Exact at any value (the splits are cut at logical positions, the same for
+        # a node's verify and its step); it sets how many programs a short context's step spreads over,
+        # the device's to time (gpu_check's sweep).
+        self.fixed_split: int | None = None
         # A prompt of more than the fixed rows runs as that many fixed-shape forwards when its chunks
         # are at most this many (Target.prefill), else as one eager forward; 0: always eager; None
         # (the default): FIXED_PREFILL_CHUNKS for the device. A replay a chunk against an eager
@@ -532,6 +537,10 @@ class Transformer(nn.Module):
             return self.fixed_rows
         return FIXED_ROWS.get(torch.device(device).type, FIXED_ROWS["cpu"])
 
+    def fixed_mode(self) -> tuple:
+        """The settings a FixedRunner is built for (its kernels and graph): another asks for a new one."""
+        return (self.fixed_kernels, self.fixed_fused, self.fixed_row_group, self.fixed_split)
+
     def fixed_row_group_on(self, device: torch.device) -> int:
         """Rows an attention program of the fixed forward's kernels serves on this device (fixed_row_group
         resolved by fixed.row_group_here)."""
@@ -565,12 +574,7 @@ class Transformer(nn.Module):
         rope = self._fixed_rope_table(device)
         rope.check(cache.length + T - 1)
         runner = getattr(cache, "fixed_runner", None)
-        if (
-            runner is None
-            or runner.model is not self
-            or runner.rows != rows
-            or runner.mode != (self.fixed_kernels, self.fixed_fused, self.fixed_row_group)
-        ):
+        if runner is None or runner.model is not self or runner.rows != rows or runner.mode != self.fixed_mode():
             runner = cache.fixed_runner = fixed.FixedRunner(self, cache, rows, device)
         out_logits, hidden, normed = runner(tokens, positions, parents, capture, logits)
         out_logits = None if out_logits is None else out_logits[:T]

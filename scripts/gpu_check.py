@@ -13,12 +13,13 @@ soon as it ends, so a run cut short keeps what it measured:
   big       a random-weight target of Qwen3-8B's shape in bf16: the one-row step against the HBM limit,
             the verify's cost by rows at 512 and 4096 cached tokens, verify == steps at that size,
             DART draft + prune against EAGLE3's rollout at 60 nodes, the loop's stage costs a step,
-            and the host-device synchronizations a step makes
+            and the host-device synchronizations a step makes; a sweep of the attention's split size
+            (--sweep: the verify by rows and verify == steps at each, ranked beside the default's)
   profile   where the fixed-shape forward's time goes at the 8B shape: the graph replay alone against
             a whole verify (inputs loaded, outputs copied), and the GPU time by kernel of one
             uncaptured forward (torch.profiler) at 1 and 64 rows, 512 and 4096 cached tokens
   embedded  the embedded model (needs its converted checkpoint or GGUF on the machine; see --model):
-            ids, tau and tokens/s of ar, dart and eagle3
+            ids, tau and tokens/s of ar, dart and eagle3, then its own split sweep (--embedded-sweep)
 
     python scripts/gpu_check.py --parts device_parts   # the embedded model in parts a device call can carry
 
@@ -267,12 +268,28 @@ def fault(where: str) -> None:
 
 # ------------------------------------------------------------------------------------------ stages
 
-PATHS = ("fixed", "fixed-ungrouped", "fixed-grouped", "fixed-attn", "fixed-torch", "eager")  # and fixed-grouped-N
+PATHS = ("fixed", "fixed-ungrouped", "fixed-grouped", "fixed-attn", "fixed-torch", "eager")  # and fixed-grouped-N, -split-S
+SPLIT_MARK = "-split-"  # a path's attention split: fixed-split-128, fixed-grouped-16-split-64
+# The big stage's sweep (--sweep): the one-row step and the verify by rows at smaller splits than the
+# default's 512 keys, a program a row and 16 rows a program, timed in one process
+SWEEP = "fixed-split-64,fixed-split-128,fixed-split-256,fixed-grouped-16-split-64,fixed-grouped-16-split-128,fixed-grouped-16-split-256"
+
+
+def split_of(path: str) -> tuple[str, int | None]:
+    """'fixed-grouped-16-split-128' -> ('fixed-grouped-16', 128); a path without a split -> (path, None)."""
+    base, mark, n = path.rpartition(SPLIT_MARK)
+    if not mark:
+        return path, None
+    return base, int(n) if n.isdigit() else -1
 
 
 def known_path(path: str) -> bool:
-    """A forward path of PATHS, or fixed-grouped-N: N rows an attention program (N >= 1)."""
+    """A forward path of PATHS, or fixed-grouped-N (N rows an attention program, N >= 1); a path on the
+    Triton attention may end in -split-S (S keys a split: a multiple of 64)."""
+    path, split = split_of(path)
     base, _, n = path.rpartition("-")
+    if split is not None and (path in ("fixed-torch", "eager") or split < 64 or split % 64):
+        return False
     return path in PATHS or (base == "fixed-grouped" and n.isdigit() and int(n) >= 1)
 
 
@@ -283,12 +300,15 @@ def use_path(model: Transformer, path: str, opts) -> None:
     fixed-grouped: a group of rows a program (fixed.default_row_group: each committed chunk read once
     for the group), fixed-grouped-N: N rows a program; fixed-attn: torch ops between the GEMMs (the
     attention alone in Triton, a program a row); fixed-torch: the torch reference attention, not
-    captured; eager: plain torch."""
+    captured; eager: plain torch. A -split-S ending: S keys an attention program (model.fixed_split;
+    else --fixed-split's, else the engine's)."""
     if not known_path(path):
-        raise ValueError(f"unknown forward path {path!r}: from {', '.join(PATHS)} or fixed-grouped-N")
+        raise ValueError(f"unknown forward path {path!r}: from {', '.join(PATHS)} or fixed-grouped-N, each maybe with -split-S")
+    path, split = split_of(path)
     model.fixed_rows = 0 if path == "eager" else (opts.fixed_rows or None)
     model.fixed_kernels = False if path == "fixed-torch" else None
     model.fixed_fused = path != "fixed-attn"
+    model.fixed_split = split or getattr(opts, "fixed_split", None) or None
     a = model.args
     if path == "fixed":
         model.fixed_row_group = None
@@ -307,7 +327,9 @@ def forward_engine(model: Transformer, dev: torch.device) -> str:
         return "eager torch"
     if fixed.triton_kernels_here(dev, model.fixed_kernels) and fixed.kernel_head_dim(model.args.head_dim):
         group = model.fixed_row_group_on(dev)
-        rows = f" ({group} rows a program)" if group > 1 else ""
+        rows = [f"{group} rows a program"] if group > 1 else []
+        rows += [f"{model.fixed_split}-key splits"] if model.fixed_split else []
+        rows = f" ({', '.join(rows)})" if rows else ""
         return "Triton attention" + rows + (" + fused element-wise" if model.fixed_fused else "") + ", CUDA graph"
     return "torch reference, uncaptured"
 
@@ -468,8 +490,10 @@ def fill_cache(target: Target, P: int, capacity: int):
 
 
 def stage_big(dev: torch.device, small: bool, rep: Report, opts) -> dict:
-    """opts.big_parts: "verify" (each path's cost by rows, verify == steps) and "drafting" (drafting at 60
-    nodes and the loop a step, on the first path asked for that verified without failing)."""
+    """opts.big_parts: "verify" (each path's cost by rows, verify == steps), "sweep" (the same for the
+    engine's default and opts.sweep's paths in this one process, under r["sweep"], ranked) and
+    "drafting" (drafting at 60 nodes and the loop a step, on the first path asked for that verified
+    without failing)."""
     r: dict = {}
     t0 = time.perf_counter()
     target = random_big_target(dev, small)
@@ -490,6 +514,10 @@ def stage_big(dev: torch.device, small: bool, rep: Report, opts) -> dict:
             if "error" in entry:
                 r.setdefault("errors", {})[fpath] = entry["error"]
             rep.save("big", r)
+    sweep = [p for p in opts.sweep.split(",") if p]
+    if "sweep" in parts and sweep:
+        r["sweep"] = {}
+        sweep_paths(target, sweep, r["sweep"], "big", r, rep, opts)
     if "drafting" in parts:
         ok = [p for p in paths if p not in r.get("errors", {})]
         if not ok:
@@ -500,8 +528,42 @@ def stage_big(dev: torch.device, small: bool, rep: Report, opts) -> dict:
     return r
 
 
-def big_verify(target: Target, fpath: str, r: dict, rep: Report, opts) -> None:
-    """One forward path at the big shape: the verify's cost by rows at each context, then verify == steps."""
+def sweep_paths(target: Target, paths: list[str], sw: dict, stage: str, saved: dict, rep: Report, opts) -> None:
+    """big_verify for the engine's default ("fixed") and then `paths`, all in this one process (a
+    ranking of like with like), into sw (its verify, verify_vs_steps, errors) with sweep_summary's
+    ranking; `saved` (the stage's result, which holds sw) saved after each path. It leaves the model
+    on the last path."""
+    dev = torch.device(target.device)
+    sw.update(verify={}, verify_vs_steps={}, weight_bytes_a_step=target.model.step_weight_bytes())
+    for fpath in ["fixed", *paths]:
+        entry: dict = {}
+        with recorded_failure(rep, f"{stage}: sweep ({fpath})", entry, dev):
+            big_verify(target, fpath, sw, rep, opts, save=lambda: rep.save(stage, saved))
+        if "error" in entry:
+            sw.setdefault("errors", {})[fpath] = entry["error"]
+        sw.update(sweep_summary(sw))
+        rep.save(stage, saved)
+    rep.log(f"{stage}: sweep { ({k: v for k, v in sw.items() if k in ('ranked', 'not_bitwise')}) }")
+
+
+def sweep_summary(sw: dict) -> dict:
+    """The sweep's paths ranked at each context by the one-row step and by the 64-row verify (ms), and
+    those whose verify was not bitwise its steps: what the engine's default split should be."""
+    verify = json.loads(json.dumps(sw["verify"]))  # one kind of key (the contexts and rows as strings)
+    ranked = {}
+    for P in sorted({c for v in verify.values() for c in v}, key=int):
+        for rows, label in (("1", "step"), ("64", "verify64")):
+            ms = {p: v[P]["ms_by_rows"][rows] for p, v in verify.items() if rows in v.get(P, {}).get("ms_by_rows", {})}
+            ranked[f"P{P}_{label}"] = sorted(([p, t] for p, t in ms.items()), key=lambda pt: pt[1])
+    checks = sw["verify_vs_steps"]
+    return {"ranked": ranked, "not_bitwise": sorted(p for p, c in checks.items() if c["bitwise_equal"] != c["nodes"])}
+
+
+def big_verify(target: Target, fpath: str, r: dict, rep: Report, opts, save=None) -> None:
+    """One forward path at the big shape (or `target`'s): the verify's cost by rows at each context, then
+    verify == steps, into r's verify and verify_vs_steps; save() after each context (default: r as the
+    big stage's result)."""
+    save = save or (lambda: rep.save("big", r))
     dev = torch.device(target.device)
     a = target.model.args
     env = rep.data["stages"].get("env", {})
@@ -527,7 +589,7 @@ def big_verify(target: Target, fpath: str, r: dict, rep: Report, opts) -> None:
         by_context[P] = entry
         r["verify"][fpath] = by_context
         rep.log(f"big ({fpath}): P={P} {entry}")
-        rep.save("big", r)
+        save()
         cache = None
 
     # verify == steps at this size: the eager path's GEMMs and SDPA change with the rows and the mask
@@ -738,6 +800,7 @@ def stage_embedded(dev: torch.device, small: bool, rep: Report, opts) -> dict:
     heads = opts.heads
     for dname in opts.embedded_dtypes.split(","):
         target = load_target(opts.model, dev, dname)
+        target.model.fixed_split = opts.fixed_split or None
         configs = DrafterConfigs(
             DartConfig.embedded(head=str(heads / "dart"), ngram=str(heads / "ngram" / "smollm2-3gram.ngram.xz")),
             Eagle3Config(head=str(heads / "eagle3")),
@@ -816,6 +879,13 @@ def stage_embedded(dev: torch.device, small: bool, rep: Report, opts) -> dict:
             **({"profiles": profiles} if profiles else {}),
         }
         rep.save("embedded", r)
+        sweep = [p for p in opts.embedded_sweep.split(",") if p]
+        if sweep and target.model.fixed_path(R, dev):  # last: it leaves the model on the sweep's last path
+            r[dname]["sweep"] = {}
+            sweep_paths(target, sweep, r[dname]["sweep"], "embedded", r, rep, opts)
+        elif sweep:
+            r[dname]["sweep"] = {"skipped": f"no fixed-shape forward on {dev} for {target.weights} (another path runs every forward)"}
+            rep.save("embedded", r)
     return r
 
 
@@ -902,15 +972,16 @@ def write_parts(folder: str, stage_args: str, per_set: int = 2) -> None:
 # ------------------------------------------------------------------- each piece in its own process
 
 
-def pieces(stage: str, paths: list[str]) -> list[tuple[str, list[str]]]:
+def pieces(stage: str, paths: list[str], sweep_paths: list[str] = ()) -> list[tuple[str, list[str]]]:
     """A stage's isolated pieces: (name, the options naming it). The exact stage and the big stage's
-    verify run a process a forward path; the big stage's drafting and loop one more process, on the
-    first path whose verify did not fail."""
+    verify run a process a forward path; the big stage's sweep (sweep_paths) one process for all its
+    paths; the big stage's drafting and loop one more process, on the first path whose verify did not fail."""
     if stage == "exact":
         return [(f"exact-{p}", ["--stages", "exact", "--paths", p]) for p in paths]
     if stage == "big":
         verify = [(f"big-{p}", ["--stages", "big", "--paths", p, "--big-parts", "verify"]) for p in paths]
-        return verify + [("big-drafting", ["--stages", "big", "--big-parts", "drafting"])]  # --paths: filled in when it runs
+        sweep = [("big-sweep", ["--stages", "big", "--big-parts", "sweep"])] if sweep_paths else []
+        return verify + sweep + [("big-drafting", ["--stages", "big", "--big-parts", "drafting"])]  # --paths: filled in when it runs
     return [(stage, ["--stages", stage])]
 
 
@@ -940,11 +1011,12 @@ def run_isolated(a, argv: list[str], stages: list[str], rep: Report) -> int:
     --piece-timeout ends that piece only), merged into one report as a single process would write it.
     A piece runs with this run's options, then those naming it (argparse keeps an option's last value)."""
     paths = a.paths.split(",")
+    sweep = [p for p in a.sweep.split(",") if p] if "sweep" in a.big_parts.split(",") else []
     failed = 0
     for stage in stages:
         rep.log(f"--- {stage} (a process a piece)")
         merged: dict = {}
-        for name, naming in pieces(stage, paths):
+        for name, naming in pieces(stage, paths, sweep):
             if name == "big-drafting":
                 ok = [p for p in paths if p not in merged.get("errors", {}) and p in merged.get("verify", {})] or paths
                 naming = naming + ["--paths", ok[0]]
@@ -1016,6 +1088,26 @@ def main(argv=None) -> int:
     )
     p.add_argument("--fixed-rows", type=int, default=0, help="the fixed path's rows (default: the engine's for the device)")
     p.add_argument(
+        "--fixed-split",
+        type=int,
+        default=0,
+        help="keys an attention program of the fixed path reads, in every stage and path without its own -split-S "
+        "(a multiple of 64; default: the engine's, fixed_triton.SPLIT)",
+    )
+    p.add_argument(
+        "--embedded-sweep",
+        default="fixed-split-64,fixed-split-128,fixed-split-256",
+        help="embedded stage: forward paths whose verify by rows is timed (at --contexts) and checked bitwise beside the "
+        "engine's, after the generations (default: 64-, 128- and 256-key splits; empty: none)",
+    )
+    p.add_argument(
+        "--sweep",
+        default=SWEEP,
+        help="big stage (its sweep part): forward paths timed and checked bitwise in one process, ranked beside fixed "
+        "by the one-row step and the 64-row verify (default: 64-, 128- and 256-key splits, a program a row and 16 rows a "
+        "program; empty: none)",
+    )
+    p.add_argument(
         "--contexts",
         type=lambda v: [int(x) for x in v.split(",")],
         default=[512, 4096],
@@ -1024,8 +1116,9 @@ def main(argv=None) -> int:
     p.add_argument("--exact-tokens", type=int, default=40, help="exact stage: greedy tokens a prompt (0: the verify checks only)")
     p.add_argument(
         "--big-parts",
-        default="verify,drafting",
-        help="big stage: verify (each path's cost by rows, verify == steps), drafting (drafting at 60 nodes and the loop a step)",
+        default="verify,sweep,drafting",
+        help="big stage: verify (each path's cost by rows, verify == steps), sweep (the same for --sweep's paths, ranked), "
+        "drafting (drafting at 60 nodes and the loop a step)",
     )
     p.add_argument(
         "--isolate",
@@ -1045,15 +1138,20 @@ def main(argv=None) -> int:
         p.error("--out is required (but with --parts)")
     stages = [s for s in a.stages.split(",") if s]
     if not all(known_path(x) for x in a.paths.split(",")):
-        p.error(f"--paths: from {', '.join(PATHS)} or fixed-grouped-N, got {a.paths!r}")
+        p.error(f"--paths: from {', '.join(PATHS)} or fixed-grouped-N, each maybe with -split-S (S a multiple of 64), got {a.paths!r}")
+    for name, value in (("--sweep", a.sweep), ("--embedded-sweep", a.embedded_sweep)):
+        if not all(known_path(x) and x not in ("eager", "fixed-torch") for x in value.split(",") if x):
+            p.error(f"{name}: paths on the Triton attention (as --paths, not eager or fixed-torch), got {value!r}")
+    if a.fixed_split and (a.fixed_split < 64 or a.fixed_split % 64):
+        p.error(f"--fixed-split: a multiple of 64 keys, got {a.fixed_split}")
     unknown = set(stages) - set(STAGES)
     if unknown:
         p.error(f"unknown stages {sorted(unknown)}: choose from {', '.join(STAGES)}")
     dev = torch.device(a.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         p.error("CUDA is not available (use --device cpu --small for a CPU run)")
-    if set(a.big_parts.split(",")) - {"verify", "drafting"}:
-        p.error(f"--big-parts: from verify, drafting, got {a.big_parts!r}")
+    if set(a.big_parts.split(",")) - {"verify", "sweep", "drafting"}:
+        p.error(f"--big-parts: from verify, sweep, drafting, got {a.big_parts!r}")
     rep = Report(a.out)
     rep.data["argv"] = sys.argv
     if a.isolate if a.isolate is not None else dev.type == "cuda":

@@ -23,6 +23,7 @@ def test_gpu_check_runs_on_the_cpu_and_reports_exactness(tmp_path):
     # 256 cached tokens (not 512 and 4096): the torch reference's per-chunk sums cost seconds a verify on the CPU
     cmd += ["--fixed-rows", "64", "--exact-tokens", "8", "--contexts", "256"]
     cmd += ["--paths", "fixed,eager"]  # (fixed-attn differs from fixed on CUDA only: the Triton kernels)
+    cmd += ["--sweep", "fixed-split-64"]  # (a split is the Triton attention's: here the plumbing, on the torch reference)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads((out / "gpu_check.json").read_text())
@@ -44,6 +45,10 @@ def test_gpu_check_runs_on_the_cpu_and_reports_exactness(tmp_path):
     fixed = big["verify_vs_steps"]["fixed"]
     assert fixed["bitwise_equal"] == fixed["nodes"]
     assert set(big["verify"]) == {"fixed", "eager"} and set(big["verify"]["fixed"]) == {"256"}
+    sweep = big["sweep"]  # the default beside the swept path in one process, ranked; both bitwise
+    assert set(sweep["verify"]) == {"fixed", "fixed-split-64"} and sweep["not_bitwise"] == [], sweep
+    assert sorted(p for p, _ in sweep["ranked"]["P256_step"]) == ["fixed", "fixed-split-64"], sweep["ranked"]
+    assert set(sweep["ranked"]) == {"P256_step", "P256_verify64"}
     assert set(big["drafting_60"]) == {"dart", "dart-eager-head", "eagle3", "eagle3-eager"}
     assert all(big["drafting_60"][m]["nodes"] == 60 for m in big["drafting_60"])
     assert big["drafting_60"]["dart"]["graph_calls"] == big["drafting_60"]["eagle3"]["graph_calls"] == 0  # captured: CUDA only
@@ -90,7 +95,7 @@ def test_a_lost_process_costs_its_piece_only(tmp_path):
     the big stage's drafting and loop on the first path that verified."""
     out = tmp_path / "out"
     cmd = [sys.executable, str(SCRIPT), "--out", str(out), "--device", "cpu", "--small", "--isolate", "--stages", "env,exact,big"]
-    cmd += ["--fixed-rows", "64", "--exact-tokens", "4", "--contexts", "256", "--paths", "fixed,eager"]
+    cmd += ["--fixed-rows", "64", "--exact-tokens", "4", "--contexts", "256", "--paths", "fixed,eager", "--sweep", ""]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "GPU_CHECK_FAULT": "fixed:exit"})
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads((out / "gpu_check.json").read_text())
@@ -112,7 +117,7 @@ def test_a_lost_process_costs_its_piece_only(tmp_path):
 def test_a_failing_drafter_leaves_the_others_rows(tmp_path):
     out = tmp_path / "out"
     cmd = [sys.executable, str(SCRIPT), "--out", str(out), "--device", "cpu", "--small", "--stages", "big"]
-    cmd += ["--fixed-rows", "64", "--contexts", "256", "--paths", "fixed"]
+    cmd += ["--fixed-rows", "64", "--contexts", "256", "--paths", "fixed", "--sweep", ""]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "GPU_CHECK_FAULT": "dart:raise"})
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     big = json.loads((out / "gpu_check.json").read_text())["stages"]["big"]
@@ -129,13 +134,14 @@ def test_gpu_check_refuses_unknown_stages(tmp_path):
 
 
 def test_gpu_check_names_its_forward_paths(tmp_path):
-    """--paths takes PATHS and fixed-grouped-N (N rows an attention program, N >= 1), refusing the rest
-    before any stage runs; each path sets the row group it names (None: the engine's own choice)."""
-    for bad in ("fixed-grouped-0", "fixed-grouped-x", "fixed-row"):
-        proc = subprocess.run(
-            [sys.executable, str(SCRIPT), "--out", str(tmp_path), "--paths", f"fixed,{bad}"], capture_output=True, text=True
-        )
-        assert proc.returncode == 2 and "--paths: from" in proc.stderr, (bad, proc.stderr[-500:])
+    """--paths takes PATHS and fixed-grouped-N (N rows an attention program, N >= 1), each path on the
+    Triton attention maybe ending in -split-S (S keys a split, a multiple of 64), refusing the rest
+    before any stage runs; each path sets the row group and split it names (None: the engine's own
+    choice). --sweep takes the paths on the Triton attention, --fixed-split a multiple of 64."""
+    bad_paths = ("fixed-grouped-0", "fixed-grouped-x", "fixed-row", "fixed-split-32", "fixed-split-100", "eager-split-64")
+    for option, bad in (*(("--paths", f"fixed,{b}") for b in bad_paths), ("--sweep", "fixed-split-64,eager"), ("--fixed-split", "96")):
+        proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), option, bad], capture_output=True, text=True)
+        assert proc.returncode == 2 and f"{option}: " in proc.stderr, (option, bad, proc.stderr[-500:])
     sys.path.insert(0, str(SCRIPT.parent))
     try:
         import gpu_check
@@ -148,12 +154,23 @@ def test_gpu_check_names_its_forward_paths(tmp_path):
     model = Transformer.__new__(Transformer)  # use_path sets attributes only; the shape is read from args
     model.args = SimpleNamespace(n_heads=32, n_kv_heads=8)
     groups = {}
-    for path in ("fixed", "fixed-ungrouped", "fixed-grouped", "fixed-grouped-16", "fixed-attn", "fixed-torch", "eager"):
+    paths = ("fixed", "fixed-ungrouped", "fixed-grouped", "fixed-grouped-16", "fixed-attn", "fixed-torch", "eager")
+    for path in (*paths, "fixed-split-128", "fixed-grouped-16-split-64", "fixed-attn-split-256"):
         gpu_check.use_path(model, path, SimpleNamespace(fixed_rows=0))
-        groups[path] = model.fixed_row_group
+        groups[path] = (model.fixed_row_group, model.fixed_split, model.fixed_fused)
     assert groups == {
-        "fixed": None, "fixed-ungrouped": 1, "fixed-grouped": 4, "fixed-grouped-16": 16, "fixed-attn": 1, "fixed-torch": 1, "eager": 1,
+        "fixed": (None, None, True), "fixed-ungrouped": (1, None, True), "fixed-grouped": (4, None, True),
+        "fixed-grouped-16": (16, None, True), "fixed-attn": (1, None, False), "fixed-torch": (1, None, True),
+        "eager": (1, None, True), "fixed-split-128": (None, 128, True), "fixed-grouped-16-split-64": (16, 64, True),
+        "fixed-attn-split-256": (1, 256, False),
     }  # fmt: skip
+    gpu_check.use_path(model, "fixed-grouped", SimpleNamespace(fixed_rows=0, fixed_split=256))  # --fixed-split: paths without their own
+    assert (model.fixed_row_group, model.fixed_split) == (4, 256)
+    # the big stage's pieces: a process a path, the sweep's paths in one, then drafting and the loop
+    assert [n for n, _ in gpu_check.pieces("big", ["fixed", "eager"], ["fixed-split-64"])] == [
+        "big-fixed", "big-eager", "big-sweep", "big-drafting",
+    ]  # fmt: skip
+    assert [n for n, _ in gpu_check.pieces("big", ["fixed"])] == ["big-fixed", "big-drafting"]
 
 
 @pytest.mark.slow  # the embedded GGUF compressed (~15 s) and the gguf wheel downloaded from PyPI

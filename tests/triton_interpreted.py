@@ -92,7 +92,9 @@ def attention(dtype: torch.dtype) -> dict:
     """The split and combine kernels against fixed.attention (the torch reference), a program a row and
     a group of rows a program: a tree whose keys span three splits (P = 1030), and one whose shallow
     rows end in the second split while its deeper rows reach the third (P = 1022: a group's rows with
-    no keys in a split beside rows with some, and chunks of committed keys next to chunks of tree keys)."""
+    no keys in a split beside rows with some, and chunks of committed keys next to chunks of tree
+    keys); the latter also at the smallest split (64 keys, a chunk a split: 16 splits of committed
+    keys, the tree's rows across the next boundary)."""
     g = torch.Generator().manual_seed(1)
     R, nh, nkv, hd, cap = 8, 4, 2, 16, 1100
     parents = torch.tensor([-1, 0, 0, 1, 3, 2])
@@ -101,20 +103,23 @@ def attention(dtype: torch.dtype) -> dict:
     q = torch.randn(R, nh, hd, generator=g).to(dtype)
     T = len(parents)
     r: dict = {}
-    for P in (1030, 1022):
-        inputs = fixed.FixedInputs(R, torch.device("cpu"))
-        inputs.fill(torch.zeros(T, dtype=torch.long), torch.arange(T), parents, P, reference=True)
-        ref = fixed.attention(q[:T], k_cache, v_cache, inputs.keys)
-        ws = fixed_triton.Workspace(R, nkv, nh // nkv, hd, cap, "cpu")
-        outs = {}
-        for group in (1, 2, fixed.default_row_group(nh // nkv), 16):  # 16: past fixed_triton.UNROLLED_ROWS, a loop
-            out = torch.empty(R, nh, hd, dtype=dtype)
-            outs[group] = fixed_triton.attention(q, k_cache, v_cache, inputs.path, inputs.plen, inputs.meta, out, ws, group).clone()
-            r[f"P{P}_group{group}_max_diff"] = diff(outs[group][:T], ref)
-            r[f"P{P}_group{group}_padding_rows_zero"] = bool((outs[group][T:] == 0).all())
-            r[f"P{P}_group{group}_finite"] = bool(outs[group].isfinite().all())
-        r[f"P{P}_groups_equal"] = all(torch.equal(o, outs[1]) for o in outs.values())
-    r["splits"] = ws.nsplit
+    r["splits"] = {}
+    for split, contexts in ((fixed_triton.SPLIT, (1030, 1022)), (fixed_triton.BLOCK, (1022,))):
+        for P in contexts:
+            inputs = fixed.FixedInputs(R, torch.device("cpu"))
+            inputs.fill(torch.zeros(T, dtype=torch.long), torch.arange(T), parents, P, reference=True)
+            ref = fixed.attention(q[:T], k_cache, v_cache, inputs.keys)
+            ws = fixed_triton.Workspace(R, nkv, nh // nkv, hd, cap, "cpu", split)
+            outs = {}
+            for group in (1, 2, fixed.default_row_group(nh // nkv), 16):  # 16: past fixed_triton.UNROLLED_ROWS, a loop
+                out = torch.empty(R, nh, hd, dtype=dtype)
+                outs[group] = fixed_triton.attention(q, k_cache, v_cache, inputs.path, inputs.plen, inputs.meta, out, ws, group).clone()
+                key = f"P{P}_split{split}_group{group}"
+                r[f"{key}_max_diff"] = diff(outs[group][:T], ref)
+                r[f"{key}_padding_rows_zero"] = bool((outs[group][T:] == 0).all())
+                r[f"{key}_finite"] = bool(outs[group].isfinite().all())
+            r[f"P{P}_split{split}_groups_equal"] = all(torch.equal(o, outs[1]) for o in outs.values())
+        r["splits"][split] = ws.nsplit
     return r
 
 
@@ -154,13 +159,14 @@ def against_plain(target, drafters: dict, prompt: list[int], new_tokens: int) ->
     }
 
 
-def model(arch: str, dtype: torch.dtype, fused: bool, root: Path, row_group: int) -> dict:
+def model(arch: str, dtype: torch.dtype, fused: bool, root: Path, row_group: int, split: int | None = None) -> dict:
     """A tiny random target's fixed forward on the kernels (8 rows): a random tree's verify against the
     one-token steps along its paths (bitwise: logits and captured states) and against the torch
-    reference's verify (max logit difference, argmax agreement)."""
+    reference's verify (max logit difference, argmax agreement). split: keys a split (None: the
+    default); with one, the prefix ends 3 keys before the first split ends, so the tree's paths cross it."""
     path = tiny_checkpoint(root, arch)
     rng = random.Random(4)
-    prefix = [rng.randrange(TINY_VOCAB) for _ in range(45)]
+    prefix = [rng.randrange(TINY_VOCAB) for _ in range(45 if split is None else split - 3)]
     tree = random_tree_under(rng, prefix[-1], 6, TINY_VOCAB)
     outs = {}
     for kernels in (True, False):
@@ -168,6 +174,7 @@ def model(arch: str, dtype: torch.dtype, fused: bool, root: Path, row_group: int
         target.model.use_kernels = False  # the fixed path, as on CUDA
         target.model.fixed_rows = 8
         target.model.fixed_kernels, target.model.fixed_fused, target.model.fixed_row_group = kernels, fused, row_group
+        target.model.fixed_split = split
         cache = target.new_cache(len(prefix) + len(tree) + 16)
         target.prefill(prefix, cache, capture=False)
         cache.commit(len(prefix))
@@ -175,7 +182,7 @@ def model(arch: str, dtype: torch.dtype, fused: bool, root: Path, row_group: int
     target, cache, out = outs[True]
     kern = cache.fixed_runner.kernels
     assert type(kern) is fixed_triton.Kernels and kern.fused == fused and kern.row_group == row_group
-    bad = nodes_unlike_their_steps(target, cache, tree, out)
+    bad = nodes_unlike_their_steps(target, cache, tree, out)  # the steps run on the same runner: its split too
     ref = outs[False][2]
     return {
         "nodes": len(tree),
@@ -183,6 +190,9 @@ def model(arch: str, dtype: torch.dtype, fused: bool, root: Path, row_group: int
         "logits_vs_torch": diff(out.logits, ref.logits),
         "argmax_agree": int((out.logits.argmax(-1) == ref.logits.argmax(-1)).sum()),
         "row_group": kern.row_group,
+        "split": kern.ws.split,
+        "prefix": len(prefix),
+        "depth": int(tree.depths.max()),
     }
 
 
@@ -353,11 +363,20 @@ def main() -> None:
         result["elementwise"][name] = elementwise(dtype)
         result["attention"][name] = attention(dtype)
     # the engine's default (fused, a program a row), the attention alone (torch ops between the GEMMs),
-    # and rows grouped in fp16 (exact here where the dot is: numpy's fp16 matmul, not its fp32 one)
-    cases = (("llama", "float32", True, 1), ("qwen3", "float16", True, 1), ("qwen2", "float32", False, 1), ("llama", "float16", True, 8))
-    for arch, name, fused, group in cases:
+    # and rows grouped in fp16 (exact here where the dot is: numpy's fp16 matmul, not its fp32 one); then
+    # the smallest split (a chunk a split), a program a row and rows grouped, with a tree across a split
+    cases = (
+        ("llama", "float32", True, 1, None),
+        ("qwen3", "float16", True, 1, None),
+        ("qwen2", "float32", False, 1, None),
+        ("llama", "float16", True, 8, None),
+        ("llama", "float32", True, 1, fixed_triton.BLOCK),
+        ("qwen3", "float16", True, 8, fixed_triton.BLOCK),
+    )
+    for arch, name, fused, group, split in cases:
         key = f"{arch}-{name}-{'fused' if fused else 'attention'}" + (f"-group{group}" if group > 1 else "")
-        result["models"][key] = model(arch, DTYPES[name], fused, root, group)
+        key += f"-split{split}" if split else ""
+        result["models"][key] = model(arch, DTYPES[name], fused, root, group, split)
     result["head"] = head_forward(root)
     result["expand"] = expand_forward(root)
     result["replayed"] = replayed(root)
