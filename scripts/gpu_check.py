@@ -1084,7 +1084,8 @@ def main(argv=None) -> int:
         "--paths",
         default="fixed,fixed-ungrouped,fixed-grouped-16,eager",
         help=f"exact and big stages: the target's forward paths, from {', '.join(PATHS)} or fixed-grouped-N (N rows an "
-        "attention program); the default: the engine as it runs, a program a row, 16 rows a program, plain torch",
+        "attention program), a path on the Triton attention maybe ending in -split-S (S keys a split, a multiple of 64); "
+        "the default: the engine as it runs, a program a row, 16 rows a program, plain torch",
     )
     p.add_argument("--fixed-rows", type=int, default=0, help="the fixed path's rows (default: the engine's for the device)")
     p.add_argument(
