@@ -145,6 +145,21 @@ def test_a_failing_drafter_leaves_the_others_rows(tmp_path):
     assert big["verify_vs_steps"]["fixed"]["bitwise_equal"] == big["verify_vs_steps"]["fixed"]["nodes"]
 
 
+@pytest.mark.slow  # a toy target profiled in a subprocess
+def test_gpu_check_profile_stage_runs_on_the_cpu(tmp_path):
+    """The profile stage (where the fixed forward's time goes, kernel by kernel, at 1 and 64 rows) that
+    the device call runs beside the main check."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(SCRIPT), "--out", str(out), "--device", "cpu", "--small", "--stages", "profile"]
+    cmd += ["--fixed-rows", "64", "--contexts", "256"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    prof = json.loads((out / "gpu_check.json").read_text())["stages"]["profile"]
+    assert {"P256_rows1", "P256_rows64"} <= set(prof), prof
+    for key in ("P256_rows1", "P256_rows64"):
+        assert prof[key]["verify_ms"] > 0 and prof[key]["kernel_ms_total"] > 0 and prof[key]["top"], prof[key]
+
+
 def test_gpu_check_refuses_unknown_stages(tmp_path):
     proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--stages", "env,warp"], capture_output=True, text=True)
     assert proc.returncode == 2 and "unknown stages ['warp']" in proc.stderr
