@@ -275,6 +275,14 @@ SPLIT_MARK = "-split-"  # a path's attention split: fixed-split-128, fixed-group
 SWEEP = "fixed-split-64,fixed-split-128,fixed-split-256,fixed-grouped-16-split-64,fixed-grouped-16-split-128,fixed-grouped-16-split-256"
 
 
+NO_TRITON = ("fixed-torch", "eager")  # paths whose attention is not the Triton kernels': no split to set
+
+
+def valid_split(keys: int) -> bool:
+    """Keys a split may hold: whole chunks of fixed_triton.BLOCK (64) keys (its Workspace refuses the rest)."""
+    return keys >= 64 and keys % 64 == 0
+
+
 def split_of(path: str) -> tuple[str, int | None]:
     """'fixed-grouped-16-split-128' -> ('fixed-grouped-16', 128); a path without a split -> (path, None)."""
     base, mark, n = path.rpartition(SPLIT_MARK)
@@ -288,7 +296,7 @@ def known_path(path: str) -> bool:
     Triton attention may end in -split-S (S keys a split: a multiple of 64)."""
     path, split = split_of(path)
     base, _, n = path.rpartition("-")
-    if split is not None and (path in ("fixed-torch", "eager") or split < 64 or split % 64):
+    if split is not None and (path in NO_TRITON or not valid_split(split)):
         return False
     return path in PATHS or (base == "fixed-grouped" and n.isdigit() and int(n) >= 1)
 
@@ -1141,9 +1149,9 @@ def main(argv=None) -> int:
     if not all(known_path(x) for x in a.paths.split(",")):
         p.error(f"--paths: from {', '.join(PATHS)} or fixed-grouped-N, each maybe with -split-S (S a multiple of 64), got {a.paths!r}")
     for name, value in (("--sweep", a.sweep), ("--embedded-sweep", a.embedded_sweep)):
-        if not all(known_path(x) and x not in ("eager", "fixed-torch") for x in value.split(",") if x):
+        if not all(known_path(x) and x not in NO_TRITON for x in value.split(",") if x):
             p.error(f"{name}: paths on the Triton attention (as --paths, not eager or fixed-torch), got {value!r}")
-    if a.fixed_split and (a.fixed_split < 64 or a.fixed_split % 64):
+    if a.fixed_split and not valid_split(a.fixed_split):
         p.error(f"--fixed-split: a multiple of 64 keys, got {a.fixed_split}")
     unknown = set(stages) - set(STAGES)
     if unknown:

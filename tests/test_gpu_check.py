@@ -67,18 +67,8 @@ def test_gpu_check_embedded_stage_runs_on_the_cpu(tmp_path, fresh_cache):
     out = tmp_path / "out"
     cmd = [sys.executable, str(SCRIPT), "--out", str(out), "--device", "cpu", "--stages", "embedded"]
     weights = "gguf-int16" if kernels.AVAILABLE else "float32"
-    cmd += [
-        "--embedded-dtypes",
-        weights,
-        "--nodes",
-        "4",
-        "--max-new-tokens",
-        "12",
-        "--embedded-sweep",
-        "fixed-split-64",
-        "--contexts",
-        "64",
-    ]
+    cmd += ["--embedded-dtypes", weights, "--nodes", "4", "--max-new-tokens", "12"]
+    cmd += ["--embedded-sweep", "fixed-split-64", "--contexts", "64"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads((out / "gpu_check.json").read_text())["stages"]["embedded"][weights]
@@ -92,16 +82,16 @@ def test_gpu_check_embedded_stage_runs_on_the_cpu(tmp_path, fresh_cache):
     assert {"dart@4", "eagle3@4"} <= set(rows["profiles"]) and "ar" not in rows["profiles"], rows["profiles"]
     for m, prof in rows["profiles"].items():
         assert "error" not in prof and prof["steps"] >= 2 and prof["top_host_total"], (m, prof)
-    # the split sweep times the fixed-shape forward, which the CPU kernels' path has not: it says so;
-    # on the eager path it runs (the torch reference there: a split is the Triton attention's)
+    # the kernels path calibrates (a GPU's fixed forward too); the eager CPU path does not. The split
+    # sweep times the fixed-shape forward, which the kernels' path has not: it says so; on the eager
+    # path it runs (the torch reference there: a split is the Triton attention's)
     if kernels.AVAILABLE:
-        assert "no fixed-shape forward on cpu" in rows["sweep"]["skipped"], rows["sweep"]
-    else:
-        assert set(rows["sweep"]["verify"]) == {"fixed", "fixed-split-64"} and rows["sweep"]["not_bitwise"] == [], rows["sweep"]
-    if kernels.AVAILABLE:  # the kernels path calibrates (a GPU's fixed forward too); the eager CPU path does not
         cal = rows["calibration"]
         for m in ("dart", "eagle3"):
             assert f"{m}@{cal[m]['max_nodes']}" in rows and 1 <= cal[m]["max_nodes"] <= 16
+        assert "no fixed-shape forward on cpu" in rows["sweep"]["skipped"], rows["sweep"]
+    else:
+        assert set(rows["sweep"]["verify"]) == {"fixed", "fixed-split-64"} and rows["sweep"]["not_bitwise"] == [], rows["sweep"]
 
 
 @pytest.mark.slow  # five processes at toy sizes
