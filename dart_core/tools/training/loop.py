@@ -118,7 +118,8 @@ def new_head_from_target(target, draft_ids: torch.Tensor, draft_length: int | No
             nn_init_normal(p)
     d2t, t2d = vocab_mapping(draft_ids, a.vocab_size)
     with torch.no_grad():
-        head.lm_head.weight.copy_(target.model.output.weight[draft_ids].float())
+        out = target.model.output.weight  # a tensor, or a packed layout (a bf16 target's on AVX2: InterleavedBF16)
+        head.lm_head.weight.copy_(out[draft_ids].float() if isinstance(out, torch.Tensor) else out.dequantize(draft_ids))
         head.norm.weight.copy_(target.model.norm.weight.float())
         head.d2t.copy_(d2t)
         head.t2d.copy_(t2d)
