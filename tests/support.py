@@ -91,16 +91,23 @@ def tiny_target(path: Path, dtype=torch.float32) -> Target:
 
 def nodes_unlike_their_steps(target, cache, tree: DraftTree, out) -> list[int]:
     """Nodes whose verify outputs `out` (logits and captured states, the tree verified at the cache's
-    committed length) differ bitwise from the one-token steps along the tree's root-to-leaf paths (each
-    node is on one; every path is stepped once). Leaves the cache at its committed length."""
-    P, bad = cache.length, set()
-    for path in tree.leaf_paths():
-        cache.rewind(P)
-        for node in path:
-            step = target.verify(DraftTree.root_only(int(tree.tokens[node])), cache, capture=True)
-            cache.commit(1)
-            if not (torch.equal(step.logits[0], out.logits[node]) and torch.equal(step.hidden[0], out.hidden[node])):
-                bad.add(node)
+    committed length) differ bitwise from their one-token steps, each node stepped once with exactly its
+    ancestors committed before it: the nodes in depth-first order, each step after rewinding the cache
+    to the node's depth (the entries kept are then its ancestors', the last stepped at each depth).
+    Leaves the cache at its committed length."""
+    P, bad = cache.length, []
+    depths = tree.depths.tolist()
+    order, stack = [], [0]
+    while stack:  # preorder: a node, then its subtrees in node order
+        node = stack.pop()
+        order.append(node)
+        stack.extend(reversed(tree.children[node]))
+    for node in order:
+        cache.rewind(P + depths[node])
+        step = target.verify(DraftTree.root_only(int(tree.tokens[node])), cache, capture=True)
+        cache.commit(1)
+        if not (torch.equal(step.logits[0], out.logits[node]) and torch.equal(step.hidden[0], out.hidden[node])):
+            bad.append(node)
     cache.rewind(P)
     return sorted(bad)
 
