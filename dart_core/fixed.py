@@ -352,7 +352,8 @@ class FixedRunner:
     imports, False keeps the torch reference, True demands the kernels (on a CPU: Triton's interpreter,
     uncaptured); model.fixed_fused: the element-wise work fused too, or torch ops between the GEMMs;
     model.fixed_row_group: rows an attention program serves (model.fixed_row_group_on); model.fixed_split:
-    keys an attention program reads (fixed_triton.SPLIT by default)."""
+    keys an attention program reads (fixed_triton.SPLIT by default); model.fixed_gemm: our GEMMs with the
+    element-wise work in them (fixed_triton.linear)."""
 
     def __init__(self, model, cache, rows: int, device: torch.device):
         a = model.args
@@ -366,7 +367,9 @@ class FixedRunner:
             from . import fixed_triton
 
             dtype, group = model.tok_embeddings.weight.dtype, model.fixed_row_group_on(device)
-            self.kernels = fixed_triton.Kernels(rows, a, cache.k.shape[3], dtype, device, bool(model.fixed_fused), group, model.fixed_split)
+            self.kernels = fixed_triton.Kernels(
+                rows, a, cache.k.shape[3], dtype, device, bool(model.fixed_fused), group, model.fixed_split, bool(model.fixed_gemm)
+            )
         elif use:
             raise RuntimeError(
                 "fixed_kernels=True needs Triton on CUDA (or its interpreter, TRITON_INTERPRET=1) and a power-of-two head dim >= 16"

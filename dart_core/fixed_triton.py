@@ -431,11 +431,24 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
 
 class Kernels:
     """The Triton side of one FixedRunner: the attention's workspace and output buffer, and, with
-    `fused`, the element-wise work between the GEMMs (the methods model.Transformer.fixed_body calls)."""
+    `fused`, the element-wise work between the GEMMs (the methods model.Transformer.fixed_body calls);
+    with `gemm` too, the GEMMs themselves with that work in them (`linear`)."""
 
     def __init__(
-        self, rows: int, args, capacity: int, dtype: torch.dtype, device, fused: bool, row_group: int = 1, split: int | None = None
+        self,
+        rows: int,
+        args,
+        capacity: int,
+        dtype: torch.dtype,
+        device,
+        fused: bool,
+        row_group: int = 1,
+        split: int | None = None,
+        gemm: bool = False,
     ):
+        if gemm and not fused:
+            raise ValueError("our GEMMs (fixed_gemm) take the element-wise work the fused kernels do: they need fused")
+        self.gemm = gemm
         G = args.n_heads // args.n_kv_heads
         self.ws = Workspace(rows, args.n_kv_heads, G, args.head_dim, capacity, device, SPLIT if split is None else split)
         self.out = torch.empty(rows, args.n_heads, args.head_dim, dtype=dtype, device=device)
@@ -450,6 +463,11 @@ class Kernels:
     rmsnorm = staticmethod(rmsnorm)
     silu_mul = staticmethod(silu_mul)
 
+    @staticmethod
+    def linear(x, weight, bias=None, norm=None, eps: float = 1e-6, residual=None, silu: bool = False):
+        """Our GEMM at the fixed forward's configuration (gemm_config), with its prologue and epilogue."""
+        return linear(x, weight, bias, None, norm, eps, residual, silu)
+
     def qkv_rope(self, qkv, att, k_cache, v_cache, rope, inputs, args) -> torch.Tensor:
         """The fused q|k|v projection's output split, normed (Qwen3), rotated and written: returns q."""
         q = torch.empty(qkv.shape[0], args.n_heads, args.head_dim, dtype=qkv.dtype, device=qkv.device)
@@ -458,3 +476,132 @@ class Kernels:
             qkv, q, k_cache, v_cache, att.q_norm.weight if norm else None, att.k_norm.weight if norm else None,
             args.rms_norm_eps, rope.cos, rope.sin, inputs.positions, inputs.meta, args.n_heads, args.n_kv_heads, args.head_dim,
         )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ GEMMs of our own
+#
+# The fixed forward's linears run torch's GEMM (cuBLAS on CUDA) at the one row count, with the
+# element-wise work between them in the kernels above: at the 8B shape some 200 small launches a step
+# beside the GEMMs, which alone were 1.16x the HBM limit (docs/gpu.md). A GEMM of our own takes that
+# work into its prologue and epilogue (Transformer.fixed_gemm: the `fixed-gemm` forward): the RMSNorm
+# before a linear (its weight multiplied into the input as it is loaded, the row's 1/RMS, summed over
+# the same loads, applied to the products: a row's scale commutes with the product), the residual add
+# after one, SiLU times up after the gate|up linear. A layer then runs four GEMMs, the q|k|v kernel and
+# the attention's two: seven launches instead of ten. Each program computes all rows of BLOCK_N output
+# columns over the whole K in one fixed order (no split of K, no atomics), so a row's bits depend on
+# its own input row, the weights and its place in the tile; the last is the hardware's (the tensor
+# cores' products), which scripts/gpu_check.py checks on the device, as it does for torch's GEMM. The
+# rounding follows the torch ops replaced: each result rounded to the dtype where they round, but for
+# the norm, whose normalised input is not rounded before the product (its weight's product is).
+
+# (BLOCK_N, BLOCK_K, num_warps, num_stages) configurations gpu_check's `gemm` part times: the two the
+# fixed-gemm forward runs in 16 bits (gemm_config) and two wider tiles
+LINEAR_CONFIGS = ((32, 128, 8, 3), (64, 128, 8, 3), (64, 256, 4, 3), (128, 128, 8, 3))
+
+
+def gemm_config(dtype: torch.dtype, silu: bool) -> tuple[int, int, int, int]:
+    """The fixed-gemm forward's configuration for a linear, until a device has ranked them: the widest
+    tile that compiles for sm_90 without spilling registers (tests/triton_compiled.py): SiLU's two
+    accumulators take half the columns; fp32's tiles take twice the registers and shared memory."""
+    if dtype == torch.float32:
+        return (32, 64, 8, 3)
+    return (32, 128, 8, 3) if silu else (64, 128, 8, 3)
+
+
+@triton.jit
+def _linear_kernel(
+    x_ptr, w_ptr, b_ptr, g_ptr, res_ptr, out_ptr, M, N, K, UP, eps,
+    stride_x, stride_w, stride_res, stride_out,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BIAS: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr, SILU: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    """out[:, cols] = x @ w[cols].T for this program's BLOCK_N columns, K in BLOCK_K steps in order; with
+    NORM, x's rows RMS-normed with weight g first (g folded into the loads, 1/RMS onto the products);
+    then + b (BIAS); with SILU, SiLU(that) times the same of w's rows UP + cols (gate|up: out has N = UP
+    columns); with RESIDUAL, res + that (the residual stream). Each rounded to out's dtype where torch rounds."""
+    dt = out_ptr.dtype.element_ty
+    rows = tl.arange(0, BLOCK_M)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask, cmask = rows < M, cols < N
+    ks = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    ss = tl.zeros([BLOCK_M], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + ks
+        kmask = kk < K
+        x = tl.load(x_ptr + rows[:, None] * stride_x + kk[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
+        if NORM:
+            xf = x.to(tl.float32)
+            ss += tl.sum(xf * xf, 1)
+            g = tl.load(g_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
+            x = (xf * g[None, :]).to(w_ptr.dtype.element_ty)
+        wmask = kmask[:, None] & cmask[None, :]
+        w = tl.load(w_ptr + cols[None, :] * stride_w + kk[:, None], mask=wmask, other=0.0)
+        if IEEE:
+            acc = tl.dot(x, w, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, w, acc)
+        if SILU:
+            wu = tl.load(w_ptr + (UP + cols)[None, :] * stride_w + kk[:, None], mask=wmask, other=0.0)
+            if IEEE:
+                acc_up = tl.dot(x, wu, acc_up, input_precision="ieee")
+            else:
+                acc_up = tl.dot(x, wu, acc_up)
+    if NORM:
+        scale = 1.0 / tl.sqrt(ss / K + eps)
+        acc = acc * scale[:, None]
+        acc_up = acc_up * scale[:, None]
+    if BIAS:
+        acc = acc + tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    omask = rmask[:, None] & cmask[None, :]
+    y = acc.to(dt)
+    if SILU:
+        gate = y.to(tl.float32)
+        up = acc_up.to(dt).to(tl.float32)
+        y = ((gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32) * up).to(dt)
+    if RESIDUAL:
+        res = tl.load(res_ptr + rows[:, None] * stride_res + cols[None, :], mask=omask, other=0.0)
+        y = (res.to(tl.float32) + y.to(tl.float32)).to(dt)
+    tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], y, mask=omask)
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    config: tuple[int, int, int, int] | None = None,
+    norm: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    residual: torch.Tensor | None = None,
+    silu: bool = False,
+) -> torch.Tensor:
+    """x (M, K) @ weight (N, K).T (+ bias) in x's dtype, fp32 accumulation (exact fp32 products for fp32
+    inputs), by _linear_kernel at `config` (BLOCK_N, BLOCK_K, num_warps, num_stages; None: gemm_config's). norm: an RMSNorm's
+    weight (K,) applied to x's rows first (eps its epsilon); silu: weight is gate|up (2I, K), the result
+    SiLU(gate) * up (M, I); residual (M, N): the result added to it."""
+    if not isinstance(weight, torch.Tensor):  # a packed layout (kernels.formats: the CPU kernels' own)
+        raise ValueError(f"linear: a weight tensor, not {type(weight).__name__}")
+    M, K = x.shape
+    N = weight.shape[0]
+    if weight.shape[1] != K or weight.dtype != x.dtype:
+        raise ValueError(f"linear: x {tuple(x.shape)} {x.dtype} against weight {tuple(weight.shape)} {weight.dtype}")
+    if silu and (N % 2 or bias is not None):
+        raise ValueError("linear: silu takes a gate|up weight of an even row count and no bias")
+    up = N // 2 if silu else 0
+    n_out = up if silu else N
+    if residual is not None and residual.shape != (M, n_out):
+        raise ValueError(f"linear: a residual of {(M, n_out)}, got {tuple(residual.shape)}")
+    block_n, block_k, warps, stages = config or gemm_config(x.dtype, silu)
+    x = x if x.stride(1) == 1 else x.contiguous()
+    w = weight if weight.stride(1) == 1 else weight.contiguous()
+    out = torch.empty(M, n_out, dtype=x.dtype, device=x.device)
+    _linear_kernel[(triton.cdiv(n_out, block_n),)](
+        x, w, bias if bias is not None else w, norm if norm is not None else w, residual if residual is not None else out, out,
+        M, n_out, K, up, eps,
+        x.stride(0), w.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
+        BLOCK_M=max(16, triton.next_power_of_2(M)), BLOCK_N=block_n, BLOCK_K=block_k, BIAS=bias is not None,
+        NORM=norm is not None, RESIDUAL=residual is not None, SILU=silu, IEEE=x.dtype == torch.float32,
+        num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    return out

@@ -418,6 +418,12 @@ class Transformer(nn.Module):
         # a node's verify and its step); it sets how many programs a short context's step spreads over,
         # the device's to time (gpu_check's sweep).
         self.fixed_split: int | None = None
+        # with the fused kernels: the linears by our own Triton GEMM with the element-wise work in its
+        # prologue and epilogue (fixed_triton.linear: the norm before a linear, the residual add after
+        # one, SiLU times up; seven launches a layer instead of ten), not torch's GEMM between fused
+        # kernels. Off by default until a device has timed it against torch's (gpu_check's fixed-gemm
+        # path and gemm part); exact either way, its logits rounded a little otherwise.
+        self.fixed_gemm: bool = False
         # A prompt of more than the fixed rows runs as that many fixed-shape forwards when its chunks
         # are at most this many (Target.prefill), else as one eager forward; 0: always eager; None
         # (the default): FIXED_PREFILL_CHUNKS for the device. A replay a chunk against an eager
@@ -539,7 +545,7 @@ class Transformer(nn.Module):
 
     def fixed_mode(self) -> tuple:
         """The settings a FixedRunner is built for (its kernels and graph): another asks for a new one."""
-        return (self.fixed_kernels, self.fixed_fused, self.fixed_row_group, self.fixed_split)
+        return (self.fixed_kernels, self.fixed_fused, self.fixed_row_group, self.fixed_split, self.fixed_gemm)
 
     def fixed_row_group_on(self, device: torch.device) -> int:
         """Rows an attention program of the fixed forward's kernels serves on this device (fixed_row_group
@@ -595,6 +601,8 @@ class Transformer(nn.Module):
         states (R, H). Shapes and addresses do not depend on the forward, so this can be captured.
         kernels: fixed_triton.Kernels (the attention, and with `fused` the element-wise work between
         the GEMMs, as Triton kernels) or None (torch ops throughout)."""
+        if kernels is not None and kernels.gemm:
+            return self._fixed_body_gemm(inputs, cache, kernels, capture, logits)
         a = self.args
         R = inputs.rows
         q_out, kv_out = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
@@ -642,6 +650,29 @@ class Transformer(nn.Module):
             x, h = norm_after(x, _linear(mlp.w2, act), nxt)
         normed = h
         out_logits = self.output(normed).float() if logits else None  # the LM head on all R rows too
+        return out_logits, (torch.cat(captured, dim=-1) if capture else None), normed
+
+    def _fixed_body_gemm(self, inputs: fixed.FixedInputs, cache: KVCache, kernels, capture: bool, logits: bool):
+        """fixed_body with our GEMMs (fixed_gemm): a layer is the normed q|k|v product, the q|k|v kernel,
+        the attention, the output product added to the residual stream, the normed gate|up product
+        through SiLU times up, the down product added to the stream (kernels.linear, fixed_triton.linear).
+        The final norm and the LM head as fixed_body runs them."""
+        x = self.tok_embeddings(inputs.tokens)  # (R, H); padding rows read token 0 and are dropped
+        a, R = self.args, inputs.rows
+        captured = []
+        for i, layer in enumerate(self.layers):
+            if capture and i in self.capture:
+                captured.append(x)
+            att, mlp = layer.attention, layer.feed_forward
+            k_cache, v_cache = cache.k[i, 0], cache.v[i, 0]
+            qkv = kernels.linear(x, att.wqkv.weight, att.wqkv.bias, norm=layer.attention_norm.weight, eps=layer.attention_norm.eps)
+            q = kernels.qkv_rope(qkv, att, k_cache, v_cache, self._fixed_rope, inputs, a)
+            o = fixed.attend(q, k_cache, v_cache, inputs, kernels).reshape(R, a.n_heads * a.head_dim)
+            x = kernels.linear(o, att.wo.weight, att.wo.bias, residual=x)
+            act = kernels.linear(x, mlp.w13.weight, norm=layer.ffn_norm.weight, eps=layer.ffn_norm.eps, silu=True)
+            x = kernels.linear(act, mlp.w2.weight, mlp.w2.bias, residual=x)
+        normed = kernels.rmsnorm(x, self.norm.weight, self.norm.eps)
+        out_logits = self.output(normed).float() if logits else None
         return out_logits, (torch.cat(captured, dim=-1) if capture else None), normed
 
     def kernel_path(self, T: int, device: torch.device) -> bool:

@@ -268,11 +268,14 @@ def fault(where: str) -> None:
 
 # ------------------------------------------------------------------------------------------ stages
 
-PATHS = ("fixed", "fixed-ungrouped", "fixed-grouped", "fixed-attn", "fixed-torch", "eager")  # and fixed-grouped-N, -split-S
+PATHS = ("fixed", "fixed-ungrouped", "fixed-grouped", "fixed-gemm", "fixed-attn", "fixed-torch", "eager")  # and fixed-grouped-N, -split-S
 SPLIT_MARK = "-split-"  # a path's attention split: fixed-split-128, fixed-grouped-16-split-64
 # The big stage's sweep (--sweep): the one-row step and the verify by rows at smaller splits than the
 # default's 512 keys, a program a row and 16 rows a program, timed in one process
-SWEEP = "fixed-split-64,fixed-split-128,fixed-split-256,fixed-grouped-16-split-64,fixed-grouped-16-split-128,fixed-grouped-16-split-256"
+SWEEP = (
+    "fixed-split-64,fixed-split-128,fixed-split-256,fixed-grouped-16-split-64,fixed-grouped-16-split-128,fixed-grouped-16-split-256,"
+    "fixed-gemm"
+)
 
 
 NO_TRITON = ("fixed-torch", "eager")  # paths whose attention is not the Triton kernels': no split to set
@@ -306,7 +309,9 @@ def use_path(model: Transformer, path: str, opts) -> None:
     and fused element-wise kernels, CUDA graph; rows grouped in the attention where
     fixed.row_group_here groups them); fixed-ungrouped: the same with a program a row;
     fixed-grouped: a group of rows a program (fixed.default_row_group: each committed chunk read once
-    for the group), fixed-grouped-N: N rows a program; fixed-attn: torch ops between the GEMMs (the
+    for the group), fixed-grouped-N: N rows a program; fixed-gemm: the engine's fixed forward with our
+    GEMMs, the element-wise work in their prologues and epilogues (model.fixed_gemm,
+    fixed_triton.linear); fixed-attn: torch ops between the GEMMs (the
     attention alone in Triton, a program a row); fixed-torch: the torch reference attention, not
     captured; eager: plain torch. A -split-S ending: S keys an attention program (model.fixed_split;
     else --fixed-split's, else the engine's)."""
@@ -316,9 +321,10 @@ def use_path(model: Transformer, path: str, opts) -> None:
     model.fixed_rows = 0 if path == "eager" else (opts.fixed_rows or None)
     model.fixed_kernels = False if path == "fixed-torch" else None
     model.fixed_fused = path != "fixed-attn"
+    model.fixed_gemm = path == "fixed-gemm"
     model.fixed_split = split or getattr(opts, "fixed_split", None) or None
     a = model.args
-    if path == "fixed":
+    if path in ("fixed", "fixed-gemm"):
         model.fixed_row_group = None
     elif path == "fixed-grouped":
         model.fixed_row_group = fixed.default_row_group(a.n_heads // a.n_kv_heads)
@@ -338,7 +344,8 @@ def forward_engine(model: Transformer, dev: torch.device) -> str:
         rows = [f"{group} rows a program"] if group > 1 else []
         rows += [f"{model.fixed_split}-key splits"] if model.fixed_split else []
         rows = f" ({', '.join(rows)})" if rows else ""
-        return "Triton attention" + rows + (" + fused element-wise" if model.fixed_fused else "") + ", CUDA graph"
+        work = " + our GEMMs with the element-wise work" if model.fixed_gemm else " + fused element-wise" if model.fixed_fused else ""
+        return "Triton attention" + rows + work + ", CUDA graph"
     return "torch reference, uncaptured"
 
 
@@ -499,9 +506,9 @@ def fill_cache(target: Target, P: int, capacity: int):
 
 def stage_big(dev: torch.device, small: bool, rep: Report, opts) -> dict:
     """opts.big_parts: "verify" (each path's cost by rows, verify == steps), "sweep" (the same for the
-    engine's default and opts.sweep's paths in this one process, under r["sweep"], ranked) and
-    "drafting" (drafting at 60 nodes and the loop a step, on the first path asked for that verified
-    without failing)."""
+    engine's default and opts.sweep's paths in this one process, under r["sweep"], ranked), "gemm"
+    (each linear's GEMM timed by backend at the fixed rows, big_gemm) and "drafting" (drafting at 60
+    nodes and the loop a step, on the first path asked for that verified without failing)."""
     r: dict = {}
     t0 = time.perf_counter()
     target = random_big_target(dev, small)
@@ -526,6 +533,8 @@ def stage_big(dev: torch.device, small: bool, rep: Report, opts) -> dict:
     if "sweep" in parts and sweep:
         r["sweep"] = {}
         sweep_paths(target, sweep, r["sweep"], "big", r, rep, opts)
+    if "gemm" in parts:
+        big_gemm(target, r, rep, opts)
     if "drafting" in parts:
         ok = [p for p in paths if p not in r.get("errors", {})]
         if not ok:
@@ -605,6 +614,121 @@ def big_verify(target: Target, fpath: str, r: dict, rep: Report, opts, save=None
     tree = random_tree_under(rng, prefix[-1], 24, V)
     r["verify_vs_steps"][fpath] = verify_against_steps(target, prefix, tree)
     rep.log(f"big ({fpath}): verify vs steps {r['verify_vs_steps'][fpath]}")
+
+
+GEMM_LINEARS = ("wqkv", "wo", "w13", "w2", "output")  # the fixed forward's linears a layer, then the LM head
+GEMM_PLACES = (1, 31, 63)  # rows whose output is compared at row 0 of another batch (bitwise)
+
+
+def gemm_backends(dev: torch.device, rows: int) -> dict:
+    """The GEMMs the `gemm` part times, by name: torch's F.linear as the fixed forward calls it (cuBLAS on
+    CUDA, whichever library torch prefers), the same with cuBLASLt preferred (CUDA), and our Triton GEMM
+    (fixed_triton.linear) at each of fixed_triton.LINEAR_CONFIGS where the Triton kernels run.
+    Each value: (gemm(x, w), the context its calls and captures run in)."""
+    import torch.nn.functional as F
+
+    backends = {"torch": (F.linear, contextlib.nullcontext)}
+    if dev.type == "cuda":
+
+        @contextlib.contextmanager
+        def cublaslt():
+            before = torch.backends.cuda.preferred_blas_library()
+            torch.backends.cuda.preferred_blas_library("cublaslt")
+            try:
+                yield
+            finally:
+                torch.backends.cuda.preferred_blas_library(before)
+
+        backends["cublaslt"] = (F.linear, cublaslt)
+    if fixed.triton_kernels_here(dev, None):
+        from dart_core import fixed_triton
+
+        for cfg in fixed_triton.LINEAR_CONFIGS:
+            name = "triton-{}x{}-w{}-s{}".format(*cfg)
+            backends[name] = (lambda x, w, cfg=cfg: fixed_triton.linear(x, w, None, cfg), contextlib.nullcontext)
+    return backends
+
+
+def big_gemm(target: Target, r: dict, rep: Report, opts) -> None:
+    """Each of the fixed forward's linears at its row count (the big target's weights: every layer's
+    in turn, as a step streams them, so no weight is read from L2), timed per backend (gemm_backends)
+    as one captured graph of all layers' calls: microseconds a call, GB/s and the fraction of the read
+    bandwidth; the whole step's GEMM time by backend; and, per backend, whether a row's output has
+    the same bits at row 0 of another batch (GEMM_PLACES; what a verified node's exactness rests on).
+    Also torch's one-row GEMM, what the padding to the fixed rows costs. Into r["gemm"]."""
+    dev = torch.device(target.device)
+    model = target.model
+    use_path(model, "fixed", opts)  # the engine's rows (or --fixed-rows)
+    R = model.fixed_row_count(dev)
+    env = rep.data["stages"].get("env", {})
+    bw = opts.read_gb_s or env.get("read_gb_s") or env.get("copy_gb_s")
+    weights = {name: [] for name in GEMM_LINEARS}
+    for layer in model.layers:
+        weights["wqkv"].append(layer.attention.wqkv.weight)
+        weights["wo"].append(layer.attention.wo.weight)
+        weights["w13"].append(layer.feed_forward.w13.weight)
+        weights["w2"].append(layer.feed_forward.w2.weight)
+    weights["output"].append(model.output.weight)
+    backends = gemm_backends(dev, R)
+    g = torch.Generator(dev).manual_seed(7)
+    out: dict = {"rows": R, "backends": list(backends), "by_linear": {}, "blas_default": None}
+    if dev.type == "cuda":
+        out["blas_default"] = str(torch.backends.cuda.preferred_blas_library())
+    step_us = {name: 0.0 for name in backends}
+    for lin, ws in weights.items():
+        N, K = ws[0].shape
+        esz = ws[0].element_size()
+        x = torch.randn(R, K, generator=g, device=dev).to(ws[0].dtype)
+        entry: dict = {"N": N, "K": K, "count": len(ws), "us": {}, "gb_s": {}, "rows_bitwise": {}}
+        if bw:
+            entry["of_read_bw"] = {}
+        for name, (gemm, ctx) in backends.items():
+            err: dict = {}
+            with recorded_failure(rep, f"big: gemm {lin} {name}", err, dev), torch.inference_mode(), ctx():
+                y = gemm(x, ws[0])
+                same = 0
+                for i in GEMM_PLACES:
+                    other = torch.randn(R, K, generator=g, device=dev).to(x.dtype)
+                    other[0] = x[i]
+                    same += int(torch.equal(gemm(other, ws[0])[0], y[i]))
+                entry["rows_bitwise"][name] = f"{same}/{len(GEMM_PLACES)}"
+
+                def calls(gemm=gemm):
+                    return [gemm(x, w) for w in ws]
+
+                run = calls
+                if fixed.graphs_here(dev):
+                    graph, _ = fixed.capture_graph(calls, dev)
+                    run = graph.replay
+                us = timed_ms(run, dev) * 1e3 / len(ws)
+                entry["us"][name] = round(us, 2)
+                moved = (N * K + R * K + R * N) * esz
+                entry["gb_s"][name] = round(moved / us / 1e3, 1)
+                if bw:
+                    entry["of_read_bw"][name] = round(moved / us / 1e3 / bw, 3)
+                step_us[name] += us * len(ws)
+            if "error" in err:
+                entry.setdefault("errors", {})[name] = err["error"]
+                step_us[name] = float("nan")
+        with torch.inference_mode():
+            x1 = x[:1].contiguous()
+            entry["torch_1row_us"] = round(timed_ms(lambda: [torch.nn.functional.linear(x1, w) for w in ws], dev) * 1e3 / len(ws), 2)
+        entry["ranked"] = sorted(entry["us"].items(), key=lambda kv: kv[1])
+        out["by_linear"][lin] = entry
+        rep.log(f"big: gemm {lin} ({N}x{K}, x{len(ws)}) us {entry['us']} rows bitwise {entry['rows_bitwise']}")
+        r["gemm"] = out
+        rep.save("big", r)
+    out["step_ms"] = {k: round(v / 1e3, 3) for k, v in step_us.items() if v == v}
+    weight_bytes = sum(w.numel() * w.element_size() for ws in weights.values() for w in ws)
+    if bw:
+        out["step_weights_hbm_limit_ms"] = round(weight_bytes / (bw * 1e6), 3)
+    # the step's GEMMs with the fastest bitwise backend for each linear: what our own GEMMs would give
+    best = 0.0
+    for e in out["by_linear"].values():
+        ok = [(us, n) for n, us in e["us"].items() if e["rows_bitwise"].get(n) == f"{len(GEMM_PLACES)}/{len(GEMM_PLACES)}"]
+        best += min(ok)[0] * e["count"] if ok else float("nan")
+    out["step_ms_best_per_linear"] = round(best / 1e3, 3) if best == best else None
+    r["gemm"] = out
 
 
 def big_drafting(target: Target, r: dict, rep: Report, small: bool, dev: torch.device) -> None:
@@ -980,16 +1104,19 @@ def write_parts(folder: str, stage_args: str, per_set: int = 2) -> None:
 # ------------------------------------------------------------------- each piece in its own process
 
 
-def pieces(stage: str, paths: list[str], sweep_paths: list[str] = ()) -> list[tuple[str, list[str]]]:
+def pieces(stage: str, paths: list[str], sweep_paths: list[str] = (), gemm: bool = False) -> list[tuple[str, list[str]]]:
     """A stage's isolated pieces: (name, the options naming it). The exact stage and the big stage's
     verify run a process a forward path; the big stage's sweep (sweep_paths) one process for all its
-    paths; the big stage's drafting and loop one more process, on the first path whose verify did not fail."""
+    paths; its GEMMs by backend (`gemm`: the gemm part asked for) one process; the big stage's drafting
+    and loop one more process, on the first path whose verify did not fail."""
     if stage == "exact":
         return [(f"exact-{p}", ["--stages", "exact", "--paths", p]) for p in paths]
     if stage == "big":
         verify = [(f"big-{p}", ["--stages", "big", "--paths", p, "--big-parts", "verify"]) for p in paths]
         sweep = [("big-sweep", ["--stages", "big", "--big-parts", "sweep"])] if sweep_paths else []
-        return verify + sweep + [("big-drafting", ["--stages", "big", "--big-parts", "drafting"])]  # --paths: filled in when it runs
+        gemms = [("big-gemm", ["--stages", "big", "--big-parts", "gemm"])] if gemm else []
+        drafting = [("big-drafting", ["--stages", "big", "--big-parts", "drafting"])]  # --paths: filled in when it runs
+        return verify + sweep + gemms + drafting
     return [(stage, ["--stages", stage])]
 
 
@@ -1024,7 +1151,7 @@ def run_isolated(a, argv: list[str], stages: list[str], rep: Report) -> int:
     for stage in stages:
         rep.log(f"--- {stage} (a process a piece)")
         merged: dict = {}
-        for name, naming in pieces(stage, paths, sweep):
+        for name, naming in pieces(stage, paths, sweep, "gemm" in a.big_parts.split(",")):
             if name == "big-drafting":
                 ok = [p for p in paths if p not in merged.get("errors", {}) and p in merged.get("verify", {})] or paths
                 naming = naming + ["--paths", ok[0]]
@@ -1090,10 +1217,10 @@ def main(argv=None) -> int:
     )
     p.add_argument(
         "--paths",
-        default="fixed,fixed-ungrouped,fixed-grouped-16,eager",
+        default="fixed,fixed-gemm,fixed-grouped-16,eager",
         help=f"exact and big stages: the target's forward paths, from {', '.join(PATHS)} or fixed-grouped-N (N rows an "
         "attention program), a path on the Triton attention maybe ending in -split-S (S keys a split, a multiple of 64); "
-        "the default: the engine as it runs, a program a row, 16 rows a program, plain torch",
+        "the default: the engine as it runs, the same with our GEMMs (fixed-gemm), 16 rows a program, plain torch",
     )
     p.add_argument("--fixed-rows", type=int, default=0, help="the fixed path's rows (default: the engine's for the device)")
     p.add_argument(
@@ -1105,16 +1232,16 @@ def main(argv=None) -> int:
     )
     p.add_argument(
         "--embedded-sweep",
-        default="fixed-split-64,fixed-split-128,fixed-split-256",
+        default="fixed-split-64,fixed-split-128,fixed-split-256,fixed-gemm",
         help="embedded stage: forward paths whose verify by rows is timed (at --contexts) and checked bitwise beside the "
-        "engine's, after the generations (default: 64-, 128- and 256-key splits; empty: none)",
+        "engine's, after the generations (default: 64-, 128- and 256-key splits, and our GEMMs; empty: none)",
     )
     p.add_argument(
         "--sweep",
         default=SWEEP,
         help="big stage (its sweep part): forward paths timed and checked bitwise in one process, ranked beside fixed "
         "by the one-row step and the 64-row verify (default: 64-, 128- and 256-key splits, a program a row and 16 rows a "
-        "program; empty: none)",
+        "program, and fixed-gemm; empty: none)",
     )
     p.add_argument(
         "--contexts",
@@ -1125,8 +1252,9 @@ def main(argv=None) -> int:
     p.add_argument("--exact-tokens", type=int, default=40, help="exact stage: greedy tokens a prompt (0: the verify checks only)")
     p.add_argument(
         "--big-parts",
-        default="verify,sweep,drafting",
+        default="verify,sweep,gemm,drafting",
         help="big stage: verify (each path's cost by rows, verify == steps), sweep (the same for --sweep's paths, ranked), "
+        "gemm (each linear's GEMM at the fixed rows by backend: torch, cuBLASLt, our Triton GEMM; bitwise by row place), "
         "drafting (drafting at 60 nodes and the loop a step)",
     )
     p.add_argument(
@@ -1159,8 +1287,8 @@ def main(argv=None) -> int:
     dev = torch.device(a.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         p.error("CUDA is not available (use --device cpu --small for a CPU run)")
-    if set(a.big_parts.split(",")) - {"verify", "sweep", "drafting"}:
-        p.error(f"--big-parts: from verify, sweep, drafting, got {a.big_parts!r}")
+    if set(a.big_parts.split(",")) - {"verify", "sweep", "gemm", "drafting"}:
+        p.error(f"--big-parts: from verify, sweep, gemm, drafting, got {a.big_parts!r}")
     rep = Report(a.out)
     rep.data["argv"] = sys.argv
     if a.isolate if a.isolate is not None else dev.type == "cuda":

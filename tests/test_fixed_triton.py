@@ -25,19 +25,48 @@ if sys.platform != "linux" or platform.machine() not in ("x86_64", "aarch64"):
     pytest.skip("Triton has no wheel for this platform", allow_module_level=True)
 
 
+# triton_interpreted.py's sections in two processes run at once, about equal in time: seconds by section
+# on the AMD EPYC with AVX2, one process alone (2026-12-03): kernels 79, the five models 23-57 (231 in
+# all), head 84, expand 85, replayed 412 (each process's are in `interpreted["seconds"]`)
+INTERPRETED_HALVES = (
+    ["replayed", "kernels"],
+    [
+        "llama-float32-fused", "qwen3-float16-fused-group8-split64", "qwen2-float32-attention", "llama-float16-gemm-group8",
+        "qwen2-float32-gemm-split64", "head", "expand",
+    ],
+)  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory):
     import triton  # the test extra's: failing here means `pip install -e .[test]` did not run
 
+    from support import build_tiny_checkpoint
+
     assert tuple(int(v) for v in triton.__version__.split(".")[:2]) >= (3, 9), "the interpreter needs Triton >= 3.9 (numpy 2.4)"
-    run = subprocess.run(
-        [sys.executable, str(HERE / "triton_interpreted.py"), str(tmp_path_factory.mktemp("triton"))],
-        capture_output=True,
-        text=True,
-        timeout=1500,  # with the compile script, 16 min on 2 cores beside a 2-thread bench run (2026-12-01)
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    root = tmp_path_factory.mktemp("triton")
+    for arch in ("llama", "qwen2", "qwen3"):  # the tiny checkpoints, built once before the processes share them
+        build_tiny_checkpoint(root / arch, arch, seed=1)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(HERE / "triton_interpreted.py"), str(root), *half],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for half in INTERPRETED_HALVES
+    ]
+    result: dict = {}
+    for proc in procs:
+        out, err = proc.communicate(timeout=1500)  # the halves' 450 and 400 s, on cores the other tests share
+        assert proc.returncode == 0, err[-4000:]
+        for key, value in json.loads(out.strip().splitlines()[-1]).items():
+            result.setdefault(key, {}).update(value) if isinstance(value, dict) else result.__setitem__(key, value)
+    return result
+
+
+def test_the_interpreted_halves_run_every_section(interpreted):
+    assert sorted(interpreted["seconds"]) == sorted(interpreted["sections"]), interpreted["seconds"]
 
 
 @pytest.fixture(scope="module")
@@ -69,30 +98,47 @@ def test_attention_kernels_match_the_torch_reference(interpreted, dtype):
                 key = f"P{P}_split{split}_group{group}"
                 assert r[f"{key}_padding_rows_zero"] and r[f"{key}_finite"], (key, r)
                 assert r[f"{key}_max_diff"] <= (1e-5 if dtype == "float32" else 2e-3), (key, r)
-            if dtype == "float16":
-                # where the dot gives a row the same bits at any place of its tile (numpy's fp16 matmul; not
-                # its fp32 one, whose bits move with the place), the grouped kernel's masks, branches and
-                # guards give every row exactly what a program of its own gives it
-                assert r[f"P{P}_split{split}_groups_equal"], (P, split, r)
+            # with a dot that gives a row the same bits at any place of its tile (the interpreter's, made
+            # so: triton_interpreted.fixed_order_dot), the grouped kernel's masks, branches and guards
+            # give every row exactly what a program of its own gives it
+            assert r[f"P{P}_split{split}_groups_equal"], (P, split, r)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_our_gemm_computes_the_linear(interpreted, dtype):
+    """fixed_triton.linear at each configuration gpu_check times: F.linear's values within the dtype's
+    rounding; with a dot that keeps a row's bits at any place of its tile (as the GPU's tensor cores
+    must: the device checks that), a row's output at row 0 of another batch is its own; and the norm
+    before it, SiLU times up and the residual add after it (the fixed-gemm forward's) compute what the
+    torch ops they replace compute."""
+    r = interpreted["linear"][dtype]
+    assert r["places"] == 2 * 2 * 4 and r["places_bitwise"] == r["places"], r  # two shapes x two rows x four configurations
+    assert r["max_diff"] <= (1e-4 if dtype == "float32" else 2e-2), r
+    tol = 1e-5 if dtype == "float32" else 8e-3
+    assert r["norm_bias"] <= tol and r["norm_silu"] <= tol and r["residual"] <= tol, r
 
 
 CASES = [
     "llama-float32-fused",
-    "qwen3-float16-fused",
-    "qwen2-float32-attention",
-    "llama-float16-fused-group8",
-    "llama-float32-fused-split64",
     "qwen3-float16-fused-group8-split64",
+    "qwen2-float32-attention",
+    "llama-float16-gemm-group8",
+    "qwen2-float32-gemm-split64",
 ]
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_verified_nodes_get_their_steps_bits_on_the_kernels(interpreted, case):
+    """A tiny target's random tree verified in one forward on the kernels: every node's logits and
+    captured states are its one-token step's bits, and its logits are the torch reference's within
+    rounding, on the engine's default path, rows grouped, the smallest split, the attention alone and
+    our GEMMs (fixed_gemm)."""
     r = interpreted["models"][case]
     assert r["nodes"] == 6 and r["nodes_unlike_steps"] == [], r
     assert r["argmax_agree"] == r["nodes"], r
     assert r["row_group"] == (8 if "group8" in case else 1), r
     assert r["split"] == (64 if case.endswith("split64") else 512), r
+    assert r["gemm"] == ("-gemm" in case), r
     if case.endswith("split64"):  # the tree's deeper paths reach past the first split: its keys in two
         assert r["prefix"] + 1 + r["depth"] > 64 >= r["prefix"] + 1, r
     assert r["logits_vs_torch"] <= (1e-4 if "float32" in case else 2e-2), r
@@ -143,8 +189,9 @@ ATTENTION = {"_split_kernel", "_combine_kernel"}
 
 def test_every_launch_compiles_for_the_h200(compiled):
     """The engine's launches at gpu_check's shapes (tiny Llama / Qwen2 / Qwen3 in bf16, fp16, fp32;
-    Qwen3-8B's layer in bf16; the embedded model's in all three), each forward path and DART's captured
-    head, all lower to sm_90 code that fits the device's shared memory."""
+    Qwen3-8B's layer in bf16; the embedded model's in all three), each forward path (our GEMMs' too, and
+    their configurations gpu_check times) and the drafters' captured forwards, all lower to sm_90 code
+    that fits the device's shared memory."""
     assert compiled["errors"] == [], compiled["errors"]
     by_label: dict[str, set] = {}
     for k in compiled["kernels"]:
@@ -152,12 +199,15 @@ def test_every_launch_compiles_for_the_h200(compiled):
         assert k["shared"] <= 232448, k  # sm_90: 227 KiB a block
         for label in k["labels"]:
             by_label.setdefault(label, set()).add(k["kernel"])
-    assert set(by_label) == set(compiled["runs"]) and len(compiled["runs"]) == 59, sorted(by_label)
-    # 59: tiny targets 3 archs x 3 dtypes x 3 paths + DART's head and EAGLE3's drafting on tiny Llama x
-    # 3 dtypes; Qwen3-8B's layer 6 paths (with 16 rows a program, and 64-key splits a program a row and
-    # 16 rows a program) + the two drafters; the embedded model's 3 dtypes x (4 paths + 2)
+    assert set(by_label) == set(compiled["runs"]) and len(compiled["runs"]) == 67, sorted(by_label)
+    # 67: tiny targets 3 archs x 3 dtypes x 3 paths (Qwen2's x 4: our GEMMs with its biases) + DART's head
+    # and EAGLE3's drafting on tiny Llama x 3 dtypes; Qwen3-8B's layer 7 paths (with 16 rows a program,
+    # 64-key splits a program a row and 16 rows a program, our GEMMs) + our GEMM's configurations + the
+    # two drafters; the embedded model's 3 dtypes x (5 paths + 2)
     for label, kernels in by_label.items():
-        path = label.rsplit(" ", 1)[1]
+        name, dtype, path = label.split(" ")
+        # fixed-gemm groups rows as the engine does on sm_90 (16-bit, not the toy shapes)
+        grouped = {"_group_split_kernel", "_combine_kernel"} if dtype != "float32" and not name.startswith("tiny-") else ATTENTION
         expected = {
             "fixed": FUSED | ATTENTION,
             "fixed-grouped": FUSED | {"_group_split_kernel", "_combine_kernel"},
@@ -168,6 +218,8 @@ def test_every_launch_compiles_for_the_h200(compiled):
             "fixed-attn": ATTENTION,
             "dart-head": ATTENTION | {"_qkv_kernel"},
             "eagle3": ATTENTION | {"_qkv_kernel"},
+            "gemm": {"_linear_kernel"},
+            "fixed-gemm": {"_rmsnorm_kernel", "_qkv_kernel", "_linear_kernel"} | grouped,
         }[path]
         assert kernels == expected, (label, kernels)
 
@@ -187,7 +239,8 @@ def test_what_the_app_runs_compiles_for_the_spaces_gpus(compiled):
 def test_the_default_kernels_spill_no_registers(compiled):
     """ptxas's account of every kernel the engine runs by default (the fixed path, the drafters', and the
     grouped attention where it is the default: 16-bit dtypes on sm_90, at the embedded model's and the
-    8B shape, 4 rows a program or 16 in a loop): no spills. The grouped attention in fp32 and on the
+    8B shape, 4 rows a program or 16 in a loop) and of our GEMMs (the fixed-gemm forward's, and each
+    configuration gpu_check times): no spills. The grouped attention in fp32 and on the
     tiny targets' toy shapes is reported, not held to it (its fp32 tile spills)."""
     for k in compiled["kernels"]:
         assert k["registers"], k

@@ -53,6 +53,13 @@ def test_gpu_check_runs_on_the_cpu_and_reports_exactness(tmp_path):
     assert all(big["drafting_60"][m]["nodes"] == 60 for m in big["drafting_60"])
     assert big["drafting_60"]["dart"]["graph_calls"] == big["drafting_60"]["eagle3"]["graph_calls"] == 0  # captured: CUDA only
     assert set(big["loop"]) == {"ar", "dart", "dart-eager-head", "eagle3", "eagle3-eager"}
+    gemm = big["gemm"]  # each linear's GEMM at the fixed rows: on a CPU torch's alone (cuBLASLt and Triton: CUDA)
+    assert gemm["rows"] == 64 and gemm["backends"] == ["torch"], gemm
+    assert list(gemm["by_linear"]) == ["wqkv", "wo", "w13", "w2", "output"]
+    for lin, e in gemm["by_linear"].items():
+        assert e["count"] == (1 if lin == "output" else 8) and e["us"]["torch"] > 0 and e["torch_1row_us"] > 0, (lin, e)
+        assert e["rows_bitwise"] == {"torch": "3/3"} and "errors" not in e, (lin, e)  # a row's bits at any place: the fixed path's premise
+    assert gemm["step_ms"]["torch"] > 0 and gemm["step_ms_best_per_linear"] == gemm["step_ms"]["torch"], gemm
     prefill = big["prefill"]["65"]  # a prompt one token past the rows: two fixed-shape chunks, or one eager forward
     assert prefill["chunks"] == 2 and prefill["eager_ms"] > 0 and prefill["chunked_ms"] > 0, big["prefill"]
     assert "--- big" in (out / "gpu_check.log").read_text()
@@ -107,7 +114,7 @@ def test_a_lost_process_costs_its_piece_only(tmp_path):
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads((out / "gpu_check.json").read_text())
     assert [(p["name"], p["rc"]) for p in data["pieces"]] == [
-        ("env", 0), ("exact-fixed", 86), ("exact-eager", 0), ("big-fixed", 86), ("big-eager", 0), ("big-drafting", 0),
+        ("env", 0), ("exact-fixed", 86), ("exact-eager", 0), ("big-fixed", 86), ("big-eager", 0), ("big-gemm", 0), ("big-drafting", 0),
     ]  # fmt: skip
     stages = data["stages"]
     assert "ended with 86" in stages["exact"]["errors"]["exact-fixed"]
@@ -176,23 +183,25 @@ def test_gpu_check_names_its_forward_paths(tmp_path):
     model = Transformer.__new__(Transformer)  # use_path sets attributes only; the shape is read from args
     model.args = SimpleNamespace(n_heads=32, n_kv_heads=8)
     groups = {}
-    paths = ("fixed", "fixed-ungrouped", "fixed-grouped", "fixed-grouped-16", "fixed-attn", "fixed-torch", "eager")
-    for path in (*paths, "fixed-split-128", "fixed-grouped-16-split-64", "fixed-attn-split-256"):
+    paths = ("fixed", "fixed-ungrouped", "fixed-grouped", "fixed-grouped-16", "fixed-gemm", "fixed-attn", "fixed-torch", "eager")
+    for path in (*paths, "fixed-split-128", "fixed-grouped-16-split-64", "fixed-attn-split-256", "fixed-gemm-split-64"):
         gpu_check.use_path(model, path, SimpleNamespace(fixed_rows=0))
-        groups[path] = (model.fixed_row_group, model.fixed_split, model.fixed_fused)
+        groups[path] = (model.fixed_row_group, model.fixed_split, model.fixed_fused, model.fixed_gemm)
     assert groups == {
-        "fixed": (None, None, True), "fixed-ungrouped": (1, None, True), "fixed-grouped": (4, None, True),
-        "fixed-grouped-16": (16, None, True), "fixed-attn": (1, None, False), "fixed-torch": (1, None, True),
-        "eager": (1, None, True), "fixed-split-128": (None, 128, True), "fixed-grouped-16-split-64": (16, 64, True),
-        "fixed-attn-split-256": (1, 256, False),
+        "fixed": (None, None, True, False), "fixed-ungrouped": (1, None, True, False), "fixed-grouped": (4, None, True, False),
+        "fixed-grouped-16": (16, None, True, False), "fixed-gemm": (None, None, True, True), "fixed-attn": (1, None, False, False),
+        "fixed-torch": (1, None, True, False), "eager": (1, None, True, False), "fixed-split-128": (None, 128, True, False),
+        "fixed-grouped-16-split-64": (16, 64, True, False), "fixed-attn-split-256": (1, 256, False, False),
+        "fixed-gemm-split-64": (None, 64, True, True),
     }  # fmt: skip
     gpu_check.use_path(model, "fixed-grouped", SimpleNamespace(fixed_rows=0, fixed_split=256))  # --fixed-split: paths without their own
     assert (model.fixed_row_group, model.fixed_split) == (4, 256)
-    # the big stage's pieces: a process a path, the sweep's paths in one, then drafting and the loop
+    # the big stage's pieces: a process a path, the sweep's paths in one, the GEMMs by backend, then drafting and the loop
     assert [n for n, _ in gpu_check.pieces("big", ["fixed", "eager"], ["fixed-split-64"])] == [
         "big-fixed", "big-eager", "big-sweep", "big-drafting",
     ]  # fmt: skip
     assert [n for n, _ in gpu_check.pieces("big", ["fixed"])] == ["big-fixed", "big-drafting"]
+    assert [n for n, _ in gpu_check.pieces("big", ["fixed"], gemm=True)] == ["big-fixed", "big-gemm", "big-drafting"]
 
 
 @pytest.mark.slow  # the embedded GGUF compressed (~15 s) and the gguf wheel downloaded from PyPI

@@ -161,10 +161,10 @@ def one_layer(cfg: dict, dtype: torch.dtype, vocab: int = 1024) -> Transformer:
     return model.eval()
 
 
-def forward(model: Transformer, dtype: torch.dtype, fused: bool, row_group: int, split: int | None = None) -> None:
+def forward(model: Transformer, dtype: torch.dtype, fused: bool, row_group: int, split: int | None = None, gemm: bool = False) -> None:
     """model.fixed_body at the device's row count over a tree of 40 nodes after up to 700 cached tokens,
     the Triton kernels as the engine's FixedRunner would build them on CUDA (split: keys a split, None
-    the default)."""
+    the default; gemm: our GEMMs, model.fixed_gemm)."""
     a = model.args
     P = min(700, a.max_position_embeddings - 100)
     cache = KVCache(a.n_layers, a.n_kv_heads, a.head_dim, P + 200, dtype, "cpu", scratch=ROWS)
@@ -173,7 +173,7 @@ def forward(model: Transformer, dtype: torch.dtype, fused: bool, row_group: int,
     inputs = fixed.FixedInputs(ROWS, torch.device("cpu"))
     parents = torch.tensor([-1] + [i // 2 for i in range(39)])
     inputs.fill(torch.arange(40) % a.vocab_size, torch.arange(P, P + 40), parents, P, reference=False)
-    kernels = fixed_triton.Kernels(ROWS, a, cache.k.shape[3], dtype, torch.device("cpu"), fused, row_group, split)
+    kernels = fixed_triton.Kernels(ROWS, a, cache.k.shape[3], dtype, torch.device("cpu"), fused, row_group, split, gemm)
     with torch.inference_mode():
         model.fixed_body(inputs, cache, kernels, False, True)  # capture: torch.cat only (no kernel)
 
@@ -206,6 +206,18 @@ def eagle3_forwards(model: Transformer, dtype: torch.dtype, vd: int) -> None:
     with torch.inference_mode():
         first._body()
         graph._body()
+
+
+def gemms(model: Transformer, dtype: torch.dtype) -> None:
+    """Our GEMM (fixed_triton.linear) at each configuration gpu_check's `gemm` part times, on each of the
+    layer's linears and the LM head at the device's row count."""
+    layer = model.layers[0]
+    weights = (layer.attention.wqkv.weight, layer.attention.wo.weight, layer.feed_forward.w13.weight, layer.feed_forward.w2.weight)
+    with torch.inference_mode():
+        for w in (*weights, model.output.weight):
+            x = torch.zeros(ROWS, w.shape[1], dtype=dtype)
+            for cfg in fixed_triton.LINEAR_CONFIGS:
+                fixed_triton.linear(x, w, None, cfg)
 
 
 def space_gpus() -> dict:
@@ -252,15 +264,23 @@ def main() -> int:
             dtype = gpu_check.DTYPES[dname]
             G = model.args.n_heads // model.args.n_kv_heads
             paths = {"fixed": (True, 1, None), "fixed-grouped": (True, fixed.default_row_group(G), None), "fixed-attn": (False, 1, None)}
+            # gpu_check's fixed-gemm, rows grouped as the engine groups them on sm_90
+            if name in ("qwen3-8b", "smollm2-135m", "tiny-qwen2"):
+                grouped = dtype != torch.float32 and not name.startswith("tiny-")  # (the grouped tile's toy and fp32 spills aside)
+                paths["fixed-gemm"] = (True, fixed.default_row_group(G) if grouped else 1, None, True)
             if name == "qwen3-8b":  # gpu_check's fixed-grouped-16 (a 64-row tile at the 8B shape), and its sweep's smallest split
                 paths["fixed-grouped-16"] = (True, 16, None)
                 paths["fixed-split-64"] = (True, 1, 64)
                 paths["fixed-grouped-16-split-64"] = (True, 16, 64)
             if name == "smollm2-135m":  # the embedded stage's split sweep, on the engine's grouping there
                 paths["fixed-grouped-split-64"] = (True, fixed.default_row_group(G), 64)
-            for pname, (fused, group, split) in paths.items():
+            for pname, (fused, group, split, *gemm) in paths.items():
                 c.label = f"{name} {dname} {pname}"
-                forward(model, dtype, fused, group, split)
+                forward(model, dtype, fused, group, split, *gemm)
+                out["runs"].append(c.label)
+            if name == "qwen3-8b":  # gpu_check's gemm part
+                c.label = f"{name} {dname} gemm"
+                gemms(model, dtype)
                 out["runs"].append(c.label)
             if name.startswith("tiny-llama") or name in ("qwen3-8b", "smollm2-135m"):
                 c.label = f"{name} {dname} dart-head"

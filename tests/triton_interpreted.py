@@ -17,18 +17,44 @@ import json
 import os
 import random
 import sys
+import time
 from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "1"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from triton.runtime.interpreter import InterpreterBuilder, TensorHandle  # noqa: E402
 
 from dart_core import fixed, fixed_triton  # noqa: E402
 from dart_core.model import RMSNorm, apply_rope  # noqa: E402
 
 from support import TINY_VOCAB, build_tiny_checkpoint, nodes_unlike_their_steps, random_tree_under, tiny_target  # noqa: E402
+
+_library_dot = InterpreterBuilder.create_dot
+
+
+def fixed_order_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+    """The interpreter's tl.dot for float tiles with one order of arithmetic for every output element: d
+    plus the products added in k order, each in fp32 (an fp16 or fp32 product is exact in fp64 and rounds
+    once to fp32; the fp16 inputs' products are exact in fp32). Triton's own dot is numpy's matmul, whose
+    BLAS kernel gives a row other bits at another place of its tile on some CPUs (AVX2's OpenBLAS in
+    fp16 and fp32; on AVX-512 in fp32 only), so a kernel's rows would differ for the library's reasons,
+    not the kernel's: with this dot the tests check what the kernels themselves do (their masks,
+    branches, guards, loops) for a row wherever it sits, as the GPU's tensor cores must for theirs,
+    which gpu_check checks on the device."""
+    if not (a.dtype.is_floating() and b.dtype.is_floating() and d.data.dtype == np.float32 and a.dtype.primitive_bitwidth in (16, 32)):
+        return _library_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+    x, y = a.data.astype(np.float64), b.data.astype(np.float64)
+    acc = d.data.astype(np.float32, copy=True)
+    for k in range(x.shape[-1]):
+        acc = (acc + (x[..., :, k : k + 1] * y[..., k : k + 1, :]).astype(np.float32)).astype(np.float32)
+    return TensorHandle(acc, d.dtype.scalar)
+
+
+InterpreterBuilder.create_dot = fixed_order_dot
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
@@ -123,6 +149,41 @@ def attention(dtype: torch.dtype) -> dict:
     return r
 
 
+def linear(dtype: torch.dtype) -> dict:
+    """Our GEMM (fixed_triton.linear, what gpu_check's gemm part times beside torch's) against F.linear in
+    fp32 at each configuration, on shapes that fill no tile exactly (5 or 64 rows, columns and K past a
+    block), with and without a bias; and a row's output at row 0 of another batch against its own."""
+    g = torch.Generator().manual_seed(2)
+    r: dict = {"max_diff": 0.0, "places_bitwise": 0, "places": 0}
+    for M, N, K, bias in ((5, 72, 200, False), (64, 130, 96, True)):
+        x = torch.randn(M, K, generator=g).to(dtype)
+        w = (torch.randn(N, K, generator=g) / K**0.5).to(dtype)
+        b = torch.randn(N, generator=g).to(dtype) if bias else None
+        ref = F.linear(x.float(), w.float(), None if b is None else b.float())
+        for cfg in fixed_triton.LINEAR_CONFIGS:
+            y = fixed_triton.linear(x, w, b, cfg)
+            r["max_diff"] = max(r["max_diff"], diff(y, ref))
+            for i in (1, M - 1):
+                other = torch.randn(M, K, generator=g).to(dtype)
+                other[0] = x[i]
+                r["places_bitwise"] += int(torch.equal(fixed_triton.linear(other, w, b, cfg)[0], y[i]))
+                r["places"] += 1
+    # the fixed-gemm forward's prologue and epilogue against the torch ops they replace (model.RMSNorm,
+    # the linear, SiLU times up, the residual add; in the dtype), at the forward's configuration
+    M, K, inter = 5, 96, 40
+    x = torch.randn(M, K, generator=g).to(dtype)
+    norm = RMSNorm(K, 1e-5).to(dtype)
+    norm.weight.data = (1 + 0.3 * torch.randn(K, generator=g)).to(dtype)
+    w = (torch.randn(2 * inter, K, generator=g) / K**0.5).to(dtype)
+    b = torch.randn(2 * inter, generator=g).to(dtype)
+    r["norm_bias"] = diff(fixed_triton.linear(x, w, b, norm=norm.weight.data, eps=norm.eps), F.linear(norm(x), w, b))
+    gate, up = F.linear(norm(x), w).chunk(2, dim=-1)
+    r["norm_silu"] = diff(fixed_triton.linear(x, w, norm=norm.weight.data, eps=norm.eps, silu=True), F.silu(gate) * up)
+    res = torch.randn(M, 2 * inter, generator=g).to(dtype)
+    r["residual"] = diff(fixed_triton.linear(x, w, residual=res), res + F.linear(x, w))
+    return r
+
+
 def tiny_checkpoint(root: Path, arch: str) -> Path:
     """The tiny random checkpoint of `arch` under root, built the first time it is asked for."""
     return root / arch if (root / arch).exists() else build_tiny_checkpoint(root / arch, arch, seed=1)
@@ -159,7 +220,7 @@ def against_plain(target, drafters: dict, prompt: list[int], new_tokens: int) ->
     }
 
 
-def model(arch: str, dtype: torch.dtype, fused: bool, root: Path, row_group: int, split: int | None = None) -> dict:
+def model(arch: str, dtype: torch.dtype, fused: bool, root: Path, row_group: int, split: int | None = None, gemm: bool = False) -> dict:
     """A tiny random target's fixed forward on the kernels (8 rows): a random tree's verify against the
     one-token steps along its paths (bitwise: logits and captured states) and against the torch
     reference's verify (max logit difference, argmax agreement). split: keys a split (None: the
@@ -174,14 +235,14 @@ def model(arch: str, dtype: torch.dtype, fused: bool, root: Path, row_group: int
         target.model.use_kernels = False  # the fixed path, as on CUDA
         target.model.fixed_rows = 8
         target.model.fixed_kernels, target.model.fixed_fused, target.model.fixed_row_group = kernels, fused, row_group
-        target.model.fixed_split = split
+        target.model.fixed_split, target.model.fixed_gemm = split, gemm and kernels
         cache = target.new_cache(len(prefix) + len(tree) + 16)
         target.prefill(prefix, cache, capture=False)
         cache.commit(len(prefix))
         outs[kernels] = (target, cache, target.verify(tree, cache, capture=True))
     target, cache, out = outs[True]
     kern = cache.fixed_runner.kernels
-    assert type(kern) is fixed_triton.Kernels and kern.fused == fused and kern.row_group == row_group
+    assert type(kern) is fixed_triton.Kernels and kern.fused == fused and kern.row_group == row_group and kern.gemm == gemm
     bad = nodes_unlike_their_steps(target, cache, tree, out)  # the steps run on the same runner: its split too
     ref = outs[False][2]
     return {
@@ -191,6 +252,7 @@ def model(arch: str, dtype: torch.dtype, fused: bool, root: Path, row_group: int
         "argmax_agree": int((out.logits.argmax(-1) == ref.logits.argmax(-1)).sum()),
         "row_group": kern.row_group,
         "split": kern.ws.split,
+        "gemm": kern.gemm,
         "prefix": len(prefix),
         "depth": int(tree.depths.max()),
     }
@@ -356,30 +418,50 @@ def replayed(root: Path) -> dict:
     return r
 
 
+# tiny targets' forwards on the kernels (model): (arch, dtype, fused, rows a program, split, our GEMMs).
+# The engine's default (fused, a program a row); Qwen3's norms in fp16 with rows grouped and the
+# smallest split (a chunk a split: the tree's paths across a split's end); the attention alone (torch ops
+# between the GEMMs, Qwen2's biases); our GEMMs with the work between them (fixed_gemm) in fp16 with
+# rows grouped, and in fp32 with Qwen2's biases across the smallest split.
+MODEL_CASES = (
+    ("llama", "float32", True, 1, None, False),
+    ("qwen3", "float16", True, 8, fixed_triton.BLOCK, False),
+    ("qwen2", "float32", False, 1, None, False),
+    ("llama", "float16", True, 8, None, True),
+    ("qwen2", "float32", True, 1, fixed_triton.BLOCK, True),
+)
+
+
+def case_name(arch: str, dtype: str, fused: bool, group: int, split: int | None, gemm: bool) -> str:
+    name = f"{arch}-{dtype}-{'gemm' if gemm else 'fused' if fused else 'attention'}" + (f"-group{group}" if group > 1 else "")
+    return name + (f"-split{split}" if split else "")
+
+
+SECTIONS = ("kernels", *(case_name(*c) for c in MODEL_CASES), "head", "expand", "replayed")
+
+
 def main() -> None:
+    """triton_interpreted.py ROOT [SECTION ...]: the SECTIONS asked for (all by default), one JSON object;
+    tests/test_fixed_triton.py runs them in two processes at once and merges the two."""
     root = Path(sys.argv[1])
-    result: dict = {"elementwise": {}, "attention": {}, "models": {}}
-    for name, dtype in DTYPES.items():
-        result["elementwise"][name] = elementwise(dtype)
-        result["attention"][name] = attention(dtype)
-    # the engine's default (fused, a program a row), the attention alone (torch ops between the GEMMs),
-    # and rows grouped in fp16 (exact here where the dot is: numpy's fp16 matmul, not its fp32 one); then
-    # the smallest split (a chunk a split), a program a row and rows grouped, with a tree across a split
-    cases = (
-        ("llama", "float32", True, 1, None),
-        ("qwen3", "float16", True, 1, None),
-        ("qwen2", "float32", False, 1, None),
-        ("llama", "float16", True, 8, None),
-        ("llama", "float32", True, 1, fixed_triton.BLOCK),
-        ("qwen3", "float16", True, 8, fixed_triton.BLOCK),
-    )
-    for arch, name, fused, group, split in cases:
-        key = f"{arch}-{name}-{'fused' if fused else 'attention'}" + (f"-group{group}" if group > 1 else "")
-        key += f"-split{split}" if split else ""
-        result["models"][key] = model(arch, DTYPES[name], fused, root, group, split)
-    result["head"] = head_forward(root)
-    result["expand"] = expand_forward(root)
-    result["replayed"] = replayed(root)
+    asked = sys.argv[2:] or list(SECTIONS)
+    unknown = set(asked) - set(SECTIONS)
+    if unknown:
+        raise SystemExit(f"unknown sections {sorted(unknown)}: from {', '.join(SECTIONS)}")
+    result: dict = {"seconds": {}, "sections": list(SECTIONS)}
+    cases = {case_name(*c): c for c in MODEL_CASES}
+    for section in asked:
+        t0 = time.perf_counter()
+        if section == "kernels":
+            for key, fn in (("elementwise", elementwise), ("attention", attention), ("linear", linear)):
+                result[key] = {name: fn(dtype) for name, dtype in DTYPES.items()}
+        elif section in cases:
+            arch, dtype, fused, group, split, gemm = cases[section]
+            result.setdefault("models", {})[section] = model(arch, DTYPES[dtype], fused, root, group, split, gemm)
+        else:
+            result[section] = {"head": head_forward, "expand": expand_forward, "replayed": replayed}[section](root)
+        result["seconds"][section] = round(time.perf_counter() - t0, 1)  # what CI's time goes to
+        print(f"{section}: {result['seconds'][section]} s", file=sys.stderr, flush=True)
     print(json.dumps(result))
 
 
