@@ -523,6 +523,7 @@ def _linear_kernel(
     rows = tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask, cmask = rows < M, cols < N
+    wcols = cols.to(tl.int64)  # a weight's offsets: past 2^31 elements for a large vocabulary's LM head
     ks = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -537,13 +538,13 @@ def _linear_kernel(
             g = tl.load(g_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
             x = (xf * g[None, :]).to(w_ptr.dtype.element_ty)
         wmask = kmask[:, None] & cmask[None, :]
-        w = tl.load(w_ptr + cols[None, :] * stride_w + kk[:, None], mask=wmask, other=0.0)
+        w = tl.load(w_ptr + wcols[None, :] * stride_w + kk[:, None], mask=wmask, other=0.0)
         if IEEE:
             acc = tl.dot(x, w, acc, input_precision="ieee")
         else:
             acc = tl.dot(x, w, acc)
         if SILU:
-            wu = tl.load(w_ptr + (UP + cols)[None, :] * stride_w + kk[:, None], mask=wmask, other=0.0)
+            wu = tl.load(w_ptr + (UP + wcols)[None, :] * stride_w + kk[:, None], mask=wmask, other=0.0)
             if IEEE:
                 acc_up = tl.dot(x, wu, acc_up, input_precision="ieee")
             else:
