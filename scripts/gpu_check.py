@@ -620,7 +620,7 @@ GEMM_LINEARS = ("wqkv", "wo", "w13", "w2", "output")  # the fixed forward's line
 GEMM_PLACES = (1, 31, 63)  # rows whose output is compared at row 0 of another batch (bitwise)
 
 
-def gemm_backends(dev: torch.device, rows: int) -> dict:
+def gemm_backends(dev: torch.device) -> dict:
     """The GEMMs the `gemm` part times, by name: torch's F.linear as the fixed forward calls it (cuBLAS on
     CUDA, whichever library torch prefers), the same with cuBLASLt preferred (CUDA), and our Triton GEMM
     (fixed_triton.linear) at each of fixed_triton.LINEAR_CONFIGS where the Triton kernels run.
@@ -669,7 +669,7 @@ def big_gemm(target: Target, r: dict, rep: Report, opts) -> None:
         weights["w13"].append(layer.feed_forward.w13.weight)
         weights["w2"].append(layer.feed_forward.w2.weight)
     weights["output"].append(model.output.weight)
-    backends = gemm_backends(dev, R)
+    backends = gemm_backends(dev)
     g = torch.Generator(dev).manual_seed(7)
     out: dict = {"rows": R, "backends": list(backends), "by_linear": {}, "blas_default": None}
     if dev.type == "cuda":
@@ -728,7 +728,6 @@ def big_gemm(target: Target, r: dict, rep: Report, opts) -> None:
         ok = [(us, n) for n, us in e["us"].items() if e["rows_bitwise"].get(n) == f"{len(GEMM_PLACES)}/{len(GEMM_PLACES)}"]
         best += min(ok)[0] * e["count"] if ok else float("nan")
     out["step_ms_best_per_linear"] = round(best / 1e3, 3) if best == best else None
-    r["gemm"] = out
 
 
 def big_drafting(target: Target, r: dict, rep: Report, small: bool, dev: torch.device) -> None:
