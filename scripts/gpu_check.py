@@ -194,19 +194,15 @@ def random_head(target: Target, seed: int, draft_length: int | None, vd: int):
 
 
 def verify_against_steps(target: Target, prefix: list[int], tree: DraftTree) -> dict:
-    """Every node's logits from one tree verify against the one-token steps along its path."""
+    """Every node's logits from one tree verify against its one-token step (each node stepped once, its
+    ancestors committed before it: support.steps_depth_first)."""
+    from support import steps_depth_first
+
     cache = target.new_cache(len(prefix) + len(tree) + 1)
     target.prefill(prefix, cache, capture=False)
     cache.commit(len(prefix))
-    P = cache.length
     tree_logits = target.verify(tree, cache, capture=False).logits
-    step_logits: dict[int, torch.Tensor] = {}
-    for path in tree.leaf_paths():
-        cache.rewind(P)
-        for node in path:
-            out = target.verify(DraftTree.root_only(int(tree.tokens[node])), cache, capture=False)
-            cache.commit(1)
-            step_logits.setdefault(node, out.logits[0])
+    step_logits = {node: out.logits[0] for node, out in steps_depth_first(target, cache, tree, capture=False)}
     same = sum(bool(torch.equal(tree_logits[i], step_logits[i])) for i in range(len(tree)))
     diff = max(float((tree_logits[i] - step_logits[i]).abs().max()) for i in range(len(tree)))
     argmax = sum(int(tree_logits[i].argmax()) == int(step_logits[i].argmax()) for i in range(len(tree)))
@@ -617,7 +613,12 @@ def big_verify(target: Target, fpath: str, r: dict, rep: Report, opts, save=None
 
 
 GEMM_LINEARS = ("wqkv", "wo", "w13", "w2", "output")  # the fixed forward's linears a layer, then the LM head
-GEMM_PLACES = (1, 31, 63)  # rows whose output is compared at row 0 of another batch (bitwise)
+
+
+def gemm_places(rows: int) -> list[int]:
+    """Rows whose output is compared at row 0 of another batch (bitwise): the second, the middle's and
+    the last of `rows` (1, 31 and 63 at the engine's 64)."""
+    return sorted({min(1, rows - 1), max(rows // 2 - 1, 0), rows - 1})
 
 
 def gemm_backends(dev: torch.device) -> dict:
@@ -654,7 +655,7 @@ def big_gemm(target: Target, r: dict, rep: Report, opts) -> None:
     in turn, as a step streams them, so no weight is read from L2), timed per backend (gemm_backends)
     as one captured graph of all layers' calls: microseconds a call, GB/s and the fraction of the read
     bandwidth; the whole step's GEMM time by backend; and, per backend, whether a row's output has
-    the same bits at row 0 of another batch (GEMM_PLACES; what a verified node's exactness rests on).
+    the same bits at row 0 of another batch (gemm_places; what a verified node's exactness rests on).
     Also torch's one-row GEMM, what the padding to the fixed rows costs. Into r["gemm"]."""
     dev = torch.device(target.device)
     model = target.model
@@ -687,11 +688,12 @@ def big_gemm(target: Target, r: dict, rep: Report, opts) -> None:
             with recorded_failure(rep, f"big: gemm {lin} {name}", err, dev), torch.inference_mode(), ctx():
                 y = gemm(x, ws[0])
                 same = 0
-                for i in GEMM_PLACES:
+                places = gemm_places(R)
+                for i in places:
                     other = torch.randn(R, K, generator=g, device=dev).to(x.dtype)
                     other[0] = x[i]
                     same += int(torch.equal(gemm(other, ws[0])[0], y[i]))
-                entry["rows_bitwise"][name] = f"{same}/{len(GEMM_PLACES)}"
+                entry["rows_bitwise"][name] = f"{same}/{len(places)}"
 
                 def calls(gemm=gemm):
                     return [gemm(x, w) for w in ws]
@@ -725,7 +727,8 @@ def big_gemm(target: Target, r: dict, rep: Report, opts) -> None:
     # the step's GEMMs with the fastest bitwise backend for each linear: what our own GEMMs would give
     best = 0.0
     for e in out["by_linear"].values():
-        ok = [(us, n) for n, us in e["us"].items() if e["rows_bitwise"].get(n) == f"{len(GEMM_PLACES)}/{len(GEMM_PLACES)}"]
+        every = len(gemm_places(R))
+        ok = [(us, n) for n, us in e["us"].items() if e["rows_bitwise"].get(n) == f"{every}/{every}"]
         best += min(ok)[0] * e["count"] if ok else float("nan")
     out["step_ms_best_per_linear"] = round(best / 1e3, 3) if best == best else None
 

@@ -89,26 +89,31 @@ def tiny_target(path: Path, dtype=torch.float32) -> Target:
     return Target(f"tiny:{path.name}", path, model, None, frozenset({TINY_EOS}), torch.device("cpu"), dtype)
 
 
-def nodes_unlike_their_steps(target, cache, tree: DraftTree, out) -> list[int]:
-    """Nodes whose verify outputs `out` (logits and captured states, the tree verified at the cache's
-    committed length) differ bitwise from their one-token steps, each node stepped once with exactly its
+def steps_depth_first(target, cache, tree: DraftTree, capture: bool = True):
+    """Each node's one-token step, (node, the step's output), each node stepped once with exactly its
     ancestors committed before it: the nodes in depth-first order, each step after rewinding the cache
-    to the node's depth (the entries kept are then its ancestors', the last stepped at each depth).
-    Leaves the cache at its committed length."""
-    P, bad = cache.length, []
+    to the node's depth (the entries kept are then its ancestors', the last stepped at each depth). The
+    tree's root at the cache's committed length; leaves the cache there."""
+    P = cache.length
     depths = tree.depths.tolist()
-    order, stack = [], [0]
+    stack = [0]
     while stack:  # preorder: a node, then its subtrees in node order
         node = stack.pop()
-        order.append(node)
         stack.extend(reversed(tree.children[node]))
-    for node in order:
         cache.rewind(P + depths[node])
-        step = target.verify(DraftTree.root_only(int(tree.tokens[node])), cache, capture=True)
+        step = target.verify(DraftTree.root_only(int(tree.tokens[node])), cache, capture=capture)
         cache.commit(1)
+        yield node, step
+    cache.rewind(P)
+
+
+def nodes_unlike_their_steps(target, cache, tree: DraftTree, out) -> list[int]:
+    """Nodes whose verify outputs `out` (logits and captured states, the tree verified at the cache's
+    committed length) differ bitwise from their one-token steps (steps_depth_first)."""
+    bad = []
+    for node, step in steps_depth_first(target, cache, tree):
         if not (torch.equal(step.logits[0], out.logits[node]) and torch.equal(step.hidden[0], out.hidden[node])):
             bad.append(node)
-    cache.rewind(P)
     return sorted(bad)
 
 

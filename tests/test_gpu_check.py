@@ -202,6 +202,10 @@ def test_gpu_check_names_its_forward_paths(tmp_path):
     ]  # fmt: skip
     assert [n for n, _ in gpu_check.pieces("big", ["fixed"])] == ["big-fixed", "big-drafting"]
     assert [n for n, _ in gpu_check.pieces("big", ["fixed"], gemm=True)] == ["big-fixed", "big-gemm", "big-drafting"]
+    # the gemm part's rows compared at row 0 of another batch, at any --fixed-rows (64: the engine's)
+    assert (gpu_check.gemm_places(64), gpu_check.gemm_places(16), gpu_check.gemm_places(2), gpu_check.gemm_places(1)) == (
+        [1, 31, 63], [1, 7, 15], [0, 1], [0],
+    )  # fmt: skip
 
 
 @pytest.mark.slow  # the embedded GGUF compressed (~15 s) and the gguf wheel downloaded from PyPI
