@@ -26,8 +26,10 @@ if sys.platform != "linux" or platform.machine() not in ("x86_64", "aarch64"):
 
 
 # triton_interpreted.py's sections in two processes run at once, about equal in time: seconds by section
-# on the AMD EPYC with AVX2, one process alone (2026-12-03): kernels 79, the five models 23-57 (231 in
-# all), head 84, expand 85, replayed 412 (each process's are in `interpreted["seconds"]`)
+# on the AMD EPYC with AVX2, one process beside two benches on the two cores (2026-12-03, the
+# interpreter's per-call patching and overflow checks skipped: triton_interpreted.patch_lang_once):
+# kernels 42, the five models 13-45 (152 in all), head 68, expand 72, replayed 296 (each process's are
+# in `interpreted["seconds"]`)
 INTERPRETED_HALVES = (
     ["replayed", "kernels"],
     [
@@ -58,7 +60,7 @@ def interpreted(tmp_path_factory):
     ]
     result: dict = {}
     for proc in procs:
-        out, err = proc.communicate(timeout=1500)  # the halves' 450 and 400 s, on cores the other tests share
+        out, err = proc.communicate(timeout=1500)  # the halves' ~340 and ~290 s, on cores the other tests share
         assert proc.returncode == 0, err[-4000:]
         for key, value in json.loads(out.strip().splitlines()[-1]).items():
             if isinstance(value, dict):  # sections by name (models, seconds): each half's added

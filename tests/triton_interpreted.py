@@ -13,6 +13,8 @@ emulated), so the dtypes here are fp32 and fp16.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import os
 import random
@@ -26,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.runtime import interpreter  # noqa: E402
 from triton.runtime.interpreter import InterpreterBuilder, TensorHandle  # noqa: E402
 
 from dart_core import fixed, fixed_triton  # noqa: E402
@@ -56,6 +60,31 @@ def fixed_order_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
 
 
 InterpreterBuilder.create_dot = fixed_order_dot
+
+_library_patch_lang = interpreter._patch_lang
+_langs: dict = {}  # a function's triton.language modules, by function
+
+
+def patch_lang_once(fn):
+    """The interpreter's patching of triton.language for a call of `fn`, skipped where the launch
+    running it has patched the same modules already. Triton's interpreter patches them at every
+    device-function call (inspect.getmembers over tl, tl.core, tl.math and tensor, never undone: the
+    launch's own patches, made first, are what its end restores), a fifth of the interpreted tests' time;
+    a call inside a launch finds every module it would patch patched (tl.load no longer Triton's
+    builtin) and would change nothing."""
+    langs = _langs.get(fn)
+    if langs is None:
+        langs = _langs[fn] = [v for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core)]
+    if langs and not any(tl.core.is_builtin(lang.load) for lang in langs):
+        return interpreter._LangPatchScope()
+    return _library_patch_lang(fn)
+
+
+interpreter._patch_lang = patch_lang_once
+# No int32 overflow check on every integer add and multiply (the interpreter's default, a GPU build's
+# only with debug on): at these tiny shapes no offset comes near 2^31, so it could catch nothing here, and
+# it was a third of the interpreted time (an int64 copy of each operation and an assert on it)
+interpreter.interpreter_builder.options = dataclasses.replace(interpreter.interpreter_builder.options, sanitize_overflow=False)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
