@@ -69,7 +69,7 @@ from dart_core.target import Target  # noqa: E402
 from dart_core.tools.training import new_head_from_target  # noqa: E402
 from dart_core.tree import DraftTree  # noqa: E402
 
-from support import random_tree_under  # noqa: E402  (tests/ is on sys.path above)
+from support import random_tree_under, steps_depth_first  # noqa: E402  (tests/ is on sys.path above)
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 STAGES = ("env", "exact", "sampling", "big", "profile", "embedded")
@@ -196,8 +196,6 @@ def random_head(target: Target, seed: int, draft_length: int | None, vd: int):
 def verify_against_steps(target: Target, prefix: list[int], tree: DraftTree) -> dict:
     """Every node's logits from one tree verify against its one-token step (each node stepped once, its
     ancestors committed before it: support.steps_depth_first)."""
-    from support import steps_depth_first
-
     cache = target.new_cache(len(prefix) + len(tree) + 1)
     target.prefill(prefix, cache, capture=False)
     cache.commit(len(prefix))
@@ -661,6 +659,7 @@ def big_gemm(target: Target, r: dict, rep: Report, opts) -> None:
     model = target.model
     use_path(model, "fixed", opts)  # the engine's rows (or --fixed-rows)
     R = model.fixed_row_count(dev)
+    places = gemm_places(R)
     env = rep.data["stages"].get("env", {})
     bw = opts.read_gb_s or env.get("read_gb_s") or env.get("copy_gb_s")
     weights = {name: [] for name in GEMM_LINEARS}
@@ -688,7 +687,6 @@ def big_gemm(target: Target, r: dict, rep: Report, opts) -> None:
             with recorded_failure(rep, f"big: gemm {lin} {name}", err, dev), torch.inference_mode(), ctx():
                 y = gemm(x, ws[0])
                 same = 0
-                places = gemm_places(R)
                 for i in places:
                     other = torch.randn(R, K, generator=g, device=dev).to(x.dtype)
                     other[0] = x[i]
@@ -727,8 +725,7 @@ def big_gemm(target: Target, r: dict, rep: Report, opts) -> None:
     # the step's GEMMs with the fastest bitwise backend for each linear: what our own GEMMs would give
     best = 0.0
     for e in out["by_linear"].values():
-        every = len(gemm_places(R))
-        ok = [(us, n) for n, us in e["us"].items() if e["rows_bitwise"].get(n) == f"{every}/{every}"]
+        ok = [(us, n) for n, us in e["us"].items() if e["rows_bitwise"].get(n) == f"{len(places)}/{len(places)}"]
         best += min(ok)[0] * e["count"] if ok else float("nan")
     out["step_ms_best_per_linear"] = round(best / 1e3, 3) if best == best else None
 
