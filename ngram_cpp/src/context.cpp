@@ -39,8 +39,15 @@ void ContextIndex::extend(const token_t* tokens, size_t n) {
     }
 }
 
+// `out` keeps its storage from call to call (the pruner asks once a parent): cleared, not replaced.
+static void clear(Continuations& c) {
+    c.counts.clear();
+    c.total = 0;
+    c.last = -1;
+}
+
 int ContextIndex::lookup(const token_t* virt, size_t n_virt, int min_len, Continuations& out) const {
-    out = Continuations{};
+    clear(out);
     const size_t total = seq_.size() + n_virt;
     auto at = [&](size_t i) { return i < seq_.size() ? seq_[i] : virt[i - seq_.size()]; };  // virtual sequence
     const int longest = static_cast<int>(std::min<size_t>(static_cast<size_t>(max_order_), total));
@@ -49,7 +56,11 @@ int ContextIndex::lookup(const token_t* virt, size_t n_virt, int min_len, Contin
         key.len = static_cast<uint8_t>(len);
         for (int j = 0; j < len; ++j) key.tokens[j] = at(total - len + j);
         auto it = maps_[len - 1].find(key);
-        if (it != maps_[len - 1].end()) out = it->second;
+        if (it != maps_[len - 1].end()) {
+            out.counts.assign(it->second.counts.begin(), it->second.counts.end());
+            out.total = it->second.total;
+            out.last = it->second.last;
+        }
         // an occurrence ending at the last indexed token is followed by the first virtual token (the root);
         // with no virtual tokens that occurrence is the query suffix itself
         if (n_virt > 0 && seq_.size() >= static_cast<size_t>(len)) {
@@ -59,7 +70,7 @@ int ContextIndex::lookup(const token_t* virt, size_t n_virt, int min_len, Contin
         }
         if (out.total > 0) return len;
     }
-    out = Continuations{};
+    clear(out);
     return 0;
 }
 

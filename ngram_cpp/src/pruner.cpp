@@ -175,22 +175,35 @@ double trie_prob(const NGramModel& model, const token_t* ctx_end, size_t have, t
 
 }  // namespace
 
-void acceptance_features(double score, double inc, bool head, double p, int64_t rank, bool head_row, double row_top, double q,
-                         int match, int max_order, double c, double parent_fit, double* x) {
+// The features given the logarithms that do not depend on the parent (ln_p = ln max(p, floor) of a
+// head candidate, ln_rank = ln(1 + rank), ln_row_top = ln max(row_top, floor) of a level with a head
+// row), which the search takes once a level instead of once a node: acceptance_features computes
+// them by the same expressions, so both give the same bits.
+static inline void features_from_logs(double score, double inc, bool head, double ln_p, int64_t rank, double ln_rank, bool head_row,
+                                      double ln_row_top, double q, int match, int max_order, double c, double parent_fit, double* x) {
     x[0] = 1.0;
     x[1] = score;
     x[2] = inc;
-    x[3] = head ? std::log(std::max(p, kFeatureFloor)) : 0.0;
+    x[3] = head ? ln_p : 0.0;
     x[4] = head ? 1.0 : 0.0;
     x[5] = head && rank == 0 ? 1.0 : 0.0;
-    x[6] = head ? std::log1p(static_cast<double>(rank)) : 0.0;
-    x[7] = head_row ? std::log(std::max(row_top, kFeatureFloor)) : 0.0;
+    x[6] = head ? ln_rank : 0.0;
+    x[7] = head_row ? ln_row_top : 0.0;
     x[8] = q > 0.0 ? std::log(q) : 0.0;
     x[9] = q > 0.0 ? 1.0 : 0.0;
     x[10] = match > 0 ? static_cast<double>(match) / static_cast<double>(max_order) : 0.0;
     x[11] = c > 0.0 ? std::log(c) : 0.0;
     x[12] = c > 0.0 ? 1.0 : 0.0;
     x[13] = parent_fit;
+}
+
+static inline double ln_floored(double v) { return std::log(std::max(v, kFeatureFloor)); }
+static inline double ln_rank_term(int64_t rank) { return std::log1p(static_cast<double>(rank)); }
+
+void acceptance_features(double score, double inc, bool head, double p, int64_t rank, bool head_row, double row_top, double q,
+                         int match, int max_order, double c, double parent_fit, double* x) {
+    features_from_logs(score, inc, head, head ? ln_floored(p) : 0.0, rank, head ? ln_rank_term(rank) : 0.0, head_row,
+                       head_row ? ln_floored(row_top) : 0.0, q, match, max_order, c, parent_fit, x);
 }
 
 PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k, int64_t root, const int64_t* context,
@@ -219,6 +232,12 @@ PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k
     std::vector<int32_t> beam{-1}, next;
     std::vector<token_t> ctx(ctx_len), cand(kk), virt;
     std::vector<double> draft_p(kk), ngram_q(kk), cont_p(kk);
+    // what a level's head candidates share across its parents, taken once a level: ln(p + eps), the
+    // draft term's logarithm where the parent has no context match (lambda = 0, c = 0, so the mixed
+    // (1 - lambda) p + lambda c + eps is p + eps to the bit), and the fitted ranking's ln max(p, floor);
+    // ln(1 + rank) once a search
+    std::vector<double> ln_p_eps(kk), ln_p_floor(kk), ln_rank(kk);
+    for (int64_t i = 0; i < kk; ++i) ln_rank[i] = ln_rank_term(i);
     std::vector<uint8_t> done(kk);
     std::vector<std::pair<token_t, uint32_t>> extra;
     Continuations cont;
@@ -239,8 +258,11 @@ PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k
                 cand[i] = static_cast<token_t>(tokens[level * k + i]);
                 draft_p[i] = static_cast<double>(probs[level * k + i]);
                 row_top = std::max(row_top, draft_p[i]);
+                ln_p_eps[i] = std::log(draft_p[i] + p.eps);
+                if (fitted) ln_p_floor[i] = ln_floored(draft_p[i]);
             }
         }
+        const double ln_row_top = head_row && fitted ? ln_floored(row_top) : 0.0;
         std::optional<NgramRows> rows;
         if (ngram && head_row) rows.emplace(*model, cand.data(), static_cast<size_t>(kk));
         next.clear();
@@ -278,15 +300,18 @@ PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k
             // rank: the column in the head's row, -1 for a context-only candidate
             auto push = [&](token_t token, double prob, int64_t rank, double q, double c, uint8_t source) {
                 // both the draft and the n-gram probability are mixed with the context's continuation c
-                double term = decay * std::log((1.0 - lambda) * prob + lambda * c + p.eps);
+                // (the level's table where there is none: a head candidate, lambda = 0)
+                const double ln_draft = lambda == 0.0 && rank >= 0 ? ln_p_eps[rank] : std::log((1.0 - lambda) * prob + lambda * c + p.eps);
+                double term = decay * ln_draft;
                 if (ngram_term) term += p.ngram_weight * std::log((1.0 - lambda) * q + lambda * c + p.eps);
                 // ln(1 + eps) > 0: clamp so a child never outscores its parent
                 const double inc = std::min(0.0, w * term);
                 double fit = 0.0;
                 if (fitted) {
                     double x[kAcceptanceFeatures];
-                    acceptance_features(base + inc, inc, rank >= 0, prob, rank, head_row, row_top, ngram ? q : 0.0, match,
-                                        use_context ? index->max_order() : 1, c, parent_fit, x);
+                    const bool head = rank >= 0;
+                    features_from_logs(base + inc, inc, head, head ? ln_p_floor[rank] : 0.0, rank, head ? ln_rank[rank] : 0.0, head_row,
+                                       ln_row_top, ngram ? q : 0.0, match, use_context ? index->max_order() : 1, c, parent_fit, x);
                     double z = 0.0;
                     for (int f = 0; f < kAcceptanceFeatures; ++f) z += wl[f] * x[f];
                     // a node is accepted only if its parent is: never more likely than the parent
