@@ -494,61 +494,32 @@ class Kernels:
 # rounding follows the torch ops replaced: each result rounded to the dtype where they round, but for
 # the norm, whose normalised input is not rounded before the product (its weight's product is).
 
-# (BLOCK_N, BLOCK_K, num_warps, num_stages) configurations gpu_check's `gemm` part times: the two the
-# fixed-gemm forward runs in 16 bits (gemm_config) and two wider tiles
-LINEAR_CONFIGS = ((32, 128, 8, 3), (64, 128, 8, 3), (64, 256, 4, 3), (128, 128, 8, 3))
+# (BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K) configurations gpu_check's `gemm` part times: the
+# two the fixed-gemm forward runs in 16 bits (gemm_config), two wider tiles, and K cut in 2 and 4 parts.
+# A GEMM of 64 rows streams its weights, and at 64 columns a program the 8B shape's output and down
+# products (4,096 columns) run 64 programs on the H200's 132 SMs: K in parts runs 2 or 4 times the
+# programs, each a fixed range of K, then a second kernel sums a row's parts in order (exact as the
+# one-part GEMM is: a row's bits depend on its own input, the weights and its place in the tile).
+LINEAR_CONFIGS = ((32, 128, 8, 3, 1), (64, 128, 8, 3, 1), (64, 256, 4, 3, 1), (128, 128, 8, 3, 1), (64, 128, 8, 3, 2), (64, 128, 8, 3, 4))
 
 
-def gemm_config(dtype: torch.dtype, silu: bool) -> tuple[int, int, int, int]:
+def gemm_config(dtype: torch.dtype, silu: bool) -> tuple[int, int, int, int, int]:
     """The fixed-gemm forward's configuration for a linear, until a device has ranked them: the widest
-    tile that compiles for sm_90 without spilling registers (tests/triton_compiled.py): SiLU's two
-    accumulators take half the columns; fp32's tiles take twice the registers and shared memory."""
+    tile that compiles for sm_90 without spilling registers (tests/triton_compiled.py), K in one part:
+    SiLU's two accumulators take half the columns; fp32's tiles take twice the registers and shared memory."""
     if dtype == torch.float32:
-        return (32, 64, 8, 3)
-    return (32, 128, 8, 3) if silu else (64, 128, 8, 3)
+        return (32, 64, 8, 3, 1)
+    return (32, 128, 8, 3, 1) if silu else (64, 128, 8, 3, 1)
 
 
 @triton.jit
-def _linear_kernel(
-    x_ptr, w_ptr, b_ptr, g_ptr, res_ptr, out_ptr, M, N, K, UP, eps,
-    stride_x, stride_w, stride_res, stride_out,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    BIAS: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr, SILU: tl.constexpr, IEEE: tl.constexpr,
+def _linear_epilogue(
+    acc, acc_up, ss, rows, cols, rmask, cmask, b_ptr, res_ptr, out_ptr, K, eps, stride_res, stride_out,
+    BIAS: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr, SILU: tl.constexpr,
 ):  # fmt: skip
-    """out[:, cols] = x @ w[cols].T for this program's BLOCK_N columns, K in BLOCK_K steps in order; with
-    NORM, x's rows RMS-normed with weight g first (g folded into the loads, 1/RMS onto the products);
-    then + b (BIAS); with SILU, SiLU(that) times the same of w's rows UP + cols (gate|up: out has N = UP
-    columns); with RESIDUAL, res + that (the residual stream). Each rounded to out's dtype where torch rounds."""
+    """What follows the products: NORM's 1/RMS onto them, + b (BIAS), SiLU(gate) times up (SILU), + res
+    (RESIDUAL), each rounded to out's dtype where torch rounds; stored."""
     dt = out_ptr.dtype.element_ty
-    rows = tl.arange(0, BLOCK_M)
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rmask, cmask = rows < M, cols < N
-    wcols = cols.to(tl.int64)  # a weight's offsets: past 2^31 elements for a large vocabulary's LM head
-    ks = tl.arange(0, BLOCK_K)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    ss = tl.zeros([BLOCK_M], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + ks
-        kmask = kk < K
-        x = tl.load(x_ptr + rows[:, None] * stride_x + kk[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
-        if NORM:
-            xf = x.to(tl.float32)
-            ss += tl.sum(xf * xf, 1)
-            g = tl.load(g_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
-            x = (xf * g[None, :]).to(w_ptr.dtype.element_ty)
-        wmask = kmask[:, None] & cmask[None, :]
-        w = tl.load(w_ptr + wcols[None, :] * stride_w + kk[:, None], mask=wmask, other=0.0)
-        if IEEE:
-            acc = tl.dot(x, w, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(x, w, acc)
-        if SILU:
-            wu = tl.load(w_ptr + (UP + wcols)[None, :] * stride_w + kk[:, None], mask=wmask, other=0.0)
-            if IEEE:
-                acc_up = tl.dot(x, wu, acc_up, input_precision="ieee")
-            else:
-                acc_up = tl.dot(x, wu, acc_up)
     if NORM:
         scale = 1.0 / tl.sqrt(ss / K + eps)
         acc = acc * scale[:, None]
@@ -567,18 +538,112 @@ def _linear_kernel(
     tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], y, mask=omask)
 
 
+@triton.jit
+def _linear_kernel(
+    x_ptr, w_ptr, b_ptr, g_ptr, res_ptr, out_ptr, part_ptr, M, N, K, UP, K_PART, eps,
+    stride_x, stride_w, stride_res, stride_out,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    BIAS: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr, SILU: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    """out[:, cols] = x @ w[cols].T for this program's BLOCK_N columns, K in BLOCK_K steps in order; with
+    NORM, x's rows RMS-normed with weight g first (g folded into the loads, 1/RMS onto the products);
+    then + b (BIAS); with SILU, SiLU(that) times the same of w's rows UP + cols (gate|up: out has N = UP
+    columns); with RESIDUAL, res + that (the residual stream). Each rounded to out's dtype where torch rounds.
+    SPLIT_K > 1: this program takes part program_id(1) of K (K_PART elements, a multiple of BLOCK_K) and
+    writes its fp32 sums to part_ptr ([SPLIT_K] x (products, up's products, the squares' sums by row));
+    _linear_parts_kernel adds the parts in order and finishes."""
+    rows = tl.arange(0, BLOCK_M)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask, cmask = rows < M, cols < N
+    wcols = cols.to(tl.int64)  # a weight's offsets: past 2^31 elements for a large vocabulary's LM head
+    ks = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    ss = tl.zeros([BLOCK_M], tl.float32)
+    k_lo = tl.program_id(1) * K_PART
+    k_hi = tl.minimum(K, k_lo + K_PART)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        kk = k0 + ks
+        kmask = kk < k_hi
+        x = tl.load(x_ptr + rows[:, None] * stride_x + kk[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
+        if NORM:
+            xf = x.to(tl.float32)
+            ss += tl.sum(xf * xf, 1)
+            g = tl.load(g_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
+            x = (xf * g[None, :]).to(w_ptr.dtype.element_ty)
+        wmask = kmask[:, None] & cmask[None, :]
+        w = tl.load(w_ptr + wcols[None, :] * stride_w + kk[:, None], mask=wmask, other=0.0)
+        if IEEE:
+            acc = tl.dot(x, w, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, w, acc)
+        if SILU:
+            wu = tl.load(w_ptr + (UP + wcols)[None, :] * stride_w + kk[:, None], mask=wmask, other=0.0)
+            if IEEE:
+                acc_up = tl.dot(x, wu, acc_up, input_precision="ieee")
+            else:
+                acc_up = tl.dot(x, wu, acc_up)
+    if SPLIT_K == 1:
+        _linear_epilogue(
+            acc, acc_up, ss, rows, cols, rmask, cmask, b_ptr, res_ptr, out_ptr, K, eps, stride_res, stride_out,
+            BIAS, NORM, RESIDUAL, SILU,
+        )  # fmt: skip
+    else:
+        # this part's sums, at [part, products | up's products | squares' sums]; padding rows and
+        # columns are written too (zeros: masked loads), so the second kernel reads no unwritten memory
+        base = part_ptr + tl.program_id(1) * (2 * BLOCK_M * N + BLOCK_M)
+        at = rows[:, None] * N + cols[None, :]
+        inside = cmask[None, :] & (rows[:, None] < BLOCK_M)
+        tl.store(base + at, acc, mask=inside)
+        if SILU:
+            tl.store(base + BLOCK_M * N + at, acc_up, mask=inside)
+        if NORM:
+            if tl.program_id(0) == 0:  # every column program sums the same squares: one writes them
+                tl.store(base + 2 * BLOCK_M * N + rows, ss)
+
+
+@triton.jit
+def _linear_parts_kernel(
+    part_ptr, b_ptr, res_ptr, out_ptr, M, N, K, eps, stride_res, stride_out,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
+    BIAS: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr, SILU: tl.constexpr,
+):  # fmt: skip
+    """_linear_kernel's SPLIT_K parts of K added for this program's BLOCK_N columns in part order (fp32),
+    then its epilogue: a row's sums depend on its own parts only."""
+    rows = tl.arange(0, BLOCK_M)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask, cmask = rows < M, cols < N
+    at = rows[:, None] * N + cols[None, :]
+    inside = cmask[None, :] & (rows[:, None] < BLOCK_M)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    ss = tl.zeros([BLOCK_M], tl.float32)
+    for part in range(SPLIT_K):
+        base = part_ptr + part * (2 * BLOCK_M * N + BLOCK_M)
+        acc += tl.load(base + at, mask=inside, other=0.0)
+        if SILU:
+            acc_up += tl.load(base + BLOCK_M * N + at, mask=inside, other=0.0)
+        if NORM:
+            ss += tl.load(base + 2 * BLOCK_M * N + rows)
+    _linear_epilogue(
+        acc, acc_up, ss, rows, cols, rmask, cmask, b_ptr, res_ptr, out_ptr, K, eps, stride_res, stride_out,
+        BIAS, NORM, RESIDUAL, SILU,
+    )  # fmt: skip
+
+
 def linear(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
-    config: tuple[int, int, int, int] | None = None,
+    config: tuple[int, int, int, int, int] | None = None,
     norm: torch.Tensor | None = None,
     eps: float = 1e-6,
     residual: torch.Tensor | None = None,
     silu: bool = False,
 ) -> torch.Tensor:
     """x (M, K) @ weight (N, K).T (+ bias) in x's dtype, fp32 accumulation (exact fp32 products for fp32
-    inputs), by _linear_kernel at `config` (BLOCK_N, BLOCK_K, num_warps, num_stages; None: gemm_config's). norm: an RMSNorm's
+    inputs), by _linear_kernel at `config` (BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K; None:
+    gemm_config's; SPLIT_K > 1: K in that many parts, added in order by _linear_parts_kernel). norm: an RMSNorm's
     weight (K,) applied to x's rows first (eps its epsilon); silu: weight is gate|up (2I, K), the result
     SiLU(gate) * up (M, I); residual (M, N): the result added to it."""
     if not isinstance(weight, torch.Tensor):  # a packed layout (kernels.formats: the CPU kernels' own)
@@ -593,16 +658,32 @@ def linear(
     n_out = up if silu else N
     if residual is not None and residual.shape != (M, n_out):
         raise ValueError(f"linear: a residual of {(M, n_out)}, got {tuple(residual.shape)}")
-    block_n, block_k, warps, stages = config or gemm_config(x.dtype, silu)
+    block_n, block_k, warps, stages, split_k = config or gemm_config(x.dtype, silu)
+    if split_k < 1:
+        raise ValueError(f"linear: K in at least one part, got {split_k}")
+    # K's parts: whole blocks each, none empty (fewer parts where K has fewer blocks)
+    blocks = triton.cdiv(K, block_k)
+    split_k = min(split_k, blocks)
+    k_part = triton.cdiv(blocks, split_k) * block_k
+    split_k = triton.cdiv(K, k_part)
     x = x if x.stride(1) == 1 else x.contiguous()
     w = weight if weight.stride(1) == 1 else weight.contiguous()
     out = torch.empty(M, n_out, dtype=x.dtype, device=x.device)
-    _linear_kernel[(triton.cdiv(n_out, block_n),)](
-        x, w, bias if bias is not None else w, norm if norm is not None else w, residual if residual is not None else out, out,
-        M, n_out, K, up, eps,
+    block_m = max(16, triton.next_power_of_2(M))
+    parts = torch.empty(split_k, 2 * block_m * n_out + block_m, dtype=torch.float32, device=x.device) if split_k > 1 else out
+    flags = dict(BIAS=bias is not None, NORM=norm is not None, RESIDUAL=residual is not None, SILU=silu)
+    b = bias if bias is not None else w
+    res = residual if residual is not None else out
+    _linear_kernel[(triton.cdiv(n_out, block_n), split_k)](
+        x, w, b, norm if norm is not None else w, res, out, parts,
+        M, n_out, K, up, k_part, eps,
         x.stride(0), w.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
-        BLOCK_M=max(16, triton.next_power_of_2(M)), BLOCK_N=block_n, BLOCK_K=block_k, BIAS=bias is not None,
-        NORM=norm is not None, RESIDUAL=residual is not None, SILU=silu, IEEE=x.dtype == torch.float32,
-        num_warps=warps, num_stages=stages,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, IEEE=x.dtype == torch.float32,
+        num_warps=warps, num_stages=stages, **flags,
     )  # fmt: skip
+    if split_k > 1:
+        _linear_parts_kernel[(triton.cdiv(n_out, block_n),)](
+            parts, b, res, out, M, n_out, K, eps, residual.stride(0) if residual is not None else 0, out.stride(0),
+            BLOCK_M=block_m, BLOCK_N=block_n, SPLIT_K=split_k, num_warps=4, **flags,
+        )  # fmt: skip
     return out

@@ -643,7 +643,7 @@ def gemm_backends(dev: torch.device) -> dict:
         from dart_core import fixed_triton
 
         for cfg in fixed_triton.LINEAR_CONFIGS:
-            name = "triton-{}x{}-w{}-s{}".format(*cfg)
+            name = "triton-{}x{}-w{}-s{}".format(*cfg[:4]) + (f"-k{cfg[4]}" if cfg[4] > 1 else "")  # -kN: K in N parts
             backends[name] = (lambda x, w, cfg=cfg: fixed_triton.linear(x, w, None, cfg), contextlib.nullcontext)
     return backends
 

@@ -182,10 +182,20 @@ def attention(dtype: torch.dtype) -> dict:
 def linear(dtype: torch.dtype) -> dict:
     """Our GEMM (fixed_triton.linear, what gpu_check's gemm part times beside torch's) against F.linear in
     fp32 at each configuration, on shapes that fill no tile exactly (5 or 64 rows, columns and K past a
-    block), with and without a bias; and a row's output at row 0 of another batch against its own."""
+    block; K of 5 blocks, which 4 parts cut unevenly: 2, 2 and 1 blocks), with and without a bias; and a
+    row's output at row 0 of another batch against its own. Then the fixed-gemm forward's prologue and
+    epilogue, at the forward's configuration and with K in parts."""
     g = torch.Generator().manual_seed(2)
-    r: dict = {"max_diff": 0.0, "places_bitwise": 0, "places": 0}
-    for M, N, K, bias in ((5, 72, 200, False), (64, 130, 96, True)):
+    shapes = ((5, 72, 200, False), (64, 130, 96, True), (5, 40, 600, True))
+    r: dict = {
+        "max_diff": 0.0,
+        "places_bitwise": 0,
+        "places": 0,
+        "shapes": len(shapes),
+        "configs": len(fixed_triton.LINEAR_CONFIGS),
+        "configs_in_parts": sum(c[4] > 1 for c in fixed_triton.LINEAR_CONFIGS),
+    }
+    for M, N, K, bias in shapes:
         x = torch.randn(M, K, generator=g).to(dtype)
         w = (torch.randn(N, K, generator=g) / K**0.5).to(dtype)
         b = torch.randn(N, generator=g).to(dtype) if bias else None
@@ -199,18 +209,22 @@ def linear(dtype: torch.dtype) -> dict:
                 r["places_bitwise"] += int(torch.equal(fixed_triton.linear(other, w, b, cfg)[0], y[i]))
                 r["places"] += 1
     # the fixed-gemm forward's prologue and epilogue against the torch ops they replace (model.RMSNorm,
-    # the linear, SiLU times up, the residual add; in the dtype), at the forward's configuration
-    M, K, inter = 5, 96, 40
+    # the linear, SiLU times up, the residual add; in the dtype), at the forward's configuration (None)
+    # and with K in 3 parts (a block of 64 each)
+    M, K, inter = 5, 192, 40
     x = torch.randn(M, K, generator=g).to(dtype)
     norm = RMSNorm(K, 1e-5).to(dtype)
     norm.weight.data = (1 + 0.3 * torch.randn(K, generator=g)).to(dtype)
     w = (torch.randn(2 * inter, K, generator=g) / K**0.5).to(dtype)
     b = torch.randn(2 * inter, generator=g).to(dtype)
-    r["norm_bias"] = diff(fixed_triton.linear(x, w, b, norm=norm.weight.data, eps=norm.eps), F.linear(norm(x), w, b))
-    gate, up = F.linear(norm(x), w).chunk(2, dim=-1)
-    r["norm_silu"] = diff(fixed_triton.linear(x, w, norm=norm.weight.data, eps=norm.eps, silu=True), F.silu(gate) * up)
     res = torch.randn(M, 2 * inter, generator=g).to(dtype)
-    r["residual"] = diff(fixed_triton.linear(x, w, residual=res), res + F.linear(x, w))
+    gate, up = F.linear(norm(x), w).chunk(2, dim=-1)
+    for name, cfg in (("", None), ("_parts", (32, 64, 4, 2, 3))):
+        r["norm_bias" + name] = diff(fixed_triton.linear(x, w, b, cfg, norm=norm.weight.data, eps=norm.eps), F.linear(norm(x), w, b))
+        r["norm_silu" + name] = diff(
+            fixed_triton.linear(x, w, None, cfg, norm=norm.weight.data, eps=norm.eps, silu=True), F.silu(gate) * up
+        )
+        r["residual" + name] = diff(fixed_triton.linear(x, w, None, cfg, residual=res), res + F.linear(x, w))
     return r
 
 
