@@ -353,7 +353,7 @@ class FixedRunner:
     uncaptured); model.fixed_fused: the element-wise work fused too, or torch ops between the GEMMs;
     model.fixed_row_group: rows an attention program serves (model.fixed_row_group_on); model.fixed_split:
     keys an attention program reads (fixed_triton.SPLIT by default); model.fixed_gemm: our GEMMs with the
-    element-wise work in them (fixed_triton.linear)."""
+    element-wise work in them (fixed_triton.linear), model.fixed_gemm_parts the parts of K of the narrow ones."""
 
     def __init__(self, model, cache, rows: int, device: torch.device):
         a = model.args
@@ -368,8 +368,9 @@ class FixedRunner:
 
             dtype, group = model.tok_embeddings.weight.dtype, model.fixed_row_group_on(device)
             self.kernels = fixed_triton.Kernels(
-                rows, a, cache.k.shape[3], dtype, device, bool(model.fixed_fused), group, model.fixed_split, bool(model.fixed_gemm)
-            )
+                rows, a, cache.k.shape[3], dtype, device, bool(model.fixed_fused), group, model.fixed_split,
+                gemm=bool(model.fixed_gemm), gemm_parts=model.fixed_gemm_parts,
+            )  # fmt: skip
         elif use:
             raise RuntimeError(
                 "fixed_kernels=True needs Triton on CUDA (or its interpreter, TRITON_INTERPRET=1) and a power-of-two head dim >= 16"

@@ -445,10 +445,14 @@ class Kernels:
         row_group: int = 1,
         split: int | None = None,
         gemm: bool = False,
+        gemm_parts: int = 1,
     ):
         if gemm and not fused:
             raise ValueError("our GEMMs (fixed_gemm) take the element-wise work the fused kernels do: they need fused")
-        self.gemm = gemm
+        if gemm_parts < 1:
+            raise ValueError(f"our GEMMs take K in at least one part, got {gemm_parts}")
+        self.gemm, self.gemm_parts = gemm, gemm_parts
+        self.multiprocessors = multiprocessors(device)
         G = args.n_heads // args.n_kv_heads
         self.ws = Workspace(rows, args.n_kv_heads, G, args.head_dim, capacity, device, SPLIT if split is None else split)
         self.out = torch.empty(rows, args.n_heads, args.head_dim, dtype=dtype, device=device)
@@ -463,10 +467,14 @@ class Kernels:
     rmsnorm = staticmethod(rmsnorm)
     silu_mul = staticmethod(silu_mul)
 
-    @staticmethod
-    def linear(x, weight, bias=None, norm=None, eps: float = 1e-6, residual=None, silu: bool = False):
-        """Our GEMM at the fixed forward's configuration (gemm_config), with its prologue and epilogue."""
-        return linear(x, weight, bias, None, norm, eps, residual, silu)
+    def linear(self, x, weight, bias=None, norm=None, eps: float = 1e-6, residual=None, silu: bool = False):
+        """Our GEMM at the fixed forward's configuration (gemm_config), with its prologue and epilogue; K
+        in gemm_parts parts where the linear's column programs are fewer than the device's multiprocessors."""
+        config = gemm_config(x.dtype, silu)
+        n_out = weight.shape[0] // 2 if silu else weight.shape[0]
+        if self.gemm_parts > 1 and triton.cdiv(n_out, config[0]) < self.multiprocessors:
+            config = (*config[:4], self.gemm_parts)
+        return linear(x, weight, bias, config, norm, eps, residual, silu)
 
     def qkv_rope(self, qkv, att, k_cache, v_cache, rope, inputs, args) -> torch.Tensor:
         """The fused q|k|v projection's output split, normed (Qwen3), rotated and written: returns q."""
@@ -501,6 +509,18 @@ class Kernels:
 # programs, each a fixed range of K, then a second kernel sums a row's parts in order (exact as the
 # one-part GEMM is: a row's bits depend on its own input, the weights and its place in the tile).
 LINEAR_CONFIGS = ((32, 128, 8, 3, 1), (64, 128, 8, 3, 1), (64, 256, 4, 3, 1), (128, 128, 8, 3, 1), (64, 128, 8, 3, 2), (64, 128, 8, 3, 4))
+
+
+# Multiprocessors where the device has none to ask (Triton's interpreter, a compile without a GPU): the H200's
+H200_MULTIPROCESSORS = 132
+
+
+def multiprocessors(device) -> int:
+    """The device's streaming multiprocessors (programs that run at once, a program each)."""
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return H200_MULTIPROCESSORS
 
 
 def gemm_config(dtype: torch.dtype, silu: bool) -> tuple[int, int, int, int, int]:

@@ -424,6 +424,11 @@ class Transformer(nn.Module):
         # kernels. Off by default until a device has timed it against torch's (gpu_check's fixed-gemm
         # path and gemm part); exact either way, its logits rounded a little otherwise.
         self.fixed_gemm: bool = False
+        # with fixed_gemm: K in this many parts (fixed_triton.linear's SPLIT_K: a second kernel adds them
+        # in order) for the linears whose column programs are fewer than the device's multiprocessors
+        # (on an H200 the 8B shape's q|k|v, output and down products); 1, the default: K in one part.
+        # Exact at any value; the device's to time (gpu_check's fixed-gemm-kP paths, its gemm part).
+        self.fixed_gemm_parts: int = 1
         # A prompt of more than the fixed rows runs as that many fixed-shape forwards when its chunks
         # are at most this many (Target.prefill), else as one eager forward; 0: always eager; None
         # (the default): FIXED_PREFILL_CHUNKS for the device. A replay a chunk against an eager
@@ -545,7 +550,7 @@ class Transformer(nn.Module):
 
     def fixed_mode(self) -> tuple:
         """The settings a FixedRunner is built for (its kernels and graph): another asks for a new one."""
-        return (self.fixed_kernels, self.fixed_fused, self.fixed_row_group, self.fixed_split, self.fixed_gemm)
+        return (self.fixed_kernels, self.fixed_fused, self.fixed_row_group, self.fixed_split, self.fixed_gemm, self.fixed_gemm_parts)
 
     def fixed_row_group_on(self, device: torch.device) -> int:
         """Rows an attention program of the fixed forward's kernels serves on this device (fixed_row_group

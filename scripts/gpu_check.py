@@ -262,13 +262,21 @@ def fault(where: str) -> None:
 
 # ------------------------------------------------------------------------------------------ stages
 
-PATHS = ("fixed", "fixed-ungrouped", "fixed-grouped", "fixed-gemm", "fixed-attn", "fixed-torch", "eager")  # and fixed-grouped-N, -split-S
+PATHS = (
+    "fixed",
+    "fixed-ungrouped",
+    "fixed-grouped",
+    "fixed-gemm",
+    "fixed-attn",
+    "fixed-torch",
+    "eager",
+)  # and fixed-grouped-N, fixed-gemm-kP, -split-S
 SPLIT_MARK = "-split-"  # a path's attention split: fixed-split-128, fixed-grouped-16-split-64
 # The big stage's sweep (--sweep): the one-row step and the verify by rows at smaller splits than the
 # default's 512 keys, a program a row and 16 rows a program, timed in one process
 SWEEP = (
     "fixed-split-64,fixed-split-128,fixed-split-256,fixed-grouped-16-split-64,fixed-grouped-16-split-128,fixed-grouped-16-split-256,"
-    "fixed-gemm"
+    "fixed-gemm,fixed-gemm-k2"
 )
 
 
@@ -288,13 +296,27 @@ def split_of(path: str) -> tuple[str, int | None]:
     return base, int(n) if n.isdigit() else -1
 
 
+GEMM_PARTS_MARK = "fixed-gemm-k"  # fixed-gemm-kP: our GEMMs with K in P parts where a linear's programs are few
+
+
+def gemm_parts_of(path: str) -> int | None:
+    """'fixed-gemm-k2' -> 2 (model.fixed_gemm_parts); any other path -> None ('fixed-gemm-kx' -> -1)."""
+    if not path.startswith(GEMM_PARTS_MARK):
+        return None
+    n = path.removeprefix(GEMM_PARTS_MARK)
+    return int(n) if n.isdigit() else -1
+
+
 def known_path(path: str) -> bool:
-    """A forward path of PATHS, or fixed-grouped-N (N rows an attention program, N >= 1); a path on the
-    Triton attention may end in -split-S (S keys a split: a multiple of 64)."""
+    """A forward path of PATHS, fixed-grouped-N (N rows an attention program, N >= 1) or fixed-gemm-kP (K
+    in P >= 1 parts); a path on the Triton attention may end in -split-S (S keys a split: a multiple of 64)."""
     path, split = split_of(path)
     base, _, n = path.rpartition("-")
     if split is not None and (path in NO_TRITON or not valid_split(split)):
         return False
+    parts = gemm_parts_of(path)
+    if parts is not None:
+        return parts >= 1
     return path in PATHS or (base == "fixed-grouped" and n.isdigit() and int(n) >= 1)
 
 
@@ -305,17 +327,24 @@ def use_path(model: Transformer, path: str, opts) -> None:
     fixed-grouped: a group of rows a program (fixed.default_row_group: each committed chunk read once
     for the group), fixed-grouped-N: N rows a program; fixed-gemm: the engine's fixed forward with our
     GEMMs, the element-wise work in their prologues and epilogues (model.fixed_gemm,
-    fixed_triton.linear); fixed-attn: torch ops between the GEMMs (the
+    fixed_triton.linear), fixed-gemm-kP: the same with K in P parts in the linears whose column programs
+    are fewer than the device's multiprocessors (model.fixed_gemm_parts); fixed-attn: torch ops between the GEMMs (the
     attention alone in Triton, a program a row); fixed-torch: the torch reference attention, not
     captured; eager: plain torch. A -split-S ending: S keys an attention program (model.fixed_split;
     else --fixed-split's, else the engine's)."""
     if not known_path(path):
-        raise ValueError(f"unknown forward path {path!r}: from {', '.join(PATHS)} or fixed-grouped-N, each maybe with -split-S")
+        raise ValueError(
+            f"unknown forward path {path!r}: from {', '.join(PATHS)} or fixed-grouped-N or fixed-gemm-kP, each maybe with -split-S"
+        )
     path, split = split_of(path)
+    parts = gemm_parts_of(path)
+    if parts is not None:
+        path = "fixed-gemm"
     model.fixed_rows = 0 if path == "eager" else (opts.fixed_rows or None)
     model.fixed_kernels = False if path == "fixed-torch" else None
     model.fixed_fused = path != "fixed-attn"
     model.fixed_gemm = path == "fixed-gemm"
+    model.fixed_gemm_parts = parts or 1
     model.fixed_split = split or getattr(opts, "fixed_split", None) or None
     a = model.args
     if path in ("fixed", "fixed-gemm"):
@@ -338,7 +367,11 @@ def forward_engine(model: Transformer, dev: torch.device) -> str:
         rows = [f"{group} rows a program"] if group > 1 else []
         rows += [f"{model.fixed_split}-key splits"] if model.fixed_split else []
         rows = f" ({', '.join(rows)})" if rows else ""
-        work = " + our GEMMs with the element-wise work" if model.fixed_gemm else " + fused element-wise" if model.fixed_fused else ""
+        parts = getattr(model, "fixed_gemm_parts", 1)
+        parts = f" (K in {parts} parts where a linear's programs are fewer than the SMs)" if parts > 1 else ""
+        work = (
+            f" + our GEMMs with the element-wise work{parts}" if model.fixed_gemm else " + fused element-wise" if model.fixed_fused else ""
+        )
         return "Triton attention" + rows + work + ", CUDA graph"
     return "torch reference, uncaptured"
 
@@ -1274,7 +1307,10 @@ def main(argv=None) -> int:
         p.error("--out is required (but with --parts)")
     stages = [s for s in a.stages.split(",") if s]
     if not all(known_path(x) for x in a.paths.split(",")):
-        p.error(f"--paths: from {', '.join(PATHS)} or fixed-grouped-N, each maybe with -split-S (S a multiple of 64), got {a.paths!r}")
+        p.error(
+            f"--paths: from {', '.join(PATHS)} or fixed-grouped-N or fixed-gemm-kP, each maybe with -split-S "
+            f"(S a multiple of 64), got {a.paths!r}"
+        )
     for name, value in (("--sweep", a.sweep), ("--embedded-sweep", a.embedded_sweep)):
         if not all(known_path(x) and x not in NO_TRITON for x in value.split(",") if x):
             p.error(f"{name}: paths on the Triton attention (as --paths, not eager or fixed-torch), got {value!r}")

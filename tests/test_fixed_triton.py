@@ -34,7 +34,7 @@ INTERPRETED_HALVES = (
     ["replayed", "kernels"],
     [
         "llama-float32-fused", "qwen3-float16-fused-group8-split64", "qwen2-float32-attention", "llama-float16-gemm-group8",
-        "qwen2-float32-gemm-split64", "head", "expand",
+        "qwen2-float32-gemm-k2-split64", "head", "expand",
     ],
 )  # fmt: skip
 
@@ -130,7 +130,7 @@ CASES = [
     "qwen3-float16-fused-group8-split64",
     "qwen2-float32-attention",
     "llama-float16-gemm-group8",
-    "qwen2-float32-gemm-split64",
+    "qwen2-float32-gemm-k2-split64",
 ]
 
 
@@ -139,13 +139,15 @@ def test_verified_nodes_get_their_steps_bits_on_the_kernels(interpreted, case):
     """A tiny target's random tree verified in one forward on the kernels: every node's logits and
     captured states are its one-token step's bits, and its logits are the torch reference's within
     rounding, on the engine's default path, rows grouped, the smallest split, the attention alone and
-    our GEMMs (fixed_gemm)."""
+    our GEMMs (fixed_gemm; and with K in parts, fixed_gemm_parts)."""
     r = interpreted["models"][case]
     assert r["nodes"] == 6 and r["nodes_unlike_steps"] == [], r
     assert r["argmax_agree"] == r["nodes"], r
     assert r["row_group"] == (8 if "group8" in case else 1), r
     assert r["split"] == (64 if case.endswith("split64") else 512), r
     assert r["gemm"] == ("-gemm" in case), r
+    # K in 2 parts (fixed_gemm_parts): the down product's (2 blocks of K, 2 column programs), a forward each
+    assert r["gemm_parts"] == (2 if "-k2" in case else 1) and (r["parts_launches"] > 0) == ("-k2" in case), r
     if case.endswith("split64"):  # the tree's deeper paths reach past the first split: its keys in two
         assert r["prefix"] + 1 + r["depth"] > 64 >= r["prefix"] + 1, r
     assert r["logits_vs_torch"] <= (1e-4 if "float32" in case else 2e-2), r
@@ -206,11 +208,11 @@ def test_every_launch_compiles_for_the_h200(compiled):
         assert k["shared"] <= 232448, k  # sm_90: 227 KiB a block
         for label in k["labels"]:
             by_label.setdefault(label, set()).add(k["kernel"])
-    assert set(by_label) == set(compiled["runs"]) and len(compiled["runs"]) == 67, sorted(by_label)
-    # 67: tiny targets 3 archs x 3 dtypes x 3 paths (Qwen2's x 4: our GEMMs with its biases) + DART's head
-    # and EAGLE3's drafting on tiny Llama x 3 dtypes; Qwen3-8B's layer 7 paths (with 16 rows a program,
-    # 64-key splits a program a row and 16 rows a program, our GEMMs) + our GEMM's configurations + the
-    # two drafters; the embedded model's 3 dtypes x (5 paths + 2)
+    assert set(by_label) == set(compiled["runs"]) and len(compiled["runs"]) == 68, sorted(by_label)
+    # 68: tiny targets 3 archs x 3 dtypes x 3 paths (Qwen2's x 4: our GEMMs with its biases) + DART's head
+    # and EAGLE3's drafting on tiny Llama x 3 dtypes; Qwen3-8B's layer 8 paths (with 16 rows a program,
+    # 64-key splits a program a row and 16 rows a program, our GEMMs, with K in 2 parts) + our GEMM's
+    # configurations + the two drafters; the embedded model's 3 dtypes x (5 paths + 2)
     for label, kernels in by_label.items():
         name, dtype, path = label.split(" ")
         # fixed-gemm groups rows as the engine does on sm_90 (16-bit, not the toy shapes)
@@ -227,6 +229,7 @@ def test_every_launch_compiles_for_the_h200(compiled):
             "eagle3": ATTENTION | {"_qkv_kernel"},
             "gemm": {"_linear_kernel", "_linear_parts_kernel"},  # its configurations with K in parts add the second
             "fixed-gemm": {"_rmsnorm_kernel", "_qkv_kernel", "_linear_kernel"} | grouped,
+            "fixed-gemm-k2": {"_rmsnorm_kernel", "_qkv_kernel", "_linear_kernel", "_linear_parts_kernel"} | grouped,
         }[path]
         assert kernels == expected, (label, kernels)
 

@@ -167,7 +167,10 @@ def test_gpu_check_names_its_forward_paths(tmp_path):
     Triton attention maybe ending in -split-S (S keys a split, a multiple of 64), refusing the rest
     before any stage runs; each path sets the row group and split it names (None: the engine's own
     choice). --sweep takes the paths on the Triton attention, --fixed-split a multiple of 64."""
-    bad_paths = ("fixed-grouped-0", "fixed-grouped-x", "fixed-row", "fixed-split-32", "fixed-split-100", "eager-split-64")
+    bad_paths = (
+        "fixed-grouped-0", "fixed-grouped-x", "fixed-row", "fixed-split-32", "fixed-split-100", "eager-split-64",
+        "fixed-gemm-k0", "fixed-gemm-kx",
+    )  # fmt: skip
     for option, bad in (*(("--paths", f"fixed,{b}") for b in bad_paths), ("--sweep", "fixed-split-64,eager"), ("--fixed-split", "96")):
         proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), option, bad], capture_output=True, text=True)
         assert proc.returncode == 2 and f"{option}: " in proc.stderr, (option, bad, proc.stderr[-500:])
@@ -194,6 +197,14 @@ def test_gpu_check_names_its_forward_paths(tmp_path):
         "fixed-grouped-16-split-64": (16, 64, True, False), "fixed-attn-split-256": (1, 256, False, False),
         "fixed-gemm-split-64": (None, 64, True, True),
     }  # fmt: skip
+    gpu_check.use_path(model, "fixed-gemm", SimpleNamespace(fixed_rows=0))
+    assert model.fixed_gemm_parts == 1
+    # fixed-gemm-kP: our GEMMs, K in P parts where a linear's column programs are fewer than the SMs
+    for path, split in (("fixed-gemm-k2", None), ("fixed-gemm-k4-split-128", 128)):
+        gpu_check.use_path(model, path, SimpleNamespace(fixed_rows=0))
+        assert (model.fixed_gemm, model.fixed_gemm_parts, model.fixed_split, model.fixed_row_group) == (True, int(path[12]), split, None)
+    gpu_check.use_path(model, "fixed", SimpleNamespace(fixed_rows=0))
+    assert (model.fixed_gemm, model.fixed_gemm_parts) == (False, 1)
     gpu_check.use_path(model, "fixed-grouped", SimpleNamespace(fixed_rows=0, fixed_split=256))  # --fixed-split: paths without their own
     assert (model.fixed_row_group, model.fixed_split) == (4, 256)
     # the big stage's pieces: a process a path, the sweep's paths in one, the GEMMs by backend, then drafting and the loop

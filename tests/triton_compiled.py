@@ -161,10 +161,13 @@ def one_layer(cfg: dict, dtype: torch.dtype, vocab: int = 1024) -> Transformer:
     return model.eval()
 
 
-def forward(model: Transformer, dtype: torch.dtype, fused: bool, row_group: int, split: int | None = None, gemm: bool = False) -> None:
+def forward(
+    model: Transformer, dtype: torch.dtype, fused: bool, row_group: int, split: int | None = None, gemm: bool = False, parts: int = 1
+) -> None:
     """model.fixed_body at the device's row count over a tree of 40 nodes after up to 700 cached tokens,
     the Triton kernels as the engine's FixedRunner would build them on CUDA (split: keys a split, None
-    the default; gemm: our GEMMs, model.fixed_gemm)."""
+    the default; gemm: our GEMMs, model.fixed_gemm, with K in `parts` parts where a linear's programs
+    are fewer than the H200's SMs, model.fixed_gemm_parts)."""
     a = model.args
     P = min(700, a.max_position_embeddings - 100)
     cache = KVCache(a.n_layers, a.n_kv_heads, a.head_dim, P + 200, dtype, "cpu", scratch=ROWS)
@@ -173,7 +176,7 @@ def forward(model: Transformer, dtype: torch.dtype, fused: bool, row_group: int,
     inputs = fixed.FixedInputs(ROWS, torch.device("cpu"))
     parents = torch.tensor([-1] + [i // 2 for i in range(39)])
     inputs.fill(torch.arange(40) % a.vocab_size, torch.arange(P, P + 40), parents, P, reference=False)
-    kernels = fixed_triton.Kernels(ROWS, a, cache.k.shape[3], dtype, torch.device("cpu"), fused, row_group, split, gemm)
+    kernels = fixed_triton.Kernels(ROWS, a, cache.k.shape[3], dtype, torch.device("cpu"), fused, row_group, split, gemm, parts)
     with torch.inference_mode():
         model.fixed_body(inputs, cache, kernels, False, True)  # capture: torch.cat only (no kernel)
 
@@ -269,6 +272,7 @@ def main() -> int:
                 grouped = dtype != torch.float32 and not name.startswith("tiny-")  # (the grouped tile's toy and fp32 spills aside)
                 paths["fixed-gemm"] = (True, fixed.default_row_group(G) if grouped else 1, None, True)
             if name == "qwen3-8b":  # gpu_check's fixed-grouped-16 (a 64-row tile at the 8B shape), and its sweep's smallest split
+                paths["fixed-gemm-k2"] = (True, fixed.default_row_group(G), None, True, 2)  # and the sweep's K in parts
                 paths["fixed-grouped-16"] = (True, 16, None)
                 paths["fixed-split-64"] = (True, 1, 64)
                 paths["fixed-grouped-16-split-64"] = (True, 16, 64)

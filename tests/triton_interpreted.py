@@ -264,30 +264,45 @@ def against_plain(target, drafters: dict, prompt: list[int], new_tokens: int) ->
     }
 
 
-def model(arch: str, dtype: torch.dtype, fused: bool, root: Path, row_group: int, split: int | None = None, gemm: bool = False) -> dict:
+def model(arch: str, dtype: torch.dtype, fused: bool, root: Path, row_group: int, split: int | None = None, gemm: int = 0) -> dict:
     """A tiny random target's fixed forward on the kernels (8 rows): a random tree's verify against the
     one-token steps along its paths (bitwise: logits and captured states) and against the torch
     reference's verify (max logit difference, argmax agreement). split: keys a split (None: the
-    default); with one, the prefix ends 3 keys before the first split ends, so the tree's paths cross it."""
+    default); with one, the prefix ends 3 keys before the first split ends, so the tree's paths cross it.
+    gemm: as case_name's; `parts_launches` counts the launches that added K's parts."""
     path = tiny_checkpoint(root, arch)
     rng = random.Random(4)
     prefix = [rng.randrange(TINY_VOCAB) for _ in range(45 if split is None else split - 3)]
     tree = random_tree_under(rng, prefix[-1], 6, TINY_VOCAB)
     outs = {}
-    for kernels in (True, False):
-        target = tiny_target(path, dtype)
-        target.model.use_kernels = False  # the fixed path, as on CUDA
-        target.model.fixed_rows = 8
-        target.model.fixed_kernels, target.model.fixed_fused, target.model.fixed_row_group = kernels, fused, row_group
-        target.model.fixed_split, target.model.fixed_gemm = split, gemm  # (the torch reference has no GEMMs of its own)
-        cache = target.new_cache(len(prefix) + len(tree) + 16)
-        target.prefill(prefix, cache, capture=False)
-        cache.commit(len(prefix))
-        outs[kernels] = (target, cache, target.verify(tree, cache, capture=True))
-    target, cache, out = outs[True]
-    kern = cache.fixed_runner.kernels
-    assert type(kern) is fixed_triton.Kernels and kern.fused == fused and kern.row_group == row_group and kern.gemm == gemm
-    bad = nodes_unlike_their_steps(target, cache, tree, out)  # the steps run on the same runner: its split too
+    launches = []
+    parts_kernel = fixed_triton._linear_parts_kernel
+
+    class Counted:  # the parts' sums, counted as launched
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return parts_kernel[grid]
+
+    fixed_triton._linear_parts_kernel = Counted()
+    try:
+        for kernels in (True, False):
+            target = tiny_target(path, dtype)
+            target.model.use_kernels = False  # the fixed path, as on CUDA
+            target.model.fixed_rows = 8
+            target.model.fixed_kernels, target.model.fixed_fused, target.model.fixed_row_group = kernels, fused, row_group
+            target.model.fixed_split, target.model.fixed_gemm = split, bool(gemm)  # (the torch reference has no GEMMs of its own)
+            target.model.fixed_gemm_parts = max(1, gemm)
+            cache = target.new_cache(len(prefix) + len(tree) + 16)
+            target.prefill(prefix, cache, capture=False)
+            cache.commit(len(prefix))
+            outs[kernels] = (target, cache, target.verify(tree, cache, capture=True))
+        target, cache, out = outs[True]
+        kern = cache.fixed_runner.kernels
+        assert type(kern) is fixed_triton.Kernels and kern.fused == fused and kern.row_group == row_group and kern.gemm == bool(gemm)
+        assert kern.gemm_parts == max(1, gemm)
+        bad = nodes_unlike_their_steps(target, cache, tree, out)  # the steps run on the same runner: its split too
+    finally:
+        fixed_triton._linear_parts_kernel = parts_kernel
     ref = outs[False][2]
     return {
         "nodes": len(tree),
@@ -297,6 +312,8 @@ def model(arch: str, dtype: torch.dtype, fused: bool, root: Path, row_group: int
         "row_group": kern.row_group,
         "split": kern.ws.split,
         "gemm": kern.gemm,
+        "gemm_parts": kern.gemm_parts,
+        "parts_launches": len(launches),
         "prefix": len(prefix),
         "depth": int(tree.depths.max()),
     }
@@ -472,12 +489,14 @@ MODEL_CASES = (
     ("qwen3", "float16", True, 8, fixed_triton.BLOCK, False),
     ("qwen2", "float32", False, 1, None, False),
     ("llama", "float16", True, 8, None, True),
-    ("qwen2", "float32", True, 1, fixed_triton.BLOCK, True),
+    ("qwen2", "float32", True, 1, fixed_triton.BLOCK, 2),  # our GEMMs, K in 2 parts (the down product's 2 blocks)
 )
 
 
-def case_name(arch: str, dtype: str, fused: bool, group: int, split: int | None, gemm: bool) -> str:
-    name = f"{arch}-{dtype}-{'gemm' if gemm else 'fused' if fused else 'attention'}" + (f"-group{group}" if group > 1 else "")
+def case_name(arch: str, dtype: str, fused: bool, group: int, split: int | None, gemm: int) -> str:
+    """gemm: 0 torch's GEMMs, 1 ours (model.fixed_gemm), P > 1 ours with K in P parts (model.fixed_gemm_parts)."""
+    kind = ("gemm" + (f"-k{gemm}" if gemm > 1 else "")) if gemm else "fused" if fused else "attention"
+    name = f"{arch}-{dtype}-{kind}" + (f"-group{group}" if group > 1 else "")
     return name + (f"-split{split}" if split else "")
 
 
