@@ -262,15 +262,8 @@ def fault(where: str) -> None:
 
 # ------------------------------------------------------------------------------------------ stages
 
-PATHS = (
-    "fixed",
-    "fixed-ungrouped",
-    "fixed-grouped",
-    "fixed-gemm",
-    "fixed-attn",
-    "fixed-torch",
-    "eager",
-)  # and fixed-grouped-N, fixed-gemm-kP, -split-S
+# the forward paths by name; also fixed-grouped-N, fixed-gemm-kP, and a -split-S ending
+PATHS = ("fixed", "fixed-ungrouped", "fixed-grouped", "fixed-gemm", "fixed-attn", "fixed-torch", "eager")
 SPLIT_MARK = "-split-"  # a path's attention split: fixed-split-128, fixed-grouped-16-split-64
 # The big stage's sweep (--sweep): the one-row step and the verify by rows at smaller splits than the
 # default's 512 keys, a program a row and 16 rows a program, timed in one process
@@ -367,7 +360,7 @@ def forward_engine(model: Transformer, dev: torch.device) -> str:
         rows = [f"{group} rows a program"] if group > 1 else []
         rows += [f"{model.fixed_split}-key splits"] if model.fixed_split else []
         rows = f" ({', '.join(rows)})" if rows else ""
-        parts = getattr(model, "fixed_gemm_parts", 1)
+        parts = model.fixed_gemm_parts
         parts = f" (K in {parts} parts where a linear's programs are fewer than the SMs)" if parts > 1 else ""
         work = (
             f" + our GEMMs with the element-wise work{parts}" if model.fixed_gemm else " + fused element-wise" if model.fixed_fused else ""
