@@ -1140,7 +1140,7 @@ def write_parts(folder: str, stage_args: str, per_set: int = 2, check_args: str 
             command = (
                 f"rm -rf {copy} {emb} {gc} && mkdir -p {copy} {emb} {gc} && cp {' '.join(carry)} {emb}/ && "
                 f"tar -c --exclude=./.git --exclude=./.venv --exclude=./build --exclude=./{top} . | tar -x -C {copy} && "
-                f"cd {copy} && {PRUNER_BUILD} && "
+                f"cd {copy} && ({PRUNER_BUILD}) && "
                 f"(setsid nohup bash -c 'echo $$ > {gc}/pid; python3 scripts/gpu_check.py --out {gc} {check_args}; touch {gc}/done' "
                 f"> {gc}/stdout.txt 2>&1 < /dev/null &) && sleep 10 && tail -n 3 {gc}/stdout.txt"
             )
