@@ -300,6 +300,12 @@ def test_parts_carry_the_embedded_model_within_a_device_call(tmp_path):
         n = len(prompts) if sets else 2
         for m in ("ar", "dart@2", "eagle3@2"):
             assert embedded[m]["prompts"] == n and embedded[m]["ids_equal_ar"] == n, (m, embedded[m])
+        # the session's two reports read together (--targets): the embedded model's row from the last's
+        tables = subprocess.run(
+            [sys.executable, str(SCRIPT), "--targets", str(outs[-1] / "check.json"), str(outs[-1] / "gpu_check.json")],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert tables.returncode == 0 and "| embedded float32: dart@2 against plain decoding, ids = plain's | " in tables.stdout, tables
     finally:
         shutil.rmtree(root / folder, ignore_errors=True)
         pid = machine / "gc" / "pid"
@@ -310,3 +316,62 @@ def test_parts_carry_the_embedded_model_within_a_device_call(tmp_path):
 def test_parts_refuse_a_folder_git_would_carry():
     proc = subprocess.run([sys.executable, str(SCRIPT), "--parts", "docs/parts"], capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "git-ignored" in proc.stderr
+
+
+def _gpu_check_module():
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    return gpu_check
+
+
+def test_targets_read_off_the_h200_run_of_2026_11_29():
+    """--targets on the last device run's file: what docs/gpu.md says of it, met and not."""
+    gpu_check = _gpu_check_module()
+    path = SCRIPT.parent.parent / "docs" / "results" / "gpu-h200-2026-11-29.json"
+    rows = {r["target"].split(" (")[0].split(",")[0]: r for r in gpu_check.targets(gpu_check.report_stages(json.loads(path.read_text())))}
+    assert rows["tiny targets"]["met"] and rows["tiny targets"]["measured"] == "1431/1431; 216/216"  # 53 nodes x 9 x 3 paths
+    assert rows["sampling: one-step chi-square"]["met"]
+    step = rows["8B shape: one-row step over the HBM limit"]
+    assert step["met"] is False and step["measured"].startswith("1.612 (fixed;")
+    verify = rows["8B shape: 64-row verify over the one-row step"]
+    assert verify["met"] is False and verify["measured"].startswith("1.404 (fixed-grouped;") and "fixed 1.769" in verify["measured"]
+    assert rows["8B shape: DART draft + prune at 60 nodes"]["met"] and rows["8B shape: DART draft + prune at 60 nodes"][
+        "measured"
+    ].startswith("0.866")
+    assert rows["embedded bfloat16: dart@60 against plain decoding"]["met"] is False
+    assert rows["embedded bfloat16: τ of dart@60"]["measured"] == 2.565
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--targets", str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.count("| **no** |") == 4 and proc.stdout.count("| yes |") == 3, proc.stdout
+
+
+def test_targets_met_unmet_and_unmeasured():
+    """A path counts only where its verify was bitwise its steps'; a stage a run lacks is not measured."""
+    gpu_check = _gpu_check_module()
+
+    def verify(step, ratio):
+        return {"512": {"step_over_hbm_limit": step, "ratio_64_to_1": ratio}, "4096": {"step_over_hbm_limit": step, "ratio_64_to_1": ratio}}
+
+    big = {
+        "verify": {"fixed": verify(1.5, 1.4), "eager": verify(1.0, 1.0)},
+        "verify_vs_steps": {"fixed": {"nodes": 24, "bitwise_equal": 24}, "eager": {"nodes": 24, "bitwise_equal": 0}},
+        "sweep": {
+            "verify": {"fixed-gemm": verify(1.25, 1.1), "fixed-split-64": verify(1.1, 1.0)},
+            "verify_vs_steps": {"fixed-gemm": {"nodes": 24, "bitwise_equal": 24}, "fixed-split-64": {"nodes": 24, "bitwise_equal": 23}},
+        },
+        "drafting_60": {"dart": {"draft_ms": 0.7, "prune_ms": 0.4}},
+    }
+    embedded = {"bfloat16": {"ar": {}, "dart@60": {"vs_ar": 2.1, "ids_equal_ar": 12, "prompts": 12, "tau": 3.0}}}
+    rows = {r["target"].split(" (")[0]: r for r in gpu_check.targets({"big": big, "embedded": embedded})}
+    step, verify64 = rows["8B shape: one-row step over the HBM limit"], rows["8B shape: 64-row verify over the one-row step"]
+    # eager (not the Triton attention) and fixed-split-64 (23/24 bitwise) do not count
+    assert step["met"] and step["measured"].startswith("1.25 (fixed-gemm;") and "fixed 1.5" in step["measured"]
+    assert verify64["met"] and verify64["measured"].startswith("1.1 (fixed-gemm;")
+    assert rows["8B shape: DART draft + prune at 60 nodes"]["met"] is False
+    assert rows["embedded bfloat16: dart@60 against plain decoding, ids = plain's"]["met"]
+    assert rows["embedded bfloat16: τ of dart@60"]["met"]
+    assert rows["tiny targets: verify == steps bitwise; dart and eagle3 ids = plain's"]["met"] is None
+    assert rows["sampling: one-step chi-square"]["met"] is None
+    assert "not measured" in gpu_check.targets_table(gpu_check.targets({}))
