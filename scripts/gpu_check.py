@@ -1196,9 +1196,8 @@ UNXZ = "import lzma, sys; sys.stdout.buffer.write(lzma.decompress(sys.stdin.buff
 # The C++ pruner alone (seconds; the device has pybind11, not setuptools' build of every extension),
 # where the checkout it runs in does not have it yet
 PRUNER_BUILD = (
-    "test -e ngram_cpp/_ngram$(python3 -c \"import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))\") || "
-    "g++ -O3 -shared -std=c++17 -fPIC $(python3 -m pybind11 --includes) -Ingram_cpp/src ngram_cpp/src/*.cpp "
-    "-o ngram_cpp/_ngram$(python3 -c \"import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))\")"
+    "so=ngram_cpp/_ngram$(python3 -c \"import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))\"); test -e $so || "
+    "g++ -O3 -shared -std=c++17 -fPIC $(python3 -m pybind11 --includes) -Ingram_cpp/src ngram_cpp/src/*.cpp -o $so"
 )
 
 
@@ -1369,7 +1368,7 @@ def run_isolated(a, argv: list[str], stages: list[str], rep: Report) -> int:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, help="folder for gpu_check.json and gpu_check.log (required but with --parts)")
+    p.add_argument("--out", type=Path, help="folder for gpu_check.json and gpu_check.log (required but with --parts or --targets)")
     p.add_argument(
         "--parts",
         metavar="DIR",
@@ -1475,7 +1474,7 @@ def main(argv=None) -> int:
         write_parts(a.parts, a.parts_stage_args, check_args=a.parts_check_args, scratch=a.parts_scratch)
         return 0
     if a.out is None:
-        p.error("--out is required (but with --parts)")
+        p.error("--out is required (but with --parts or --targets)")
     stages = [s for s in a.stages.split(",") if s]
     if not all(known_path(x) for x in a.paths.split(",")):
         p.error(

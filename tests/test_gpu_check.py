@@ -174,11 +174,7 @@ def test_gpu_check_names_its_forward_paths(tmp_path):
     for option, bad in (*(("--paths", f"fixed,{b}") for b in bad_paths), ("--sweep", "fixed-split-64,eager"), ("--fixed-split", "96")):
         proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), option, bad], capture_output=True, text=True)
         assert proc.returncode == 2 and f"{option}: " in proc.stderr, (option, bad, proc.stderr[-500:])
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import gpu_check
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    gpu_check = _gpu_check_module()
     from types import SimpleNamespace
 
     from dart_core.model import Transformer
@@ -241,11 +237,7 @@ def test_parts_carry_the_embedded_model_within_a_device_call(tmp_path):
 
     from dart_core.loading import embedded_gguf_path
 
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import gpu_check
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    gpu_check = _gpu_check_module()
     root = SCRIPT.parent.parent
     folder = f"device_parts/test-{os.getpid()}"  # under the git-ignored device_parts/
     machine = tmp_path / "machine"  # the device machine's /tmp
