@@ -75,9 +75,20 @@ setup(
     ext_modules=[
         Pybind11Extension(
             "ngram_cpp._ngram",
-            sources=["ngram_cpp/src/ngram.cpp", "ngram_cpp/src/context.cpp", "ngram_cpp/src/pruner.cpp", "ngram_cpp/src/bindings.cpp"],
+            sources=[
+                "ngram_cpp/src/ngram.cpp",
+                "ngram_cpp/src/context.cpp",
+                "ngram_cpp/src/pruner.cpp",
+                "ngram_cpp/src/tree.cpp",
+                "ngram_cpp/src/bindings.cpp",
+            ],
             include_dirs=["ngram_cpp/src"],
-            depends=["ngram_cpp/src/ngram.h", "ngram_cpp/src/context.h", "ngram_cpp/src/pruner.h"],  # rebuild when a header changes
+            depends=[
+                "ngram_cpp/src/ngram.h",
+                "ngram_cpp/src/context.h",
+                "ngram_cpp/src/pruner.h",
+                "ngram_cpp/src/tree.h",
+            ],  # rebuild when a header changes
             cxx_std=17,
             extra_compile_args=["-O3"],  # no OpenMP: the pruner measured faster single-threaded (pruner.cpp)
             # Where no compiler is available (some hosted runtimes), install without the extension:

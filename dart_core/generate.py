@@ -268,7 +268,8 @@ def _steps(target, ids, drafter, params, limit, capacity, cache, session) -> Ite
         t_accept = clock()
         acc: Acceptance = accept(tree, out.logits, sp, gen)
         cache.commit_path(acc.path)
-        committed = tree.tokens[acc.path].tolist()  # root + accepted drafts
+        toks = tree.token_list
+        committed = [toks[i] for i in acc.path]  # root + accepted drafts
         new = committed[1:] + [acc.bonus]
         kept = _append_until_stop(output, new, target.eos_ids, params.max_new_tokens, len(ids), limit)
         stop = _stop_reason(output, target.eos_ids, params.max_new_tokens, len(ids), limit)

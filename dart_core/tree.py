@@ -57,6 +57,11 @@ class DraftTree:
         return cls(tokens, parents, torch.from_numpy(np.array(depths, dtype=np.int64)), scores)
 
     @cached_property
+    def token_list(self) -> list[int]:
+        """The tokens as a Python list (the accept walk and the commit read them a node at a time)."""
+        return self.tokens.tolist()
+
+    @cached_property
     def mask(self) -> torch.Tensor:
         """(N, N) bool: row i holds i and its ancestors (the attention mask of the plain eager verify)."""
         par = self.parents.cpu().numpy()
@@ -73,7 +78,7 @@ class DraftTree:
 
     @cached_property
     def _child_index(self) -> dict[tuple[int, int], int]:
-        return {key: i for i, key in enumerate(zip(self.parents.tolist(), self.tokens.tolist()))}
+        return {key: i for i, key in enumerate(zip(self.parents.tolist(), self.token_list))}
 
     def child(self, node: int, token: int) -> int | None:
         """The child of `node` holding `token` (a tree has at most one), or None: the greedy walks' step."""

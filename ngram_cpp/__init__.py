@@ -36,6 +36,7 @@ from .reference import (
     PruneParams,
     PyContextIndex,
     PyNGramModel,
+    ancestor_paths_reference,
     prune_reference,
 )
 
@@ -56,6 +57,7 @@ __all__ = [
     "NGram",
     "PruneParams",
     "PrunedTree",
+    "ancestor_paths",
     "build",
     "convert",
     "decompressed",
@@ -328,6 +330,19 @@ def prune(
         None if index is None else index._impl,
     )
     return PrunedTree(**out)
+
+
+def ancestor_paths(parents: np.ndarray, paths: np.ndarray, lengths: np.ndarray) -> None:
+    """Fill paths[i] (int32 rows of paths.shape[1]) with node i's path from its root, root first and i
+    last, then zeros, and lengths[i] (int32) with its length, for a tree given by parent links
+    parents (n,) int64, parents[i] < i, -1 for a root: the fixed-shape forward's rows' paths, built on
+    the host once a step (one call instead of numpy's operations a depth). Raises ValueError on a parent
+    that does not come before its child or a path longer than a row."""
+    if not HAVE_CPP:
+        return ancestor_paths_reference(parents, paths, lengths)
+    if paths.dtype != np.int32 or lengths.dtype != np.int32 or not paths.flags.c_contiguous or not lengths.flags.c_contiguous:
+        raise ValueError("ancestor_paths writes into C-contiguous int32 arrays")
+    _ngram.ancestor_paths(np.asarray(parents, dtype=np.int64), paths, lengths)
 
 
 def _native_params(params: PruneParams):

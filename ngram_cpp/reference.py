@@ -641,3 +641,25 @@ def prune_reference(tokens, probs, root: int, context, model, params: PruneParam
         retrieve,
         np.array([FROM_HEAD] + [pool[n][4] for n in kept], dtype=np.uint8),
     )
+
+
+def ancestor_paths_reference(parents, paths, lengths) -> None:
+    """ancestor_paths (tree.h) in Python: paths[i] <- node i's path from its root (root first, i last,
+    then zeros), lengths[i] <- its length, for parent links parents[i] < i (-1 for a root)."""
+    par = [int(p) for p in parents]
+    width = paths.shape[1]
+    if paths.ndim != 2 or paths.shape[0] < len(par) or lengths.shape[0] < len(par):
+        raise ValueError(f"ancestor_paths: {len(par)} nodes need as many rows of paths and lengths")
+    rows: list[list[int]] = []
+    for i, p in enumerate(par):
+        if p >= i or p < -1:
+            raise ValueError(
+                f"parents[{i}] = {p}: a parent comes before its child" if p >= i else f"parents[{i}] = {p}: a parent is a node or -1"
+            )
+        path = (rows[p] if p >= 0 else []) + [i]
+        if len(path) > width:
+            raise ValueError(f"node {i}'s path is longer than {width}")
+        rows.append(path)
+        paths[i] = 0
+        paths[i, : len(path)] = path
+        lengths[i] = len(path)

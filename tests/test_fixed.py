@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
+import ngram_cpp
 from dart_core import ARDrafter, GenerationParams, complete, fixed
 from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3Params
 
@@ -46,8 +48,8 @@ def test_key_paths():
 
 
 def test_fixed_inputs_hold_each_rows_path():
-    """FixedInputs.fill's path matrix (built a depth at a time, chains at once) holds key_paths' paths,
-    their lengths and (P, T), for trees, chains, forests and the one-token step; bad parents refused."""
+    """FixedInputs.fill's path matrix (ngram_cpp.ancestor_paths) holds key_paths' paths, their lengths
+    and (P, T), for trees, chains, forests and the one-token step; bad parents refused."""
     rng = random.Random(4)
     inputs = fixed.FixedInputs(16, torch.device("cpu"))
     trees = [random_tree_under(rng, 3, n, TINY_VOCAB).parents for n in (1, 2, 7, 16)]
@@ -66,6 +68,27 @@ def test_fixed_inputs_hold_each_rows_path():
         inputs.fill(torch.arange(3), torch.arange(3), torch.tensor([-1, 2, 0]), 0, reference=False)
     with pytest.raises(ValueError, match="1..16 tokens"):
         inputs.fill(torch.arange(17), torch.arange(17), torch.arange(-1, 16), 0, reference=False)
+
+
+def test_ancestor_paths_in_cpp_and_python_agree():
+    """ngram_cpp.ancestor_paths (C++) and its Python reference write the same paths and lengths into
+    reused buffers (stale rows overwritten, zeros past each path) and refuse the same bad trees."""
+    rng = random.Random(7)
+    width = 24
+    cases = [random_tree_under(rng, 4, n, TINY_VOCAB).parents.numpy() for n in (1, 2, 9, 24, 24)]
+    cases += [np.arange(-1, 23), np.array([-1, 0, -1, 2, 1, -1])]  # a chain, a forest
+    for impl in (ngram_cpp.ancestor_paths, ngram_cpp.reference.ancestor_paths_reference):
+        paths, lengths = np.full((width, width), 7, np.int32), np.full(width, 7, np.int32)  # stale values
+        for parents in cases:
+            n = len(parents)
+            impl(parents, paths, lengths)
+            expected, _ = fixed.key_paths(torch.from_numpy(parents))
+            for r in range(n):
+                assert lengths[r] == len(expected[r]) and paths[r, : lengths[r]].tolist() == expected[r], (impl, parents, r)
+                assert not paths[r, lengths[r] :].any(), (impl, parents, r)
+        for parents, match in (([-1, 2, 0], "comes before"), ([-1, -2], "a node or -1"), (list(range(-1, 24)), "longer than 24")):
+            with pytest.raises(ValueError, match=match):
+                impl(np.array(parents), np.zeros((25, width), np.int32), np.zeros(25, np.int32))
 
 
 def test_attention_matches_softmax_reference():

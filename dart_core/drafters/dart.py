@@ -233,6 +233,7 @@ class _DartSession:
         self._upload = Upload(torch.long, dev) if dev.type == "cuda" else None  # the pending ids, from pinned memory
         p = drafter.params
         self.index = ngram_cpp.ContextIndex(p.context_order) if p.prune.context_weight > 0 else None
+        self._sized: dict[int, ngram_cpp.PruneParams] = {}  # the tree parameters at each step budget seen
 
     def close(self) -> None:
         """The generation is over: the head cache (and the forward captured on it) to the drafter's next session."""
@@ -302,7 +303,9 @@ class _DartSession:
             torch.cuda.current_stream(self.d.target.device).synchronize()
         tokens, probs = tokens.numpy(), probs.numpy()
         t1 = time.perf_counter()
-        params = replace(p, max_nodes=max_nodes)
+        params = self._sized.get(max_nodes)
+        if params is None:  # once a size a session (replace and the native copy's hash: ~25 us a step)
+            params = self._sized[max_nodes] = replace(p, max_nodes=max_nodes)
         pruned = ngram_cpp.prune(tokens, probs, root, self.committed, self.d.ngram, params, self.d.eos_id, self.index)
         tree = DraftTree.from_parents(pruned.tokens, pruned.parents, pruned.scores)
         t2 = time.perf_counter()

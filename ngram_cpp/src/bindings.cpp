@@ -8,6 +8,7 @@
 #include "context.h"
 #include "ngram.h"
 #include "pruner.h"
+#include "tree.h"
 
 namespace py = pybind11;
 using namespace ngram;
@@ -221,4 +222,17 @@ PYBIND11_MODULE(_ngram, m) {
         },
         py::arg("tokens"), py::arg("probs"), py::arg("root"), py::arg("context"), py::arg("model"), py::arg("params"),
         py::arg("eos_id"), py::arg("index") = nullptr);
+
+    m.def(
+        "ancestor_paths",
+        [](const carray<int64_t>& parents, py::array_t<int32_t, py::array::c_style> paths, py::array_t<int32_t, py::array::c_style> lengths) {
+            if (parents.ndim() != 1 || paths.ndim() != 2 || lengths.ndim() != 1)
+                throw std::invalid_argument("ancestor_paths: parents (n,), paths (rows, width) and lengths (rows,) int32");
+            const int64_t n = parents.shape(0);
+            if (paths.shape(0) < n || lengths.shape(0) < n)
+                throw std::invalid_argument("ancestor_paths: " + std::to_string(n) + " nodes need as many rows of paths and lengths");
+            ancestor_paths(parents.data(), n, paths.shape(1), paths.mutable_data(), lengths.mutable_data());
+        },
+        py::arg("parents"), py::arg("paths"), py::arg("lengths"),
+        "Fill paths[i] with node i's path from its root (root first, i last, then zeros) and lengths[i] with its length");
 }
