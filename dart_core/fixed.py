@@ -172,18 +172,20 @@ class Upload:
 
     def _grow(self, size: int) -> None:
         self.host = torch.zeros(size, dtype=self.dtype, pin_memory=self.cuda)
+        self._host = self.host.numpy()  # the same memory: numpy's small copies cost the host less than torch's
         self.dev = torch.zeros(size, dtype=self.dtype, device=self.device)
 
-    def __call__(self, values: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """values (n,) on the host -> a device tensor (n,): into `out` if given, else a view of a buffer
-        of this Upload's that the next call overwrites (in stream order: kernels queued before it still
-        read the old values)."""
-        n = values.numel()
+    def __call__(self, values, out: torch.Tensor | None = None) -> torch.Tensor:
+        """values (n,) on the host (a list, a numpy array or a CPU tensor; any shape, read flat) -> a
+        device tensor (n,): into `out` if given, else a view of a buffer of this Upload's that the next
+        call overwrites (in stream order: kernels queued before it still read the old values)."""
+        vals = values.numpy() if isinstance(values, torch.Tensor) else np.asarray(values, dtype=self._host.dtype)
+        n = vals.size
         if self.event is not None:
             self.event.synchronize()  # the last copy out of the staging buffer has run
         if n > self.host.numel():
             self._grow(max(n, 2 * self.host.numel()))
-        self.host[:n] = values.reshape(-1)
+        self._host[:n] = vals.reshape(-1)
         dst = self.dev[:n] if out is None else out
         dst.copy_(self.host[:n], non_blocking=True)
         if self.event is not None:
@@ -227,11 +229,11 @@ class FixedInputs:
         host = np.zeros(R * R + R + 2, dtype=np.int32)
         ngram_cpp.ancestor_paths(par, host[: R * R].reshape(R, R), host[R * R : R * R + R])
         host[R * R + R], host[R * R + R + 1] = P, T
-        self._upload_packed(torch.from_numpy(host), self.packed)
+        self._upload_packed(host, self.packed)
         if tokens.device.type == "cpu" and positions.device.type == "cpu":
             tp = np.zeros(2 * R, dtype=np.int64)  # (numpy's small copies cost the host less than torch's)
             tp[:T], tp[R : R + T] = tokens.numpy(), positions.numpy()
-            self._upload_tp(torch.from_numpy(tp), self.token_pos)
+            self._upload_tp(tp, self.token_pos)
         else:  # already on the device
             self.token_pos.zero_()
             self.tokens[:T], self.positions[:T] = tokens, positions

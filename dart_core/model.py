@@ -143,13 +143,15 @@ class KVCache:
         """Keep the pending entries at offsets `nodes` (ascending, nodes[0] == 0 for the root), in that order."""
         n = len(nodes)
         if nodes != list(range(n)):  # a chain is already in place
-            src = torch.tensor(nodes)
+            L = self.length
+            src = [L + i for i in nodes]  # the entries' slots (added on the host: one launch less a step)
             if self.k.device.type != "cpu":  # from pinned memory: the host does not wait for the device
                 if self._upload is None:
                     self._upload = fixed.Upload(torch.long, self.k.device)
                 src = self._upload(src)
-            src = src + self.length
-            dst = slice(self.length, self.length + n)
+            else:
+                src = torch.tensor(src)
+            dst = slice(L, L + n)
             self.k[:, :, :, dst] = self.k.index_select(3, src)
             self.v[:, :, :, dst] = self.v.index_select(3, src)
         self.commit(n)

@@ -183,7 +183,7 @@ class Target:
             return x[nodes]
         if self._rows_upload is None:
             self._rows_upload = Upload(torch.long, x.device)
-        return x.index_select(0, self._rows_upload(torch.tensor(nodes)))
+        return x.index_select(0, self._rows_upload(nodes))
 
 
 def _eos_ids(model_dir: Path, tokenizer) -> frozenset[int]:

@@ -264,6 +264,10 @@ def test_upload_copies_through_its_staging_buffer_and_grows():
     assert b.tolist() == list(range(10)) and up.host.numel() >= 10
     out = torch.full((2,), -1)
     assert up(torch.tensor([7, 8]), out) is out and out.tolist() == [7, 8]
+    # a list or a numpy array of any shape goes up flat, in the Upload's dtype
+    assert up([5, 9, 2]).tolist() == [5, 9, 2] and up(np.array([[1, 2], [3, 4]], dtype=np.int32)).tolist() == [1, 2, 3, 4]
+    masks = fixed.Upload(torch.bool, torch.device("cpu"), size=2)
+    assert masks(torch.tensor([[True, False], [False, True]])).tolist() == [True, False, False, True]
 
 
 def test_rows_are_grouped_by_default_only_where_a_device_run_showed_it_exact(monkeypatch):

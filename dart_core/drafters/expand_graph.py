@@ -77,7 +77,7 @@ class ExpandGraph:
         log-probabilities, their cumulative scores; top_k per frontier row, row-major) and the indices
         of the next frontier among them (ascending). Values as floats (ids exact)."""
         self.h0.copy_(h)
-        self._upload_P(torch.tensor([self.cache.length], dtype=torch.int32), self.P)
+        self._upload_P([self.cache.length], self.P)
         self.calls += 1
         if not self.capture:
             flat = self._body()

@@ -135,11 +135,9 @@ class HeadGraph:
             raise ValueError(
                 f"the captured head forward takes 1..{self.rows - self.D} pending tokens with their states and 0..{self.D} masks"
             )
-        host = torch.zeros(self.rows, dtype=torch.long)
-        host[:S] = torch.tensor(ids)
-        self._upload_ids(host, self.ids)
+        self._upload_ids(ids + [0] * (self.rows - S), self.ids)  # (a list into the pinned buffer: no host tensors)
         self.aux[:S].copy_(aux)  # rows past S keep older (finite) states: masks and padding do not read them
-        self._upload_meta(torch.tensor([self.cache.length, S + D, S], dtype=torch.int32), self.meta)
+        self._upload_meta([self.cache.length, S + D, S], self.meta)
         self.calls += 1
         if not self.capture:
             return self._body()[: D + 1]
