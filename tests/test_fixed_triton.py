@@ -156,10 +156,12 @@ def test_verified_nodes_get_their_steps_bits_on_the_kernels(interpreted, case):
 def test_the_captured_dart_head_forward_computes_the_eager_one(interpreted):
     """dart_core/drafters/head_graph.py (its forward uncaptured, in the interpreter) against the eager
     head, step by step through a session: the same logits up to fp32 rounding, the same top-8 ids, at
-    1..D+1 rows, the prompt's first draft too (more pending tokens than the rows take: in chunks); a
-    generation with it gives plain decoding's ids and the eager head's tau."""
+    1..D+1 rows, the prompt's first draft too (more pending tokens than the rows take: in chunks), and
+    every other step the rows ranked in the captured forward as the pruner takes them (draft_candidates:
+    the same target ids, probabilities up to rounding); a generation with it gives plain decoding's ids
+    and the eager head's tau."""
     r = interpreted["head"]
-    assert r["steps"] == 7 and r["graph_calls"] == 8 and r["rows_checked"] == 7, r  # 8: the first draft in 2 forwards
+    assert r["steps"] == 7 and r["graph_calls"] == 8 and r["rows_checked"] == 7 and r["ranked_steps"] == 3, r  # 8: the first draft in 2
     assert r["max_diff"] <= 1e-4 and r["topk_equal"] == 7, r
     assert r["ids_equal_ar"] == 2 and r["tau_graph"] == r["tau_eager"], r
     assert r["head_graph_reused"] and r["reused_ids_equal_ar"], r  # the next generation reuses the captured forward

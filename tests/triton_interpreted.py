@@ -341,17 +341,25 @@ def head_forward(root: Path) -> dict:
     drafters, tokens, out, sessions = eager_and_captured(
         target, lambda: DartDrafter(head, target, None, params, use_kernels=False), ("head_graph",), 8
     )
-    r = {"steps": 0, "max_diff": 0.0, "topk_equal": 0, "rows_checked": 0}
+    r = {"steps": 0, "max_diff": 0.0, "topk_equal": 0, "rows_checked": 0, "ranked_steps": 0}
     at = 0
     for n in (20, 3, 1, 5, 4, 2, 4):  # pending tokens a step (the first: a prompt's draft, past the 13 the rows take: 2 forwards)
         for k, session in sessions.items():
             session.extend(tokens[at : at + n], out.hidden[at : at + n])
         root = tokens[at + n]
         rows = 1 + r["steps"] % 4  # 1..D+1 rows
-        logits = {k: session.draft_logits(root, rows).float() for k, session in sessions.items()}
-        r["max_diff"] = max(r["max_diff"], diff(logits[True], logits[False]))
-        r["topk_equal"] += int(torch.equal(logits[True].topk(8).indices, logits[False].topk(8).indices))
-        r["rows_checked"] += int(logits[True].shape == logits[False].shape == (rows, 64))
+        if r["steps"] % 2:  # the rows ranked as the pruner takes them (in the captured forward: its top-8)
+            ranked = {k: session.draft_candidates(root, rows) for k, session in sessions.items()}
+            (ids, probs), (eager_ids, eager_probs) = ranked[True], ranked[False]
+            r["max_diff"] = max(r["max_diff"], float(np.abs(probs - eager_probs).max()))
+            r["topk_equal"] += int(np.array_equal(ids, eager_ids))
+            r["rows_checked"] += int(ids.shape == eager_ids.shape == probs.shape == (rows, 8) and ids.dtype == np.int64)
+            r["ranked_steps"] += 1
+        else:
+            logits = {k: session.draft_logits(root, rows).float() for k, session in sessions.items()}
+            r["max_diff"] = max(r["max_diff"], diff(logits[True], logits[False]))
+            r["topk_equal"] += int(torch.equal(logits[True].topk(8).indices, logits[False].topk(8).indices))
+            r["rows_checked"] += int(logits[True].shape == logits[False].shape == (rows, 64))
         r["steps"] += 1
         at += n
     r["graph_calls"] = sessions[True].graph.calls

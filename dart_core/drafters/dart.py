@@ -225,7 +225,9 @@ class _DartSession:
         rows = head_graph.graph_rows(c.draft_length) if graph else 0
         size, dtype = capacity + c.draft_length + 1, drafter.head.fc.weight.dtype
         self.cache = drafter.spare.lease(1, c.num_key_value_heads, c.head_dim, size, dtype, dev, rows)  # with its captured forward
-        self.graph = head_graph.kept_on(self.cache, drafter.head, drafter.target, rows) if graph else None
+        # the captured forward also ranks its rows at the pruner's top-k (the first session's, where several share it)
+        top_k = drafter.params.prune.top_k
+        self.graph = head_graph.kept_on(self.cache, drafter.head, drafter.target, rows, top_k) if graph else None
         self._closed = False
         self.pending_ids: list[int] = []
         self.pending_aux: list[torch.Tensor] = []
@@ -263,10 +265,7 @@ class _DartSession:
             D = rows - 1
         S = len(self.pending_ids)
         if self.graph is not None and self.graph.takes(S):  # the captured forward (a GPU), a prompt in chunks
-            logits, last = self.graph.chunked(self.pending_ids[1:] + [root], torch.cat(self.pending_aux), D)
-            self.cache.commit(last)
-            self.pending_ids, self.pending_aux = [], []
-            return logits
+            return self._captured(root, D, False)
         ids = torch.tensor(self.pending_ids[1:] + [root])
         ids = self._upload(ids) if self._upload is not None else ids.to(target.device)
         emb = target.model.tok_embeddings(ids).to(head.fc.weight.dtype)
@@ -289,19 +288,41 @@ class _DartSession:
         self.pending_ids, self.pending_aux = [], []
         return logits
 
+    def _captured(self, root: int, D: int, ranked: bool):
+        """The pending tokens and D masks through the captured forward (in chunks where they are many):
+        the logits, or with `ranked` the rows ranked at its top-k (HeadGraph.ranked, on the host)."""
+        out, last = self.graph.chunked(self.pending_ids[1:] + [root], torch.cat(self.pending_aux), D, ranked)
+        self.cache.commit(last)
+        self.pending_ids, self.pending_aux = [], []
+        return out
+
+    @torch.inference_mode()
+    def draft_candidates(self, root: int, rows: int) -> tuple:
+        """The first `rows` rows' top-k candidates as the pruner takes them: target ids (rows, k) int64
+        and their probabilities softmaxed within the top-k (as upstream) fp32, numpy arrays. Through the
+        captured forward where it ranks at this top-k (the ranking in the graph, one wait for the
+        device); else from draft_logits (on a GPU: both copies queued, then one wait)."""
+        p = self.d.params.prune
+        if not 1 <= rows <= self.d.head.config.draft_length + 1:
+            raise ValueError(f"rows must be in [1, {self.d.head.config.draft_length + 1}], got {rows}")
+        k = min(p.top_k, self.d.head.config.draft_vocab_size)
+        if self.graph is not None and self.graph.k == k and self.graph.takes(len(self.pending_ids)):
+            return self._captured(root, rows - 1, True)
+        logits = self.draft_logits(root, rows).float()
+        vals, idx = logits.topk(k, dim=-1)
+        probs = vals.softmax(-1)  # renormalised within the top-k, as upstream
+        tokens = self.d.head.to_target_ids(idx)
+        if tokens.device.type == "cuda":
+            tokens, probs = tokens.to("cpu", non_blocking=True), probs.to("cpu", non_blocking=True)
+            torch.cuda.current_stream(self.d.target.device).synchronize()
+        return tokens.numpy(), probs.numpy()
+
     def propose(self, root: int, max_nodes: int) -> Proposal:
         t0 = time.perf_counter()
         p = self.d.params.prune
         # a tree of `max_nodes` nodes is at most that deep: deeper rows could not change it
         rows = max(1, min(self.d.head.config.draft_length + 1, self.d.params.depth or max_nodes, max_nodes))
-        logits = self.draft_logits(root, rows).float()
-        vals, idx = logits.topk(min(p.top_k, logits.shape[-1]), dim=-1)
-        probs = vals.softmax(-1)  # renormalised within the top-k, as upstream
-        tokens = self.d.head.to_target_ids(idx)
-        if tokens.device.type == "cuda":  # both copies queued, then one wait for the device (the draft's time ends there)
-            tokens, probs = tokens.to("cpu", non_blocking=True), probs.to("cpu", non_blocking=True)
-            torch.cuda.current_stream(self.d.target.device).synchronize()
-        tokens, probs = tokens.numpy(), probs.numpy()
+        tokens, probs = self.draft_candidates(root, rows)  # (the draft's time ends with them on the host)
         t1 = time.perf_counter()
         params = self._sized.get(max_nodes)
         if params is None:  # once a size a session (replace and the native copy's hash: ~25 us a step)

@@ -19,7 +19,11 @@ addresses never change and the forward is captured once per session and replayed
 - the D + 1 rows that give logits (the last pending token and the masks) gathered at S - 1 on the
   device, then the MLP, the final norm(s) and the LM head; for an EAGLE3 head (no masks, D = 0) the
   last pending token's row through the MLP is the result (its expansion, expand_graph.py, takes the
-  logits from there).
+  logits from there);
+- for DART, the rows' top-k as the pruner takes them (`ranked`): the k best draft ids mapped to target
+  ids and their probabilities softmaxed within the k, in the graph too, read back into pinned host
+  buffers with one wait, where the eager tail after the logits was five more launches and two copies a
+  step for the host to queue.
 
 Drafts need no exactness (the target's verify decides), so this only has to compute what the eager
 forward computes, up to rounding: the tests compare the two (tests/triton_interpreted.py runs this
@@ -68,9 +72,10 @@ class HeadGraph:
     """One session's head forward at `rows` rows into its head cache (which needs `rows` slots of
     scratch past its capacity). Call with the pending ids (host), their target states (device) and D;
     returns, for a DART head, the (D + 1, Vd) fp32 logits; for an EAGLE3 head (D = 0), the state at the
-    last pending token (1, H) in the head's dtype."""
+    last pending token (1, H) in the head's dtype. A DART head's forward built with top_k also ranks
+    its rows (`ranked`: the pruner's inputs, on the host)."""
 
-    def __init__(self, head, target, cache: KVCache, rows: int):
+    def __init__(self, head, target, cache: KVCache, rows: int, top_k: int | None = None):
         from .. import fixed_triton
 
         c = head.config
@@ -81,6 +86,9 @@ class HeadGraph:
         self.head, self.target, self.cache, self.rows, self.dev = head, target, cache, rows, dev
         self.D = c.draft_length if c.is_dart else 0
         self.state = not c.is_dart  # EAGLE3: the state at the root, not logits
+        # the candidates a row the forward ranks (DART), None: logits only
+        self.k = min(top_k, c.draft_vocab_size) if top_k and not self.state else None
+        self._host = None  # the ranked rows' pinned host copies (ids, probabilities), made at the first read
         R = rows
         a = head.midlayer.self_attn
         self.wqkv = torch.cat((a.q_proj.weight, a.k_proj.weight, a.v_proj.weight))  # one GEMM (a copy, made once)
@@ -117,19 +125,45 @@ class HeadGraph:
         their positions and the masks' within the RoPE table."""
         return S >= 1 and self.cache.length + S + self.D <= self.rope.positions
 
-    def chunked(self, ids: list[int], aux: torch.Tensor, D: int) -> tuple[torch.Tensor, int]:
+    def chunked(self, ids: list[int], aux: torch.Tensor, D: int, ranked: bool = False) -> tuple:
         """This forward for any number of pending tokens (`takes`): while more remain than fit beside
         the masks, the next rows - D of them run with no masks, their keys and values committed to the
-        cache (the result discarded); the rest run with D masks. Returns that last forward's result and
-        how many tokens it ran, for the caller to commit as it commits a single forward's."""
+        cache (the result discarded); the rest run with D masks. Returns that last forward's result (the
+        logits, or with `ranked` the ranked rows: `ranked`'s) and how many tokens it ran, for the
+        caller to commit as it commits a single forward's."""
         step, at = self.rows - self.D, 0
         while len(ids) - at > step:
-            self(ids[at : at + step], aux[at : at + step], 0)
+            self._run(ids[at : at + step], aux[at : at + step], 0)
             self.cache.commit(step)
             at += step
-        return self(ids[at:], aux[at:], D), len(ids) - at
+        last = ids[at:], aux[at:], D
+        return (self.ranked(*last) if ranked else self(*last)), len(ids) - at
 
     def __call__(self, ids: list[int], aux: torch.Tensor, D: int) -> torch.Tensor:
+        out = self._run(ids, aux, D)
+        out = out[0] if self.k is not None else out
+        return out[: D + 1].clone() if self.capture else out[: D + 1]  # a static buffer is the next replay's
+
+    def ranked(self, ids: list[int], aux: torch.Tensor, D: int):
+        """The forward's D + 1 rows ranked as the pruner takes them: (D + 1, k) target ids (int64) and
+        their probabilities softmaxed within the row's k (fp32), numpy arrays on the host (on a GPU,
+        pinned buffers that the next call overwrites, read after one wait for the device)."""
+        if self.k is None:
+            raise ValueError("this head forward was built without top_k: it gives logits only")
+        _, tokens, probs = self._run(ids, aux, D)
+        tokens, probs = tokens[: D + 1], probs[: D + 1]
+        if self.dev.type != "cuda":
+            return tokens.numpy(), probs.numpy()
+        if self._host is None:
+            self._host = tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in self.out[1:])
+        host = self._host[0][: D + 1], self._host[1][: D + 1]
+        host[0].copy_(tokens, non_blocking=True)
+        host[1].copy_(probs, non_blocking=True)
+        torch.cuda.current_stream(self.dev).synchronize()
+        return host[0].numpy(), host[1].numpy()
+
+    def _run(self, ids: list[int], aux: torch.Tensor, D: int):
+        """Load the inputs and run the forward: the body's outputs (on a GPU, the graph's static buffers)."""
         S = len(ids)
         if not 0 <= D <= self.D or not self.fits(S) or aux.shape[0] != S:
             raise ValueError(
@@ -140,11 +174,11 @@ class HeadGraph:
         self._upload_meta([self.cache.length, S + D, S], self.meta)
         self.calls += 1
         if not self.capture:
-            return self._body()[: D + 1]
+            return self._body()
         if self.graph is None:
             self.graph, self.out = fixed.capture_graph(self._body, self.dev)
         self.graph.replay()
-        return self.out[: D + 1].clone()  # the static buffer is the next replay's
+        return self.out
 
     def _body(self) -> torch.Tensor:
         head, c = self.head, self.head.config
@@ -171,15 +205,22 @@ class HeadGraph:
         att = kern.attention(q, k_cache, v_cache, self.path, self.plen, self.meta, self.att_out, self.ws)
         h = residual + F.linear(att.reshape(R, nh * hd), a.o_proj.weight)
         h = layer.mlp_block(h.index_select(0, self.sel + (S - 1)))  # the last pending token and the D masks
-        return h if self.state else head.logits(h).float()
+        if self.state:
+            return h
+        logits = head.logits(h).float()
+        if self.k is None:
+            return logits
+        vals, idx = logits.topk(self.k, dim=-1)
+        return logits, head.to_target_ids(idx), vals.softmax(-1)  # softmaxed within the top-k, as upstream
 
 
-def kept_on(cache: KVCache, head, target, rows: int) -> HeadGraph:
+def kept_on(cache: KVCache, head, target, rows: int, top_k: int | None = None) -> HeadGraph:
     """The head forward on a session's leased head cache: built once a cache and kept there (a graph
     holds its cache's addresses), so every session that leases the cache replays it; its count of
-    calls restarted for the session."""
+    calls restarted for the session. top_k: the rows it ranks, where it is built here (a session whose
+    top-k differs from the kept forward's ranks the logits itself)."""
     graph = getattr(cache, "head_graph", None)
     if graph is None:
-        graph = cache.head_graph = HeadGraph(head, target, cache, rows)
+        graph = cache.head_graph = HeadGraph(head, target, cache, rows, top_k)
     graph.calls = 0
     return graph
