@@ -134,7 +134,9 @@ def timed_ms(fn, device: torch.device, warmup: int = 2, reps: int = 7) -> float:
 def prefill_costs(target: Target, lengths: list[int], dev: torch.device, reps: int = 7) -> dict:
     """A prompt's prefill (ms, capturing the drafters' states) as one eager forward and as fixed-shape
     forwards of the fixed rows in turn (Target.prefill with model.fixed_prefill_chunks): which is
-    faster depends on the model's size and the device, so the device says."""
+    faster depends on the model's size and the device, so the device says. `MODE_first_ms`: the first
+    call at that length, before the warm-up (what a library pays the first time it sees a shape, which
+    every new prompt length of an eager prefill would pay again)."""
     model = target.model
     R = model.fixed_row_count(dev)
     rng = random.Random(5)
@@ -146,6 +148,7 @@ def prefill_costs(target: Target, lengths: list[int], dev: torch.device, reps: i
             row = {"chunks": -(-n // R)}
             for mode, chunks in (("eager", 0), ("chunked", row["chunks"])):
                 model.fixed_prefill_chunks = chunks
+                row[f"{mode}_first_ms"] = round(timed_ms(lambda: target.prefill(ids, cache, capture=True), dev, 0, 1), 3)
                 row[f"{mode}_ms"] = round(timed_ms(lambda: target.prefill(ids, cache, capture=True), dev, min(2, reps), reps), 3)
             out[str(n)] = row
     finally:

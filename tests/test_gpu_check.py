@@ -62,6 +62,7 @@ def test_gpu_check_runs_on_the_cpu_and_reports_exactness(tmp_path):
     assert gemm["step_ms"]["torch"] > 0 and gemm["step_ms_best_per_linear"] == gemm["step_ms"]["torch"], gemm
     prefill = big["prefill"]["65"]  # a prompt one token past the rows: two fixed-shape chunks, or one eager forward
     assert prefill["chunks"] == 2 and prefill["eager_ms"] > 0 and prefill["chunked_ms"] > 0, big["prefill"]
+    assert prefill["eager_first_ms"] > 0 and prefill["chunked_first_ms"] > 0, big["prefill"]
     assert "--- big" in (out / "gpu_check.log").read_text()
 
 
