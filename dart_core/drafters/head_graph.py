@@ -150,12 +150,12 @@ class HeadGraph:
         pinned buffers that the next call overwrites, read after one wait for the device)."""
         if self.k is None:
             raise ValueError("this head forward was built without top_k: it gives logits only")
-        _, tokens, probs = self._run(ids, aux, D)
-        tokens, probs = tokens[: D + 1], probs[: D + 1]
+        _, all_tokens, all_probs = self._run(ids, aux, D)
+        tokens, probs = all_tokens[: D + 1], all_probs[: D + 1]
         if self.dev.type != "cuda":
             return tokens.numpy(), probs.numpy()
         if self._host is None:
-            self._host = tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in self.out[1:])
+            self._host = tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in (all_tokens, all_probs))
         host = self._host[0][: D + 1], self._host[1][: D + 1]
         host[0].copy_(tokens, non_blocking=True)
         host[1].copy_(probs, non_blocking=True)
