@@ -93,9 +93,17 @@ FIXED_ROWS = {"cuda": 64, "cpu": 16}
 # needs at most this many (Target.prefill), else as one eager forward. CUDA: 2, measured on the H200
 # (docs/results/gpu-h200-2026-11-29.json): two chunks beat the eager forward's launches for the
 # embedded model (2.4 against 22.8 ms) and at the 8B shape (10.7 against 20.3 ms); at 8 chunks the
-# embedded model still gains (9.3 against 24.4) but the 8B loses (45 against 20), so longer prompts
-# stay eager. A CPU (--eager) pays for every padded row: always eager there.
+# embedded model still gains (9.3 against 24.4) but the 8B loses (45 against 20). A CPU (--eager) pays
+# for every padded row: always eager there.
 FIXED_PREFILL_CHUNKS = {"cuda": 2, "cpu": 0}
+# Past those on CUDA, a prompt still runs in chunks while they read at most this many bytes of weights
+# between them (each chunk reads them all; the eager forward once): what a chunk costs grows with the
+# model's bytes, an eager forward's launches do not. Set between the two measured shapes: the 8B's
+# 16.4 GB in bf16 gained at 2 chunks and lost at 8 (2 here), the embedded model's 0.27 GB gained at 8
+# (122 here: every prompt of the bench's sets; its prompts past 2 chunks ran eagerly at ~23-24 ms,
+# where 8 chunks took 9.3). Between them it is a rule of thumb, not a measurement (gpu_check's
+# `prefill` times 2, 4 and 8 chunks against the eager forward at both shapes).
+PREFILL_CHUNK_READ_BYTES = 33e9
 
 
 class KVCache:
@@ -433,10 +441,11 @@ class Transformer(nn.Module):
         self.fixed_gemm_parts: int = 1
         # A prompt of more than the fixed rows runs as that many fixed-shape forwards when its chunks
         # are at most this many (Target.prefill), else as one eager forward; 0: always eager; None
-        # (the default): FIXED_PREFILL_CHUNKS for the device. A replay a chunk against an eager
+        # (the default): prefill_chunk_limit's rule for the device. A replay a chunk against an eager
         # forward's launches: which is faster depends on the model's size and the device (gpu_check
         # times both).
         self.fixed_prefill_chunks: int | None = None
+        self._weight_bytes: int | None = None
         self._fixed_rope: fixed.RopeTable | None = None
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -561,10 +570,21 @@ class Transformer(nn.Module):
         return fixed.row_group_here(self.fixed_row_group, a.n_heads // a.n_kv_heads, device, self.tok_embeddings.weight.dtype)
 
     def prefill_chunk_limit(self, device: torch.device) -> int:
-        """Fixed-shape chunks a prompt may run as on this device (0: prompts past the fixed rows run eager)."""
+        """Fixed-shape chunks a prompt may run as on this device (0: prompts past the fixed rows run
+        eager): FIXED_PREFILL_CHUNKS, and on CUDA as many more as read PREFILL_CHUNK_READ_BYTES of
+        this model's weights; fixed_prefill_chunks where set."""
         if self.fixed_prefill_chunks is not None:
             return self.fixed_prefill_chunks
-        return FIXED_PREFILL_CHUNKS.get(torch.device(device).type, 0)
+        kind = torch.device(device).type
+        least = FIXED_PREFILL_CHUNKS.get(kind, 0)
+        return max(least, int(PREFILL_CHUNK_READ_BYTES // self.weight_bytes())) if kind == "cuda" else least
+
+    def weight_bytes(self) -> int:
+        """The bytes of the model's weights (its parameters and buffers, as held), counted once."""
+        if self._weight_bytes is None:
+            tensors = [*self.parameters(), *self.buffers()]
+            self._weight_bytes = max(1, sum(t.numel() * t.element_size() for t in tensors))
+        return self._weight_bytes
 
     def fixed_path(self, T: int, device: torch.device) -> bool:
         """Whether a forward of T new tokens runs the fixed-shape forward (the exact eager path)."""

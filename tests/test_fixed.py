@@ -208,15 +208,23 @@ def test_a_chunked_prefill_gives_each_row_its_one_token_steps_bits(tiny_paths, d
 
 
 def test_prompts_run_in_chunks_by_default_on_cuda_only(tiny_paths):
-    """model.fixed_prefill_chunks None takes FIXED_PREFILL_CHUNKS for the device (CUDA: prompts of up to
-    two fixed-shape chunks, as the H200 measured; a CPU: always one eager forward); a setting is taken
-    as given. On the CPU the default leaves a long prompt to the eager forward."""
-    from dart_core.model import FIXED_PREFILL_CHUNKS
+    """model.fixed_prefill_chunks None takes the device's rule (CUDA: prompts of up to two fixed-shape
+    chunks, as the H200 measured, and as many more as read PREFILL_CHUNK_READ_BYTES of the model's
+    weights: 2 at the 8B shape's 16.4 GB, 122 for the embedded model's 0.27 GB; a CPU: always one eager
+    forward); a setting is taken as given. On the CPU the default leaves a long prompt to the eager forward."""
+    from dart_core.model import FIXED_PREFILL_CHUNKS, PREFILL_CHUNK_READ_BYTES
 
     target = torch_target(tiny_paths["qwen3"], torch.float32, 16)
     model = target.model
     assert model.fixed_prefill_chunks is None and FIXED_PREFILL_CHUNKS == {"cuda": 2, "cpu": 0}
-    assert model.prefill_chunk_limit(torch.device("cuda", 1)) == 2 and model.prefill_chunk_limit(torch.device("cpu")) == 0
+    params = sum(p.numel() for p in model.parameters()) * 4
+    assert params <= model.weight_bytes() < 2 * params  # fp32 parameters (and the small buffers)
+    assert model.prefill_chunk_limit(torch.device("cuda", 1)) == PREFILL_CHUNK_READ_BYTES // model.weight_bytes() > 2
+    assert model.prefill_chunk_limit(torch.device("cpu")) == 0
+    for weights, chunks in ((16.4e9, 2), (0.27e9, 122), (100e9, 2)):  # the 8B shape in bf16, the embedded model, a bigger one
+        model._weight_bytes = int(weights)
+        assert model.prefill_chunk_limit(torch.device("cuda")) == chunks, weights
+    model._weight_bytes = None
     cache = target.new_cache(64)
     target.prefill(list(range(1, 21)), cache, capture=False)  # 20 tokens: two 16-row chunks, allowed none here
     assert getattr(cache, "fixed_runner", None) is None
