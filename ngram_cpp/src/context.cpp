@@ -17,6 +17,53 @@ void Continuations::add(token_t t) {
     counts.emplace_back(t, 1);
 }
 
+// The slot of a hash: ContextKeyHash's low bits follow the tokens' low bits (FNV's multiplies carry
+// upwards only), so they are mixed first (MurmurHash3's finaliser), or similar keys probe long runs.
+static inline uint64_t mixed(uint64_t h) {
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ull;
+    return h ^ (h >> 33);
+}
+
+const Continuations* ContextIndex::Table::find(const ContextKey& key, uint64_t hash) const {
+    if (slots_.empty()) return nullptr;
+    const size_t mask = slots_.size() - 1;
+    for (size_t i = hash & mask;; i = (i + 1) & mask) {
+        const Slot& s = slots_[i];
+        if (s.entry < 0) return nullptr;
+        if (s.hash == hash && keys_[s.entry] == key) return &values_[s.entry];
+    }
+}
+
+Continuations& ContextIndex::Table::at(const ContextKey& key, uint64_t hash) {
+    if (2 * (keys_.size() + 1) > slots_.size()) grow();  // at most half full: short probes
+    const size_t mask = slots_.size() - 1;
+    size_t i = hash & mask;
+    for (;; i = (i + 1) & mask) {
+        const Slot& s = slots_[i];
+        if (s.entry < 0) break;
+        if (s.hash == hash && keys_[s.entry] == key) return values_[s.entry];
+    }
+    slots_[i] = Slot{hash, static_cast<int32_t>(keys_.size())};
+    keys_.push_back(key);
+    values_.emplace_back();
+    return values_.back();
+}
+
+void ContextIndex::Table::grow() {
+    std::vector<Slot> old(slots_.empty() ? 64 : 2 * slots_.size(), Slot{0, -1});
+    old.swap(slots_);
+    const size_t mask = slots_.size() - 1;
+    for (const Slot& s : old) {
+        if (s.entry < 0) continue;
+        size_t i = s.hash & mask;
+        while (slots_[i].entry >= 0) i = (i + 1) & mask;
+        slots_[i] = s;
+    }
+}
+
 ContextIndex::ContextIndex(int max_order) : max_order_(max_order) {
     if (max_order < 1 || max_order > kMaxContextOrder)
         throw std::invalid_argument("context max_order must be in 1.." + std::to_string(kMaxContextOrder));
@@ -33,7 +80,7 @@ void ContextIndex::extend(const token_t* tokens, size_t n) {
             ContextKey key;
             key.len = static_cast<uint8_t>(len);
             std::copy(seq_.end() - len, seq_.end(), key.tokens.begin());
-            maps_[len - 1][key].add(tokens[i]);
+            maps_[len - 1].at(key, mixed(ContextKeyHash{}(key))).add(tokens[i]);
         }
         seq_.push_back(tokens[i]);
     }
@@ -55,11 +102,10 @@ int ContextIndex::lookup(const token_t* virt, size_t n_virt, int min_len, Contin
         ContextKey key;
         key.len = static_cast<uint8_t>(len);
         for (int j = 0; j < len; ++j) key.tokens[j] = at(total - len + j);
-        auto it = maps_[len - 1].find(key);
-        if (it != maps_[len - 1].end()) {
-            out.counts.assign(it->second.counts.begin(), it->second.counts.end());
-            out.total = it->second.total;
-            out.last = it->second.last;
+        if (const Continuations* found = maps_[len - 1].find(key, mixed(ContextKeyHash{}(key)))) {
+            out.counts.assign(found->counts.begin(), found->counts.end());
+            out.total = found->total;
+            out.last = found->last;
         }
         // an occurrence ending at the last indexed token is followed by the first virtual token (the root);
         // with no virtual tokens that occurrence is the query suffix itself

@@ -13,7 +13,6 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -62,9 +61,28 @@ class ContextIndex {
     int lookup(const token_t* virt, size_t n_virt, int min_len, Continuations& out) const;
 
   private:
+    // One order's n-grams and their continuations: an open-addressing table (a power-of-two number
+    // of slots, linear probing, each slot the key's hash and its entry, -1 empty) over entries kept
+    // in insertion order. The pruner looks up a few suffixes for every parent of every level, and a
+    // node-based map's chains cost it a pointer chase and a division a probe.
+    class Table {
+      public:
+        const Continuations* find(const ContextKey& key, uint64_t hash) const;
+        Continuations& at(const ContextKey& key, uint64_t hash);  // inserted empty where absent
+
+      private:
+        struct Slot {
+            uint64_t hash;
+            int32_t entry;  // -1: empty
+        };
+        void grow();
+        std::vector<Slot> slots_;
+        std::vector<ContextKey> keys_;
+        std::vector<Continuations> values_;
+    };
     int max_order_;
     std::vector<token_t> seq_;
-    std::vector<std::unordered_map<ContextKey, Continuations, ContextKeyHash>> maps_;  // [n - 1]
+    std::vector<Table> maps_;  // [n - 1]
 };
 
 }  // namespace ngram

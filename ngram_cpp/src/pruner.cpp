@@ -237,6 +237,11 @@ PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k
     // (1 - lambda) p + lambda c + eps is p + eps to the bit), and the fitted ranking's ln max(p, floor);
     // ln(1 + rank) once a search
     std::vector<double> ln_p_eps(kk), ln_p_floor(kk), ln_rank(kk);
+    // the draft term's logarithm of a head candidate the parent's context match does not continue
+    // (c = 0), by match length: lambda depends on the length alone, so parents of one match length
+    // share it; taken when first needed (NaN: not yet), by the same expression as per node
+    const int match_lengths = use_context ? index->max_order() + 1 : 1;
+    std::vector<double> ln_p_match(static_cast<size_t>(match_lengths * kk));
     for (int64_t i = 0; i < kk; ++i) ln_rank[i] = ln_rank_term(i);
     std::vector<uint8_t> done(kk);
     std::vector<std::pair<token_t, uint32_t>> extra;
@@ -263,6 +268,7 @@ PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k
             }
         }
         const double ln_row_top = head_row && fitted ? ln_floored(row_top) : 0.0;
+        std::fill(ln_p_match.begin(), ln_p_match.end(), std::numeric_limits<double>::quiet_NaN());
         std::optional<NgramRows> rows;
         if (ngram && head_row) rows.emplace(*model, cand.data(), static_cast<size_t>(kk));
         next.clear();
@@ -301,7 +307,16 @@ PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k
             auto push = [&](token_t token, double prob, int64_t rank, double q, double c, uint8_t source) {
                 // both the draft and the n-gram probability are mixed with the context's continuation c
                 // (the level's table where there is none: a head candidate, lambda = 0)
-                const double ln_draft = lambda == 0.0 && rank >= 0 ? ln_p_eps[rank] : std::log((1.0 - lambda) * prob + lambda * c + p.eps);
+                double ln_draft;
+                if (rank >= 0 && lambda == 0.0) {
+                    ln_draft = ln_p_eps[rank];
+                } else if (rank >= 0 && c == 0.0) {
+                    double& memo = ln_p_match[static_cast<size_t>(match * kk + rank)];
+                    if (std::isnan(memo)) memo = std::log((1.0 - lambda) * prob + lambda * c + p.eps);
+                    ln_draft = memo;
+                } else {
+                    ln_draft = std::log((1.0 - lambda) * prob + lambda * c + p.eps);
+                }
                 double term = decay * ln_draft;
                 if (ngram_term) term += p.ngram_weight * std::log((1.0 - lambda) * q + lambda * c + p.eps);
                 // ln(1 + eps) > 0: clamp so a child never outscores its parent
@@ -364,7 +379,11 @@ PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k
     for (size_t i = 0; i < pool.size(); ++i) order_idx[i] = static_cast<int32_t>(i);
     Better better{&pool, fitted};
     size_t want = std::min<size_t>(pool.size(), static_cast<size_t>(p.max_nodes));
-    std::partial_sort(order_idx.begin(), order_idx.begin() + want, order_idx.end(), better);
+    // the `want` first of a strict total order (Better breaks every tie), in order: the same nodes
+    // and order as a partial sort, in linear time for the selection (the pool holds thousands of
+    // nodes at 60 kept)
+    if (want < order_idx.size()) std::nth_element(order_idx.begin(), order_idx.begin() + want, order_idx.end(), better);
+    std::sort(order_idx.begin(), order_idx.begin() + want, better);
     for (size_t i = std::min(want, static_cast<size_t>(p.min_nodes)); i < want; ++i) {
         if (better.key(pool[order_idx[i]]) < p.min_score) {  // the score floor: ranks are by score, so the rest is below too
             want = i;
