@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.setup-stamp
 TORCH  ?= torch==2.13.0
 NATIVE := pyproject.toml $(wildcard setup.py) $(wildcard ngram_cpp/src/*.cpp ngram_cpp/src/*.h ngram_cpp/src/*.hpp dart_core/csrc/*.cpp dart_core/csrc/*.h)
 
-.PHONY: setup demo test test-fast lint bench peers vllm clean space-check
+.PHONY: setup demo test test-fast lint bench peers vllm device-triton clean space-check
 
 setup: $(STAMP)
 
@@ -34,7 +34,7 @@ TEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # the style first (seconds): ruff's formatting and lint rules, configured in pyproject.toml
-test: setup lint vllm
+test: setup lint vllm device-triton
 	$(PYTEST) $(PYTEST_ARGS)
 
 # the tests a contributor runs often (minutes on 2 cores): tiny random targets, golden trees, the pruner,
@@ -47,6 +47,11 @@ test-fast: setup lint
 # docs/vllm.md): minutes and PyPI the first time, seconds after
 vllm: setup
 	$(VENV)/bin/dart-vllm-env
+
+# The lent GPU's own Triton (3.6.0), beside the test extra's, for the sm_90 compile check to run under both
+# (tests/device_triton.py): a folder under ~/.cache/dart-demo, ~190 MB of PyPI the first time, seconds after
+device-triton: setup
+	$(PY) tests/device_triton.py
 
 lint: setup
 	$(PY) -m ruff format --check --quiet . || (echo "run: $(PY) -m ruff format ." && exit 1)

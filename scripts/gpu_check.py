@@ -373,6 +373,14 @@ def forward_engine(model: Transformer, dev: torch.device) -> str:
     return "torch reference, uncaptured"
 
 
+def triton_version() -> str | None:
+    try:
+        import triton
+    except ImportError:
+        return None
+    return triton.__version__
+
+
 def stage_env(dev: torch.device, small: bool, rep: Report) -> dict:
     r = {
         "python": platform.python_version(),
@@ -380,6 +388,7 @@ def stage_env(dev: torch.device, small: bool, rep: Report) -> dict:
         "cuda": torch.version.cuda,
         "device": str(dev),
         "ngram_cpp_built": ngram_cpp.HAVE_CPP,
+        "triton": triton_version(),  # what compiles the kernels here (CI compiles them under this version too: tests/device_triton.py)
     }
     if dev.type == "cuda":
         p = torch.cuda.get_device_properties(dev)
@@ -1156,6 +1165,20 @@ def targets(stages: dict) -> list[dict]:
     return rows
 
 
+def triton_note(stages: dict) -> str:
+    """The device's Triton as the run's env stage recorded it, against the version CI compiles the kernels
+    under as the device's (tests/device_triton.py)."""
+    import device_triton
+
+    seen = stages.get("env", {}).get("triton")
+    if seen is None:
+        return (
+            f"Triton on the device: not recorded; CI's compile check takes {device_triton.VERSION} as the device's (tests/device_triton.py)"
+        )
+    same = "the same" if seen == device_triton.VERSION else f"not the same: set tests/device_triton.py's VERSION to {seen}"
+    return f"Triton on the device: {seen}; CI's compile check takes {device_triton.VERSION} as the device's ({same})"
+
+
 def targets_table(rows: list[dict]) -> str:
     lines = ["| target | measured | goal | met |", "|---|---|---|---|"]
     for r in rows:
@@ -1472,6 +1495,7 @@ def main(argv=None) -> int:
         for path in a.targets:
             stages.update(report_stages(json.loads(path.read_text())))
         print(targets_table(targets(stages)))
+        print(f"\n{triton_note(stages)}")
         return 0
     if a.parts:
         write_parts(a.parts, a.parts_stage_args, check_args=a.parts_check_args, scratch=a.parts_scratch)

@@ -3,7 +3,8 @@ work the GPU path runs) on this CPU, each way in a process of its own: in Triton
 (tests/triton_interpreted.py) they compute what the torch ops they replace compute, and a verified node
 gets its one-token step's bits; compiled for the H200 (tests/triton_compiled.py) every launch the engine
 makes at the device check's shapes lowers to sm_90 code within the device's shared memory, and the
-kernels the engine runs by default spill no registers. The GPU's own instructions are checked on the
+kernels the engine runs by default spill no registers; the compile runs under the test extra's Triton and
+under the device's own version (tests/device_triton.py). The GPU's own instructions are checked on the
 device by scripts/gpu_check.py."""
 
 from __future__ import annotations
@@ -74,11 +75,30 @@ def test_the_interpreted_halves_run_every_section(interpreted):
     assert sorted(interpreted["seconds"]) == sorted(interpreted["sections"]), interpreted["seconds"]
 
 
-@pytest.fixture(scope="module")
-def compiled():
-    run = subprocess.run([sys.executable, str(HERE / "triton_compiled.py")], capture_output=True, text=True, timeout=900)
+# The compilers the compile check runs under: the test extra's Triton (the interpreter's, >= 3.9) and the lent
+# device's own (tests/device_triton.py: `make device-triton`, which `make test` runs), each with its ptxas
+COMPILERS = ("extra", "device")
+
+
+@pytest.fixture(scope="module", params=COMPILERS)
+def compiled(request):
+    import device_triton
+
+    env = None
+    if request.param == "device":
+        assert device_triton.installed(), (
+            f"the device's Triton {device_triton.VERSION} is not in {device_triton.folder()}: run `make device-triton`"
+        )
+        env = device_triton.env()
+    run = subprocess.run([sys.executable, str(HERE / "triton_compiled.py")], capture_output=True, text=True, timeout=900, env=env)
     assert run.returncode == 0, run.stderr[-4000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    if request.param == "device":  # the folder's Triton, not the venv's
+        assert out["triton"] == device_triton.VERSION and Path(out["triton_path"]).parent == device_triton.folder(), out["triton"]
+    else:
+        assert tuple(int(v) for v in out["triton"].split(".")[:2]) >= (3, 9), out["triton"]
+    out["compiler"] = request.param
+    return out
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -248,11 +268,21 @@ def test_what_the_app_runs_compiles_for_the_spaces_gpus(compiled):
         assert 0 < r["max_shared"] <= r["shared_limit"], (name, r)
 
 
+# What ptxas spills under the device's Triton (3.6.0 and its ptxas) where the test extra's spills nothing, in
+# bytes of spill stores, by (kernel, model, dtype); 2026-12-06. The grouped attention at 4 rows a program
+# (the sm_90 default in 16-bit dtypes) at the 8B shape: 255 registers and 28 bytes (the test extra's: 209, none;
+# in a loop instead of unrolled, 220 and none under 3.6, 168 and 8 bytes under 3.9); the per-row attention
+# in fp32 at the embedded model's shape (gpu_check's exact stage runs fp32): 72 registers and 4 bytes.
+# Held to these counts: a new spill, or a larger one, fails.
+DEVICE_SPILLS = {("_group_split_kernel", "qwen3-8b", "bfloat16"): 28, ("_split_kernel", "smollm2-135m", "float32"): 4}
+
+
 def test_the_default_kernels_spill_no_registers(compiled):
     """ptxas's account of every kernel the engine runs by default (the fixed path, the drafters', and the
     grouped attention where it is the default: 16-bit dtypes on sm_90, at the embedded model's and the
     8B shape, 4 rows a program or 16 in a loop) and of our GEMMs (the fixed-gemm forward's, and each
-    configuration gpu_check times): no spills. The grouped attention in fp32 and on the
+    configuration gpu_check times): no spills under the test extra's Triton; under the device's, at most
+    DEVICE_SPILLS' few bytes where its compiler spills them. The grouped attention in fp32 and on the
     tiny targets' toy shapes is reported, not held to it (its fp32 tile spills)."""
     for k in compiled["kernels"]:
         assert k["registers"], k
@@ -262,4 +292,7 @@ def test_the_default_kernels_spill_no_registers(compiled):
             if not (path.startswith("fixed-grouped") and (dtype == "float32" or name.startswith("tiny-"))):
                 held.append(label)
         if held:
-            assert k["spill_stores"] == 0 and k["spill_loads"] == 0, (held, k)
+            allowed = 0
+            if compiled["compiler"] == "device":
+                allowed = max(DEVICE_SPILLS.get((k["kernel"], *label.split(" ")[:2]), 0) for label in held)
+            assert k["spill_stores"] <= allowed and k["spill_loads"] <= allowed, (compiled["triton"], held, k)

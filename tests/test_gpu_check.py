@@ -5,6 +5,8 @@ that get a GPU."""
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import json
 import os
 import subprocess
@@ -30,6 +32,9 @@ def test_gpu_check_runs_on_the_cpu_and_reports_exactness(tmp_path):
     stages = data["stages"]
     assert set(stages) == {"env", "exact", "sampling", "big"}
     assert stages["env"]["copy_gb_s"] > 0
+    # the env stage names the Triton that compiles the kernels (tests/device_triton.py's is the device's)
+    triton = importlib.util.find_spec("triton")  # (none on platforms without its wheel)
+    assert stages["env"]["triton"] == (importlib.metadata.version("triton") if triton else None)
     rows = stages["exact"]["rows"]
     assert {(r["arch"], r["dtype"], r["path"]) for r in rows} == {
         (a, d, p) for a in ("llama", "qwen2", "qwen3") for d in ("bfloat16", "float16", "float32") for p in ("fixed", "eager")
@@ -338,6 +343,7 @@ def test_targets_read_off_the_h200_run_of_2026_11_29():
     assert rows["embedded bfloat16: τ of dart@60"]["measured"] == 2.565
     proc = subprocess.run([sys.executable, str(SCRIPT), "--targets", str(path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.count("| **no** |") == 4 and proc.stdout.count("| yes |") == 3, proc.stdout
+    assert "Triton on the device: not recorded" in proc.stdout  # (that run's env stage did not record it)
 
 
 def test_targets_met_unmet_and_unmeasured():
@@ -368,3 +374,14 @@ def test_targets_met_unmet_and_unmeasured():
     assert rows["tiny targets: verify == steps bitwise; dart and eagle3 ids = plain's"]["met"] is None
     assert rows["sampling: one-step chi-square"]["met"] is None
     assert "not measured" in gpu_check.targets_table(gpu_check.targets({}))
+
+
+def test_the_devices_triton_read_off_a_run_against_the_compile_checks():
+    """--targets says whether the Triton a run's env stage saw is the version CI compiles the kernels under
+    as the device's (tests/device_triton.py), and what to change where it is not."""
+    import device_triton
+
+    gpu_check = _gpu_check_module()
+    assert "not recorded" in gpu_check.triton_note({"env": {"device": "cuda"}})
+    assert gpu_check.triton_note({"env": {"triton": device_triton.VERSION}}).endswith("(the same)")
+    assert "set tests/device_triton.py's VERSION to 9.9.9" in gpu_check.triton_note({"env": {"triton": "9.9.9"}})

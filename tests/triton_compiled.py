@@ -16,7 +16,8 @@ on a GPU and no result is computed (the kernels' outputs stay uninitialized; the
 run on garbage); whether the compiled code computes the right bits is the interpreter's and the
 device's to say.
 
-The compiler is this machine's Triton (the test extra's), not necessarily the device's own version.
+The compiler is whichever Triton the process imports: the test extra's, or the device's own version
+(tests/device_triton.py puts it first on PYTHONPATH), each with the ptxas it ships; the test runs both.
 The same compile runs for the GPUs of a Space's hardware menu (T4, A100, A10G, L4) at what the app runs
 there (the embedded model in bf16 and both drafters' captured forwards): `space_gpus`.
 """
@@ -250,7 +251,12 @@ def space_gpus() -> dict:
 
 
 def main() -> int:
-    out: dict = {"triton": triton.__version__, "target": f"{TARGET.backend} sm_{TARGET.arch}", "runs": []}
+    out: dict = {
+        "triton": triton.__version__,
+        "triton_path": str(Path(triton.__file__).parent),
+        "target": f"{TARGET.backend} sm_{TARGET.arch}",
+        "runs": [],
+    }
     with tempfile.TemporaryDirectory() as tmp, Compiles() as c:
         tmp = Path(tmp)
         cases = []

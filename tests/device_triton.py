@@ -1,0 +1,70 @@
+"""The lent device's own Triton, beside the test extra's, for the sm_90 compile check (tests/triton_compiled.py).
+
+The H200s this project is lent run the kernels through the Triton of their image (3.6.0, with the ptxas
+it ships: the device tool's KINDS.md lists it, and gpu_check's env stage records the version a run
+saw), while CI's interpreter tests need the test extra's (>= 3.9: 3.6's interpreter fails under
+numpy 2.4). A compiler's version decides what lowers and how many registers a kernel takes, so the
+compile check runs under both: the device's is installed here, outside the venv, as a folder put first
+on PYTHONPATH for that run only (PyPI's wheel, no dependencies: torch is the venv's).
+
+    python tests/device_triton.py            # install it if missing (`make device-triton`; seconds and ~190 MB of PyPI once)
+    python tests/device_triton.py --check    # say where it is; exit 1 if it is not there
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+VERSION = "3.6.0"  # the H200 image's (gpu_check's env stage prints the device's: bump this where a run shows another)
+_MARK = ".installed"
+
+
+def folder() -> Path:
+    """Where it lives: beside the embedded model's conversion and vLLM's venv (DART_CACHE_DIR)."""
+    root = os.environ.get("DART_CACHE_DIR") or Path.home() / ".cache" / "dart-demo"
+    return Path(root) / f"triton-{VERSION}"
+
+
+def installed() -> bool:
+    return (folder() / _MARK).is_file() and (folder() / "triton" / "__init__.py").is_file()
+
+
+def env(base: dict | None = None) -> dict:
+    """An environment whose python imports the device's Triton first."""
+    env = dict(os.environ if base is None else base)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(folder()), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def install() -> Path:
+    if installed():
+        return folder()
+    target = folder()
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--upgrade", "--target", str(target), f"triton=={VERSION}"],
+        check=True,
+    )
+    (target / _MARK).write_text(VERSION + "\n")
+    return target
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["--check"]:
+        print(folder() if installed() else f"not installed: {folder()} (run: make device-triton)")
+        return 0 if installed() else 1
+    if argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    if sys.platform != "linux" or platform.machine() not in ("x86_64", "aarch64"):
+        print("Triton has no wheel for this platform: the compile check skips here (tests/test_fixed_triton.py)")
+        return 0
+    print(f"the device's Triton {VERSION}: {install()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
