@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.setup-stamp
 TORCH  ?= torch==2.13.0
 NATIVE := pyproject.toml $(wildcard setup.py) $(wildcard ngram_cpp/src/*.cpp ngram_cpp/src/*.h ngram_cpp/src/*.hpp dart_core/csrc/*.cpp dart_core/csrc/*.h)
 
-.PHONY: setup demo test test-fast lint bench peers vllm device-triton clean space-check
+.PHONY: setup demo test test-fast lint bench peers vllm device-triton device-replica clean space-check
 
 setup: $(STAMP)
 
@@ -52,6 +52,11 @@ vllm: setup
 # (tests/device_triton.py): a folder under ~/.cache/dart-demo, ~190 MB of PyPI the first time, seconds after
 device-triton: setup
 	$(PY) tests/device_triton.py
+
+# gpu_check's tests under the lent H200's Python 3.12 and packages (torch 2.11, Triton 3.6, transformers 5.17),
+# on this CPU (scripts/device_replica.sh): ~20 min and ~5 GB of PyPI the first time; before a device session
+device-replica:
+	scripts/device_replica.sh
 
 lint: setup
 	$(PY) -m ruff format --check --quiet . || (echo "run: $(PY) -m ruff format ." && exit 1)

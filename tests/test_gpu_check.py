@@ -81,7 +81,9 @@ def test_gpu_check_embedded_stage_runs_on_the_cpu(tmp_path, fresh_cache):
     cmd = [sys.executable, str(SCRIPT), "--out", str(out), "--device", "cpu", "--stages", "embedded"]
     weights = "gguf-int16" if kernels.AVAILABLE else "float32"
     cmd += ["--embedded-dtypes", weights, "--nodes", "4", "--max-new-tokens", "12"]
-    cmd += ["--embedded-sweep", "fixed-split-64", "--contexts", "64"]
+    # the sweep verifies a 24-node tree and times up to 64 rows: the fixed path at the 64 rows it has on CUDA
+    # (the CPU's 16 would send those verifies down the plain eager path, which is not exact)
+    cmd += ["--embedded-sweep", "fixed-split-64", "--contexts", "64", "--fixed-rows", "64"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads((out / "gpu_check.json").read_text())["stages"]["embedded"][weights]
