@@ -9,7 +9,7 @@
 #      Python 3.12, torch 2.11.0, Triton 3.6.0, transformers 5.17.0, numpy 2.5.2, accelerate, which that
 #      transformers asks for to read a GGUF), in ~/.cache/dart-demo/device-replica (DART_CACHE_DIR);
 #   2. the working tree as a device call carries it (tracked and untracked files git does not ignore),
-#      copied, with only the pruner built, by the g++ line docs/gpu.md gives the device (the CPU kernels
+#      copied, with only the pruner built, by the command a lent session's first call runs (the CPU kernels
 #      are not built there, so the torch paths run, as on the device);
 #   3. its tests in an empty DART_CACHE_DIR (the GGUF converted by the image's transformers).
 # PYTEST_ARGS passes pytest more (-k, -x). Needs a python3.12 on PATH or under pyenv.
@@ -46,7 +46,7 @@ mkdir "$W/tree" "$W/cache"
 git -C "$W/tree" init -q && git -C "$W/tree" add -A && git -C "$W/tree" -c user.name=replica -c user.email=replica@localhost commit -qm replica
 ln -s "$ROOT/../shared" "$W/shared" # the bench prompts beside the checkout, as here
 cd "$W/tree"
-g++ -O3 -shared -std=c++17 -fPIC $("$PY" -m pybind11 --includes) -Ingram_cpp/src ngram_cpp/src/*.cpp \
-  -o "ngram_cpp/_ngram$("$PY" -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")"
+# the pruner built by the command a lent session's first call runs (gpu_check.PRUNER_BUILD), its python3 the venv's
+PATH="$VENV/bin:$PATH" bash -c "$("$PY" -c "import sys; sys.path.insert(0, 'scripts'); import gpu_check; print(gpu_check.PRUNER_BUILD)")"
 # shellcheck disable=SC2086
 DART_CACHE_DIR="$W/cache" OMP_WAIT_POLICY=PASSIVE "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu_check.py ${PYTEST_ARGS:-}

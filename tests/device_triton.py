@@ -19,23 +19,24 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dart_core.loading import cache_root
+
 VERSION = "3.6.0"  # the H200 image's (gpu_check's env stage prints the device's: bump this where a run shows another)
 _MARK = ".installed"
 
 
 def folder() -> Path:
     """Where it lives: beside the embedded model's conversion and vLLM's venv (DART_CACHE_DIR)."""
-    root = os.environ.get("DART_CACHE_DIR") or Path.home() / ".cache" / "dart-demo"
-    return Path(root) / f"triton-{VERSION}"
+    return cache_root() / f"triton-{VERSION}"
 
 
 def installed() -> bool:
     return (folder() / _MARK).is_file() and (folder() / "triton" / "__init__.py").is_file()
 
 
-def env(base: dict | None = None) -> dict:
-    """An environment whose python imports the device's Triton first."""
-    env = dict(os.environ if base is None else base)
+def env() -> dict:
+    """This process's environment, with the device's Triton first on PYTHONPATH."""
+    env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(folder()), env.get("PYTHONPATH", "")) if p)
     return env
 
