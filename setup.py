@@ -25,7 +25,18 @@ KERNEL_PATHS = (
 
 KERNEL_SOURCES = [
     f"dart_core/csrc/{name}.cpp"
-    for name in ("bindings", "linear", "linear_float", "linear_q8", "linear_x16", "linear_bf16", "elementwise", "attention", "stack")
+    for name in (
+        "bindings",
+        "linear",
+        "linear_float",
+        "linear_q8",
+        "linear_x16",
+        "linear_bf16",
+        "elementwise",
+        "attention",
+        "stack",
+        "probe",
+    )
 ]
 KERNEL_HEADERS = [f"dart_core/csrc/{name}.h" for name in ("vec", "formats", "linear", "kernels")]
 

@@ -8,6 +8,7 @@ import argparse
 import torch
 
 from .. import kernels
+from ..kernels import bound
 from ..loading import DTYPE_CHOICES
 from ..target import load_target, weights_spec
 from ..tools import calibrate
@@ -51,17 +52,61 @@ def main(argv: list[str] | None = None) -> int:
     print("builds this CPU runs:", ", ".join(kernels.runnable_paths()) or "none")
     print("in use:", kernels.describe(), f"({torch.get_num_threads()} threads)")
     rows = [int(r) for r in args.rows.split(",")]
-    bandwidth = kernels.read_bandwidth() if args.split and specs else None
+    bandwidth = kernels.read_bandwidth() if specs else None
+    rates = bound.issue_rates() if specs else None
     if bandwidth is not None:
         print(f"read bandwidth: {bandwidth:.1f} GB/s (kernels.read_bandwidth: torch's sum over 256 MiB)")
+    if rates is not None:
+        print(f"issue rates (kernels.bound, measured on one core): {rates.describe()}")
     for name, (dtype, float_inputs) in specs.items():
         target = load_target("default", "cpu", dtype, float_inputs=float_inputs)
         ms = calibrate.measure_forwards(target, rows, repeats=TIMED, prefix=args.prefix)
         cells = "  ".join(f"{m} rows {v:.2f} ms ({v / ms[rows[0]]:.2f}x)" for m, v in ms.items())
         print(f"{name:9s} after {args.prefix} tokens: {cells}")
-        if bandwidth is not None:
+        if rates is not None and target.model.kernel_path(1, target.device):
+            for line in bound_lines(name, target.model, ms, args.prefix, rates, bandwidth):
+                print(line)
+        if args.split:
             print(split_line(name, calibrate.forward_split(target, prefix=args.prefix), bandwidth))
     return 0
+
+
+def row_work(model, keys: float, rates: bound.IssueRates, head: bool = True) -> bound.Work:
+    """One row of the target's forward on the kernels: every layer's linears and attention over `keys`
+    keys, and the LM head."""
+    a = model.args
+    work = bound.Work()
+    for layer in model.layers:
+        for lin in (layer.attention.wqkv, layer.attention.wo, layer.feed_forward.w13, layer.feed_forward.w2):
+            work = work + bound.linear_work(lin.weight, rates)
+        work = work + bound.attention_work(a.n_heads, a.head_dim, round(keys), rates)
+    return work + bound.linear_work(model.output.weight, rates) if head else work
+
+
+def bound_lines(name: str, model, ms: dict[int, float], prefix: int, rates: bound.IssueRates, bandwidth: float) -> list[str]:
+    """Each timed row count against its bound: k rows' arithmetic (kernels.bound) or the step's weights
+    at the read bandwidth, whichever is larger; an extra row's measured cost against one row's arithmetic."""
+    threads = torch.get_num_threads()
+    weights = model.step_weight_bytes()
+    memory = weights / bandwidth / 1e6
+    one = bound.ms(row_work(model, prefix + 1, rates), rates, threads)
+    fill = bound.ms(row_work(model, prefix + 32, rates, head=False), rates, threads)
+    lines = [
+        f"{name:9s} bound ({threads} threads): a row's arithmetic {one:.2f} ms (a prefill row without the LM head, "
+        f"32 keys on: {fill:.2f} ms); the step's weights ({weights / 1e6:.1f} MB) at {bandwidth:.1f} GB/s: {memory:.2f} ms"
+    ]
+    cells = []
+    first = min(ms)
+    for k, t in ms.items():
+        rows_bound = sum(bound.ms(row_work(model, prefix + i + 1, rates), rates, threads) for i in range(k))
+        b = max(rows_bound, memory)
+        cell = f"{k} rows {t:.2f} / {b:.2f} ms ({t / b:.2f}x)"
+        if k > first:
+            extra = (t - ms[first]) / (k - first)
+            cell += f", an extra row {extra:.2f} ms ({extra / one:.2f}x a row's bound)"
+        cells.append(cell)
+    lines.append(f"{name:9s} measured / bound: " + "; ".join(cells))
+    return lines
 
 
 def split_line(name: str, s: calibrate.ForwardSplit, bandwidth: float) -> str:

@@ -229,6 +229,11 @@ PYBIND11_MODULE(DART_KERNELS_MODULE, m) {
     m.attr("Q16_ACTIVATIONS") = Q16_ACT;
     m.def("num_threads", &n_threads);
     m.def("cpu_features", &cpu_features);
+    m.def("issue_rates", [] {
+        py::dict d;
+        for (const auto& [k, v] : issue_rates()) d[py::str(k)] = v;
+        return d;
+    });
     m.attr("PATH") = DART_KERNELS_PATH;
 #ifdef __AVX512BF16__
     m.attr("BF16_DOT") = true;

@@ -83,4 +83,7 @@ void draft_forward_impl(const int64_t* pl, int64_t S, int64_t D, int64_t H, int6
                         float eps, bool double_norm, const T* aux, const T* emb, const float* cos, const float* sin, int64_t P, T* k_cache,
                         T* v_cache, int64_t cap, T* logits);
 
+// The clock and the arithmetic instructions' issue rates per cycle on one core (probe.cpp).
+std::vector<std::pair<std::string, double>> issue_rates();
+
 }  // namespace dart

@@ -1,0 +1,137 @@
+// What the compute bound of a forward is made of on this CPU (dart-kernels --time, kernels/bound.py):
+// the core clock, and how many of the kernels' arithmetic instructions a core issues per cycle at the
+// build's vector width: the integer dot products (vpmaddubsw / vpmaddwd, VNNI's vpdpbusd), the fp32
+// fma, and the two mixed 1:1 (on several cores they share execution ports). Each rate is timed over
+// independent dependency chains (more chains than latency x throughput), so it is the issue rate, not
+// a latency.
+#include <chrono>
+
+#include "kernels.h"
+
+namespace dart {
+
+namespace {
+
+double seconds_now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// Cycles per second: a chain of dependent 64-bit adds retires one add a cycle on every x86 core since
+// the P6 (and on the ARM cores this builds for); best of 5 runs of ~20 ms, after a warm-up that lets
+// the clock settle.
+double clock_hz_impl() {
+    constexpr int64_t N = 20'000'000;
+    uint64_t x = 0;
+    double best = 0.0;
+    for (int run = 0; run < 6; ++run) {
+        const double t0 = seconds_now();
+        for (int64_t i = 0; i < N; ++i) {
+#if defined(__x86_64__) || defined(__aarch64__)
+#if defined(__x86_64__)
+            asm volatile("add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0" : "+r"(x));
+#else
+            asm volatile("add %0, %0, #1\n\tadd %0, %0, #1\n\tadd %0, %0, #1\n\tadd %0, %0, #1" : "+r"(x));
+#endif
+#else
+            x = x * 3 + 1;  // no assembly for this architecture: an estimate only (multiply latency)
+#endif
+        }
+        const double hz = 4.0 * N / (seconds_now() - t0);
+        if (run > 0) best = std::max(best, hz);
+    }
+    return x == 1 ? 0.0 : best;  // (x is never 1: keeps the loop)
+}
+
+#ifdef DART_V16
+#if defined(DART_V16_AVX512)
+using VI = __m512i;
+using VF = __m512;
+inline VI op_maddubs(VI a, VI b) { return _mm512_maddubs_epi16(a, b); }
+inline VI op_madd(VI a, VI b) { return _mm512_madd_epi16(a, b); }
+inline VF op_fma(VF a, VF b) { return _mm512_fmadd_ps(a, b, b); }
+inline VI vi_set(int v) { return _mm512_set1_epi32(v); }
+inline VF vf_set(float v) { return _mm512_set1_ps(v); }
+#ifdef __AVX512VNNI__
+inline VI op_dpbusd(VI acc, VI a) { return _mm512_dpbusd_epi32(acc, a, a); }
+#endif
+#else
+using VI = __m256i;
+using VF = __m256;
+inline VI op_maddubs(VI a, VI b) { return _mm256_maddubs_epi16(a, b); }
+inline VI op_madd(VI a, VI b) { return _mm256_madd_epi16(a, b); }
+inline VF op_fma(VF a, VF b) { return _mm256_fmadd_ps(a, b, b); }
+inline VI vi_set(int v) { return _mm256_set1_epi32(v); }
+inline VF vf_set(float v) { return _mm256_set1_ps(v); }
+#endif
+
+// 8 independent chains of one instruction, each step fed by the chain's previous result (kept in
+// registers by the empty asm), timed for `n` rounds: instructions per second.
+template <class V, class Op> double chains_rate(V seed, Op op, int64_t n) {
+    V a0 = seed, a1 = seed, a2 = seed, a3 = seed, a4 = seed, a5 = seed, a6 = seed, a7 = seed;
+    const double t0 = seconds_now();
+    for (int64_t i = 0; i < n; ++i) {
+        a0 = op(a0), a1 = op(a1), a2 = op(a2), a3 = op(a3), a4 = op(a4), a5 = op(a5), a6 = op(a6), a7 = op(a7);
+        asm volatile("" : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5), "+x"(a6), "+x"(a7));
+    }
+    const double dt = seconds_now() - t0;
+    V s = a0;
+    asm volatile("" : : "x"(s), "x"(a1), "x"(a2), "x"(a3), "x"(a4), "x"(a5), "x"(a6), "x"(a7));
+    return 8.0 * n / dt;
+}
+
+// 6 integer chains and 6 fma chains interleaved: instructions (of both kinds) per second.
+template <class IOp> double mixed_rate(IOp iop, int64_t n) {
+    VI a0 = vi_set(3), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0;
+    VF f0 = vf_set(1.0f), f1 = f0, f2 = f0, f3 = f0, f4 = f0, f5 = f0;
+    const double t0 = seconds_now();
+    for (int64_t i = 0; i < n; ++i) {
+        a0 = iop(a0), f0 = op_fma(f0, f0), a1 = iop(a1), f1 = op_fma(f1, f1), a2 = iop(a2), f2 = op_fma(f2, f2);
+        a3 = iop(a3), f3 = op_fma(f3, f3), a4 = iop(a4), f4 = op_fma(f4, f4), a5 = iop(a5), f5 = op_fma(f5, f5);
+        asm volatile("" : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5));
+        asm volatile("" : "+x"(f0), "+x"(f1), "+x"(f2), "+x"(f3), "+x"(f4), "+x"(f5));
+    }
+    const double dt = seconds_now() - t0;
+    asm volatile("" : : "x"(a0), "x"(a1), "x"(a2), "x"(a3), "x"(a4), "x"(a5));
+    asm volatile("" : : "x"(f0), "x"(f1), "x"(f2), "x"(f3), "x"(f4), "x"(f5));
+    return 12.0 * n / dt;
+}
+
+template <class F> double best_of(F f) {
+    double best = 0.0;
+    for (int run = 0; run < 4; ++run) best = std::max(best, f());
+    return best;
+}
+#endif
+
+}  // namespace
+
+// {"clock_hz", "lanes" (fp32 lanes of the build's vector), and per instruction kind its issue rate
+// per cycle on one core: "maddubs", "madd", "fma", "dot_fma_mix" (the build's dot product and fma
+// 1:1), "dpbusd" with VNNI}. The generic build has no vector arithmetic: clock and lanes only.
+std::vector<std::pair<std::string, double>> issue_rates() {
+    std::vector<std::pair<std::string, double>> out;
+    const double hz = clock_hz_impl();
+    out.emplace_back("clock_hz", hz);
+#ifdef DART_V16
+    constexpr int64_t n = 1'000'000;
+    const VI b = vi_set(0x01020304);
+    auto per_cycle = [&](double per_s) { return hz > 0 ? per_s / hz : 0.0; };
+#if defined(DART_V16_AVX512)
+    out.emplace_back("lanes", 16);
+#else
+    out.emplace_back("lanes", 8);
+#endif
+    out.emplace_back("maddubs", per_cycle(best_of([&] { return chains_rate(b, [&](VI a) { return op_maddubs(a, b); }, n); })));
+    out.emplace_back("madd", per_cycle(best_of([&] { return chains_rate(b, [&](VI a) { return op_madd(a, b); }, n); })));
+    out.emplace_back("fma", per_cycle(best_of([&] { return chains_rate(vf_set(1.0f), [&](VF a) { return op_fma(a, a); }, n); })));
+#ifdef __AVX512VNNI__
+    out.emplace_back("dpbusd", per_cycle(best_of([&] { return chains_rate(b, [&](VI a) { return op_dpbusd(a, b); }, n); })));
+    out.emplace_back("dot_fma_mix", per_cycle(best_of([&] { return mixed_rate([&](VI a) { return op_dpbusd(a, b); }, n); })));
+#else
+    out.emplace_back("dot_fma_mix", per_cycle(best_of([&] { return mixed_rate([&](VI a) { return op_maddubs(a, b); }, n); })));
+#endif
+#else
+    out.emplace_back("lanes", 1);
+#endif
+    return out;
+}
+
+}  // namespace dart
