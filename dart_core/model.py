@@ -401,6 +401,12 @@ class Transformer(nn.Module):
         # a bf16 model's in fp32 where it does not (`_linear`), the keys and values stored in the
         # cache's dtype; every kernel-path forward keeps the model's dtype.
         self.prefill_dtype: torch.dtype | None = None
+        # A prompt longer than the kernels' rows runs as kernel forwards of kernels.MAX_ROWS rows in turn
+        # (Target.prefill): every prompt row then gets the bits of its one-token step, as a verified node
+        # does, so the keys and values a prefill writes are those plain decoding would have written.
+        # False: one eager forward (torch's GEMMs). load_target turns it on where it is the faster
+        # prefill too (docs/engine.md, "Time to first token").
+        self.kernel_prefill = False
         self._stack: kernels.LayerStack | None = None
         self._rope_table: kernels.RopeTable | None = None  # fp32 angles for the kernel path, built on first use
         # A dict here collects seconds by stage of kernel-path forwards ("layers": the decoder layers'

@@ -125,11 +125,16 @@ class Target:
     def prefill(self, ids: list[int], cache: KVCache, capture: bool) -> ForwardOutput:
         """Run the prompt causally after the cache's prefix. Logits (1, V) for the last token; hidden (T, 3H).
 
+        On the CPU kernels with `model.kernel_prefill`, a prompt longer than their rows runs as kernel
+        forwards of kernels.MAX_ROWS tokens in turn: each row gets its one-token step's bits.
         A prompt longer than the fixed-shape forward's rows R runs as one eager forward, or, where
         model.prefill_chunk_limit allows its ceil(T / R) chunks, as fixed-shape forwards of R tokens
         in turn (on a GPU: a replay of the captured graph a chunk instead of an eager forward's
         hundreds of launches; each row then gets its one-token step's bits). Like any forward it
         leaves the prompt's entries pending: the caller commits them."""
+        rows = kernel_ops.MAX_ROWS
+        if len(ids) > rows and self.model.kernel_prefill and self.model.kernel_path(rows, self.device):
+            return self._prefill_chunked(ids, cache, capture, rows)
         R = self.model.fixed_row_count(self.device)
         if len(ids) > R > 0 and -(-len(ids) // R) <= self.model.prefill_chunk_limit(self.device) and self.model.fixed_path(R, self.device):
             return self._prefill_chunked(ids, cache, capture, R)
@@ -279,6 +284,10 @@ def load_target(
         transformer = load_gguf_transformer(
             embedded_gguf_path(), model_dir, prefill_dtype=prefill, activations=activations, float_inputs=tuple(float_inputs)
         )
+        # gguf-int8's prompt runs in kernel forwards where its eager prefill would multiply fp32 GEMMs
+        # (no bf16 arithmetic): exact, and faster there (docs/engine.md, "Time to first token");
+        # gguf-int16's kernels are slower than those GEMMs on AVX2, and it keeps them.
+        transformer.kernel_prefill = dtype == GGUF_INT8 and not kernel_ops.bf16_arithmetic()
         formats = sorted({m.weight.fmt for m in transformer.modules() if isinstance(m, BlockLinear)})
         mode = f"; {activations} activations" if activations != "float" else ""
         if float_inputs:

@@ -383,6 +383,8 @@ def test_int16_activations_are_row_invariant_and_quantize_as_described(fmt, K, N
     for M in range(1, 21):
         assert torch.equal(kernels.linear(x[:M], w), out[:M]), f"rows differ at M={M}"
     assert torch.equal(out[5], torch.zeros(N))
+    many = torch.cat((torch.randn(50, K, generator=torch.Generator().manual_seed(7)), x))  # 70 rows: past a pass of 64
+    assert torch.equal(kernels.linear(many, w)[50:], out)
     ref = _q8_reference(x, w, qmax=32512)  # the 16-bit codes (the two int8 digits split them exactly)
     torch.testing.assert_close(out.double(), ref, atol=1e-5 * ref.abs().max().item(), rtol=1e-5)
     exact = x.double() @ w.dequantize().double().T
@@ -611,6 +613,43 @@ def test_tree_verify_is_bit_identical_to_steps(tiny_ckpt, dtype, cache_dtype, kp
         tree = random_tree(rng, n, 96)
         prompt = [rng.randrange(4, 96) for _ in range(11)]
         assert node_logits_equal_steps(target, prompt, tree) == [], f"{n}-node tree"
+
+
+@pytest.mark.parametrize("dtype,cache_dtype", ATT_DTYPES, ids=ATT_IDS)
+def test_kernel_prefill_gives_each_prompt_row_its_one_token_step(tiny_ckpt, dtype, cache_dtype, kpath):
+    """A prompt of more than the kernels' rows prefilled in kernel forwards of MAX_ROWS rows
+    (model.kernel_prefill): the keys and values it writes, every row's captured hidden states and the
+    last row's logits are the one-token steps' bit for bit (a chunk boundary and a partial last chunk
+    included); without kernel_prefill the prompt runs one eager forward."""
+    _, path = tiny_ckpt
+    target = tiny_target(path, dtype)
+    target.cache_dtype = cache_dtype
+    rng = random.Random(11)
+    prompt = [rng.randrange(4, 96) for _ in range(2 * kernels.MAX_ROWS + 9)]
+    n = len(prompt)
+    target.model.kernel_prefill = True
+    chunked = target.new_cache(n + 4)
+    out = target.prefill(prompt, chunked, capture=True)
+    assert chunked.length == 0  # left pending, as any prefill
+    steps = target.new_cache(n + 4)
+    hidden = []
+    for i, tok in enumerate(prompt):
+        step = target.model(torch.tensor([tok]), torch.tensor([i]), steps, None, capture=True)
+        hidden.append(step.hidden)
+        steps.commit(1)
+    assert torch.equal(out.logits[0], step.logits[0])
+    assert torch.equal(out.hidden, torch.cat(hidden))
+    assert torch.equal(chunked.k[:, :, :, :n], steps.k[:, :, :, :n]) and torch.equal(chunked.v[:, :, :, :n], steps.v[:, :, :, :n])
+    calls = []
+    forward = target.model.forward
+    target.model.forward = lambda tokens, *a, **k: calls.append(len(tokens)) or forward(tokens, *a, **k)
+    try:
+        target.prefill(prompt, target.new_cache(n + 4), capture=False)
+        target.model.kernel_prefill = False
+        target.prefill(prompt, target.new_cache(n + 4), capture=False)
+    finally:
+        del target.model.forward
+    assert calls == [kernels.MAX_ROWS, kernels.MAX_ROWS, 9, n]
 
 
 @pytest.mark.slow

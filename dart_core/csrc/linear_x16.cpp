@@ -362,6 +362,69 @@ void x16_group(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, co
         }
     }
 }
+// Many rows against one block-half (8 weight rows) of a Q4_0 / Q4_1 group (AVX2), rows innermost: the
+// block-half's codes unpacked once into 8 registers for all R rows (the half-by-half kernel above does
+// it once per row block of 6), each row's integer sum in one chain, and the rows' float sums in acc
+// (R x 8, L1) instead of registers, so nothing spills however many rows run. The same operations per
+// output in the same order as above: the same bits.
+template <class F, bool Wide>
+void x16_half_q4_rows(const Q8Rows& x, int64_t m0, int64_t R, const uint8_t* group, int half, float* acc) {
+    constexpr int64_t BB = x16_block_bytes<F>();
+    const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi16(1);
+    for (int64_t i = 0; i < R; ++i) _mm256_store_ps(acc + i * 8, _mm256_setzero_ps());
+    const int64_t xs = x.npair * 64, dxs = x.npair * 16;
+    for (int64_t b = 0; b < x.nb; ++b) {
+        const uint8_t* gb = group + b * BB;
+        const uint8_t* codes = gb + x16_codes_at<F>() + 32 * half;
+        __m256i lo[4], hi[4];
+        for (int j = 0; j < 4; ++j) {
+            const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * 64));
+            lo[j] = _mm256_and_si256(c, m4);
+            hi[j] = _mm256_and_si256(_mm256_srli_epi16(c, 4), m4);
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * half)));
+        const __m256 o = std::is_same_v<F, FmtQ4_1> ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 32 + 16 * half)))
+                                                      : _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
+        // 16-bit sums of 8 products pairs: at most 8 * 2 * 15 * 127 = 30480, no saturation
+        auto dot = [&](const int8_t* p) {
+            __m256i s0 = _mm256_add_epi16(_mm256_maddubs_epi16(lo[0], bcast_word256(p)), _mm256_maddubs_epi16(hi[0], bcast_word256(p + 16)));
+            __m256i s1 = _mm256_add_epi16(_mm256_maddubs_epi16(lo[1], bcast_word256(p + 4)), _mm256_maddubs_epi16(hi[1], bcast_word256(p + 20)));
+            s0 = _mm256_add_epi16(s0, _mm256_add_epi16(_mm256_maddubs_epi16(lo[2], bcast_word256(p + 8)), _mm256_maddubs_epi16(hi[2], bcast_word256(p + 24))));
+            s1 = _mm256_add_epi16(s1, _mm256_add_epi16(_mm256_maddubs_epi16(lo[3], bcast_word256(p + 12)), _mm256_maddubs_epi16(hi[3], bcast_word256(p + 28))));
+            return _mm256_madd_epi16(_mm256_add_epi16(s0, s1), one);
+        };
+        const int8_t* xp = x.qrow(m0) + b * 32;
+        const int8_t* yp = Wide ? x.qrow2(m0) + b * 32 : nullptr;
+        const float* dxp = x.dxrow(m0) + (b / 2) * 16 + (b % 2) * 8;
+        const float* sxp = x.sxrow(m0) + b;
+        for (int64_t i = 0; i < R; ++i, xp += xs, dxp += dxs, sxp += x.nb16) {
+            __m256i p = dot(xp);
+            if constexpr (Wide) p = q16_join(p, dot(yp + i * xs));
+            float* a = acc + i * 8;
+            __m256 v = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(dxp)), _mm256_cvtepi32_ps(p), _mm256_load_ps(a));
+            _mm256_store_ps(a, _mm256_fmadd_ps(o, _mm256_broadcast_ss(sxp), v));
+        }
+    }
+}
+constexpr int64_t X16_Q4_ROWS_MIN = 8;  // from this many rows, x16_half_q4_rows
+constexpr int64_t X16_ROWS_PASS = 64;   // rows per pass over a group (their float sums: 2 x 64 x 8 in L1)
+
+template <class F, bool Wide, class TX>
+void x16_q4_rows(const Q8Rows& x, int64_t M, const uint8_t* w, int64_t rb, int64_t N, const TX* bias, TX* out, int64_t out_stride) {
+    const int64_t groups = N / X16;
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* group = w + g * X16 * rb;
+        alignas(32) float acc[2][X16_ROWS_PASS * 8];
+        for (int64_t m0 = 0; m0 < M; m0 += X16_ROWS_PASS) {
+            const int64_t mb = std::min(X16_ROWS_PASS, M - m0);
+            for (int h = 0; h < 2; ++h) x16_half_q4_rows<F, Wide>(x, m0, mb, group, h, acc[h]);
+            store_tile(acc[0], 8, 1, mb, 8, bias, g * X16, out + m0 * out_stride, out_stride);
+            store_tile(acc[1], 8, 1, mb, 8, bias, g * X16 + 8, out + m0 * out_stride, out_stride);
+        }
+    }
+}
+
 // Many rows of 16-bit codes against the Q8_0 LM head (AVX2): the head's signed codes widened to int16
 // once per block-half for all rows, met by vpmaddwd against each row's 16-bit codes Q themselves (no
 // digits). One vpmaddwd advances 8 weight rows by 2 elements with exact int32 pair sums; the digit
@@ -371,7 +434,6 @@ void x16_group(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, co
 // row gets the digit kernel's bits (tests/test_kernels.py: 1..20 rows, every build). From 3 rows:
 // forced AVX2 on the AMD EPYC, 1.1x the digit kernel at 3 rows, 1.4x at 4, 1.8-2.2x at 8-64.
 constexpr int64_t X16_Q8_WIDE_MIN_ROWS = 3;
-constexpr int64_t X16_Q8_WIDE_PASS = 64;  // rows per pass over a group (their float sums: 2 x 64 x 8 in L1)
 
 // Each row's 16-bit codes Q = 255 hi + lo, per 4 elements in the order (Q0, Q2, Q1, Q3): a 32-bit word
 // at offset 4j meets the even elements of 4j..4j+3, at 4j + 2 the odd ones.
@@ -441,10 +503,10 @@ void x16_q8_0_q16_rows(const Q8Rows& x, int64_t M, const uint8_t* w, int64_t rb,
 #pragma omp parallel for schedule(static)
     for (int64_t g = 0; g < groups; ++g) {
         const uint8_t* group = w + g * X16 * rb;
-        alignas(32) float acc[2][X16_Q8_WIDE_PASS * 8];
-        alignas(32) int32_t part[X16_Q8_WIDE_PASS * 8];
-        for (int64_t m0 = 0; m0 < M; m0 += X16_Q8_WIDE_PASS) {
-            const int64_t mb = std::min(X16_Q8_WIDE_PASS, M - m0);
+        alignas(32) float acc[2][X16_ROWS_PASS * 8];
+        alignas(32) int32_t part[X16_ROWS_PASS * 8];
+        for (int64_t m0 = 0; m0 < M; m0 += X16_ROWS_PASS) {
+            const int64_t mb = std::min(X16_ROWS_PASS, M - m0);
             for (int h = 0; h < 2; ++h) x16_half_q8_0_q16(x, pairs.data(), m0, mb, group, h, acc[h], part);
             store_tile(acc[0], 8, 1, mb, 8, bias, g * X16, out + m0 * out_stride, out_stride);
             store_tile(acc[1], 8, 1, mb, 8, bias, g * X16 + 8, out + m0 * out_stride, out_stride);
@@ -478,6 +540,8 @@ void linear_q8x16_impl(const TX* x, int64_t x_stride, int64_t M, int64_t K, cons
 #ifdef DART_V16_AVX2
     if constexpr (std::is_same_v<F, FmtQ8_0> && Wide)
         if (M >= X16_Q8_WIDE_MIN_ROWS) return x16_q8_0_q16_rows(xq, M, w, rb, N, bias, out, out_stride);
+    if constexpr (!std::is_same_v<F, FmtQ8_0>)
+        if (M >= X16_Q4_ROWS_MIN) return x16_q4_rows<F, Wide>(xq, M, w, rb, N, bias, out, out_stride);
 #endif
 #ifdef DART_V16
     const int64_t groups = N / X16;
