@@ -399,8 +399,11 @@ void x16_half_q4_rows(const Q8Rows& x, int64_t m0, int64_t R, const uint8_t* gro
 constexpr int64_t X16_Q4_ROWS_MIN = 8;  // from this many rows, x16_half_q4_rows
 constexpr int64_t X16_ROWS_PASS = 64;   // rows per pass over a group (their float sums: 2 x 64 x 8 in L1)
 
-template <class F, bool Wide, class TX>
-void x16_q4_rows(const Q8Rows& x, int64_t M, const uint8_t* w, int64_t rb, int64_t N, const TX* bias, TX* out, int64_t out_stride) {
+// The many-row kernels' driver: the groups split across the threads, up to X16_ROWS_PASS rows a pass
+// over a group, each block-half's float sums from half_sums(m0, rows, group, half, acc), then the
+// bias and the store.
+template <class TX, class HalfSums>
+void x16_rows(int64_t M, const uint8_t* w, int64_t rb, int64_t N, const TX* bias, TX* out, int64_t out_stride, HalfSums half_sums) {
     const int64_t groups = N / X16;
 #pragma omp parallel for schedule(static)
     for (int64_t g = 0; g < groups; ++g) {
@@ -408,7 +411,7 @@ void x16_q4_rows(const Q8Rows& x, int64_t M, const uint8_t* w, int64_t rb, int64
         alignas(32) float acc[2][X16_ROWS_PASS * 8];
         for (int64_t m0 = 0; m0 < M; m0 += X16_ROWS_PASS) {
             const int64_t mb = std::min(X16_ROWS_PASS, M - m0);
-            for (int h = 0; h < 2; ++h) x16_half_q4_rows<F, Wide>(x, m0, mb, group, h, acc[h]);
+            for (int h = 0; h < 2; ++h) half_sums(m0, mb, group, h, acc[h]);
             store_tile(acc[0], 8, 1, mb, 8, bias, g * X16, out + m0 * out_stride, out_stride);
             store_tile(acc[1], 8, 1, mb, 8, bias, g * X16 + 8, out + m0 * out_stride, out_stride);
         }
@@ -445,11 +448,11 @@ inline std::vector<int16_t> x16_q16_pairs(const Q8Rows& x, int64_t M) {
 
 // R rows (from m0) against one block-half (8 weight rows) of a Q8_0 group, into acc (R x 8 floats).
 // Per block, chunks 0-3 then 4-7 in registers (E: the codes of elements 0 and 2 of each 4 as int16,
-// O: 1 and 3), each row's int32 sum of the first four kept in part.
-inline void x16_half_q8_0_q16(const Q8Rows& x, const int16_t* pairs, int64_t m0, int64_t R, const uint8_t* group, int half, float* acc,
-                              int32_t* part) {
+// O: 1 and 3), each row's int32 sum of the first four kept in part. R <= X16_ROWS_PASS.
+inline void x16_half_q8_0_q16(const Q8Rows& x, const int16_t* pairs, int64_t m0, int64_t R, const uint8_t* group, int half, float* acc) {
     constexpr int64_t BB = x16_block_bytes<FmtQ8_0>();
     const int64_t K = x.nb * 32;
+    alignas(32) int32_t part[X16_ROWS_PASS * 8];
     for (int64_t i = 0; i < R; ++i) _mm256_store_ps(acc + i * 8, _mm256_setzero_ps());
     for (int64_t b = 0; b < x.nb; ++b) {
         const uint8_t* gb = group + b * BB;
@@ -486,23 +489,6 @@ inline void x16_half_q8_0_q16(const Q8Rows& x, const int16_t* pairs, int64_t m0,
     }
 }
 
-template <class TX>
-void x16_q8_0_q16_rows(const Q8Rows& x, int64_t M, const uint8_t* w, int64_t rb, int64_t N, const TX* bias, TX* out, int64_t out_stride) {
-    const std::vector<int16_t> pairs = x16_q16_pairs(x, M);
-    const int64_t groups = N / X16;
-#pragma omp parallel for schedule(static)
-    for (int64_t g = 0; g < groups; ++g) {
-        const uint8_t* group = w + g * X16 * rb;
-        alignas(32) float acc[2][X16_ROWS_PASS * 8];
-        alignas(32) int32_t part[X16_ROWS_PASS * 8];
-        for (int64_t m0 = 0; m0 < M; m0 += X16_ROWS_PASS) {
-            const int64_t mb = std::min(X16_ROWS_PASS, M - m0);
-            for (int h = 0; h < 2; ++h) x16_half_q8_0_q16(x, pairs.data(), m0, mb, group, h, acc[h], part);
-            store_tile(acc[0], 8, 1, mb, 8, bias, g * X16, out + m0 * out_stride, out_stride);
-            store_tile(acc[1], 8, 1, mb, 8, bias, g * X16 + 8, out + m0 * out_stride, out_stride);
-        }
-    }
-}
 #endif
 
 
@@ -529,9 +515,17 @@ void linear_q8x16_impl(const TX* x, int64_t x_stride, int64_t M, int64_t K, cons
     quantize_q8(x, x_stride, M, K, xq, Wide ? 2 : 1);
 #ifdef DART_V16_AVX2
     if constexpr (std::is_same_v<F, FmtQ8_0> && Wide)
-        if (M >= X16_Q8_WIDE_MIN_ROWS) return x16_q8_0_q16_rows(xq, M, w, rb, N, bias, out, out_stride);
+        if (M >= X16_Q8_WIDE_MIN_ROWS) {
+            const std::vector<int16_t> pairs = x16_q16_pairs(xq, M);
+            return x16_rows(M, w, rb, N, bias, out, out_stride, [&](int64_t m0, int64_t mb, const uint8_t* group, int h, float* acc) {
+                x16_half_q8_0_q16(xq, pairs.data(), m0, mb, group, h, acc);
+            });
+        }
     if constexpr (!std::is_same_v<F, FmtQ8_0>)
-        if (M >= X16_Q4_ROWS_MIN) return x16_q4_rows<F, Wide>(xq, M, w, rb, N, bias, out, out_stride);
+        if (M >= X16_Q4_ROWS_MIN)
+            return x16_rows(M, w, rb, N, bias, out, out_stride, [&](int64_t m0, int64_t mb, const uint8_t* group, int h, float* acc) {
+                x16_half_q4_rows<F, Wide>(xq, m0, mb, group, h, acc);
+            });
 #endif
 #ifdef DART_V16
     const int64_t groups = N / X16;
