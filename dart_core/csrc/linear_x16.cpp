@@ -372,7 +372,7 @@ void x16_group(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, co
 }
 // Many rows against one block-half (8 weight rows) of a Q4_0 / Q4_1 group (AVX2), rows innermost: the
 // block-half's codes unpacked once into 8 registers for all R rows (the half-by-half kernel above does
-// it once per row block of 6), each row's integer sum in one chain, and the rows' float sums in acc
+// it once per row block of 6), each row's integer sum by Q4Half::dot, and the rows' float sums in acc
 // (R x 8, L1) instead of registers, so nothing spills however many rows run. The same operations per
 // output in the same order as above: the same bits.
 template <class F, bool Wide>
@@ -490,7 +490,6 @@ inline void x16_half_q8_0_q16(const Q8Rows& x, const int16_t* pairs, int64_t m0,
 }
 
 #endif
-
 
 template <class F, bool Wide>
 void x16_dispatch(int64_t mb, const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, const uint8_t* pf) {
