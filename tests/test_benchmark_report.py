@@ -68,13 +68,20 @@ def test_both_documents_are_written_between_their_markers(repo):
     assert report.main([]) == 0
     readme = (repo / "README.md").read_text()
     assert readme.startswith("# Title\n\nintro\n") and readme.endswith("\n\nlinks\n") and "old table" not in readme
-    # the README shows the run marked for it: one group of rows per CPU kind and model, llama.cpp named by its build
-    assert "| `avx512bf16` (Test CPU) | ours, GGUF (auto) | plain | 100.0 | 120.0 | 1.00x | 1.00 | 2/2 |" in readme
-    assert "|  |  | DART (1 node) | 150.0 | 180.0 | 1.50x | 1.80 | 2/2 |" in readme
-    assert "|  | llama.cpp (`avx2` build) | plain | 50.0 | 60.0 | 0.50x | 1.00 | 1/2 |" in readme
-    assert "our DART 3.00x / 3.00x, our plain decoding 2.00x / 2.00x" in readme
-    assert "forced" not in readme
+    # the README shows the run marked for it: a short table per CPU kind, a row per weights path, in tokens/s with
+    # the ratio to the row's plain decoding and τ; no EAGLE3 in the run, so its cell is empty
+    assert "**`avx512bf16` (Test CPU)**\n\n| weights | plain | EAGLE3 | DART | llama.cpp | same ids |\n" in readme
+    assert "| GGUF (auto) | 100.0 | – | 150.0 (1.50x, τ 1.80) | 50.0 (0.50x) | 2/2 |" in readme
+    assert "- τ: new tokens per target forward" in readme and "- same ids: prompts whose output token ids" in readme
+    assert "- Tree sizes, EAGLE3/DART (drafted nodes besides the root, chosen by the calibration on each machine): " \
+        "`avx512bf16` (Test CPU) GGUF (auto) –/1." in readme  # fmt: skip
+    assert "forced" not in readme and "GPU:" not in readme  # no kept GPU check in this repository
     doc = (repo / "docs" / "benchmarks.md").read_text()
+    # docs/benchmarks.md's summary keeps every row of those runs, one group per CPU kind and engine
+    assert "| `avx512bf16` (Test CPU) | ours, GGUF (auto) | plain | 100.0 | 120.0 | 1.00x | 1.00 | 2/2 |" in doc
+    assert "|  |  | DART (1 node) | 150.0 | 180.0 | 1.50x | 1.80 | 2/2 |" in doc
+    assert "|  | llama.cpp (`avx2` build) | plain | 50.0 | 60.0 | 0.50x | 1.00 | 1/2 |" in doc
+    assert "our DART 3.00x / 3.00x, our plain decoding 2.00x / 2.00x" in doc
     assert doc.endswith(f"{report.DOC_MARKS[1]}\n\n## Changelog\n\n- kept\n") and "\nold\n" not in doc
     # each run's section: the command that wrote it (datasets in brace form), its note, totals, sets, calibration
     assert "dart-bench --methods ar,dart,llamacpp --llamacpp-bin ~/llama/bin \\\n" in doc
@@ -126,21 +133,54 @@ def test_methods_name_their_heads_training_step():
     assert report.method_label(run, "dart") == "DART (1 node)" and "| heads |" not in report.env_table(run)
 
 
-def test_the_readme_shows_eagle3_only_at_dart_s_training_steps():
+def test_the_readme_shows_eagle3_only_at_dart_s_training_steps(tmp_path):
     """The README's table compares equal budgets only: a run whose EAGLE3 head trained fewer steps than
-    its DART head keeps its other rows, and a line says where its EAGLE3 row is."""
+    its DART head keeps its other cells, and a line says why its EAGLE3 cell is empty; the training
+    budget is said once. docs/benchmarks.md's summary leaves the row out the same way."""
     data = result("avx512bf16 kernels", 150.0, peer=False)
     data["methods"]["eagle3"] = method(120.0, 100.0, 1.5, [0.4])
     heads = {"dart": {"head": "assets/dart", "step": 50473}, "eagle3": {"head": "assets/eagle3", "step": 12188}}
     data["env"]["heads"] = heads
-    unequal = report.readme_block([report.Run("r", {"readme": True}, data)])
-    assert "EAGLE3 (" not in unequal and "DART (1 node, 50,473 steps)" in unequal
-    assert "Runs without an EAGLE3 row (`avx512bf16` (Test CPU), GGUF (auto)) were made with an EAGLE3 head trained" in unequal
+    runs = [report.Run("r", {"readme": True}, data)]
+    unequal = report.readme_block(runs, tmp_path)
+    assert "| GGUF (auto) | 100.0 | – | 150.0 (1.50x, τ 1.80) | – | 2/2 |" in unequal
+    assert "- EAGLE3 shows – where its head trained fewer steps than DART's (`avx512bf16` (Test CPU), GGUF (auto))." in unequal
+    assert "- Training budget: DART's head trained 50,473 steps, EAGLE3's 12,188." in unequal
+    full = report.full_summary(runs)
+    assert "EAGLE3 (" not in full and "DART (1 node, 50,473 steps)" in full
+    assert "Runs without an EAGLE3 row (`avx512bf16` (Test CPU), GGUF (auto)) were made with an EAGLE3 head trained" in full
     heads["eagle3"]["step"] = 50473
-    equal = report.readme_block([report.Run("r", {"readme": True}, data)])
-    assert "|  |  | EAGLE3 (50,473 steps) | 120.0 |" in equal and "Runs without an EAGLE3 row" not in equal
-    del data["env"]["heads"]  # a run that recorded no heads: shown as it was
-    assert "|  |  | EAGLE3 | 120.0 |" in report.readme_block([report.Run("r", {"readme": True}, data)])
+    equal = report.readme_block(runs, tmp_path)
+    assert "| GGUF (auto) | 100.0 | 120.0 (1.20x, τ 1.50) | 150.0 (1.50x, τ 1.80) | – | 2/2 |" in equal
+    assert "- Training budget: both heads trained 50,473 steps on the same self-distilled corpus." in equal
+    assert "EAGLE3 shows –" not in equal
+    assert "|  |  | EAGLE3 (50,473 steps) | 120.0 |" in report.full_summary(runs)
+    del data["env"]["heads"]  # a run that recorded no heads: shown as it was, no budget line
+    assert "|  |  | EAGLE3 | 120.0 |" in report.full_summary(runs)
+    assert "Training budget" not in report.readme_block(runs, tmp_path)
+
+
+def test_the_readme_shows_the_kept_gpu_check_s_embedded_stage(tmp_path):
+    """The GPU's row comes from the kept GPU check's embedded stage: its tokens/s, ratios, τ and ids, the
+    command that ran it (the run's own folder written as DIR) and its drafting time a step."""
+    step = {"draft": 0.0, "prune": 0.0, "verify": 1.0, "other": 0.2}
+    stage = {"bfloat16": {
+        "ar": {"tokens_per_s": 600.0, "vs_ar": 1.0, "tau": 1.0, "ids_equal_ar": 2, "prompts": 2, "ms_a_step": step},
+        "dart@60": {"tokens_per_s": 900.0, "vs_ar": 1.5, "tau": 2.5, "ids_equal_ar": 2, "prompts": 2, "ms_a_step": {**step, "draft": 0.6}},
+        "eagle3@60": {"tokens_per_s": 660.0, "vs_ar": 1.1, "tau": 2.4, "ids_equal_ar": 2, "prompts": 2,
+                      "ms_a_step": {**step, "draft": 3.9}},
+    }, "seconds": 40.0}  # fmt: skip
+    argv = ["scripts/gpu_check.py", "--out", "/somewhere", "--stages", "env,embedded", "--max-new-tokens", "64"]
+    data = {"device": "NVIDIA Test GPU (1 SM), torch 2", "date": "2026-01-02",
+            "runs": {"embedded": {"result": {"argv": argv, "stages": {"embedded": stage}}}}}  # fmt: skip
+    (tmp_path / report.GPU_RESULT).parent.mkdir(parents=True)
+    (tmp_path / report.GPU_RESULT).write_text(json.dumps(data))
+    text = "\n".join(report.gpu_table(tmp_path))
+    assert text.startswith("**GPU: NVIDIA Test GPU** (2026-01-02; 2 prompts x 64 tokens, trees of 60 nodes; ")
+    assert "`python scripts/gpu_check.py --out DIR --stages env,embedded --max-new-tokens 64`" in text
+    assert "A step's drafting took 0.6 ms for DART and 3.9 ms for EAGLE3 in that run" in text
+    assert "| bf16 | 600.0 | 660.0 (1.10x, τ 2.40) | 900.0 (1.50x, τ 2.50) | – | 2/2 |" in text
+    assert report.gpu_table(tmp_path / "elsewhere") == []  # no kept check: no GPU row
 
 
 def test_a_document_without_its_markers_is_an_error(repo):

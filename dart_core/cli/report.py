@@ -1,4 +1,4 @@
-"""The benchmark report: docs/benchmarks.md and the README's results table, written from the bench
+"""The benchmark report: docs/benchmarks.md and the README's results tables, written from the bench
 result files the repository keeps (docs/results/NAME.json, listed with their commands in
 docs/results/runs.json).
 
@@ -8,12 +8,13 @@ docs/results/runs.json).
 
 Each result file is one run of the bench CLI (`dart-bench ... --out FILE`): every
 method on the same prompts, interleaved prompt by prompt, so a run's speed-ups are ratios to its own
-plain decoding (`ar`). The report writes, between its markers, the README's table (every run marked
-"readme", one group of rows per CPU kind) and docs/benchmarks.md's report: per run, the command that
-made it, its environment, totals, per-set speed-ups, acceptance by depth and the forward costs its
-calibration measured. Text outside the markers is kept (the history of the runs is docs/changelog.md). To add a run:
-an entry in runs.json (its bench arguments without --out, environment variables, a note), then
-`--measure NAME`.
+plain decoding (`ar`). The report writes, between its markers, the README's results (a short table per
+CPU kind from the runs marked "readme": plain, EAGLE3, DART and llama.cpp, a row per weights path; the
+GPU's row from the kept GPU check's embedded stage) and docs/benchmarks.md's report: every row of
+those runs, then per run the command that made it, its environment, totals, per-set speed-ups,
+acceptance by depth and the forward costs its calibration measured. Text outside the markers is kept
+(the history of the runs is docs/changelog.md). To add a run: an entry in runs.json (its bench
+arguments without --out, environment variables, a note), then `--measure NAME`.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ DOC_MARKS = ("<!-- report:start -->", "<!-- report:end -->")
 # dart-report and dart_core/tools/bench.py) until the documents are regenerated with the new ones.
 COMMAND = "dart-report"
 BENCH_COMMAND = "dart-bench"
+# the kept GPU check whose embedded stage gives the README's GPU row
+GPU_RESULT = RESULTS / "gpu-h200-2026-11-29.json"
 
 # how the tables name the bench's methods (method@N adds its size)
 LABELS = {
@@ -377,13 +380,14 @@ def setting(runs: list[Run]) -> str:
     return ", ".join(parts)
 
 
-def readme_block(runs: list[Run], details: str = "in [docs/benchmarks.md](docs/benchmarks.md)") -> str:
+def full_summary(runs: list[Run], details: str = "below") -> str:
+    """docs/benchmarks.md's summary: every row of the runs marked "readme", one group per CPU kind and
+    engine, and the ratios against the peers in words."""
     shown = [r for r in runs if r.entry.get("readme")]
     lines = [
         f"One bench run per group of rows: {setting(shown)}. Every method of a run ran on the same prompts, interleaved "
         "prompt by prompt; *vs our plain* is against the plain row of the same run, *ids = plain's* counts the prompts "
-        f"whose output ids equal our plain decoding's. Written by `{COMMAND}` from `{RESULTS}/`; the commands, "
-        f"environments and per-set tables are {details}.",
+        f"whose output ids equal our plain decoding's. The commands, environments and per-set tables are {details}.",
         "",
         summary_table(shown),
         "",
@@ -395,6 +399,140 @@ def readme_block(runs: list[Run], details: str = "in [docs/benchmarks.md](docs/b
             f"- Runs without an EAGLE3 row ({'; '.join(unequal)}) were made with an EAGLE3 head trained for fewer steps than "
             f"DART's; their EAGLE3 rows, labelled with the head's step, are {details}."
         )
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def cell(r: dict | None, plain: dict, tau: bool = True) -> str:
+    """A compact table's cell: tokens/s, then the ratio to the run's plain decoding (and τ)."""
+    if r is None:
+        return "–"
+    extra = [f"{r['tokens_per_s'] / plain['tokens_per_s']:.2f}x"] + ([f"τ {fmt(r['tau'])}"] if tau else [])
+    return f"{r['tokens_per_s']:.1f} ({', '.join(extra)})"
+
+
+def ids_cell(methods: dict, names: tuple[str, ...]) -> str:
+    """The same-ids column: one count where the drafting methods agree, else each by name."""
+    counts = {LABELS[m]: str(methods[m].get("same_as_ar", "–")) for m in names if m in methods}
+    if not counts:
+        return "–"
+    if len(set(counts.values())) == 1:
+        return next(iter(counts.values()))
+    return ", ".join(f"{k} {v}" for k, v in counts.items())
+
+
+def compact_tables(shown: list[Run]) -> list[str]:
+    """A short table per CPU (its kernel build and model): a row per weights path, the columns plain,
+    EAGLE3, DART and llama.cpp's plain decoding, in tokens/s. An EAGLE3 head trained for fewer steps
+    than DART's shows as –."""
+    lines: list[str] = []
+    groups: dict[str, list[Run]] = {}
+    for run in shown:
+        groups.setdefault(kernel_label(run.env), []).append(run)
+    header = ["weights", "plain", "EAGLE3", "DART", "llama.cpp", "same ids"]
+    for kind, runs in groups.items():
+        rows = []
+        for run in runs:
+            m = run.data["methods"]
+            eagle3 = None if unequal_heads(run.env) else m.get("eagle3")
+            ids = ids_cell(m, ("eagle3", "dart") if eagle3 else ("dart",))
+            rows.append([weights_label(run.env), fmt(m["ar"]["tokens_per_s"], ".1f"), cell(eagle3, m["ar"]), cell(m.get("dart"), m["ar"]),
+                         cell(m.get("llamacpp"), m["ar"], tau=False), ids])  # fmt: skip
+        lines += [f"**{kind}**", "", table(header, rows), ""]
+    return lines
+
+
+def footnotes(shown: list[Run]) -> list[str]:
+    """The tree sizes, the training budget and vLLM's ratios, once each."""
+    sizes = []
+    for run in shown:
+        trees = run.env.get("tree_sizes") or {}
+        each = [str(trees.get(m, {}).get("max_nodes", "–")) for m in ("eagle3", "dart")]
+        sizes.append(f"{kernel_label(run.env)} {weights_label(run.env)} {'/'.join(each)}")
+    lines = []
+    if sizes:
+        lines.append(
+            f"- Tree sizes, EAGLE3/DART (drafted nodes besides the root, chosen by the calibration on each machine): {'; '.join(sizes)}."
+        )
+    steps = {(h.get("dart", {}).get("step"), h.get("eagle3", {}).get("step")) for h in ((r.env.get("heads") or {}) for r in shown)}
+    if len(steps) == 1 and None not in next(iter(steps)):
+        dart, eagle3 = next(iter(steps))
+        if dart == eagle3:
+            lines.append(f"- Training budget: both heads trained {dart:,} steps on the same self-distilled corpus.")
+        else:
+            lines.append(f"- Training budget: DART's head trained {dart:,} steps, EAGLE3's {eagle3:,}.")
+    unequal = [kernel_label(r.env) + ", " + weights_label(r.env) for r in shown if unequal_heads(r.env) and has_eagle3(r)]
+    if unequal:
+        lines.append(f"- EAGLE3 shows – where its head trained fewer steps than DART's ({'; '.join(unequal)}).")
+    for run in shown:
+        m = run.data["methods"]
+        plain = m.get("vllm")
+        best = {base: max((k for k in m if k.partition("@")[0] == base), key=lambda k: m[k]["tokens_per_s"], default=None)
+                for base in ("vllm-eagle3", "vllm-dart")}  # fmt: skip
+        e, d = best["vllm-eagle3"], best["vllm-dart"]
+        if plain and e and d:
+            lines.append(
+                f"- In vLLM's CPU build ({kernel_label(run.env)}, the same prompts, {plain['tokens_per_s']:.1f} tokens/s plain), "
+                f"DART's chain through our plugin ran {m[d]['tokens_per_s'] / plain['tokens_per_s']:.2f}x its plain decoding and "
+                f"{m[d]['tokens_per_s'] / m[e]['tokens_per_s']:.2f}x its EAGLE3 chain ([docs/vllm.md](docs/vllm.md))."
+            )
+    return lines
+
+
+def gpu_table(root: Path) -> list[str]:
+    """The GPU's row, from the kept GPU check's embedded stage (GPU_RESULT), when the file is there."""
+    path = root / GPU_RESULT
+    if not path.is_file():
+        return []
+    data = json.loads(path.read_text())
+    result = data["runs"]["embedded"]["result"]
+    argv = list(result["argv"])
+    if "--out" in argv:  # the folder the run wrote to is the machine's: the command names it DIR
+        argv[argv.index("--out") + 1] = "DIR"
+    tokens = argv[argv.index("--max-new-tokens") + 1] if "--max-new-tokens" in argv else "?"
+    for dtype, res in result["stages"]["embedded"].items():
+        if not isinstance(res, dict) or "ar" not in res:
+            continue
+        plain = res["ar"]
+        drafting = {k.partition("@")[0]: (k, v) for k, v in res.items() if k.partition("@")[0] in ("dart", "eagle3")}
+
+        def gcell(base: str) -> str:
+            r = drafting.get(base, (None, None))[1]
+            return "–" if r is None else f"{r['tokens_per_s']:.1f} ({r['vs_ar']:.2f}x, τ {r['tau']:.2f})"
+
+        same = sorted({f"{r['ids_equal_ar']}/{r['prompts']}" for _, r in drafting.values()})
+        nodes = sorted({k.partition("@")[2] for k, _ in drafting.values() if "@" in k})
+        weights = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(dtype, dtype)
+        row = [weights, fmt(plain["tokens_per_s"], ".1f"), gcell("eagle3"), gcell("dart"), "–", ", ".join(same) or "–"]
+        notes = [f"{r['ms_a_step']['draft']:.1f} ms for {LABELS[b]}" for b, (_, r) in sorted(drafting.items())]
+        return [
+            f"**GPU: {data['device'].split(' (')[0]}** ({data['date']}; {plain['prompts']} prompts x {tokens} tokens"
+            + (f", trees of {', '.join(nodes)} nodes" if nodes else "")
+            + f"; `python {shlex.join(argv)}`, [{GPU_RESULT.as_posix()}]({GPU_RESULT.as_posix()}); not a bench run). "
+            f"A step's drafting took {' and '.join(notes)} in that run ([docs/gpu.md](docs/gpu.md)).",
+            "",
+            table(["weights", "plain", "EAGLE3", "DART", "llama.cpp", "same ids"], [row]),
+            "",
+        ]
+    return []
+
+
+def readme_block(runs: list[Run], root: Path | None = None) -> str:
+    """The README's results: a short table per CPU kind from the runs marked "readme", the GPU's row,
+    what τ and "same ids" mean, the tree sizes and the training budget once each."""
+    shown = [r for r in runs if r.entry.get("readme")]
+    lines = [
+        f"Tokens/s end to end (prefill included) on {setting(shown)}. "
+        "Each row is one bench run: its methods ran on the same prompts, interleaved prompt by prompt; "
+        "in brackets, the ratio to that row's plain decoding and τ. `dart-kernels` prints your CPU's kind. "
+        f"Written by `{COMMAND}` from `{RESULTS}/`; every row, llama.cpp's id counts, the commands and the per-set tables "
+        "are in [docs/benchmarks.md](docs/benchmarks.md).",
+        "",
+        *compact_tables(shown),
+        *(gpu_table(root if root is not None else ROOT)),
+        "- τ: new tokens per target forward (accepted drafts plus the target's own next token); plain decoding's is 1.",
+        "- same ids: prompts whose output token ids equal our plain decoding's, for EAGLE3 and DART; n/n is what lossless means.",
+        *footnotes(shown),
+    ]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -560,7 +698,7 @@ def doc_block(runs: list[Run]) -> str:
         "otherwise and promises no bit-exactness, so its count is a report, not a check: [peers.md](peers.md)). A method's tree "
         "size is in brackets (drafted nodes besides the root). The draft / prune / verify / other split is ms per target forward."
     )
-    parts = [intro, "## Summary (the README's table)", readme_block(runs, details="below").rstrip()]
+    parts = [intro, "## Summary", full_summary(runs).rstrip()]
     parts += [run_section(r) for r in runs]
     return "\n\n".join(parts) + "\n"
 
@@ -579,7 +717,7 @@ def rendered(root: Path) -> dict[Path, str]:
     """The README and docs/benchmarks.md as the kept results give them."""
     runs = load_runs(root)
     out = {}
-    for rel, marks, block in ((README, README_MARKS, readme_block(runs)), (DOC, DOC_MARKS, doc_block(runs))):
+    for rel, marks, block in ((README, README_MARKS, readme_block(runs, root)), (DOC, DOC_MARKS, doc_block(runs))):
         path = root / rel
         out[path] = replace_block(path.read_text(), marks, block, rel)
     return out
