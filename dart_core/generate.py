@@ -16,6 +16,8 @@ from typing import Iterator, Protocol
 
 import torch
 
+from .model import ForwardOutput
+from .prefix_cache import PrefixHit, PrefixScope
 from .sampling import Acceptance, SamplingParams, accept, greedy_token, sample_token, target_probs
 from .target import Prompt, Target
 from .tree import DraftTree
@@ -138,6 +140,7 @@ class Summary:
     drafted: int | None = None  # drafted and accepted tokens in all, where an engine reports only totals (llama.cpp)
     accepted_drafts: int | None = None
     top2_gaps: list[float] | None = None  # per new token, the engine's top-2 logit gap, where it reports it (vLLM's plain decoding)
+    reused_tokens: int = 0  # prompt tokens whose KV rows came from the prefix cache (not prefilled)
 
     @property
     def new_tokens(self) -> int:
@@ -177,11 +180,17 @@ def generate(
     prompt: Prompt,
     drafter: Drafter | None = None,
     params: GenerationParams = GenerationParams(),
+    prefix: PrefixScope | None = None,
 ) -> Iterator[StepEvent | Summary]:
     """Generate from `prompt`, yielding a StepEvent per target forward and finally a Summary.
 
     Stops at the first EOS id (kept in the output), at max_new_tokens, or when prompt + output
     reaches max_length; the cache is sized so that no verify can overflow it.
+
+    prefix: a prefix store and its owner (dart_core/prefix_cache.py): the prompt's longest prefix
+    held for that owner is copied into this generation's cache instead of prefilled (the first
+    event's info says how many tokens: "reused"), and the generation's own rows are kept at its end;
+    both only where the target's forwards give every row its one-token step's bits (exact reuse).
     """
     drafter = drafter or ARDrafter()
     ids = target.encode(prompt)
@@ -189,7 +198,16 @@ def generate(
     if len(ids) >= limit:
         raise ValueError(f"the prompt has {len(ids)} tokens, the context limit is {limit}: no room to generate")
     capacity = cache_capacity(limit, len(ids), params.max_new_tokens, tree_size(drafter, params))
-    return _loop(target, ids, drafter, params, limit, capacity)
+    if prefix is not None and not reuse_exact(target, len(ids), tree_size(drafter, params)):
+        prefix = None
+    return _loop(target, ids, drafter, params, limit, capacity, prefix)
+
+
+def reuse_exact(target: Target, prompt_len: int, max_nodes: int) -> bool:
+    """Whether a generation's KV rows are the same bits however much of its prompt came from a kept
+    prefix: a prefill of the whole prompt, and so of any part of it, gives each row its one-token
+    step's bits (Target.prefill_exact), and so does a verify of the generation's trees."""
+    return target.prefill_exact(prompt_len) and target.exact_verify(max_nodes + 1)
 
 
 def context_limit(target: Target, max_length: int | None) -> int:
@@ -215,7 +233,7 @@ def cache_capacity(limit: int, prompt_len: int, max_new_tokens: int, max_nodes: 
     return min(limit, prompt_len + max_new_tokens + max_nodes + 1)
 
 
-def _loop(target, ids, drafter, params, limit, capacity) -> Iterator[StepEvent | Summary]:
+def _loop(target, ids, drafter, params, limit, capacity, prefix) -> Iterator[StepEvent | Summary]:
     # Python's cyclic GC, triggered by the loop's small allocations, traversed every object the process
     # holds (torch, transformers, the app): perf put ~5% of a bench run's CPU samples in it. The objects
     # that exist before the loop are set aside for its duration and handed back at its end (also when
@@ -223,20 +241,54 @@ def _loop(target, ids, drafter, params, limit, capacity) -> Iterator[StepEvent |
     # The target's cache and the drafter's session state are leased for the generation and given back
     # at its end (also when the consumer stops early), so the next generation replays what this one
     # captured on them (Target.lease_cache, DraftSession.close).
+    # With a prefix store, the context the cache holds (its tokens, their captured hidden states) is
+    # followed as the loop commits, and kept in the store when the generation ends (also early).
     cache = target.lease_cache(capacity)
     session = drafter.new_session(capacity)
+    ctx = _Context(prefix, drafter.needs_hidden or bool(target.model.capture)) if prefix is not None else None
+    hit = prefix.store.lookup(prefix.owner, target, ids, drafter.needs_hidden) if prefix is not None else None
     gc.freeze()
     try:
-        yield from _steps(target, ids, drafter, params, limit, capacity, cache, session)
+        yield from _steps(target, ids, drafter, params, limit, capacity, cache, session, hit, ctx)
     finally:
         gc.unfreeze()
         close = getattr(session, "close", None)
         if close is not None:
             close()
+        if ctx is not None:
+            ctx.keep(target, cache)
         target.return_cache(cache)
 
 
-def _steps(target, ids, drafter, params, limit, capacity, cache, session) -> Iterator[StepEvent | Summary]:
+class _Context:
+    """The tokens whose rows the generation's cache holds, with their captured hidden states, and the
+    logits after the prompt: what the prefix store keeps at the end."""
+
+    def __init__(self, scope: PrefixScope, capture: bool):
+        self.scope, self.capture = scope, capture
+        self.tokens: list[int] = []
+        self.hidden: list[torch.Tensor] | None = [] if capture else None
+        self.prompt_len = 0
+        self.prompt_logits: torch.Tensor | None = None
+
+    def add(self, ids: list[int], hidden: torch.Tensor | None) -> None:
+        self.tokens += ids
+        if self.hidden is not None:
+            if hidden is None:
+                self.hidden = None
+            else:
+                self.hidden.append(hidden.clone())  # (a forward's output buffer may be written again)
+
+    def keep(self, target: Target, cache) -> None:
+        if not self.tokens or len(self.tokens) != cache.length:
+            return  # a step that failed between its commit and this record: nothing consistent to keep
+        hidden = None if not self.hidden else torch.cat(self.hidden)
+        if hidden is not None and hidden.shape[0] != len(self.tokens):
+            hidden = None
+        self.scope.store.put(self.scope.owner, target, self.tokens, cache, hidden, self.prompt_len, self.prompt_logits)
+
+
+def _steps(target, ids, drafter, params, limit, capacity, cache, session, hit: PrefixHit | None, ctx) -> Iterator[StepEvent | Summary]:
     sp = params.sampling
     gen = None
     if not sp.greedy:
@@ -244,17 +296,20 @@ def _steps(target, ids, drafter, params, limit, capacity, cache, session) -> Ite
         gen.manual_seed(sp.seed if sp.seed is not None else torch.seed())
     clock = _Clock(target.device)
 
+    capture = drafter.needs_hidden or (ctx is not None and ctx.capture)
     t0 = clock()
-    out = target.prefill(ids, cache, capture=drafter.needs_hidden)
-    cache.commit(len(ids))
+    out, reused = _prefill(target, ids, cache, capture, hit)
     root = _first_token(out.logits[-1], sp, gen)
-    session.extend(ids, out.hidden)
+    session.extend(ids, None if out.hidden is None or not drafter.needs_hidden else out.hidden)
+    if ctx is not None:
+        ctx.add(ids, out.hidden)
+        ctx.prompt_len, ctx.prompt_logits = len(ids), out.logits[-1:].clone()
     prefill_s = clock() - t0
     output = [root]
     totals = StageTimes()
     steps = 1
     accepted: list[int] = []
-    yield StepEvent(0, [root], 0, None, [], StageTimes(verify=prefill_s))
+    yield StepEvent(0, [root], 0, None, [], StageTimes(verify=prefill_s), {"reused": reused})
     stop = _stop_reason(output, target.eos_ids, params.max_new_tokens, len(ids), limit)
 
     size = tree_size(drafter, params)
@@ -264,17 +319,20 @@ def _steps(target, ids, drafter, params, limit, capacity, cache, session) -> Ite
         proposal = session.propose(root, max_nodes)
         tree = proposal.tree.truncate(max_nodes + 1)
         t_verify = clock()
-        out = target.verify(tree, cache, capture=drafter.needs_hidden)
+        out = target.verify(tree, cache, capture=capture)
         t_accept = clock()
         acc: Acceptance = accept(tree, out.logits, sp, gen)
         cache.commit_path(acc.path)
         toks = tree.token_list
         committed = [toks[i] for i in acc.path]  # root + accepted drafts
+        hidden = None if out.hidden is None else target.rows(out.hidden, acc.path)
+        if ctx is not None:
+            ctx.add(committed, hidden)
         new = committed[1:] + [acc.bonus]
         kept = _append_until_stop(output, new, target.eos_ids, params.max_new_tokens, len(ids), limit)
         stop = _stop_reason(output, target.eos_ids, params.max_new_tokens, len(ids), limit)
         if stop is None:
-            session.extend(committed, None if out.hidden is None else target.rows(out.hidden, acc.path))
+            session.extend(committed, hidden if drafter.needs_hidden else None)
         root = acc.bonus
         t_end = clock()
         verify_s = t_accept - t_verify
@@ -285,7 +343,26 @@ def _steps(target, ids, drafter, params, limit, capacity, cache, session) -> Ite
         accepted.append(acc.accepted)
         yield StepEvent(steps - 1, kept, acc.accepted, tree, acc.path, times, proposal.info)
 
-    yield Summary(len(ids), output, steps, clock() - t0, prefill_s, totals, stop, accepted)
+    yield Summary(len(ids), output, steps, clock() - t0, prefill_s, totals, stop, accepted, reused_tokens=reused)
+
+
+def _prefill(target: Target, ids: list[int], cache, capture: bool, hit: PrefixHit | None) -> tuple[ForwardOutput, int]:
+    """The prompt into the cache, committed: its kept prefix copied in (hit) and the rest prefilled,
+    or the whole prompt prefilled. Returns the last row's logits and every prompt row's captured
+    states (hidden: the kept ones first), and how many tokens were reused."""
+    if hit is None:
+        out = target.prefill(ids, cache, capture=capture)
+        cache.commit(len(ids))
+        return out, 0
+    hit.load(cache)
+    n = hit.tokens
+    if hit.logits is not None:  # the whole prompt is kept, with the logits after it
+        return ForwardOutput(logits=hit.logits, hidden=hit.hidden() if capture else None), n
+    out = target.prefill(ids[n:], cache, capture=capture)
+    cache.commit(len(ids) - n)
+    kept = hit.hidden()
+    hidden = torch.cat((kept, out.hidden)) if capture and kept is not None and out.hidden is not None else None
+    return ForwardOutput(logits=out.logits, hidden=hidden), n
 
 
 def _append_until_stop(output, new, eos_ids, max_new, prompt_len, limit) -> list[int]:

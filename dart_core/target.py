@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from . import kernels as kernel_ops
-from .fixed import Upload
+from .fixed_shape import Upload
 from .gguf_checkpoint import load_gguf_transformer
 from .hf_checkpoint import load_transformer
 from .loading import AUTO, DEFAULT_MODEL, GGUF, GGUF_INT8, GGUF_INT16, GGUF_PATHS, embedded_gguf_path, parse_dtype, resolve_model_dir
@@ -163,14 +163,23 @@ class Target:
 
     def exact_verify(self, rows: int) -> bool:
         """Whether a verify of up to `rows` nodes computes bit for bit what one-token steps compute
-        (the batch-invariant CPU kernels, dart_core/kernels/, or the fixed-shape forward, dart_core/fixed.py)."""
+        (the batch-invariant CPU kernels, dart_core/kernels/, or the fixed-shape forward, dart_core/fixed_shape.py)."""
         return self.model.exact(rows, self.device)
+
+    def prefill_exact(self, n: int) -> bool:
+        """Whether `prefill` of n tokens gives every row its one-token step's bits (then a prefill's rows
+        do not depend on where the prompt is cut: dart_core/prefix_cache.py): one kernel forward or
+        kernel forwards of their rows (model.kernel_prefill), or fixed-shape forwards as `prefill` runs them."""
+        rows, R = kernel_ops.MAX_ROWS, self.model.fixed_row_count(self.device)
+        if self.model.kernel_path(min(n, rows), self.device):
+            return n <= rows or self.model.kernel_prefill
+        return self.model.fixed_path(min(n, R), self.device) and (n <= R or -(-n // R) <= self.model.prefill_chunk_limit(self.device))
 
     def verify(self, tree: DraftTree, cache: KVCache, capture: bool) -> ForwardOutput:
         """Run every tree node in one forward. Logits (N, V); hidden (N, 3H)."""
         n = len(tree)
         tokens, positions = tree.tokens, tree.depths + cache.length
-        if not self.model.fixed_path(n, self.device):  # (the fixed path uploads them with the tree: fixed.FixedInputs)
+        if not self.model.fixed_path(n, self.device):  # (the fixed path uploads them with the tree: fixed_shape.FixedInputs)
             tokens, positions = tokens.to(self.device), positions.to(self.device)
         # the exact paths read the tree from its parent links; the plain eager path needs its mask
         mask = None if n == 1 or self.model.exact(n, self.device) else tree.mask.to(self.device)
@@ -179,7 +188,7 @@ class Target:
     def rows(self, x: torch.Tensor, nodes: list[int]) -> torch.Tensor:
         """x's rows at `nodes` (a verify's captured states at the accepted path, for the drafter): a
         slice where they are 0..n-1 (a chain, plain decoding's step); on a GPU the indices go up from
-        pinned memory (fixed.Upload): indexing with a list copies it from pageable memory, which waits
+        pinned memory (fixed_shape.Upload): indexing with a list copies it from pageable memory, which waits
         for everything the device has queued (the cache's commit) once a step."""
         n = len(nodes)
         if nodes == list(range(n)):
