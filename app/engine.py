@@ -5,8 +5,16 @@ Chat, compare mode and the /generate API all go through `Engine.stream`, which d
 forward, timings). The target is CPU-bound and shared, so every step computes on the one
 `ComputeThread`, one step at a time, whichever Gradio thread asks for it (a cancelled request whose
 generator is never closed holds nothing between steps); Gradio's queue serialises whole requests
-(concurrency limit 1). Every run gets fresh KV caches from `generate`, so no request ever sees
-another's state.
+(concurrency limit 1). Every run decodes in a KV cache of its own from `generate`, so no request
+ever writes another's state.
+
+A conversation remembers (`Engine.prefix`, dart_core/prefix_cache.py): each run's context is kept in
+a store bounded by bytes, scoped to its owner (the browser session that asked), and the next run of
+that owner copies the longest prefix it shares into its own cache and prefills only the rest: a chat's
+next turn prefills the new messages only, and compare mode prefills each prompt once, the other
+methods decoding from copies of its rows. Only where that is exact (Target.prefill_exact): the engine
+then runs long prompts in kernel forwards (model.kernel_prefill), so every row has its one-token
+step's bits whichever run wrote it.
 
 Speeds count engine time only: the seconds spent inside the generation loop (prefill included),
 not the time the UI spends drawing between steps, nor time spent waiting in the queue.
@@ -27,7 +35,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, TypeVar
 
-from dart_core import ARDrafter, Drafter, DraftTree, GenerationParams, SamplingParams, StepEvent, Summary, generate
+from dart_core import ARDrafter, Drafter, DraftTree, GenerationParams, SamplingParams, StepEvent, Summary, generate, kernels
+from dart_core.prefix_cache import PrefixScope, PrefixStore
 from dart_core.target import Target
 from dart_core.tools.methods import METHODS, is_vllm
 from dart_core.tools.peers import PeerError, PeerRun, split_peer_method
@@ -135,6 +144,8 @@ class Run:
     summary: Summary | None = None
     engine_s: float = 0.0  # seconds spent inside the generation loop so far
     stopped: bool = False  # the user stopped it before the loop ended (then summary stays None)
+    first_token_s: float | None = None  # engine seconds to the first token (the prefill's step)
+    reused_tokens: int = 0  # prompt tokens whose KV rows came from the conversation's kept prefix
 
     @property
     def label(self) -> str:
@@ -299,13 +310,20 @@ class Engine:
         compute: ComputeThread | None = None,
         peers: list[Peer] = (),
         default_sizes: dict[str, int] | None = None,
+        prefix: PrefixStore | None = None,
     ):
         """compute: the thread that loaded `target` (app/launch.py loads on it); None: a new one.
         peers: what compare mode runs after the engine's methods (llama.cpp), in this order.
         default_sizes: each drafting method's tree size when a request names none (e.g. the size
         calibrated on this machine); a request may ask for any size up to the drafter's max_nodes, the
-        size it was built at. Unnamed: the drafter's max_nodes."""
+        size it was built at. Unnamed: the drafter's max_nodes.
+        prefix: where conversations' KV rows are kept between runs (None: every run prefills its whole
+        prompt); with it, prompts past the kernels' rows run in kernel forwards (model.kernel_prefill),
+        which makes the rows exact to reuse."""
         self.target = target
+        self.prefix = prefix
+        if prefix is not None and target.model.kernel_path(kernels.MAX_ROWS, target.device):
+            target.model.kernel_prefill = True
         loaded = {**drafters, "ar": ARDrafter()}
         self.drafters = {m: loaded[m] for m in METHOD_ORDER if m in loaded}
         default_sizes = dict(default_sizes or {})
@@ -388,15 +406,41 @@ class Engine:
             sizes[m] = n
         return sizes
 
-    def stream(self, req: Request) -> Iterator[Run]:
-        """Run one generation, yielding the same Run, updated, after each step.
+    @property
+    def prefix_exact(self) -> bool:
+        """Whether runs reuse kept prefixes here: a store, and prompts of any length prefilled row-exact."""
+        return self.prefix is not None and self.target.prefill_exact(self.context_limit)
+
+    def prefix_line(self) -> str:
+        """What the header says of the prefix cache."""
+        if self.prefix is None:
+            return "each turn prefills the whole conversation (no prefix cache)"
+        if not self.prefix_exact:
+            exact = next((n for n in range(self.context_limit, 0, -1) if self.target.prefill_exact(n)), 0)
+            return (
+                f"a conversation's KV cache is reused only while it has at most {exact} tokens: a longer prompt's prefill "
+                "here does not give each row its one-token step's bits, and reuse would change the answers"
+            )
+        return (
+            f"a conversation's KV cache is kept between its turns, up to {self.prefix.max_bytes / 2**20:.0f} MiB for all visitors "
+            "(exact: every row has its one-token step's bits, so the answers are the same as with a full prefill)"
+        )
+
+    def forget(self, owner) -> int:
+        """Drop what the prefix cache holds for `owner` (Clear, a closed session); returns how many entries."""
+        return 0 if self.prefix is None else self.prefix.drop(owner)
+
+    def stream(self, req: Request, owner=None) -> Iterator[Run]:
+        """Run one generation, yielding the same Run, updated, after each step. owner: whose kept
+        prefixes it may reuse and where its own is kept (the browser session); None: none.
 
         The lock is held while a step computes, never between steps: a consumer that stops iterating
         without closing the generator (a cancelled request whose thread is abandoned) cannot keep the
         engine from the next request. Runs own their KV caches, so steps of two runs may interleave;
         the app's single concurrency group keeps whole runs in order."""
         run = Run(req.method, req.params.max_nodes)
-        events = generate(self.target, req.messages, self.drafters[req.method], req.params)  # lazy: nothing runs yet
+        scope = PrefixScope(self.prefix, owner) if self.prefix is not None and owner is not None else None
+        events = generate(self.target, req.messages, self.drafters[req.method], req.params, scope)  # lazy: nothing runs yet
         for event in self._timed(events, run):
             if isinstance(event, Summary):
                 run.summary = event
@@ -407,9 +451,9 @@ class Engine:
                 append_step(run, event, self.target.tokenizer)
             yield run
 
-    def complete(self, req: Request) -> Run:
+    def complete(self, req: Request, owner=None) -> Run:
         run = None
-        for run in self.stream(req):
+        for run in self.stream(req, owner):
             pass
         return run
 
@@ -472,5 +516,7 @@ def append_step(run: Run, e: StepEvent, tokenizer) -> None:
         mid = min(max(len(decode_stable(tokenizer, run.output_ids[:-1])), start), end)
     else:
         mid = start if bonus else end  # only the target's token / only accepted drafts (a stop cut the step)
+    if e.step == 0:
+        run.first_token_s, run.reused_tokens = run.engine_s, e.info.get("reused", 0)
     times = {"draft": e.times.draft, "prune": e.times.prune, "verify": e.times.verify, "other": e.times.other}
     run.steps.append(Step(e.step, list(e.new_tokens), e.accepted, (min(start, end), mid, end), e.tree, e.path, times, e.info, run.engine_s))

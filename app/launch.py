@@ -44,6 +44,7 @@ from dart_core.drafters.config import DartConfig, DrafterConfigs, Eagle3Config  
 from dart_core.drafters.head import trained_record  # noqa: E402
 from dart_core.drafters.registry import DEFAULT_HEADS, build_drafter, embedded_head_exists, ngram_choice  # noqa: E402
 from dart_core.loading import AUTO, DEFAULT_MODEL, EMBEDDED_NAME, TARGET_DTYPE_CHOICES  # noqa: E402
+from dart_core.prefix_cache import DEFAULT_PREFIX_CACHE_MB, PrefixStore  # noqa: E402
 from dart_core.tools import calibrate, peers, vllm_peer  # noqa: E402
 from dart_core.tools.bench import vllm_dtype  # noqa: E402
 from dart_core.tools.methods import METHODS  # noqa: E402
@@ -91,6 +92,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--template-name", default=None, help="accepted for upstream compatibility; the tokenizer's own chat template is used")
     p.add_argument("--max-new-tokens", type=int, default=256, help="the most a request may ask for")
     p.add_argument("--max-length", type=int, default=2048, help="prompt + output limit in tokens (the conversation must fit)")
+    p.add_argument(
+        "--prefix-cache-mb",
+        type=int,
+        default=DEFAULT_PREFIX_CACHE_MB,
+        help="memory for conversations' KV caches kept between turns, all visitors together (0: every turn prefills "
+        "the whole conversation); reuse is exact, and on the CPU kernels turns prompts into kernel forwards",
+    )
     add_drafter_flags(p)
     g = p.add_argument_group("compare")
     g.add_argument(
@@ -500,7 +508,10 @@ def load_models(args, compute: ComputeThread) -> Loaded:
 
         pruner = "C++" if getattr(ngram_cpp, "HAVE_CPP", False) else "pure Python"
     heads = heads_line({name: getattr(configs, name).head or DEFAULT_HEADS[name] for name in drafters}, notes)
-    engine = Engine(target, drafters, args.max_new_tokens, args.max_length, compute, peer_list, {m: default_sizes[m] for m in drafters})
+    prefix = PrefixStore(args.prefix_cache_mb << 20) if args.prefix_cache_mb > 0 else None
+    engine = Engine(
+        target, drafters, args.max_new_tokens, args.max_length, compute, peer_list, {m: default_sizes[m] for m in drafters}, prefix
+    )
     return Loaded(engine, notes, pruner, progress, threads, configs, peers_line, tree_line, weights_line, costs, costs_note, heads)
 
 

@@ -83,6 +83,8 @@ def stats_text(run: Run, speedup: float | None) -> str:
     parts = [f"{run.label}", f"{run.new_tokens} tokens", f"{run.tokens_per_s:.1f} tok/s", f"τ {run.tau:.2f}"]
     if speedup is not None:
         parts.append(f"{speedup:.2f}× vs AR")
+    if run.first_token_s is not None:  # the engine's runs: time to first token, and what it reused
+        parts.append(f"first token {run.first_token_s:.2f} s" + (f" ({run.reused_tokens} tokens reused)" if run.reused_tokens else ""))
     parts.append(f"stopped: {run.stop_reason}" if run.done else STOPPED if run.stopped else GENERATING)
     return " · ".join(parts)
 

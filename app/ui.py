@@ -117,6 +117,12 @@ class StopSignals:
         with self._lock:
             self._turns.pop(turn, None)
 
+    def session_of(self, turn: int) -> str | None:
+        """The browser session that armed `turn` (whose kept conversation it may reuse); None if unknown."""
+        with self._lock:
+            x = self._turns.get(turn)
+            return None if x is None else x.session
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._turns)
@@ -154,7 +160,12 @@ class DemoApp:
             demo.load(
                 self._blank_plots, None, [self.tree_plot, self.speed_plot, self.accepted_plot, self.split_plot], api_visibility="private"
             )
+            demo.unload(self.leave)
         return demo
+
+    def leave(self, request: gr.Request) -> None:
+        """A browser session closed: what the prefix cache kept for it goes."""
+        self.engine.forget(request.session_hash)
 
     # ---- layout -------------------------------------------------------------------------------
 
@@ -179,6 +190,8 @@ class DemoApp:
             gr.HTML(f"<p class='peers'>{html.escape(s.tree_line)}</p>", elem_id="tree-sizes")
         if s.heads_line:  # how long each head trained, and whether DART and EAGLE3 had equal steps
             gr.HTML(f"<p class='peers'>{html.escape(s.heads_line)}</p>", elem_id="heads")
+        # whether a conversation's KV cache is kept between its turns (app/engine.py, dart_core/prefix_cache.py)
+        gr.HTML(f"<p class='peers'>{html.escape(e.prefix_line())}</p>", elem_id="prefix-cache")
         if s.peers_line:  # what the llama.cpp row runs, or why there is none (app/launch.py load_peers)
             gr.HTML(f"<p class='peers'>{html.escape(s.peers_line)}</p>", elem_id="llamacpp-status")
         if s.notes:
@@ -402,6 +415,7 @@ class DemoApp:
         except RequestError as e:
             raise gr.Error(str(e)) from None
         greedy = req.params.sampling.greedy
+        owner = self.stops.session_of(turn)  # this browser session's kept conversation, never another's
         shown = display + [{"role": "user", "content": render.plain(message)}]
         runs: list[Run] = []
         first_frame = True
@@ -418,7 +432,7 @@ class DemoApp:
                 first_frame = False
                 runs.append(self.engine.run_peer(req, m))
                 continue
-            with closing(self.engine.stream(req.for_method(m))) as stream:
+            with closing(self.engine.stream(req.for_method(m), owner)) as stream:
                 for run in stream:
                     if self.stops.stopped(turn) and not run.done:
                         run.stopped = True
@@ -446,7 +460,9 @@ class DemoApp:
             raise gr.Error("nothing to retry yet")
         yield from self.respond(turn, history[-2]["content"], history[:-2], display[:-2], *rest)
 
-    def reset(self) -> dict:
+    def reset(self, request: gr.Request) -> dict:
+        """Clear: the chat, the panes and plots, and what the prefix cache kept of this session's conversation."""
+        self.engine.forget(request.session_hash)
         blank = self._blank_plots()
         return {
             self.chat: [],
@@ -490,7 +506,7 @@ class DemoApp:
             self.history: messages + [{"role": "assistant", "content": first.text}],
             self.display: shown + [assistant],
             self.runs: runs,
-            self.stats: render.stats_html(runs, speedups),
+            self.stats: render.stats_html(runs, speedups) + (self._memory_html() if final else ""),
         }
         if len(order) > 1:
             pending = [self.engine.label(m) for m in order[len(runs) :]]
@@ -519,6 +535,10 @@ class DemoApp:
                 out[self.tree_of] = gr.update(value=tree_run.method)
         return out
 
+    def _memory_html(self) -> str:
+        """After a turn: what the prefix cache holds (entries, tokens, memory against its bound)."""
+        return render.notice_html(self.engine.prefix.report()) if self.engine.prefix is not None else ""
+
     @staticmethod
     def _tree_run(runs: list[Run], method: str | None) -> Run | None:
         """The run whose tree to show: `method`'s if it ran, else the first run with trees, else the first."""
@@ -539,19 +559,22 @@ class DemoApp:
             top_p: float = 1.0,
             top_k: int = 0,
             tree_size: int | None = None,
+            request: gr.Request = None,
         ) -> Iterator[dict]:
             """Generate a reply to one user message with method dart, eagle3 or ar. Streams dicts
-            {text, new_tokens, tau, tokens_per_s, speedup_vs_ar, tree_size, done}, at most one every
+            {text, new_tokens, tau, tokens_per_s, speedup_vs_ar, tree_size, first_token_s, reused_tokens, done}, at most one every
             TEXT_EVERY_S and always the last; `predict` returns the last one. tree_size: the most drafted
             nodes a tree may have (dart, eagle3; null: the app's default for the method).
-            speedup_vs_ar is null until plain decoding has been measured. Bad input raises with the reason."""
+            speedup_vs_ar is null until plain decoding has been measured; first_token_s: engine seconds to
+            the first token; reused_tokens: prompt tokens this client's earlier requests had left in the
+            prefix cache (a client's cache is its own). Bad input raises with the reason."""
             try:
                 sizes = None if tree_size is None else {method: tree_size}
                 req = engine.request([{"role": "user", "content": message}], method, max_new_tokens, temperature, top_p, top_k, sizes)
             except RequestError as e:
                 raise gr.Error(str(e)) from None
             last = 0.0
-            for run in engine.stream(req):
+            for run in engine.stream(req, None if request is None else request.session_hash):
                 now = time.perf_counter()
                 if not run.done and now - last < TEXT_EVERY_S:
                     continue  # at most one dict per TEXT_EVERY_S, and always the last
@@ -563,6 +586,8 @@ class DemoApp:
                     "tokens_per_s": run.tokens_per_s,
                     "speedup_vs_ar": engine.speedup(run) if run.method != "ar" else 1.0,
                     "tree_size": run.tree_size,
+                    "first_token_s": run.first_token_s,
+                    "reused_tokens": run.reused_tokens,
                     "done": run.done,
                 }
 

@@ -19,12 +19,16 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import fixed, kernels
+from . import fixed_shape, kernels
+
+if TYPE_CHECKING:
+    from .cuda.config import CudaForward
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -85,7 +89,7 @@ class ModelArgs:
 
 
 # Rows of the fixed-shape forward by device type: every forward of up to this many new tokens off the
-# CPU kernels runs at exactly this many rows (dart_core/fixed.py). CUDA: the paper's 60-node trees fit;
+# CPU kernels runs at exactly this many rows (dart_core/fixed_shape.py). CUDA: the paper's 60-node trees fit;
 # a CPU (--eager) pays for each padded row in its GEMMs, so it keeps a tree's worth of the CPU's sizes.
 FIXED_ROWS = {"cuda": 64, "cpu": 16}
 
@@ -127,7 +131,7 @@ class KVCache:
         self.v = torch.empty(shape, dtype=dtype, device=device)
         self.capacity = capacity
         self.length = 0
-        self._upload: fixed.Upload | None = None  # commit_path's node indices to a GPU
+        self._upload: fixed_shape.Upload | None = None  # commit_path's node indices to a GPU
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v (B, nkv, T, hd) as pending entries; return the layer's keys/values up to length+T."""
@@ -155,7 +159,7 @@ class KVCache:
             src = [L + i for i in nodes]  # the entries' slots (added on the host: one launch less a step)
             if self.k.device.type != "cpu":  # from pinned memory: the host does not wait for the device
                 if self._upload is None:
-                    self._upload = fixed.Upload(torch.long, self.k.device)
+                    self._upload = fixed_shape.Upload(torch.long, self.k.device)
                 src = self._upload(src)
             else:
                 src = torch.tensor(src)
@@ -204,7 +208,7 @@ class SpareCache:
         c.length = 0
         return c
 
-    # Where forwards are captured as graphs (fixed.graphs_here), a new cache's capacity is rounded up to
+    # Where forwards are captured as graphs (fixed_shape.graphs_here), a new cache's capacity is rounded up to
     # a multiple of this: a later generation a little longer than the one before still fits the cache
     # and replays its graphs, where an exact fit captured them again (seen on an H200: the embedded
     # model's drafting at 16 ms a step instead of 0.9, each measured generation longer than the last).
@@ -217,7 +221,7 @@ class SpareCache:
         cache = self.take(capacity, scratch, dtype, device)
         if cache is not None:
             return cache
-        if fixed.graphs_here(device):
+        if fixed_shape.graphs_here(device):
             capacity = -(-capacity // self.GRAPH_CAPACITY_STEP) * self.GRAPH_CAPACITY_STEP
         return KVCache(n_layers, n_kv_heads, head_dim, capacity, dtype, device, scratch)
 
@@ -413,38 +417,14 @@ class Transformer(nn.Module):
         # one call, "head": the LM head's linear and its fp32 logits; the rest is the forward's wall minus these), for
         # `dart-kernels --split`; None (the default) times nothing.
         self.stage_seconds: dict[str, float] | None = None
-        # Rows of the fixed-shape forward (dart_core/fixed.py), the exact path of forwards the kernels do
+        # Rows of the fixed-shape forward (dart_core/fixed_shape.py), the exact path of forwards the kernels do
         # not run: None takes FIXED_ROWS for the device, 0 turns it off (the plain eager path).
         self.fixed_rows: int | None = None
-        # CUDA: the fixed forward's attention as Triton kernels and the forward as a CUDA graph (None:
-        # wherever Triton imports; False: the torch reference, not captured; True: demanded, and on a
-        # CPU run by Triton's interpreter, uncaptured: how the tests check the kernels without a GPU)
-        self.fixed_kernels: bool | None = None
-        # with the kernels: the element-wise work between the GEMMs fused into Triton kernels too (False:
-        # torch ops there, the attention alone in Triton; for comparison)
-        self.fixed_fused: bool = True
-        # with the kernels: rows an attention program serves (1: a program a row; more: the rows share
-        # each committed chunk's read, exact where a dot product gives a row the same bits at any place
-        # of its tile, which only a GPU run can show: gpu_check's fixed-grouped path). None: grouped
-        # (fixed.default_row_group) on the GPU kinds where a run showed it exact, else 1
-        # (fixed.row_group_here)
-        self.fixed_row_group: int | None = None
-        # with the kernels: keys an attention program reads at most (a multiple of 64; None:
-        # fixed_triton.SPLIT). Exact at any value (the splits are cut at logical positions, the same for
-        # a node's verify and its step); it sets how many programs a short context's step spreads over,
-        # the device's to time (gpu_check's sweep).
-        self.fixed_split: int | None = None
-        # with the fused kernels: the linears by our own Triton GEMM with the element-wise work in its
-        # prologue and epilogue (fixed_triton.linear: the norm before a linear, the residual add after
-        # one, SiLU times up; seven launches a layer instead of ten), not torch's GEMM between fused
-        # kernels. Off by default until a device has timed it against torch's (gpu_check's fixed-gemm
-        # path and gemm part); exact either way, its logits rounded a little otherwise.
-        self.fixed_gemm: bool = False
-        # with fixed_gemm: K in this many parts (fixed_triton.linear's SPLIT_K: a second kernel adds them
-        # in order) for the linears whose column programs are fewer than the device's multiprocessors
-        # (on an H200 the 8B shape's q|k|v, output and down products); 1, the default: K in one part.
-        # Exact at any value; the device's to time (gpu_check's fixed-gemm-kP paths, its gemm part).
-        self.fixed_gemm_parts: int = 1
+        # How the fixed-shape forward runs on CUDA (its Triton kernels, row groups, split, GEMMs: one
+        # dart_core.cuda.config.CudaForward, set whole at the edge; None: its defaults). Off CUDA the
+        # torch reference runs and nothing reads it unless it demands the kernels (kernels=True: Triton's
+        # interpreter on a CPU, the tests).
+        self.cuda_forward: CudaForward | None = None
         # A prompt of more than the fixed rows runs as that many fixed-shape forwards when its chunks
         # are at most this many (Target.prefill), else as one eager forward; 0: always eager; None
         # (the default): prefill_chunk_limit's rule for the device. A replay a chunk against an eager
@@ -452,7 +432,7 @@ class Transformer(nn.Module):
         # times both).
         self.fixed_prefill_chunks: int | None = None
         self._weight_bytes: int | None = None
-        self._fixed_rope: fixed.RopeTable | None = None
+        self._fixed_rope: fixed_shape.RopeTable | None = None
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions[:, None].float() * self.inv_freq[None, :]  # (T, hd/2)
@@ -565,16 +545,6 @@ class Transformer(nn.Module):
             return self.fixed_rows
         return FIXED_ROWS.get(torch.device(device).type, FIXED_ROWS["cpu"])
 
-    def fixed_mode(self) -> tuple:
-        """The settings a FixedRunner is built for (its kernels and graph): another asks for a new one."""
-        return (self.fixed_kernels, self.fixed_fused, self.fixed_row_group, self.fixed_split, self.fixed_gemm, self.fixed_gemm_parts)
-
-    def fixed_row_group_on(self, device: torch.device) -> int:
-        """Rows an attention program of the fixed forward's kernels serves on this device (fixed_row_group
-        resolved by fixed.row_group_here)."""
-        a = self.args
-        return fixed.row_group_here(self.fixed_row_group, a.n_heads // a.n_kv_heads, device, self.tok_embeddings.weight.dtype)
-
     def prefill_chunk_limit(self, device: torch.device) -> int:
         """Fixed-shape chunks a prompt may run as on this device (0: prompts past the fixed rows run
         eager): FIXED_PREFILL_CHUNKS, and on CUDA as many more as read PREFILL_CHUNK_READ_BYTES of
@@ -602,7 +572,7 @@ class Transformer(nn.Module):
         return self.kernel_path(T, device) or self.fixed_path(T, device)
 
     def _forward_fixed(self, tokens, positions, parents, cache, logits_at, capture, final, logits, device) -> ForwardOutput:
-        """`forward` on the fixed-shape path (dart_core/fixed.py): the T new tokens padded to the fixed
+        """`forward` on the fixed-shape path (dart_core/fixed_shape.py): the T new tokens padded to the fixed
         row count for every GEMM, attention per row over its logical key sequence; on CUDA through the
         Triton kernels, captured once a cache as a CUDA graph and replayed."""
         T = tokens.shape[0]
@@ -613,8 +583,8 @@ class Transformer(nn.Module):
         rope = self._fixed_rope_table(device)
         rope.check(cache.length + T - 1)
         runner = getattr(cache, "fixed_runner", None)
-        if runner is None or runner.model is not self or runner.rows != rows or runner.mode != self.fixed_mode():
-            runner = cache.fixed_runner = fixed.FixedRunner(self, cache, rows, device)
+        if runner is None or runner.model is not self or runner.rows != rows or runner.mode != self.cuda_forward:
+            runner = cache.fixed_runner = fixed_shape.FixedRunner(self, cache, rows, device)
         out_logits, hidden, normed = runner(tokens, positions, parents, capture, logits)
         out_logits = None if out_logits is None else out_logits[:T]
         normed = normed[:T]
@@ -623,16 +593,16 @@ class Transformer(nn.Module):
             out_logits = None if out_logits is None else out_logits[logits_at]
         return ForwardOutput(logits=out_logits, hidden=None if hidden is None else hidden[:T], final=normed if final else None)
 
-    def _fixed_rope_table(self, device) -> fixed.RopeTable:
+    def _fixed_rope_table(self, device) -> fixed_shape.RopeTable:
         if self._fixed_rope is None or self._fixed_rope.cos.device != torch.device(device):
-            self._fixed_rope = fixed.RopeTable(self.inv_freq, self.rope_scale, self.args.max_position_embeddings)
+            self._fixed_rope = fixed_shape.RopeTable(self.inv_freq, self.rope_scale, self.args.max_position_embeddings)
         return self._fixed_rope
 
-    def fixed_body(self, inputs: fixed.FixedInputs, cache: KVCache, kernels, capture: bool, logits: bool):
+    def fixed_body(self, inputs: fixed_shape.FixedInputs, cache: KVCache, kernels, capture: bool, logits: bool):
         """The fixed-shape forward of inputs (loaded by FixedInputs.fill) at its R rows: returns logits
         (R, V) fp32 (or None), the captured residual streams (R, 3H) (or None) and the final-normed
         states (R, H). Shapes and addresses do not depend on the forward, so this can be captured.
-        kernels: fixed_triton.Kernels (the attention, and with `fused` the element-wise work between
+        kernels: cuda.triton_kernels.Kernels (the attention, and with `fused` the element-wise work between
         the GEMMs, as Triton kernels) or None (torch ops throughout)."""
         if kernels is not None and kernels.gemm:
             return self._fixed_body_gemm(inputs, cache, kernels, capture, logits)
@@ -670,7 +640,7 @@ class Transformer(nn.Module):
                 q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
                 k_cache.index_copy_(1, inputs.slots, k.transpose(0, 1).to(k_cache.dtype))
                 v_cache.index_copy_(1, inputs.slots, v.reshape(R, a.n_kv_heads, a.head_dim).transpose(0, 1).to(v_cache.dtype))
-            o = fixed.attend(q, k_cache, v_cache, inputs, kernels).reshape(R, q_out)
+            o = fixed_shape.attend(q, k_cache, v_cache, inputs, kernels).reshape(R, q_out)
             x, h = norm_after(x, _linear(att.wo, o), layer.ffn_norm)
             mlp = layer.feed_forward
             gu = _linear(mlp.w13, h)
@@ -685,10 +655,10 @@ class Transformer(nn.Module):
         out_logits = self.output(normed).float() if logits else None  # the LM head on all R rows too
         return out_logits, (torch.cat(captured, dim=-1) if capture else None), normed
 
-    def _fixed_body_gemm(self, inputs: fixed.FixedInputs, cache: KVCache, kernels, capture: bool, logits: bool):
-        """fixed_body with our GEMMs (fixed_gemm): a layer is the normed q|k|v product, the q|k|v kernel,
+    def _fixed_body_gemm(self, inputs: fixed_shape.FixedInputs, cache: KVCache, kernels, capture: bool, logits: bool):
+        """fixed_body with our GEMMs (CudaForward.gemm): a layer is the normed q|k|v product, the q|k|v kernel,
         the attention, the output product added to the residual stream, the normed gate|up product
-        through SiLU times up, the down product added to the stream (kernels.linear, fixed_triton.linear).
+        through SiLU times up, the down product added to the stream (kernels.linear, cuda.triton_kernels.linear).
         The final norm and the LM head as fixed_body runs them."""
         x = self.tok_embeddings(inputs.tokens)  # (R, H); padding rows read token 0 and are dropped
         a, R = self.args, inputs.rows
@@ -700,7 +670,7 @@ class Transformer(nn.Module):
             k_cache, v_cache = cache.k[i, 0], cache.v[i, 0]
             qkv = kernels.linear(x, att.wqkv.weight, att.wqkv.bias, norm=layer.attention_norm.weight, eps=layer.attention_norm.eps)
             q = kernels.qkv_rope(qkv, att, k_cache, v_cache, self._fixed_rope, inputs, a)
-            o = fixed.attend(q, k_cache, v_cache, inputs, kernels).reshape(R, a.n_heads * a.head_dim)
+            o = fixed_shape.attend(q, k_cache, v_cache, inputs, kernels).reshape(R, a.n_heads * a.head_dim)
             x = kernels.linear(o, att.wo.weight, att.wo.bias, residual=x)
             act = kernels.linear(x, mlp.w13.weight, norm=layer.ffn_norm.weight, eps=layer.ffn_norm.eps, silu=True)
             x = kernels.linear(act, mlp.w2.weight, mlp.w2.bias, residual=x)

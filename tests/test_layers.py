@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("dart_core", "app", "ngram_cpp")
-UPPER = ("dart_core.tools", "dart_core.cli")  # the layers above the engine
+UPPER = ("dart_core.tools", "dart_core.cli", "dart_core.cuda.check")  # the layers above the engine (the GPU check: a command)
 
 
 def modules() -> dict[str, Path]:

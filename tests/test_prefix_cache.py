@@ -196,13 +196,13 @@ def test_common_prefix():
 def test_embedded_chat_turns_reuse_exactly(embedded_on):
     """The embedded model (gguf-int16, its prompts in kernel forwards): a chat's second turn reuses the
     first's rows and answers as a fresh prefill does, plain decoding and DART."""
-    from dart_core.drafters.dart import load_dart_drafter
+    from dart_core.drafters.registry import build_drafter
 
     target = embedded_on("gguf-int16")
     was = target.model.kernel_prefill
     target.model.kernel_prefill = True
     try:
-        dart = load_dart_drafter(target)
+        dart = build_drafter("dart", target)
         scope = PrefixScope(PrefixStore(), "v")
         messages = [{"role": "user", "content": "Explain what a hash table is, in two sentences."}]
         for drafter in (ARDrafter(), dart):
@@ -214,5 +214,61 @@ def test_embedded_chat_turns_reuse_exactly(embedded_on):
             out = run(target, turn2, drafter, scope, GenerationParams(40))
             assert out.reused_tokens > first.prompt_tokens
             assert out.output_ids == run(target, turn2, drafter, None, GenerationParams(40)).output_ids
+    finally:
+        target.model.kernel_prefill = was
+
+
+@pytest.mark.slow
+def test_app_engine_conversations_under_load(embedded_on):
+    """The app's engine with a prefix cache: 80 requests from 8 visitors at once (two-turn chats, mixed
+    methods, their steps interleaved on the compute thread) each answer as its solo run without the
+    cache; a visitor reuses only its own rows; the store stays within its bound; compare mode's second
+    method prefills nothing."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from app.engine import Engine
+    from dart_core.drafters.registry import build_drafter
+
+    target = embedded_on("gguf-int16")
+    was = target.model.kernel_prefill
+    try:
+        dart = build_drafter("dart", target)
+        bound = 24 << 20  # less than the 80 conversations' entries: some are evicted
+        engine = Engine(target, {"dart": dart}, 8, prefix=PrefixStore(bound))
+        assert target.model.kernel_prefill and engine.prefix_exact
+        plain = Engine(target, {"dart": dart}, 8)
+        topics = ["the sea", "a cat", "rain", "bread", "a river", "the moon", "a train", "snow", "a clock", "tea"]
+
+        def chat(job):
+            visitor, i = job
+            method = ("dart", "ar")[(visitor + i) % 2]
+            messages = [{"role": "user", "content": f"One sentence about {topics[i]}."}]
+            first = engine.complete(engine.request(messages, method, 8, 0.0, 1.0, 0), owner=visitor)
+            messages += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "Shorter."}]
+            second = engine.complete(engine.request(messages, method, 8, 0.0, 1.0, 0), owner=visitor)
+            return job, method, messages, first, second
+
+        jobs = [(v, i) for v in range(8) for i in range(10)]
+        with ThreadPoolExecutor(16) as pool:
+            results = list(pool.map(chat, jobs))
+        assert engine.prefix.bytes <= bound and engine.prefix.stats.evicted > 0
+        assert engine.prefix.owners() <= set(range(8))
+        solo: dict = {}
+        for (visitor, i), method, messages, first, second in results:
+            key = (i, method)
+            if key not in solo:
+                solo[key] = plain.complete(plain.request(messages, method, 8, 0.0, 1.0, 0)).output_ids
+            assert second.output_ids == solo[key], (visitor, i, method)
+            assert second.reused_tokens > 0 and second.first_token_s is not None
+        # a visitor's rows are never read for another's prompt
+        fresh = engine.complete(engine.request([{"role": "user", "content": "One sentence about tea."}], "ar", 8, 0.0, 1.0, 0), owner="new")
+        assert fresh.reused_tokens == 0
+        # compare mode: the second method copies the whole prompt, its first token's logits included
+        messages = [{"role": "user", "content": "Name two colours."}]
+        req = engine.request(messages, "dart", 8, 0.0, 1.0, 0)
+        runs = [engine.complete(req.for_method(m), owner="cmp") for m in ("dart", "ar")]
+        assert runs[0].reused_tokens == 0 and runs[1].reused_tokens == len(target.encode(messages))
+        assert runs[0].output_ids == runs[1].output_ids
+        assert engine.forget("cmp") >= 1 and "cmp" not in engine.prefix.owners()
     finally:
         target.model.kernel_prefill = was

@@ -19,11 +19,11 @@ import torch
 
 import ngram_cpp
 
-from ..fixed import Upload
+from ..fixed_shape import Upload
 from ..generate import Proposal
 from ..model import SpareCache
 from ..tree import DraftTree
-from . import head_graph
+from .captured import captured_head
 from .head import DraftHead, KernelHead, int8_beside, load_head
 
 CONTEXT_TAIL = 8  # committed tokens passed to the pruner as n-gram context (order - 1 are used)
@@ -199,7 +199,7 @@ class DartDrafter:
         if kernel_head is None and use_kernels and KernelHead.supports(head):
             kernel_head = KernelHead(head, int8=int8_beside(target))
         self.fast = kernel_head if use_kernels else None
-        # the head's forward captured as a CUDA graph (head_graph.py): None where it runs (CUDA with
+        # the head's forward captured as a CUDA graph (dart_core/cuda/head_graph.py): None where it runs (CUDA with
         # Triton, no CPU kernels), False never, True demanded (on a CPU: Triton's interpreter, uncaptured)
         self.head_graph: bool | None = None
         # the last session's head cache (with its captured forward), for the next session (SpareCache)
@@ -221,13 +221,13 @@ class _DartSession:
         self.d = drafter
         c = drafter.head.config
         dev = drafter.target.device
-        graph = head_graph.wanted(drafter, "head_graph")
-        rows = head_graph.graph_rows(c.draft_length) if graph else 0
+        graph = captured_head(drafter, "head_graph")  # dart_core.cuda.head_graph where it runs
+        rows = graph.graph_rows(c.draft_length) if graph else 0
         size, dtype = capacity + c.draft_length + 1, drafter.head.fc.weight.dtype
         self.cache = drafter.spare.lease(1, c.num_key_value_heads, c.head_dim, size, dtype, dev, rows)  # with its captured forward
         # the captured forward also ranks its rows at the pruner's top-k (the first session's, where several share it)
         top_k = drafter.params.prune.top_k
-        self.graph = head_graph.kept_on(self.cache, drafter.head, drafter.target, rows, top_k) if graph else None
+        self.graph = graph.kept_on(self.cache, drafter.head, drafter.target, rows, top_k) if graph else None
         self._closed = False
         self.pending_ids: list[int] = []
         self.pending_aux: list[torch.Tensor] = []

@@ -26,11 +26,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..fixed import Upload
+from ..fixed_shape import Upload
 from ..generate import Proposal
 from ..model import SpareCache
 from ..tree import DraftTree
-from . import expand_graph, head_graph
+from .captured import captured_head
 from .head import DraftHead, KernelHead, int8_beside, load_head
 
 ACCEPTANCE_FILE = "acceptance.json"  # beside an EAGLE3 head: its fitted ranking (dart-fit --method eagle3)
@@ -108,10 +108,10 @@ class Eagle3Drafter:
         # the whole step on the CPU kernels where they run (the eager module's bf16 matmuls are
         # emulated on CPUs without bf16 arithmetic); elsewhere the eager module
         self.fast = KernelHead(head, int8=int8_beside(target)) if use_kernels and KernelHead.supports(head) else None
-        # the expansion captured as a CUDA graph (expand_graph.py): None where it runs (CUDA with Triton,
+        # the expansion captured as a CUDA graph (dart_core/cuda/expand_graph.py): None where it runs (CUDA with Triton,
         # no CPU kernels), False never, True demanded (on a CPU: Triton's interpreter, uncaptured)
         self.expand_graph: bool | None = None
-        # the step's first forward (extend_root) captured too (head_graph.py, as DART's draft forward):
+        # the step's first forward (extend_root) captured too (dart_core/cuda/head_graph.py, as DART's draft forward):
         # the same values
         self.head_graph: bool | None = None
         # the last session's head cache (with its captured expansion), for the next session (SpareCache)
@@ -169,15 +169,17 @@ class _Eagle3Session:
         self.collect = False  # keep last_pool (dart_core/tools/fitting.py sets it)
         scratch = p.top_k * p.depth
         dev = drafter.target.device
-        first = head_graph.wanted(drafter, "head_graph")
-        expand = head_graph.wanted(drafter, "expand_graph") and p.depth >= 1
-        rows = head_graph.graph_rows(0) if first else 0
+        first = captured_head(drafter, "head_graph")  # dart_core.cuda.head_graph where it runs
+        expand = captured_head(drafter, "expand_graph") is not None and p.depth >= 1
+        rows = first.graph_rows(0) if first else 0
         size, dtype = capacity + scratch + 1, drafter.head.fc.weight.dtype
         # with its captured forwards (a graph holds the cache's addresses, so they are kept on it)
         self.cache = drafter.spare.lease(1, c.num_key_value_heads, c.head_dim, size, dtype, dev, rows)
-        self.head_graph = head_graph.kept_on(self.cache, drafter.head, drafter.target, rows) if first else None
+        self.head_graph = first.kept_on(self.cache, drafter.head, drafter.target, rows) if first else None
         self.graph = None
         if expand:
+            from ..cuda import expand_graph
+
             kept = getattr(self.cache, "expand_graph", None)
             if kept is None or (kept.k, kept.depth) != (p.top_k, p.depth):
                 self.cache.expand_graph = expand_graph.ExpandGraph(drafter.head, drafter.target, self.cache, p.top_k, p.depth)
@@ -316,7 +318,7 @@ class _Eagle3Session:
         return pool
 
     def _expand_captured(self, h: torch.Tensor) -> _Pool:
-        """`expand` through the captured search (expand_graph.py): the same pool, built from its one read-back."""
+        """`expand` through the captured search (dart_core/cuda/expand_graph.py): the same pool, built from its one read-back."""
         ids0, vals0, levels = self.graph(h)
         k = self.graph.k
         pool = _Pool.of_root(ids0, vals0, torch.tensor(vals0, dtype=torch.float64))  # fp32 values, exactly
