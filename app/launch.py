@@ -33,6 +33,7 @@ from dart_core.cli.options import (
     WEIGHTS_HELP,
     add_drafter_flags,
     add_dtype_flag,
+    add_llamacpp_flags,
     add_model_flag,
     add_threads_flag,  # noqa: E402
     drafter_configs,
@@ -112,18 +113,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "the flag also starts in compare mode. Default: on where it can run (binaries built by `make peers`, and the "
         "embedded target or --gguf); --no-compare-llamacpp: off. Given but unable to run, the app starts anyway and its header says why",
     )
-    g.add_argument(
-        "--llamacpp-bin",
-        default=None,
-        help=f"directory of llama.cpp's binaries (default: ${peers.BIN_ENV}, else what `make peers` builds: "
-        "~/.cache/dart-demo/llamacpp/<cpu kind>/bin)",
-    )
-    g.add_argument(
-        "--gguf",
-        type=Path,
-        default=None,
-        help="the GGUF llama.cpp runs (default: the one the embedded target came from; another target needs it). Not --dtype gguf",
-    )
+    add_llamacpp_flags(g)
     g.add_argument(
         "--llamacpp-methods",
         default="llamacpp",

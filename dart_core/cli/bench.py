@@ -55,6 +55,7 @@ from .options import (
     add_device_flag,
     add_drafter_flags,
     add_dtype_flag,
+    add_llamacpp_flags,
     add_model_flag,
     add_threads_flag,
     apply_threads,
@@ -112,18 +113,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_threads_flag(p)
     p.add_argument("--out", type=Path, default=None, help="write results JSON here")
     g = p.add_argument_group("llama.cpp peers (the llamacpp* methods; see docs/peers.md)")
-    g.add_argument(
-        "--llamacpp-bin",
-        default=None,
-        help=f"directory of llama.cpp's binaries (default: ${peers.BIN_ENV}, else what `make peers` builds: "
-        "~/.cache/dart-demo/llamacpp/<cpu kind>/bin)",
-    )
-    g.add_argument(
-        "--gguf",
-        type=Path,
-        default=None,
-        help="the GGUF llama.cpp runs (default: the one the embedded target came from; needed for another target)",
-    )
+    add_llamacpp_flags(g)
     add_drafter_flags(p)
     return p.parse_args(argv)
 

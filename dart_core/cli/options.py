@@ -1,7 +1,8 @@
 """The command line's flags and their one translation into the library's typed settings, shared by
 the bench, the app and the tools: each drafter's flags (with the upstream app's names as aliases),
-the target's model / dtype / device / threads flags, and `drafter_configs`, which turns parsed
-flags into a DartConfig and an Eagle3Config, refusing a flag out of range by its name.
+the target's model / dtype / device / threads flags, llama.cpp's binaries and GGUF (the peers), and
+`drafter_configs`, which turns parsed flags into a DartConfig and an Eagle3Config, refusing a flag
+out of range by its name.
 
     p = argparse.ArgumentParser(); add_drafter_flags(p)
     args = p.parse_args()
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
@@ -30,6 +32,7 @@ from ..drafters.config import (
 from ..drafters.dart import CONTEXT_EXTEND, CONTEXT_ORDER, EMBEDDED_WEIGHTS, UPSTREAM_WEIGHTS, ScoreWeights
 from ..drafters.registry import UPSTREAM_NGRAM
 from ..loading import DEFAULT_MODEL, DTYPE_CHOICES
+from ..tools import peers
 
 DEFAULT_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -68,6 +71,23 @@ def add_device_flag(p, default: str | None = DEFAULT_DEVICE, help: str | None = 
 
 def add_threads_flag(p, help: str | None = None) -> None:
     p.add_argument("--threads", type=int, default=None, help=help or "torch CPU threads (default: torch's choice)")
+
+
+def add_llamacpp_flags(g) -> None:
+    """--llamacpp-bin and --gguf: where llama.cpp's binaries are and the GGUF they run (the bench's
+    llamacpp* methods, the app's compare rows; dart_core/tools/peers.py)."""
+    g.add_argument(
+        "--llamacpp-bin",
+        default=None,
+        help=f"directory of llama.cpp's binaries (default: ${peers.BIN_ENV}, else what `make peers` builds: "
+        "~/.cache/dart-demo/llamacpp/<cpu kind>/bin)",
+    )
+    g.add_argument(
+        "--gguf",
+        type=Path,
+        default=None,
+        help="the GGUF llama.cpp runs (default: the one the embedded target came from; another target needs it). Not --dtype gguf",
+    )
 
 
 def add_target_flags(p, dtype: str = "bfloat16", dtype_choices=DTYPE_CHOICES, device: str | None = DEFAULT_DEVICE) -> None:
