@@ -25,6 +25,7 @@ from ..model import SpareCache
 from ..tree import DraftTree
 from .captured import captured_head
 from .head import DraftHead, KernelHead, int8_beside, load_head
+from .session import HeadSession
 
 CONTEXT_TAIL = 8  # committed tokens passed to the pruner as n-gram context (order - 1 are used)
 
@@ -216,9 +217,11 @@ class DartDrafter:
         return _DartSession(self, capacity)
 
 
-class _DartSession:
+class _DartSession(HeadSession):
+    needs = "DART"
+
     def __init__(self, drafter: DartDrafter, capacity: int):
-        self.d = drafter
+        super().__init__(drafter)
         c = drafter.head.config
         dev = drafter.target.device
         graph = captured_head(drafter, "head_graph")  # dart_core.cuda.head_graph where it runs
@@ -228,26 +231,15 @@ class _DartSession:
         # the captured forward also ranks its rows at the pruner's top-k (the first session's, where several share it)
         top_k = drafter.params.prune.top_k
         self.graph = graph.kept_on(self.cache, drafter.head, drafter.target, rows, top_k) if graph else None
-        self._closed = False
-        self.pending_ids: list[int] = []
-        self.pending_aux: list[torch.Tensor] = []
         self.committed: list[int] = []
         self._upload = Upload(torch.long, dev) if dev.type == "cuda" else None  # the pending ids, from pinned memory
         p = drafter.params
         self.index = ngram_cpp.ContextIndex(p.context_order) if p.prune.context_weight > 0 else None
         self._sized: dict[int, ngram_cpp.PruneParams] = {}  # the tree parameters at each step budget seen
 
-    def close(self) -> None:
-        """The generation is over: the head cache (and the forward captured on it) to the drafter's next session."""
-        if not self._closed:
-            self._closed = True
-            self.d.spare.give(self.cache)
-
     def extend(self, ids: list[int], hidden: torch.Tensor | None) -> None:
-        if hidden is None or hidden.shape[0] != len(ids):
-            raise ValueError("DART needs the target's captured hidden states for every committed token")
-        self.pending_ids += ids
-        self.pending_aux.append(hidden.to(self.d.head.fc.weight.dtype))
+        """As every head session, and the pruner's context: the last committed tokens, the context n-gram's index."""
+        super().extend(ids, hidden)
         self.committed = (self.committed + ids)[-CONTEXT_TAIL:]
         if self.index is not None:
             self.index.extend(ids)

@@ -32,6 +32,7 @@ from ..model import SpareCache
 from ..tree import DraftTree
 from .captured import captured_head
 from .head import DraftHead, KernelHead, int8_beside, load_head
+from .session import HeadSession
 
 ACCEPTANCE_FILE = "acceptance.json"  # beside an EAGLE3 head: its fitted ranking (dart-fit --method eagle3)
 ACCEPTANCE_FORMAT = "eagle3-acceptance/1"
@@ -162,9 +163,11 @@ def read_back(*tensors: torch.Tensor) -> list[list[float]]:
     return out
 
 
-class _Eagle3Session:
+class _Eagle3Session(HeadSession):
+    needs = "EAGLE3"
+
     def __init__(self, drafter: Eagle3Drafter, capacity: int):
-        self.d = drafter
+        super().__init__(drafter)
         c, p = drafter.head.config, drafter.params
         self.collect = False  # keep last_pool (dart_core/tools/fitting.py sets it)
         scratch = p.top_k * p.depth
@@ -185,25 +188,10 @@ class _Eagle3Session:
                 self.cache.expand_graph = expand_graph.ExpandGraph(drafter.head, drafter.target, self.cache, p.top_k, p.depth)
             self.graph = self.cache.expand_graph
             self.graph.calls = 0
-        self._closed = False
-        self.pending_ids: list[int] = []
-        self.pending_aux: list[torch.Tensor] = []
         # a GPU: the frontier's ids and ancestor masks go up from pinned memory, the host not waiting
         self._uploads = (Upload(torch.long, dev), Upload(torch.bool, dev)) if dev.type == "cuda" else None
         # the last search's pool (tokens, parents, depths, features), for fitting a ranking
         self.last_pool: tuple | None = None
-
-    def close(self) -> None:
-        """The generation is over: the head cache (and the expansion captured on it) to the drafter's next session."""
-        if not self._closed:
-            self._closed = True
-            self.d.spare.give(self.cache)
-
-    def extend(self, ids: list[int], hidden: torch.Tensor | None) -> None:
-        if hidden is None or hidden.shape[0] != len(ids):
-            raise ValueError("EAGLE3 needs the target's captured hidden states for every committed token")
-        self.pending_ids += ids
-        self.pending_aux.append(hidden.to(self.d.head.fc.weight.dtype))
 
     def _forward(self, u, residual, positions, mask) -> torch.Tensor:
         head = self.d.head
