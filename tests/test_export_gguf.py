@@ -342,7 +342,7 @@ def llamacpp_binary(name: str) -> Path | None:
 def test_llama_speculative_simple_drafts_with_the_export(exported):
     binary = llamacpp_binary("llama-speculative-simple")
     if binary is None:
-        pytest.skip("no llama.cpp build: set DART_LLAMACPP_BIN or build it under ~/.cache/dart-demo/llamacpp/<cpu>/")
+        pytest.skip("no llama.cpp build: run `make peers` (or set DART_LLAMACPP_BIN)")
     prompt = (
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
         "<|im_start|>user\nList three primary colors.<|im_end|>\n<|im_start|>assistant\n"
