@@ -47,7 +47,7 @@ MAX_NEW = 12  # tokens per test request: enough for several multi-token steps, c
 SERVER_MAX_NEW = 512  # long enough that a Stop or cancel always lands before a long answer ends, even on the fast kernels
 START_TIMEOUT_S = 240
 DTYPE = "bfloat16" if kernels.AVAILABLE else "float32"  # exact greedy texts need the kernels in bf16
-KEYS = {"text", "new_tokens", "tau", "tokens_per_s", "speedup_vs_ar", "tree_size", "done"}
+KEYS = {"text", "new_tokens", "tau", "tokens_per_s", "speedup_vs_ar", "tree_size", "first_token_s", "reused_tokens", "done"}
 
 
 def llamacpp_reason() -> str | None:
@@ -190,6 +190,48 @@ def test_two_clients_streaming_at_once_get_their_solo_outputs(server):
         together = [r["text"] for r in pool.map(lambda j: j.result(timeout=300), jobs)]
     assert together == solo
     assert all(len(j.outputs()) >= 2 for j in jobs)  # streamed: partial results came before the final one
+
+
+def test_a_client_reuses_its_own_prefix_only(server):
+    """The prefix cache through the API: a client's repeated prompt reuses its rows (the whole prompt: no
+    prefill) and answers the same; another client's first request reuses nothing of the first's."""
+    from gradio_client import Client
+
+    a, b = Client(server, verbose=False), Client(server, verbose=False)
+    first = generate(a, "Name a planet.", METHODS[0])
+    again = generate(a, "Name a planet.", METHODS[0])
+    other = generate(b, "Name a planet.", METHODS[0])
+    assert first["reused_tokens"] == 0 and other["reused_tokens"] == 0
+    assert again["reused_tokens"] > 0 and again["first_token_s"] > 0
+    assert first["text"] == again["text"] == other["text"]
+
+
+def test_80_concurrent_requests_get_their_solo_answers(server):
+    """80 requests at once from 8 clients, mixed methods: every served answer is its prompt's solo
+    answer (a client's prefix cache never crosses to another), and what the queue cannot hold
+    (beyond its 64 places) is refused with the queue's message, not an error of the engine."""
+    from gradio_client import Client
+
+    prompts = ["Name a fruit.", "Name an animal.", "Name a city.", "Name a tool."]
+    solo_client = Client(server, verbose=False)
+    solo = {p: generate(solo_client, p, "ar")["text"] for p in prompts}
+    clients = [Client(server, verbose=False) for _ in range(8)]
+    jobs = []
+    for i in range(80):
+        p, method = prompts[i % len(prompts)], METHODS[(i // len(prompts)) % len(METHODS)]
+        jobs.append((p, method, clients[i % len(clients)].submit(p, method, MAX_NEW, 0.0, 1.0, 0, None, api_name="/generate")))
+    served, refused = 0, []
+    for p, method, job in jobs:
+        try:
+            r = job.result(timeout=600)
+        except Exception as e:  # noqa: BLE001 (the client's error for a full queue)
+            refused.append(str(e))
+            continue
+        assert r["text"] == solo[p], (p, method)
+        served += 1
+    assert served >= 64 and len(refused) <= 16
+    assert all("queue" in e.lower() for e in refused), refused[:3]
+    assert generate(solo_client, "Say yes.", max_new=2)["new_tokens"] >= 1  # and the app keeps serving
 
 
 def test_a_cancelled_request_frees_the_engine(client):
