@@ -259,7 +259,7 @@ def open_chat(pw, server, max_new: int = 2 * MAX_NEW):
 
 
 @pytest.mark.browser
-@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed (CI's .ci/run installs it)")
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="no Chromium: apt-get install chromium")
 def test_browser_chat_streams_and_draws_the_tree(server, tmp_path):
     from playwright.sync_api import sync_playwright
 
@@ -317,7 +317,7 @@ def test_browser_chat_streams_and_draws_the_tree(server, tmp_path):
 
 
 @pytest.mark.browser
-@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed (CI's .ci/run installs it)")
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="no Chromium: apt-get install chromium")
 def test_browser_stop_then_next_turn(server):
     from playwright.sync_api import sync_playwright
 
@@ -335,7 +335,7 @@ def test_browser_stop_then_next_turn(server):
 
 
 @pytest.mark.browser
-@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed (CI's .ci/run installs it)")
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="no Chromium: apt-get install chromium")
 def test_browser_stop_reaches_a_turn_waiting_in_the_queue(server, client):
     """Stop pressed while the turn still waits behind another client's request: it never runs."""
     from playwright.sync_api import sync_playwright
