@@ -8,8 +8,8 @@ and dtypes the kernels do not cover (CUDA above all, and `--eager` on a CPU):
 - **One GEMM shape.** Every forward of up to `rows` new tokens pads them to exactly `rows` rows before
   the first layer, so each linear and the LM head run one (rows x in) x (in x out) product whatever the
   number of real tokens: one shape, one library kernel, and a GEMM computes an output row from its own
-  input row. (That last property is the library's, not ours; the tests and scripts/gpu_check.py check it
-  on every device they run on.)
+  input row. (That last property is the library's, not ours; the tests and the GPU check (dart_core/cuda/check/)
+  check it on every device they run on.)
 - **Row-wise everything else.** RMSNorm is per row, RoPE reads a table computed once for every position
   (`RopeTable`), SiLU, products and residual adds are per element.
 - **Attention with no library reduction.** Row r attends over its *logical* key sequence: the committed
@@ -23,13 +23,14 @@ and dtypes the kernels do not cover (CUDA above all, and `--eager` on a CPU):
 
 The cost is the attention's: T x heads x keys x head_dim products, where a fused kernel reads each key
 once. It is the reference the GPU's fused kernel must match, and fast enough for the tests, the tiny
-targets and the embedded model; docs/gpu.md has the measured costs.
+targets and the embedded model; docs/gpu.md has the measured costs. What exists only for CUDA (the
+Triton kernels, the captured graphs, their settings) is the package dart_core/cuda/, imported only where
+`cuda_asked` says so.
 """
 
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 import torch
@@ -244,7 +245,7 @@ class FixedInputs:
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, inputs: FixedInputs, kernels) -> torch.Tensor:
     """Attention of a fixed-shape forward: q (R, nh, hd); returns (R, nh, hd), zeros on padding rows.
-    kernels: a fixed_triton.Kernels (CUDA), or None for the torch reference."""
+    kernels: a cuda.triton_kernels.Kernels (CUDA), or None for the torch reference."""
     if kernels is not None:
         return kernels.attention(q, k_cache, v_cache, inputs)
     T = inputs.T
@@ -252,125 +253,48 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, inputs
     return torch.cat((o, o.new_zeros(q.shape[0] - T, *o.shape[1:])))
 
 
-def triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def triton_interpreting() -> bool:
-    """Whether Triton runs its kernels in its interpreter (TRITON_INTERPRET=1, set before it is first
-    imported): on a CPU's tensors, slowly, which is how the tests run the kernels without a GPU."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def triton_kernels_here(device: torch.device, use: bool | None) -> bool:
-    """Whether the Triton kernels (fixed_triton.py) run on `device`: use None takes them on CUDA where
-    Triton imports, False never, True demands them (and on a CPU runs them in Triton's interpreter)."""
-    device = torch.device(device)
-    where = device.type == "cuda" or (bool(use) and device.type == "cpu" and triton_interpreting())
-    return where and use is not False and triton_available()
-
-
-def kernel_head_dim(head_dim: int) -> bool:
-    """Whether the Triton attention takes this head dim: a power of two, at least 16."""
-    return head_dim >= 16 and not head_dim & (head_dim - 1)
-
-
-def default_row_group(group: int) -> int:
-    """Rows an attention program serves when rows are grouped (fixed_triton._group_split_kernel): enough
-    that their queries (G = query heads a key-value head each) fill a 16-row tile, the smallest
-    tensor-core product, so a committed chunk read once serves them all."""
-    return max(1, 16 // group)
-
-
-# The CUDA compute capabilities where a device run showed the grouped attention exact: a verified node's
-# bits equal its one-token step's at every place of the tile (scripts/gpu_check.py's fixed-grouped
-# path, bitwise on the tiny targets in bf16/fp16/fp32 and at the 8B shape). (9, 0): the H200 run of
-# 2026-11-29 (docs/results/gpu-h200-2026-11-29.json). A kind not listed runs a program a row until a
-# run there shows the same.
-GROUPED_EXACT_CAPABILITIES = frozenset({(9, 0)})
-
-
-def row_group_here(setting: int | None, group: int, device: torch.device, dtype: torch.dtype) -> int:
-    """Rows an attention program serves for model.fixed_row_group = `setting` on `device`: the setting
-    where given; None: default_row_group(group) for a 16-bit model on a CUDA device of a kind in
-    GROUPED_EXACT_CAPABILITIES, else 1 (a program a row, exact on any hardware; in fp32 the grouped
-    tile spills registers, tests/triton_compiled.py)."""
-    if setting is not None:
-        if setting < 1:
-            raise ValueError(f"an attention program serves at least one row, got fixed_row_group={setting}")
-        return setting
-    device = torch.device(device)
-    sixteen = dtype in (torch.bfloat16, torch.float16)
-    if sixteen and device.type == "cuda" and torch.cuda.get_device_capability(device) in GROUPED_EXACT_CAPABILITIES:
-        return default_row_group(group)
-    return 1
-
-
 def graphs_here(device: torch.device) -> bool:
-    """Whether the captured forwards (FixedRunner's, the drafters' head_graph and expand_graph) capture
-    their bodies as CUDA graphs on `device` (capture_graph) rather than run them each call: on CUDA.
-    The tests replace it and capture_graph to replay the bodies as a graph would on a CPU
-    (tests/graph_replay.py), so every caller reads both through this module."""
+    """Whether the captured forwards (FixedRunner's, dart_core/cuda's head_graph and expand_graph)
+    capture their bodies as CUDA graphs on `device` (cuda.forward.capture_graph) rather than run them
+    each call: on CUDA. The tests replace it and capture_graph to replay the bodies as a graph would on a
+    CPU (tests/cuda/graph_replay.py), so every caller reads both through their modules."""
     return torch.device(device).type == "cuda"
 
 
-def capture_graph(body, device: torch.device):
-    """body() captured as a CUDA graph: warmed up twice on a side stream first (Triton compiles, cuBLAS
-    settles its workspace). Returns (graph, body's outputs: static buffers each replay rewrites)."""
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            body()
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outputs = body()
-    return graph, outputs
+def cuda_asked(device: torch.device, use: bool | None) -> bool:
+    """Whether dart_core.cuda has anything for a forward on `device` with the Triton kernels set to
+    `use` (None: where they run, False: never, True: demanded): a CUDA device unless refused, or a
+    demand anywhere (on a CPU, Triton's interpreter: the tests). Where this is False the CUDA package
+    is not imported, so a CPU run reads nothing of it."""
+    return use is not False and (torch.device(device).type == "cuda" or bool(use))
 
 
 class FixedRunner:
     """Runs a model's fixed-shape forwards into one cache: its FixedInputs and, on CUDA with Triton, the
-    Triton kernels (fixed_triton.Kernels) and the forward captured as a CUDA graph on first use (prefill
-    stays eager; this runs the verifies and steps). Kept on the cache (`cache.fixed_runner`): a graph
-    holds the cache's addresses. model.fixed_kernels: None takes the kernels on CUDA where Triton
-    imports, False keeps the torch reference, True demands the kernels (on a CPU: Triton's interpreter,
-    uncaptured); model.fixed_fused: the element-wise work fused too, or torch ops between the GEMMs;
-    model.fixed_row_group: rows an attention program serves (model.fixed_row_group_on); model.fixed_split:
-    keys an attention program reads (fixed_triton.SPLIT by default); model.fixed_gemm: our GEMMs with the
-    element-wise work in them (fixed_triton.linear), model.fixed_gemm_parts the parts of K of the narrow ones."""
+    Triton kernels (dart_core/cuda/triton_kernels.py) and the forward captured as a CUDA graph on first
+    use (prefill stays eager; this runs the verifies and steps). Kept on the cache
+    (`cache.fixed_runner`): a graph holds the cache's addresses. How the kernels run is the model's
+    `cuda_forward` (a dart_core.cuda.config.CudaForward; None: its defaults); off CUDA, unless that
+    demands the kernels, the torch reference runs and the CUDA package is not imported."""
 
     def __init__(self, model, cache, rows: int, device: torch.device):
-        a = model.args
         self.model, self.cache, self.rows = model, cache, rows
-        self.mode = model.fixed_mode()
+        self.mode = model.cuda_forward
         device = torch.device(device)
         self.inputs = FixedInputs(rows, device)
         self.kernels = None
-        use = model.fixed_kernels
-        if triton_kernels_here(device, use) and kernel_head_dim(a.head_dim):
-            from . import fixed_triton
+        self.capture = False
+        if cuda_asked(device, None if self.mode is None else self.mode.kernels):
+            from .cuda import forward
 
-            dtype, group = model.tok_embeddings.weight.dtype, model.fixed_row_group_on(device)
-            self.kernels = fixed_triton.Kernels(
-                rows, a, cache.k.shape[3], dtype, device, bool(model.fixed_fused), group, model.fixed_split,
-                gemm=bool(model.fixed_gemm), gemm_parts=model.fixed_gemm_parts,
-            )  # fmt: skip
-        elif use:
-            raise RuntimeError(
-                "fixed_kernels=True needs Triton on CUDA (or its interpreter, TRITON_INTERPRET=1) and a power-of-two head dim >= 16"
-            )
-        self.capture = graphs_here(device)
+            self.kernels = forward.kernels_for(model, cache, rows, device)
+            self.capture = self.kernels is not None and graphs_here(device)
         self.graph = None
         self.outputs = None
 
     def __call__(self, tokens, positions, parents, capture: bool, logits: bool):
         self.inputs.fill(tokens, positions, parents, self.cache.length, reference=self.kernels is None)
-        if self.kernels is None or not self.capture:
+        if not self.capture:
             return self.model.fixed_body(self.inputs, self.cache, self.kernels, capture, logits)
         if self.graph is None:
             self.graph, self.outputs = self._capture()
@@ -381,4 +305,6 @@ class FixedRunner:
 
     def _capture(self):
         """One forward captured with every output (logits and captured states) in static buffers."""
-        return capture_graph(lambda: self.model.fixed_body(self.inputs, self.cache, self.kernels, True, True), self.inputs.device)
+        from .cuda import forward
+
+        return forward.capture_graph(lambda: self.model.fixed_body(self.inputs, self.cache, self.kernels, True, True), self.inputs.device)

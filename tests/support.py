@@ -49,6 +49,7 @@ def committed_asset(path: Path) -> Path:
 
 # ------------------------------------------------------------------------------- tiny random targets
 
+
 def tiny_target(path: Path, dtype=torch.float32) -> Target:
     """A tiny checkpoint as load_target would give it: in bf16 on kernels without bf16 arithmetic
     its linears read 16-row interleaved weights (target.interleave_for_this_cpu)."""

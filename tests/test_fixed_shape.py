@@ -1,4 +1,4 @@
-"""The fixed-shape forward (dart_core/fixed.py), the exact path of every forward the CPU kernels do
+"""The fixed-shape forward (dart_core/fixed_shape.py), the exact path of every forward the CPU kernels do
 not run (CUDA, --eager): its sums are fixed trees, and on tiny targets a verified node gets its
 one-token step's bits at every row count, in every dtype, where the plain eager path does not."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import ngram_cpp
-from dart_core import ARDrafter, GenerationParams, complete, fixed
+from dart_core import ARDrafter, GenerationParams, complete, fixed_shape
 from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3Params
 
 from support import TINY_VOCAB, build_tiny_checkpoint, nodes_unlike_their_steps, random_eagle3_head, random_tree_under, tiny_target
@@ -24,40 +24,40 @@ def test_pairwise_sum_is_a_fixed_tree_that_zeros_extend():
     x = torch.randn(3, 48, generator=g)
     padded = torch.cat((x, torch.zeros(3, 16)), dim=1)  # 64
     longer = torch.cat((padded, torch.zeros(3, 64)), dim=1)  # 128
-    assert torch.equal(fixed.pairwise_sum(padded, 1), fixed.pairwise_sum(longer, 1))
+    assert torch.equal(fixed_shape.pairwise_sum(padded, 1), fixed_shape.pairwise_sum(longer, 1))
     # by halves: ((x0 + x2) + (x1 + x3)) for four values
     v = torch.tensor([1.0, 1e8, -1.0, -1e8])
-    assert fixed.pairwise_sum(v, 0) == (v[0] + v[2]) + (v[1] + v[3])
+    assert fixed_shape.pairwise_sum(v, 0) == (v[0] + v[2]) + (v[1] + v[3])
     with pytest.raises(ValueError, match="power-of-two"):
-        fixed.pairwise_sum(torch.ones(3), 0)
+        fixed_shape.pairwise_sum(torch.ones(3), 0)
 
 
 def test_chunked_sum_ignores_trailing_empty_chunks():
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(2, 5 * fixed.CHUNK, generator=g)
-    more = torch.cat((x, torch.zeros(2, 4 * fixed.CHUNK)), dim=1)  # 9 chunks: a tree over 16 instead of 8
-    assert torch.equal(fixed.chunked_sum(x, 1), fixed.chunked_sum(more, 1))
-    assert torch.allclose(fixed.chunked_sum(x, 1), x.double().sum(1).float(), atol=1e-4)
+    x = torch.randn(2, 5 * fixed_shape.CHUNK, generator=g)
+    more = torch.cat((x, torch.zeros(2, 4 * fixed_shape.CHUNK)), dim=1)  # 9 chunks: a tree over 16 instead of 8
+    assert torch.equal(fixed_shape.chunked_sum(x, 1), fixed_shape.chunked_sum(more, 1))
+    assert torch.allclose(fixed_shape.chunked_sum(x, 1), x.double().sum(1).float(), atol=1e-4)
 
 
 def test_key_paths():
-    paths, longest = fixed.key_paths(torch.tensor([-1, 0, 0, 1, 3]))
+    paths, longest = fixed_shape.key_paths(torch.tensor([-1, 0, 0, 1, 3]))
     assert paths == [[0], [0, 1], [0, 2], [0, 1, 3], [0, 1, 3, 4]] and longest == 4
     with pytest.raises(ValueError, match="parent comes before"):
-        fixed.key_paths(torch.tensor([-1, 2, 0]))
+        fixed_shape.key_paths(torch.tensor([-1, 2, 0]))
 
 
 def test_fixed_inputs_hold_each_rows_path():
     """FixedInputs.fill's path matrix (ngram_cpp.ancestor_paths) holds key_paths' paths, their lengths
     and (P, T), for trees, chains, forests and the one-token step; bad parents refused."""
     rng = random.Random(4)
-    inputs = fixed.FixedInputs(16, torch.device("cpu"))
+    inputs = fixed_shape.FixedInputs(16, torch.device("cpu"))
     trees = [random_tree_under(rng, 3, n, TINY_VOCAB).parents for n in (1, 2, 7, 16)]
     trees += [torch.arange(-1, 15), torch.arange(-1, 4), torch.tensor([-1, 0, -1, 2, 1, -1])]  # chains, a forest
     for parents in trees:
         T = len(parents)
         inputs.fill(torch.arange(T), torch.arange(T) + 9, parents, 9, reference=False)
-        paths, _ = fixed.key_paths(parents)
+        paths, _ = fixed_shape.key_paths(parents)
         for r in range(16):
             n = int(inputs.plen[r])
             assert n == (len(paths[r]) if r < T else 0), (parents, r)
@@ -82,7 +82,7 @@ def test_ancestor_paths_in_cpp_and_python_agree():
         for parents in cases:
             n = len(parents)
             impl(parents, paths, lengths)
-            expected, _ = fixed.key_paths(torch.from_numpy(parents))
+            expected, _ = fixed_shape.key_paths(torch.from_numpy(parents))
             for r in range(n):
                 assert lengths[r] == len(expected[r]) and paths[r, : lengths[r]].tolist() == expected[r], (impl, parents, r)
                 assert not paths[r, lengths[r] :].any(), (impl, parents, r)
@@ -98,8 +98,8 @@ def test_attention_matches_softmax_reference():
     k = torch.randn(nkv, P + T + 3, hd, generator=g)
     v = torch.randn(nkv, P + T + 3, hd, generator=g)
     q = torch.randn(T, nkv * G, hd, generator=g)
-    out = fixed.attention(q, k, v, fixed.TreeKeys(parents, P, torch.device("cpu")))
-    paths, _ = fixed.key_paths(parents)
+    out = fixed_shape.attention(q, k, v, fixed_shape.TreeKeys(parents, P, torch.device("cpu")))
+    paths, _ = fixed_shape.key_paths(parents)
     for r, path in enumerate(paths):
         slots = list(range(P)) + [P + n for n in path]
         for h in range(nkv * G):
@@ -247,7 +247,7 @@ def test_fixed_forward_refuses_a_mask_without_parents(tiny_paths):
 
 
 def test_positions_beyond_the_table_are_an_error():
-    table = fixed.RopeTable(torch.ones(4), 1.0, 10)
+    table = fixed_shape.RopeTable(torch.ones(4), 1.0, 10)
     with pytest.raises(ValueError, match="beyond the model's 10 positions"):
         table.check(10)
     table.check(9)
@@ -265,7 +265,7 @@ def test_greedy_eagle3_equals_plain_decoding_on_the_torch_path(tiny_paths, dtype
 
 
 def test_upload_copies_through_its_staging_buffer_and_grows():
-    up = fixed.Upload(torch.long, torch.device("cpu"), size=4)
+    up = fixed_shape.Upload(torch.long, torch.device("cpu"), size=4)
     a = up(torch.tensor([3, 1, 4]))
     assert a.tolist() == [3, 1, 4]
     b = up(torch.arange(10))  # past the staging size: the buffers grow
@@ -274,25 +274,5 @@ def test_upload_copies_through_its_staging_buffer_and_grows():
     assert up(torch.tensor([7, 8]), out) is out and out.tolist() == [7, 8]
     # a list or a numpy array of any shape goes up flat, in the Upload's dtype
     assert up([5, 9, 2]).tolist() == [5, 9, 2] and up(np.array([[1, 2], [3, 4]], dtype=np.int32)).tolist() == [1, 2, 3, 4]
-    masks = fixed.Upload(torch.bool, torch.device("cpu"), size=2)
+    masks = fixed_shape.Upload(torch.bool, torch.device("cpu"), size=2)
     assert masks(torch.tensor([[True, False], [False, True]])).tolist() == [True, False, False, True]
-
-
-def test_rows_are_grouped_by_default_only_where_a_device_run_showed_it_exact(monkeypatch):
-    """model.fixed_row_group None groups an attention program's rows (fixed.default_row_group) for a
-    16-bit model on the CUDA kinds in GROUPED_EXACT_CAPABILITIES (the H200's sm_90); a program a row in
-    fp32, on other GPUs and on a CPU (Triton's interpreter); a setting is taken as given, and one below
-    1 is an error."""
-    capability = {"now": (9, 0)}
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability["now"])
-    cuda, cpu, bf16 = torch.device("cuda", 0), torch.device("cpu"), torch.bfloat16
-    assert fixed.GROUPED_EXACT_CAPABILITIES == {(9, 0)}
-    assert fixed.row_group_here(None, 4, cuda, bf16) == 4 == fixed.default_row_group(4)  # Qwen3-8B: 16 query rows a tile
-    assert fixed.row_group_here(None, 3, cuda, torch.float16) == 5  # SmolLM2: 15
-    assert fixed.row_group_here(None, 4, cuda, torch.float32) == 1
-    capability["now"] = (8, 0)  # an A100: not shown yet
-    assert fixed.row_group_here(None, 4, cuda, bf16) == 1
-    assert fixed.row_group_here(None, 4, cpu, bf16) == 1
-    assert fixed.row_group_here(16, 4, cpu, bf16) == 16 and fixed.row_group_here(1, 4, cuda, bf16) == 1
-    with pytest.raises(ValueError, match="at least one row"):
-        fixed.row_group_here(0, 4, cuda, bf16)

@@ -254,15 +254,15 @@ def test_the_accepted_paths_states_are_the_verifys_rows_at_the_path(tiny_llama):
 
 
 def test_a_cache_for_captured_graphs_is_leased_with_room_to_spare(monkeypatch):
-    """Where forwards are captured (fixed.graphs_here), a new cache rounds its capacity up to
+    """Where forwards are captured (fixed_shape.graphs_here), a new cache rounds its capacity up to
     SpareCache.GRAPH_CAPACITY_STEP, so a slightly longer next generation replays the graphs captured
     on it instead of capturing anew; elsewhere it is the size asked for."""
-    from dart_core import fixed
+    from dart_core import fixed_shape
     from dart_core.model import SpareCache
 
     step = SpareCache.GRAPH_CAPACITY_STEP
     assert SpareCache().lease(1, 1, 8, 700, torch.float32, "cpu").capacity == 700
-    monkeypatch.setattr(fixed, "graphs_here", lambda device: True)
+    monkeypatch.setattr(fixed_shape, "graphs_here", lambda device: True)
     spare = SpareCache()
     cache = spare.lease(1, 1, 8, 700, torch.float32, "cpu", scratch=16)
     assert cache.capacity == -(-700 // step) * step and cache.scratch == 16

@@ -1,7 +1,7 @@
-"""scripts/gpu_check.py, the device check of the GPU path, run here on the CPU at toy sizes: every
-stage runs and writes its JSON, and on the fixed-shape forward (the path CUDA takes, here at the 64
-rows it has there) its exactness figures are all n/n, so the script cannot rot between the sessions
-that get a GPU."""
+"""The GPU check (dart_core/cuda/check: dart-gpu-check, python -m dart_core.cuda.check, and the
+scripts/gpu_check.py path that calls it), run here on the CPU at toy sizes: every stage runs and writes
+its JSON, and on the fixed-shape forward (the path CUDA takes, here at the 64 rows it has there) its
+exactness figures are all n/n, so the check cannot rot between runs on a GPU."""
 
 from __future__ import annotations
 
@@ -15,13 +15,15 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.py"
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "gpu_check.py"  # the path existing instructions name: a shim calling the package's main
+CHECK = [sys.executable, "-m", "dart_core.cuda.check"]
 
 
 @pytest.mark.slow  # every stage at toy sizes in a subprocess
 def test_gpu_check_runs_on_the_cpu_and_reports_exactness(tmp_path):
     out = tmp_path / "out"
-    cmd = [sys.executable, str(SCRIPT), "--out", str(out), "--device", "cpu", "--small", "--stages", "env,exact,sampling,big"]
+    cmd = [*CHECK, "--out", str(out), "--device", "cpu", "--small", "--stages", "env,exact,sampling,big"]
     # 256 cached tokens (not 512 and 4096): the torch reference's per-chunk sums cost seconds a verify on the CPU
     cmd += ["--fixed-rows", "64", "--exact-tokens", "8", "--contexts", "256"]
     cmd += ["--paths", "fixed,eager"]  # (fixed-attn differs from fixed on CUDA only: the Triton kernels)
@@ -32,7 +34,7 @@ def test_gpu_check_runs_on_the_cpu_and_reports_exactness(tmp_path):
     stages = data["stages"]
     assert set(stages) == {"env", "exact", "sampling", "big"}
     assert stages["env"]["copy_gb_s"] > 0
-    # the env stage names the Triton that compiles the kernels (tests/device_triton.py's is the device's)
+    # the env stage names the Triton that compiles the kernels (report.COMPILE_CHECK_TRITON: the GPU's, for CI)
     triton = importlib.util.find_spec("triton")  # (none on platforms without its wheel)
     assert stages["env"]["triton"] == (importlib.metadata.version("triton") if triton else None)
     rows = stages["exact"]["rows"]
@@ -73,12 +75,12 @@ def test_gpu_check_runs_on_the_cpu_and_reports_exactness(tmp_path):
 
 @pytest.mark.slow  # the embedded model in a subprocess, its tree sizes calibrated
 def test_gpu_check_embedded_stage_runs_on_the_cpu(tmp_path, fresh_cache):
-    """The stage a lent GPU runs once the embedded model is brought there: plain decoding, DART and
+    """The stage a GPU runs once the embedded model is there: plain decoding, DART and
     EAGLE3 at --nodes and at the sizes the calibration picks on the device, ids against plain's."""
     from dart_core import kernels
 
     out = tmp_path / "out"
-    cmd = [sys.executable, str(SCRIPT), "--out", str(out), "--device", "cpu", "--stages", "embedded"]
+    cmd = [*CHECK, "--out", str(out), "--device", "cpu", "--stages", "embedded"]
     weights = "gguf-int16" if kernels.AVAILABLE else "float32"
     cmd += ["--embedded-dtypes", weights, "--nodes", "4", "--max-new-tokens", "12"]
     # the sweep verifies a 24-node tree and times up to 64 rows: the fixed path at the 64 rows it has on CUDA
@@ -116,7 +118,7 @@ def test_a_lost_process_costs_its_piece_only(tmp_path):
     CUDA context; here GPU_CHECK_FAULT ends it) is recorded as failed and every other piece still runs,
     the big stage's drafting and loop on the first path that verified."""
     out = tmp_path / "out"
-    cmd = [sys.executable, str(SCRIPT), "--out", str(out), "--device", "cpu", "--small", "--isolate", "--stages", "env,exact,big"]
+    cmd = [*CHECK, "--out", str(out), "--device", "cpu", "--small", "--isolate", "--stages", "env,exact,big"]
     cmd += ["--fixed-rows", "64", "--exact-tokens", "4", "--contexts", "256", "--paths", "fixed,eager", "--sweep", ""]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "GPU_CHECK_FAULT": "fixed:exit"})
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -138,7 +140,7 @@ def test_a_lost_process_costs_its_piece_only(tmp_path):
 @pytest.mark.slow  # the big stage at toy sizes in a subprocess
 def test_a_failing_drafter_leaves_the_others_rows(tmp_path):
     out = tmp_path / "out"
-    cmd = [sys.executable, str(SCRIPT), "--out", str(out), "--device", "cpu", "--small", "--stages", "big"]
+    cmd = [*CHECK, "--out", str(out), "--device", "cpu", "--small", "--stages", "big"]
     cmd += ["--fixed-rows", "64", "--contexts", "256", "--paths", "fixed", "--sweep", ""]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "GPU_CHECK_FAULT": "dart:raise"})
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -153,9 +155,9 @@ def test_a_failing_drafter_leaves_the_others_rows(tmp_path):
 @pytest.mark.slow  # a toy target profiled in a subprocess
 def test_gpu_check_profile_stage_runs_on_the_cpu(tmp_path):
     """The profile stage (where the fixed forward's time goes, kernel by kernel, at 1 and 64 rows) that
-    the device call runs beside the main check."""
+    a GPU runs beside the main check."""
     out = tmp_path / "out"
-    cmd = [sys.executable, str(SCRIPT), "--out", str(out), "--device", "cpu", "--small", "--stages", "profile"]
+    cmd = [*CHECK, "--out", str(out), "--device", "cpu", "--small", "--stages", "profile"]
     cmd += ["--fixed-rows", "64", "--contexts", "256"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -166,7 +168,7 @@ def test_gpu_check_profile_stage_runs_on_the_cpu(tmp_path):
 
 
 def test_gpu_check_refuses_unknown_stages(tmp_path):
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--stages", "env,warp"], capture_output=True, text=True)
+    proc = subprocess.run([*CHECK, "--out", str(tmp_path), "--stages", "env,warp"], capture_output=True, text=True)
     assert proc.returncode == 2 and "unknown stages ['warp']" in proc.stderr
 
 
@@ -180,50 +182,37 @@ def test_gpu_check_names_its_forward_paths(tmp_path):
         "fixed-gemm-k0", "fixed-gemm-kx",
     )  # fmt: skip
     for option, bad in (*(("--paths", f"fixed,{b}") for b in bad_paths), ("--sweep", "fixed-split-64,eager"), ("--fixed-split", "96")):
-        proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), option, bad], capture_output=True, text=True)
+        proc = subprocess.run([*CHECK, "--out", str(tmp_path), option, bad], capture_output=True, text=True)
         assert proc.returncode == 2 and f"{option}: " in proc.stderr, (option, bad, proc.stderr[-500:])
-    gpu_check = _gpu_check_module()
     from types import SimpleNamespace
 
+    from dart_core.cuda.check.common import use_path
+    from dart_core.cuda.config import CudaForward, from_path
     from dart_core.model import Transformer
 
     model = Transformer.__new__(Transformer)  # use_path sets attributes only; the shape is read from args
     model.args = SimpleNamespace(n_heads=32, n_kv_heads=8)
-    groups = {}
-    paths = ("fixed", "fixed-ungrouped", "fixed-grouped", "fixed-grouped-16", "fixed-gemm", "fixed-attn", "fixed-torch", "eager")
-    for path in (*paths, "fixed-split-128", "fixed-grouped-16-split-64", "fixed-attn-split-256", "fixed-gemm-split-64"):
-        gpu_check.use_path(model, path, SimpleNamespace(fixed_rows=0))
-        groups[path] = (model.fixed_row_group, model.fixed_split, model.fixed_fused, model.fixed_gemm)
-    assert groups == {
-        "fixed": (None, None, True, False), "fixed-ungrouped": (1, None, True, False), "fixed-grouped": (4, None, True, False),
-        "fixed-grouped-16": (16, None, True, False), "fixed-gemm": (None, None, True, True), "fixed-attn": (1, None, False, False),
-        "fixed-torch": (1, None, True, False), "eager": (1, None, True, False), "fixed-split-128": (None, 128, True, False),
-        "fixed-grouped-16-split-64": (16, 64, True, False), "fixed-attn-split-256": (1, 256, False, False),
-        "fixed-gemm-split-64": (None, 64, True, True),
-    }  # fmt: skip
-    gpu_check.use_path(model, "fixed-gemm", SimpleNamespace(fixed_rows=0))
-    assert model.fixed_gemm_parts == 1
-    # fixed-gemm-kP: our GEMMs, K in P parts where a linear's column programs are fewer than the SMs
-    for path, split in (("fixed-gemm-k2", None), ("fixed-gemm-k4-split-128", 128)):
-        gpu_check.use_path(model, path, SimpleNamespace(fixed_rows=0))
-        assert (model.fixed_gemm, model.fixed_gemm_parts, model.fixed_split, model.fixed_row_group) == (True, int(path[12]), split, None)
-    gpu_check.use_path(model, "fixed", SimpleNamespace(fixed_rows=0))
-    assert (model.fixed_gemm, model.fixed_gemm_parts) == (False, 1)
-    gpu_check.use_path(model, "fixed-grouped", SimpleNamespace(fixed_rows=0, fixed_split=256))  # --fixed-split: paths without their own
-    assert (model.fixed_row_group, model.fixed_split) == (4, 256)
+    for path in ("fixed", "fixed-grouped", "fixed-gemm-k2", "fixed-attn-split-256", "fixed-torch", "eager"):
+        use_path(model, path, SimpleNamespace(fixed_rows=0))  # (the paths' settings: tests/cuda/test_forward.py)
+        assert model.cuda_forward == from_path(path, 4) and model.fixed_rows == (0 if path == "eager" else None), path
+    use_path(model, "fixed-grouped", SimpleNamespace(fixed_rows=64, fixed_split=256))  # --fixed-split: paths without their own
+    assert (model.cuda_forward, model.fixed_rows) == (CudaForward(row_group=4, split=256), 64)
     # the big stage's pieces: a process a path, the sweep's paths in one, the GEMMs by backend, then drafting and the loop
-    assert [n for n, _ in gpu_check.pieces("big", ["fixed", "eager"], ["fixed-split-64"])] == [
+    from dart_core.cuda.check.gemm import gemm_places
+    from dart_core.cuda.check.isolate import pieces
+
+    assert [n for n, _ in pieces("big", ["fixed", "eager"], ["fixed-split-64"])] == [
         "big-fixed", "big-eager", "big-sweep", "big-drafting",
     ]  # fmt: skip
-    assert [n for n, _ in gpu_check.pieces("big", ["fixed"])] == ["big-fixed", "big-drafting"]
-    assert [n for n, _ in gpu_check.pieces("big", ["fixed"], gemm=True)] == ["big-fixed", "big-gemm", "big-drafting"]
+    assert [n for n, _ in pieces("big", ["fixed"])] == ["big-fixed", "big-drafting"]
+    assert [n for n, _ in pieces("big", ["fixed"], gemm=True)] == ["big-fixed", "big-gemm", "big-drafting"]
     # the gemm part's rows compared at row 0 of another batch, at any --fixed-rows (64: the engine's)
-    assert (gpu_check.gemm_places(64), gpu_check.gemm_places(16), gpu_check.gemm_places(2), gpu_check.gemm_places(1)) == (
+    assert (gemm_places(64), gemm_places(16), gemm_places(2), gemm_places(1)) == (
         [1, 31, 63], [1, 7, 15], [0, 1], [0],
     )  # fmt: skip
 
 
-# What the simulated lent session runs on this CPU: the device check at its smallest (the plan's
+# What the simulated remote machine runs on this CPU: the device check at its smallest (the plan's
 # plumbing, not the check: the tests above run that), the embedded stage at a few tokens (its env at toy sizes)
 SIMULATED_CHECK = "--device cpu --small --stages env"
 SIMULATED_STAGE = (
@@ -233,9 +222,9 @@ SIMULATED_STAGE = (
 
 @pytest.mark.slow  # the GGUF compressed (~15 s), the gguf wheel from PyPI, then the calls run here, the embedded stage among them
 def test_parts_carry_the_embedded_model_within_a_device_call(tmp_path):
-    """--parts: every call's carry fits beside the checkout in a device call and its command in the
-    call's 2,000 characters, the parts join into the embedded GGUF, byte for byte, and the printed calls,
-    run here in turn as a lent session would run them (each in the checkout, with an $OUT of its own),
+    """--parts: every command's carry fits beside the checkout in 64 MiB and the command in 2,000
+    characters, the parts join into the embedded GGUF, byte for byte, and the printed commands, run
+    here in turn as the machine without network would run them (each in the checkout, with an $OUT of its own),
     start the check in the background, return its results while the parts travel, and end with the
     check's results and the embedded stage's on the joined GGUF."""
     import ast
@@ -243,14 +232,16 @@ def test_parts_carry_the_embedded_model_within_a_device_call(tmp_path):
     import re
     import shutil
 
+    from dart_core.cuda.check.parts import DEVICE_CHECK_ARGS
     from dart_core.loading import embedded_gguf_path
 
-    gpu_check = _gpu_check_module()
-    root = SCRIPT.parent.parent
+    root = ROOT
+    sets = sorted((root.parent / "shared" / "data" / "bench").glob("*.jsonl"))  # the bench's sets, where they are beside the checkout
     folder = f"device_parts/test-{os.getpid()}"  # under the git-ignored device_parts/
     machine = tmp_path / "machine"  # the device machine's /tmp
-    cmd = [sys.executable, str(SCRIPT), "--parts", folder, "--parts-scratch", str(machine)]
+    cmd = [*CHECK, "--parts", folder, "--parts-scratch", str(machine)]
     cmd += ["--parts-check-args", SIMULATED_CHECK, "--parts-stage-args", SIMULATED_STAGE]
+    cmd += ["--parts-bench-sets", str(sets[0].parent)] if sets else []
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=root)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -263,14 +254,13 @@ def test_parts_carry_the_embedded_model_within_a_device_call(tmp_path):
         assert [c[0] for c in carries[:-1]] == [str(p.relative_to(root)) for p in parts]
         for carry, command in zip(carries, commands):
             assert tree_mib + sum((root / f).stat().st_size for f in carry) / 2**20 <= 64, carry
-            device = command.replace(str(machine), "/tmp").replace(SIMULATED_CHECK, gpu_check.DEVICE_CHECK_ARGS)
+            device = command.replace(str(machine), "/tmp").replace(SIMULATED_CHECK, DEVICE_CHECK_ARGS)
             device = device.replace(SIMULATED_STAGE, "--max-new-tokens 64 --embedded-dtypes bfloat16")  # --parts-stage-args' default
             assert len(device) <= 2000, device  # the call's limit, as the device's session prints it
         joined = lzma.decompress(b"".join(p.read_bytes() for p in parts))
         assert joined == embedded_gguf_path().read_bytes()
         last = commands[-1]
         assert "--stages env,embedded" in last
-        sets = sorted((root.parent / "shared" / "data" / "bench").glob("*.jsonl"))
         if sets:  # the last call carries the first two prompts of each bench set, as the bench prompts them
             assert carries[-1] == [f"{folder}/prompts.jsonl"] and f"--prompts {folder}/prompts.jsonl" in last
             prompts = [json.loads(line) for line in (root / folder / "prompts.jsonl").read_text().splitlines()]
@@ -302,7 +292,7 @@ def test_parts_carry_the_embedded_model_within_a_device_call(tmp_path):
             assert embedded[m]["prompts"] == n and embedded[m]["ids_equal_ar"] == n, (m, embedded[m])
         # the session's two reports read together (--targets): the embedded model's row from the last's
         tables = subprocess.run(
-            [sys.executable, str(SCRIPT), "--targets", str(outs[-1] / "check.json"), str(outs[-1] / "gpu_check.json")],
+            [*CHECK, "--targets", str(outs[-1] / "check.json"), str(outs[-1] / "gpu_check.json")],
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert tables.returncode == 0 and "| embedded float32: dart@2 against plain decoding, ids = plain's | " in tables.stdout, tables
@@ -314,24 +304,16 @@ def test_parts_carry_the_embedded_model_within_a_device_call(tmp_path):
 
 
 def test_parts_refuse_a_folder_git_would_carry():
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--parts", "docs/parts"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([*CHECK, "--parts", "docs/parts"], capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "git-ignored" in proc.stderr
-
-
-def _gpu_check_module():
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import gpu_check
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
-    return gpu_check
 
 
 def test_targets_read_off_the_h200_run_of_2026_11_29():
     """--targets on the last device run's file: what docs/gpu.md says of it, met and not."""
-    gpu_check = _gpu_check_module()
-    path = SCRIPT.parent.parent / "docs" / "results" / "gpu-h200-2026-11-29.json"
-    rows = {r["target"].split(" (")[0].split(",")[0]: r for r in gpu_check.targets(gpu_check.report_stages(json.loads(path.read_text())))}
+    from dart_core.cuda.check import report
+
+    path = ROOT / "docs" / "results" / "gpu-h200-2026-11-29.json"
+    rows = {r["target"].split(" (")[0].split(",")[0]: r for r in report.targets(report.report_stages(json.loads(path.read_text())))}
     assert rows["tiny targets"]["met"] and rows["tiny targets"]["measured"] == "1431/1431; 216/216"  # 53 nodes x 9 x 3 paths
     assert rows["sampling: one-step chi-square"]["met"]
     step = rows["8B shape: one-row step over the HBM limit"]
@@ -343,14 +325,14 @@ def test_targets_read_off_the_h200_run_of_2026_11_29():
     ].startswith("0.866")
     assert rows["embedded bfloat16: dart@60 against plain decoding"]["met"] is False
     assert rows["embedded bfloat16: τ of dart@60"]["measured"] == 2.565
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--targets", str(path)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([*CHECK, "--targets", str(path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.count("| **no** |") == 4 and proc.stdout.count("| yes |") == 3, proc.stdout
     assert "Triton on the device: not recorded" in proc.stdout  # (that run's env stage did not record it)
 
 
 def test_targets_met_unmet_and_unmeasured():
     """A path counts only where its verify was bitwise its steps'; a stage a run lacks is not measured."""
-    gpu_check = _gpu_check_module()
+    from dart_core.cuda.check import report
 
     def verify(step, ratio):
         return {"512": {"step_over_hbm_limit": step, "ratio_64_to_1": ratio}, "4096": {"step_over_hbm_limit": step, "ratio_64_to_1": ratio}}
@@ -365,7 +347,7 @@ def test_targets_met_unmet_and_unmeasured():
         "drafting_60": {"dart": {"draft_ms": 0.7, "prune_ms": 0.4}},
     }
     embedded = {"bfloat16": {"ar": {}, "dart@60": {"vs_ar": 2.1, "ids_equal_ar": 12, "prompts": 12, "tau": 3.0}}}
-    rows = {r["target"].split(" (")[0]: r for r in gpu_check.targets({"big": big, "embedded": embedded})}
+    rows = {r["target"].split(" (")[0]: r for r in report.targets({"big": big, "embedded": embedded})}
     step, verify64 = rows["8B shape: one-row step over the HBM limit"], rows["8B shape: 64-row verify over the one-row step"]
     # eager (not the Triton attention) and fixed-split-64 (23/24 bitwise) do not count
     assert step["met"] and step["measured"].startswith("1.25 (fixed-gemm;") and "fixed 1.5" in step["measured"]
@@ -375,15 +357,24 @@ def test_targets_met_unmet_and_unmeasured():
     assert rows["embedded bfloat16: τ of dart@60"]["met"]
     assert rows["tiny targets: verify == steps bitwise; dart and eagle3 ids = plain's"]["met"] is None
     assert rows["sampling: one-step chi-square"]["met"] is None
-    assert "not measured" in gpu_check.targets_table(gpu_check.targets({}))
+    assert "not measured" in report.targets_table(report.targets({}))
 
 
 def test_the_devices_triton_read_off_a_run_against_the_compile_checks():
     """--targets says whether the Triton a run's env stage saw is the version CI compiles the kernels under
-    as the device's (tests/device_triton.py), and what to change where it is not."""
-    import device_triton
+    as the device's (report.COMPILE_CHECK_TRITON, which tests/cuda/device_triton.py installs), and what to
+    change where it is not."""
+    from dart_core.cuda.check import report
 
-    gpu_check = _gpu_check_module()
-    assert "not recorded" in gpu_check.triton_note({"env": {"device": "cuda"}})
-    assert gpu_check.triton_note({"env": {"triton": device_triton.VERSION}}).endswith("(the same)")
-    assert "set tests/device_triton.py's VERSION to 9.9.9" in gpu_check.triton_note({"env": {"triton": "9.9.9"}})
+    assert "not recorded" in report.triton_note({"env": {"device": "cuda"}})
+    assert report.triton_note({"env": {"triton": report.COMPILE_CHECK_TRITON}}).endswith("(the same)")
+    assert "set dart_core/cuda/check/report.py's COMPILE_CHECK_TRITON to 9.9.9" in report.triton_note({"env": {"triton": "9.9.9"}})
+
+
+def test_the_scripts_path_and_python_m_run_the_same_check():
+    """scripts/gpu_check.py (the path existing instructions name) and python -m dart_core.cuda.check are
+    the one command line: the same --help, naming every stage."""
+    shim = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=120)
+    module = subprocess.run([*CHECK, "--help"], capture_output=True, text=True, timeout=120)
+    assert shim.returncode == module.returncode == 0 and shim.stdout == module.stdout, shim.stderr[-2000:]
+    assert all(f"  {stage} " in shim.stdout for stage in ("env", "exact", "sampling", "big", "profile", "embedded")), shim.stdout

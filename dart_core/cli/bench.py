@@ -106,7 +106,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--eager",
         action="store_true",
         help="run the target on the torch path instead of the batch-invariant CPU kernels (dart_core/kernels/): the "
-        "fixed-shape forward (dart_core/fixed.py, exact up to its rows), plain eager torch beyond",
+        "fixed-shape forward (dart_core/fixed_shape.py, exact up to its rows), plain eager torch beyond",
     )
     add_device_flag(p)
     add_model_flag(p)

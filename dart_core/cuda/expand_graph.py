@@ -1,6 +1,6 @@
 """EAGLE3's tree expansion on a GPU at a fixed width and depth, captured once as a CUDA graph.
 
-The eager expansion (eagle3.py's `_Eagle3Session.expand`) runs, for each of its `depth` levels, some
+The eager expansion (drafters/eagle3.py's `_Eagle3Session.expand`) runs, for each of its `depth` levels, some
 forty small torch ops (the head's layer over the frontier, its logits, two top-k) and then reads the
 level back to the host to pick the next frontier: on a GPU that is launches and one wait a level, far
 more than the head's arithmetic, while DART's one draft forward is captured (head_graph.py). A fair
@@ -14,9 +14,9 @@ and replayed every step.
 
 The layer is the fixed forward's: q|k|v in one GEMM (a copy of the three weights made once), the fused
 kernel rotating q and k and writing the keys and values at the level's scratch slots P + level x top_k
-+ row (fixed_triton.qkv_rope), the Triton attention over the committed prefix and each row's path.
++ row (triton_kernels.qkv_rope), the Triton attention over the committed prefix and each row's path.
 Drafts need no exactness (the target's verify decides), so this only has to compute what the eager
-expansion computes, up to rounding: the tests compare the two pools (tests/triton_interpreted.py runs
+expansion computes, up to rounding: the tests compare the two pools (tests/cuda/triton_interpreted.py runs
 this forward in Triton's interpreter on a CPU). Steps whose budget asks for a narrower or shallower
 search than the graph's run eager.
 """
@@ -26,9 +26,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import fixed
-from ..fixed import RopeTable, Upload
+from .. import fixed_shape
+from ..fixed_shape import RopeTable, Upload
 from ..model import KVCache
+from . import forward
 
 
 class ExpandGraph:
@@ -37,7 +38,7 @@ class ExpandGraph:
     state h (1, H) on the device; returns the search as host lists (see `__call__`)."""
 
     def __init__(self, head, target, cache: KVCache, top_k: int, depth: int):
-        from .. import fixed_triton
+        from . import triton_kernels  # (Triton imported only where the forward runs)
 
         c = head.config
         dev = torch.device(target.device)
@@ -56,12 +57,12 @@ class ExpandGraph:
         self.plens = [torch.full((k,), L + 1, dtype=torch.int32, device=dev) for L in range(depth)]
         self.rows = torch.arange(k, device=dev)
         G = c.num_attention_heads // c.num_key_value_heads
-        self.ws = fixed_triton.Workspace(k, c.num_key_value_heads, G, c.head_dim, cache.k.shape[3], dev)
+        self.ws = triton_kernels.Workspace(k, c.num_key_value_heads, G, c.head_dim, cache.k.shape[3], dev)
         self.q = torch.empty(k, c.num_attention_heads, c.head_dim, dtype=dt, device=dev)
         self.att_out = torch.empty(k, c.num_attention_heads, c.head_dim, dtype=dt, device=dev)
-        self._kernels = fixed_triton
+        self._kernels = triton_kernels
         self._upload_P = Upload(torch.int32, dev, 1)
-        self.capture = fixed.graphs_here(dev)
+        self.capture = fixed_shape.graphs_here(dev)
         self.graph = None
         self.flat = None
         self.calls = 0
@@ -83,7 +84,7 @@ class ExpandGraph:
             flat = self._body()
         else:
             if self.graph is None:
-                self.graph, self.flat = fixed.capture_graph(self._body, self.dev)
+                self.graph, self.flat = forward.capture_graph(self._body, self.dev)
             self.graph.replay()
             flat = self.flat
         vals = flat.tolist()  # one copy to the host, one wait

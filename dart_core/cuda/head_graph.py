@@ -1,9 +1,9 @@
 """A draft head's forward over the pending tokens on a GPU at a fixed row count, captured once as a
 CUDA graph: DART's draft forward (the pending tokens and D mask slots, to the D + 1 rows' logits), and
 EAGLE3's first forward of a step (the pending tokens, to the state at the root that its expansion
-starts from: eagle3.py's `extend_root`).
+starts from: drafters/eagle3.py's `extend_root`).
 
-The eager head forward (dart.py's draft_logits) is some sixty small torch ops whose shapes change with
+The eager head forward (drafters/dart.py's draft_logits) is some sixty small torch ops whose shapes change with
 the pending tokens S and the head's cache length P, and launching them costs more than the head's
 arithmetic on a GPU. Here the forward always runs `rows` rows: the S pending tokens, the D mask slots,
 then padding rows. P, S and the real row count are read from a device tensor, so the shapes and
@@ -12,10 +12,10 @@ addresses never change and the forward is captured once per session and replayed
 - the token embeddings and the target states through `fc`, the two norms, the mask slots put in by
   a select (rows S..S+D-1 take `mask_rep`), RoPE gathered from a table computed once;
 - q|k|v in one GEMM (a copy of the three weights made once), then the fixed forward's fused kernel
-  (fixed_triton.qkv_rope) rotating q and k and writing the keys and values at cache slots P + row
+  (triton_kernels.qkv_rope) rotating q and k and writing the keys and values at cache slots P + row
   (padding rows write scratch slots past the session's capacity, which nobody keeps);
 - attention over the committed prefix and the chain of new rows by the fixed forward's Triton kernels
-  (dart_core/fixed_triton.py: P and the real rows read on the device; padding rows give zeros);
+  (dart_core/cuda/triton_kernels.py: P and the real rows read on the device; padding rows give zeros);
 - the D + 1 rows that give logits (the last pending token and the masks) gathered at S - 1 on the
   device, then the MLP, the final norm(s) and the LM head; for an EAGLE3 head (no masks, D = 0) the
   last pending token's row through the MLP is the result (its expansion, expand_graph.py, takes the
@@ -26,7 +26,7 @@ addresses never change and the forward is captured once per session and replayed
   step for the host to queue.
 
 Drafts need no exactness (the target's verify decides), so this only has to compute what the eager
-forward computes, up to rounding: the tests compare the two (tests/triton_interpreted.py runs this
+forward computes, up to rounding: the tests compare the two (tests/cuda/triton_interpreted.py runs this
 module's forward in Triton's interpreter on a CPU). More pending tokens than the rows take beside the
 masks (the prompt's first draft) go through the same forward in chunks (`chunked`): the leading ones
 rows - D at a time for their keys and values, committed, then the rest for the result, so no draft runs
@@ -38,9 +38,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import fixed
-from ..fixed import RopeTable, Upload, kernel_head_dim, triton_kernels_here
+from .. import fixed_shape
+from ..fixed_shape import RopeTable, Upload
 from ..model import KVCache
+from . import forward
+from .forward import kernel_head_dim, triton_kernels_here
 
 
 def graph_rows(draft_length: int) -> int:
@@ -76,7 +78,7 @@ class HeadGraph:
     its rows (`ranked`: the pruner's inputs, on the host)."""
 
     def __init__(self, head, target, cache: KVCache, rows: int, top_k: int | None = None):
-        from .. import fixed_triton
+        from . import triton_kernels  # (Triton imported only where the forward runs)
 
         c = head.config
         dev = torch.device(target.device)
@@ -103,15 +105,15 @@ class HeadGraph:
         self.plen = torch.arange(1, R + 1, dtype=torch.int32, device=dev)
         self.row_index = torch.arange(R, device=dev)
         self.sel = torch.arange(self.D + 1, device=dev)
-        self.ws = fixed_triton.Workspace(
+        self.ws = triton_kernels.Workspace(
             R, c.num_key_value_heads, c.num_attention_heads // c.num_key_value_heads, c.head_dim, cache.k.shape[3], dev
         )
         self.q = torch.empty(R, c.num_attention_heads, c.head_dim, dtype=dt, device=dev)
         self.att_out = torch.empty(R, c.num_attention_heads, c.head_dim, dtype=dt, device=dev)
-        self._kernels = fixed_triton
+        self._kernels = triton_kernels
         self._upload_ids = Upload(torch.long, dev, R)
         self._upload_meta = Upload(torch.int32, dev, 3)
-        self.capture = fixed.graphs_here(dev)
+        self.capture = fixed_shape.graphs_here(dev)
         self.graph = None
         self.out = None
         self.calls = 0  # forwards run here (the rest of the session's went eager)
@@ -176,7 +178,7 @@ class HeadGraph:
         if not self.capture:
             return self._body()
         if self.graph is None:
-            self.graph, self.out = fixed.capture_graph(self._body, self.dev)
+            self.graph, self.out = forward.capture_graph(self._body, self.dev)
         self.graph.replay()
         return self.out
 

@@ -1,4 +1,4 @@
-"""The fixed-shape forward's attention as Triton kernels (CUDA), with the contract of dart_core/fixed.py.
+"""The fixed-shape forward's attention as Triton kernels (CUDA), with the contract of dart_core/fixed_shape.py.
 
 Row r of a forward attends over its logical key sequence: the P committed keys in place, then its path
 through this forward's pending keys (slots P + node). The keys are cut at fixed logical positions into
@@ -10,7 +10,7 @@ boundary is a logical position, and every chunk runs the same instructions (one 
 one for the values), so a node's output depends on its own sequence only: a verified node and its
 one-token step (the same sequence, its ancestors by then committed) get the same bits, whatever the
 other rows and wherever the keys sit in memory. The arithmetic differs from the torch reference in
-fixed.py (an online softmax, tensor-core products), so the two are each exact on their own, not equal.
+fixed_shape.py (an online softmax, tensor-core products), so the two are each exact on their own, not equal.
 
 P and the number of real rows are read from a device tensor, and the grid is fixed by the cache's
 capacity, so a forward using these kernels can be captured once as a CUDA graph and replayed.
@@ -23,12 +23,12 @@ import triton
 import triton.language as tl
 
 BLOCK = 64  # keys a chunk
-# Keys a split, by default (Transformer.fixed_split sets another: any multiple of BLOCK). Every value
+# Keys a split, by default (CudaForward.split sets another: any multiple of BLOCK). Every value
 # is exact, as every boundary is a logical position; it sets how many programs a forward's attention
 # spreads over: a one-row step over P cached keys runs KV heads x cdiv(P, split) programs, each reading
 # its split's keys in turn, so a short context's step waits on a few programs' loops (the H200 timed
 # 17.8 us a layer at 512 keys, 8 programs at the 8B shape), while a small split writes and combines
-# more partial results. scripts/gpu_check.py's sweep times the choice on a device.
+# more partial results. The GPU check's sweep (dart_core/cuda/check/) times the choice on a device.
 SPLIT = 512
 
 
@@ -144,8 +144,8 @@ def _group_split_kernel(
     What this adds to _split_kernel's contract: a node sits at another place of the tile in its verify
     than in its one-token step (row 0), beside other rows' queries, so it is exact where the dot
     product gives a row the same bits at any place of its tile and whatever the other rows hold. That
-    is the hardware's to show (scripts/gpu_check.py's fixed-grouped path); numpy's fp32 matmul, which
-    Triton's interpreter uses, does not give it (tests/triton_interpreted.py), its fp16 one does."""
+    is the hardware's to show (the GPU check's fixed-grouped path); numpy's fp32 matmul, which
+    Triton's interpreter uses, does not give it (tests/cuda/triton_interpreted.py), its fp16 one does."""
     grp = tl.program_id(0)
     g = tl.program_id(1)
     s = tl.program_id(2)
@@ -261,13 +261,13 @@ class Workspace:
 # The grouped attention's tree chunks run a product a row of the group (UNROLL: the loop's unroll
 # factor): unrolled up to this many rows (the kernel the H200 run measured, at 4 rows a program; the
 # same PTX instructions static_range gave it), a loop past it (16 rows unrolled spill registers:
-# tests/triton_compiled.py counts them)
+# tests/cuda/triton_compiled.py counts them)
 UNROLLED_ROWS = 8
 
 
 def group_warps(tile: int) -> int:
     """Warps of a grouped attention program: 4 up to a 32-row tile, a warp for each 8 rows past that (a
-    64-row tile's accumulators and queries spill 4 warps' registers: tests/triton_compiled.py)."""
+    64-row tile's accumulators and queries spill 4 warps' registers: tests/cuda/triton_compiled.py)."""
     return max(4, tile // 8)
 
 
@@ -448,7 +448,7 @@ class Kernels:
         gemm_parts: int = 1,
     ):
         if gemm and not fused:
-            raise ValueError("our GEMMs (fixed_gemm) take the element-wise work the fused kernels do: they need fused")
+            raise ValueError("our GEMMs (CudaForward.gemm) take the element-wise work the fused kernels do: they need fused")
         if gemm_parts < 1:
             raise ValueError(f"our GEMMs take K in at least one part, got {gemm_parts}")
         self.gemm, self.gemm_parts = gemm, gemm_parts
@@ -491,14 +491,14 @@ class Kernels:
 # The fixed forward's linears run torch's GEMM (cuBLAS on CUDA) at the one row count, with the
 # element-wise work between them in the kernels above: at the 8B shape some 200 small launches a step
 # beside the GEMMs, which alone were 1.16x the HBM limit (docs/gpu.md). A GEMM of our own takes that
-# work into its prologue and epilogue (Transformer.fixed_gemm: the `fixed-gemm` forward): the RMSNorm
+# work into its prologue and epilogue (CudaForward.gemm: the `fixed-gemm` forward): the RMSNorm
 # before a linear (its weight multiplied into the input as it is loaded, the row's 1/RMS, summed over
 # the same loads, applied to the products: a row's scale commutes with the product), the residual add
 # after one, SiLU times up after the gate|up linear. A layer then runs four GEMMs, the q|k|v kernel and
 # the attention's two: seven launches instead of ten. Each program computes all rows of BLOCK_N output
 # columns over the whole K in one fixed order (no split of K, no atomics), so a row's bits depend on
 # its own input row, the weights and its place in the tile; the last is the hardware's (the tensor
-# cores' products), which scripts/gpu_check.py checks on the device, as it does for torch's GEMM. The
+# cores' products), which the GPU check checks on the device, as it does for torch's GEMM. The
 # rounding follows the torch ops replaced: each result rounded to the dtype where they round, but for
 # the norm, whose normalised input is not rounded before the product (its weight's product is).
 
@@ -525,7 +525,7 @@ def multiprocessors(device) -> int:
 
 def gemm_config(dtype: torch.dtype, silu: bool) -> tuple[int, int, int, int, int]:
     """The fixed-gemm forward's configuration for a linear, until a device has ranked them: the widest
-    tile that compiles for sm_90 without spilling registers (tests/triton_compiled.py), K in one part:
+    tile that compiles for sm_90 without spilling registers (tests/cuda/triton_compiled.py), K in one part:
     SiLU's two accumulators take half the columns; fp32's tiles take twice the registers and shared memory."""
     if dtype == torch.float32:
         return (32, 64, 8, 3, 1)

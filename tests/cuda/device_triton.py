@@ -1,14 +1,15 @@
-"""The lent device's own Triton, beside the test extra's, for the sm_90 compile check (tests/triton_compiled.py).
+"""The GPU's own Triton, beside the test extra's, for the sm_90 compile check (tests/cuda/triton_compiled.py).
 
-The H200s this project is lent run the kernels through the Triton of their image (3.6.0, with the ptxas
-it ships: the device tool's KINDS.md lists it, and gpu_check's env stage records the version a run
-saw), while CI's interpreter tests need the test extra's (>= 3.9: 3.6's interpreter fails under
-numpy 2.4). A compiler's version decides what lowers and how many registers a kernel takes, so the
-compile check runs under both: the device's is installed here, outside the venv, as a folder put first
-on PYTHONPATH for that run only (PyPI's wheel, no dependencies: torch is the venv's).
+A GPU image runs the kernels through the Triton it ships (the H200 image's 3.6.0, with its ptxas; the
+GPU check's env stage records the version a run saw, and its --targets says when it is not
+dart_core/cuda/check/report.py's COMPILE_CHECK_TRITON), while CI's interpreter tests need the test
+extra's (>= 3.9: 3.6's interpreter fails under numpy 2.4). A compiler's version decides what lowers and
+how many registers a kernel takes, so the compile check runs under both: the GPU's is installed here,
+outside the venv, as a folder put first on PYTHONPATH for that run only (PyPI's wheel, no dependencies:
+torch is the venv's).
 
-    python tests/device_triton.py            # install it if missing (`make device-triton`; seconds and ~190 MB of PyPI once)
-    python tests/device_triton.py --check    # say where it is; exit 1 if it is not there
+    python tests/cuda/device_triton.py            # install it if missing (seconds and ~190 MB of PyPI once)
+    python tests/cuda/device_triton.py --check    # say where it is; exit 1 if it is not there
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dart_core.cuda.check.report import COMPILE_CHECK_TRITON as VERSION
 from dart_core.loading import cache_root
 
-VERSION = "3.6.0"  # the H200 image's (gpu_check's env stage prints the device's: bump this where a run shows another)
 _MARK = ".installed"
 
 
@@ -55,13 +56,13 @@ def install() -> Path:
 
 def main(argv: list[str]) -> int:
     if argv == ["--check"]:
-        print(folder() if installed() else f"not installed: {folder()} (run: make device-triton)")
+        print(folder() if installed() else f"not installed: {folder()} (run: make triton-compile-check)")
         return 0 if installed() else 1
     if argv:
         print(__doc__, file=sys.stderr)
         return 2
     if sys.platform != "linux" or platform.machine() not in ("x86_64", "aarch64"):
-        print("Triton has no wheel for this platform: the compile check skips here (tests/test_fixed_triton.py)")
+        print("Triton has no wheel for this platform: the compile check skips here (tests/cuda/test_triton_kernels.py)")
         return 0
     print(f"the device's Triton {VERSION}: {install()}")
     return 0

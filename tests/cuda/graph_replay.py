@@ -3,13 +3,13 @@ CPU otherwise never shows.
 
 A CUDA graph records a body's kernels once, with their arguments, and each replay runs exactly those
 kernels on exactly those addresses with exactly those scalars. The engine's captured forwards
-(fixed.FixedRunner, drafters/head_graph.py, drafters/expand_graph.py) are written so that a step's
+(fixed_shape.FixedRunner, cuda/head_graph.py, cuda/expand_graph.py) are written so that a step's
 inputs reach the body only through static device buffers. Where one does not, the GPU silently
 computes with the capture's values (a cache length read as a Python int, a buffer rebound to a new
 tensor, a tensor built from host data) or the capture fails (an op that waits for the device: `.item()`,
 `nonzero`, a boolean index). None of that shows on a CPU, where the bodies run uncaptured each call.
 
-`simulated()` makes the engine capture on the CPU (fixed.graphs_here true, fixed.capture_graph this
+`simulated()` makes the engine capture on the CPU (fixed_shape.graphs_here true, cuda.forward.capture_graph this
 module's). A "capture" runs the body twice as the real warm-up does, then once recording every torch op
 (through a TorchDispatchMode) and every Triton launch (in Triton's interpreter) with their arguments:
 a tensor by its storage (a static buffer by address, one the body made by the op that made it), its
@@ -185,7 +185,8 @@ def _triton_run(original):
 def simulated():
     """Within it, the engine's captured forwards capture and replay as above on any device; yields the
     Stats of every capture and replay."""
-    from dart_core import fixed
+    from dart_core import fixed_shape
+    from dart_core.cuda import forward
 
     stats = Stats()
 
@@ -195,10 +196,10 @@ def simulated():
         graph = SimulatedGraph(body, stats)
         return graph, graph.outputs
 
-    saved = (fixed.graphs_here, fixed.capture_graph)
-    fixed.graphs_here, fixed.capture_graph = (lambda device: True), capture_graph
+    saved = (fixed_shape.graphs_here, forward.capture_graph)
+    fixed_shape.graphs_here, forward.capture_graph = (lambda device: True), capture_graph
     interpreter = None
-    if fixed.triton_interpreting() and fixed.triton_available():
+    if forward.triton_interpreting() and forward.triton_available():
         from triton.runtime import interpreter
 
         original = interpreter.InterpretedFunction.run
@@ -206,6 +207,6 @@ def simulated():
     try:
         yield stats
     finally:
-        fixed.graphs_here, fixed.capture_graph = saved
+        fixed_shape.graphs_here, forward.capture_graph = saved
         if interpreter is not None:
             interpreter.InterpretedFunction.run = original

@@ -1,7 +1,7 @@
-"""The CPU simulation of CUDA graph capture and replay (tests/graph_replay.py) catches what a graph
+"""The CPU simulation of CUDA graph capture and replay (tests/cuda/graph_replay.py) catches what a graph
 would get wrong on a GPU: a body that reads its step's inputs from anywhere but static buffers, and a
 body a capture refuses. The engine's own captured forwards run under it in Triton's interpreter
-(tests/triton_interpreted.py, asserted in tests/test_fixed_triton.py)."""
+(tests/cuda/triton_interpreted.py, asserted in tests/cuda/test_triton_kernels.py)."""
 
 from __future__ import annotations
 
@@ -9,22 +9,23 @@ import pytest
 import torch
 from graph_replay import GraphCaptureError, GraphReplayError, simulated
 
-from dart_core import fixed
+from dart_core import fixed_shape
+from dart_core.cuda import forward
 
 CPU = torch.device("cpu")
 
 
 def test_the_engine_captures_only_on_cuda_outside_the_simulation():
-    assert not fixed.graphs_here(CPU) and fixed.graphs_here(torch.device("cuda"))
+    assert not fixed_shape.graphs_here(CPU) and fixed_shape.graphs_here(torch.device("cuda"))
     with simulated():
-        assert fixed.graphs_here(CPU)
-    assert not fixed.graphs_here(CPU)
+        assert fixed_shape.graphs_here(CPU)
+    assert not fixed_shape.graphs_here(CPU)
 
 
 def test_a_body_on_static_buffers_replays_into_its_static_outputs():
     a, b = torch.arange(4.0), torch.ones(4)
     with simulated() as stats:
-        graph, out = fixed.capture_graph(lambda: (a * 2 + b, a.sum()), CPU)
+        graph, out = forward.capture_graph(lambda: (a * 2 + b, a.sum()), CPU)
         for step in range(3):
             a.copy_(torch.full((4,), float(step)))  # the step's input, loaded into the static buffer
             graph.replay()
@@ -36,7 +37,7 @@ def test_a_python_scalar_that_changes_fails_the_replay():
     a = torch.zeros(4)
     length = [5]
     with simulated():
-        graph, _ = fixed.capture_graph(lambda: a + length[0], CPU)
+        graph, _ = forward.capture_graph(lambda: a + length[0], CPU)
         graph.replay()  # the same value: the same graph
         length[0] = 6  # e.g. the cache length read as an int: a GPU would keep adding 5
         with pytest.raises(GraphReplayError, match="differs from its capture at op 0") as e:
@@ -50,7 +51,7 @@ def test_a_buffer_rebound_to_a_new_tensor_fails_the_replay():
 
     inputs = Inputs()
     with simulated():
-        graph, _ = fixed.capture_graph(lambda: inputs.meta * 2, CPU)
+        graph, _ = forward.capture_graph(lambda: inputs.meta * 2, CPU)
         inputs.meta = torch.tensor([4, 1], dtype=torch.int32)  # a GPU graph would still read the first one
         with pytest.raises(GraphReplayError, match="static"):
             graph.replay()
@@ -65,7 +66,7 @@ def test_an_intermediate_is_named_by_the_op_that_made_it_not_its_address():
         return (y @ a).sum(0)
 
     with simulated() as stats:
-        graph, _ = fixed.capture_graph(body, CPU)
+        graph, _ = forward.capture_graph(body, CPU)
         for _ in range(3):
             junk = [torch.empty(64, 64) for _ in range(3)]  # moves the allocator's free lists between calls
             graph.replay()
@@ -88,14 +89,14 @@ def test_an_intermediate_is_named_by_the_op_that_made_it_not_its_address():
 def test_what_a_capture_refuses_fails_the_capture(body, reason):
     a = torch.arange(4.0)
     with simulated(), pytest.raises(GraphCaptureError, match=reason):
-        fixed.capture_graph(lambda: body(a), CPU)
+        forward.capture_graph(lambda: body(a), CPU)
 
 
 def test_the_simulation_is_undone_when_it_ends():
-    original = fixed.capture_graph
+    original = forward.capture_graph
     with pytest.raises(RuntimeError), simulated():
         raise RuntimeError("a failing test inside it")
-    assert fixed.capture_graph is original and not fixed.graphs_here(CPU)
+    assert forward.capture_graph is original and not fixed_shape.graphs_here(CPU)
 
 
 def test_a_failing_replay_names_its_own_graph_and_count():
@@ -109,8 +110,8 @@ def test_a_failing_replay_names_its_own_graph_and_count():
         return a * 2
 
     with simulated() as stats:
-        graph, _ = fixed.capture_graph(stale, CPU)
-        other, _ = fixed.capture_graph(fine, CPU)  # captured after it: the message must not name this one
+        graph, _ = forward.capture_graph(stale, CPU)
+        other, _ = forward.capture_graph(fine, CPU)  # captured after it: the message must not name this one
         other.replay()
         other.replay()
         length[0] = 6

@@ -1,11 +1,11 @@
-"""The fixed forward's Triton kernels (dart_core/fixed_triton.py: the attention and the fused element-wise
+"""The fixed forward's Triton kernels (dart_core/cuda/triton_kernels.py: the attention and the fused element-wise
 work the GPU path runs) on this CPU, each way in a process of its own: in Triton's interpreter
-(tests/triton_interpreted.py) they compute what the torch ops they replace compute, and a verified node
-gets its one-token step's bits; compiled for the H200 (tests/triton_compiled.py) every launch the engine
+(tests/cuda/triton_interpreted.py) they compute what the torch ops they replace compute, and a verified node
+gets its one-token step's bits; compiled for the H200 (tests/cuda/triton_compiled.py) every launch the engine
 makes at the device check's shapes lowers to sm_90 code within the device's shared memory, and the
 kernels the engine runs by default spill no registers; the compile runs under the test extra's Triton and
-under the device's own version (tests/device_triton.py). The GPU's own instructions are checked on the
-device by scripts/gpu_check.py."""
+under the device's own version (tests/cuda/device_triton.py). The GPU's own instructions are checked on the
+device by the GPU check (dart_core/cuda/check/)."""
 
 from __future__ import annotations
 
@@ -75,9 +75,10 @@ def test_the_interpreted_halves_run_every_section(interpreted):
     assert sorted(interpreted["seconds"]) == sorted(interpreted["sections"]), interpreted["seconds"]
 
 
-# The compilers the compile check runs under: the test extra's Triton (the interpreter's, >= 3.9) and the lent
-# device's own (tests/device_triton.py: `make device-triton`, which `make test` runs), each with its ptxas
-COMPILERS = ("extra", "device")
+# The compilers the compile check runs under, each with its ptxas: the test extra's Triton (the interpreter's,
+# >= 3.9; `make test`) and the GPU's own version (tests/cuda/device_triton.py; marker device_triton: `make
+# triton-compile-check` installs it and runs these tests under it, `make test` leaves them out)
+COMPILERS = ("extra", pytest.param("device", marks=pytest.mark.device_triton))
 
 
 @pytest.fixture(scope="module", params=COMPILERS)
@@ -87,7 +88,7 @@ def compiled(request):
     env = None
     if request.param == "device":
         assert device_triton.installed(), (
-            f"the device's Triton {device_triton.VERSION} is not in {device_triton.folder()}: run `make device-triton`"
+            f"the device's Triton {device_triton.VERSION} is not in {device_triton.folder()}: run `make triton-compile-check`"
         )
         env = device_triton.env()
     run = subprocess.run([sys.executable, str(HERE / "triton_compiled.py")], capture_output=True, text=True, timeout=900, env=env)
@@ -131,7 +132,7 @@ def test_attention_kernels_match_the_torch_reference(interpreted, dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_our_gemm_computes_the_linear(interpreted, dtype):
-    """fixed_triton.linear at each configuration gpu_check times: F.linear's values within the dtype's
+    """triton_kernels.linear at each configuration gpu_check times: F.linear's values within the dtype's
     rounding; with a dot that keeps a row's bits at any place of its tile (as the GPU's tensor cores
     must: the device checks that), a row's output at row 0 of another batch is its own; and the norm
     before it, SiLU times up and the residual add after it (the fixed-gemm forward's) compute what the
@@ -159,14 +160,14 @@ def test_verified_nodes_get_their_steps_bits_on_the_kernels(interpreted, case):
     """A tiny target's random tree verified in one forward on the kernels: every node's logits and
     captured states are its one-token step's bits, and its logits are the torch reference's within
     rounding, on the engine's default path, rows grouped, the smallest split, the attention alone and
-    our GEMMs (fixed_gemm; and with K in parts, fixed_gemm_parts)."""
+    our GEMMs (CudaForward.gemm; and with K in parts, CudaForward.gemm_parts)."""
     r = interpreted["models"][case]
     assert r["nodes"] == 6 and r["nodes_unlike_steps"] == [], r
     assert r["argmax_agree"] == r["nodes"], r
     assert r["row_group"] == (8 if "group8" in case else 1), r
     assert r["split"] == (64 if case.endswith("split64") else 512), r
     assert r["gemm"] == ("-gemm" in case), r
-    # K in 2 parts (fixed_gemm_parts): the down product's (2 blocks of K, 2 column programs), a forward each
+    # K in 2 parts (CudaForward.gemm_parts): the down product's (2 blocks of K, 2 column programs), a forward each
     assert r["gemm_parts"] == (2 if "-k2" in case else 1) and (r["parts_launches"] > 0) == ("-k2" in case), r
     if case.endswith("split64"):  # the tree's deeper paths reach past the first split: its keys in two
         assert r["prefix"] + 1 + r["depth"] > 64 >= r["prefix"] + 1, r
@@ -174,7 +175,7 @@ def test_verified_nodes_get_their_steps_bits_on_the_kernels(interpreted, case):
 
 
 def test_the_captured_dart_head_forward_computes_the_eager_one(interpreted):
-    """dart_core/drafters/head_graph.py (its forward uncaptured, in the interpreter) against the eager
+    """dart_core/cuda/head_graph.py (its forward uncaptured, in the interpreter) against the eager
     head, step by step through a session: the same logits up to fp32 rounding, the same top-8 ids, at
     1..D+1 rows, the prompt's first draft too (more pending tokens than the rows take: in chunks), and
     every other step the rows ranked in the captured forward as the pruner takes them (draft_candidates:
@@ -188,8 +189,8 @@ def test_the_captured_dart_head_forward_computes_the_eager_one(interpreted):
 
 
 def test_the_captured_eagle3_drafting_computes_the_eager_one(interpreted):
-    """EAGLE3's captured first forward (dart_core/drafters/head_graph.py) and expansion
-    (dart_core/drafters/expand_graph.py), uncaptured in the interpreter, against the eager ones,
+    """EAGLE3's captured first forward (dart_core/cuda/head_graph.py) and expansion
+    (dart_core/cuda/expand_graph.py), uncaptured in the interpreter, against the eager ones,
     proposal by proposal: the same trees (tokens and parents) with scores equal up to fp32 rounding; a
     generation through them gives plain decoding's ids and the eager drafting's tau, and the next
     session takes the same captured forwards."""
@@ -202,7 +203,7 @@ def test_the_captured_eagle3_drafting_computes_the_eager_one(interpreted):
 def test_the_captured_forwards_replay_as_cuda_graphs(interpreted):
     """Every captured forward of the engine (the fixed forward: plain steps, tree verifies, a prompt in
     chunks; DART's head forward; EAGLE3's first forward and expansion) run as a CUDA graph would run it
-    (tests/graph_replay.py, on the interpreted kernels): captured once, no op a capture refuses, every
+    (tests/cuda/graph_replay.py, on the interpreted kernels): captured once, no op a capture refuses, every
     replay's ops and launches those of its capture (the step's inputs reach the body only through
     static buffers), and greedy generations through the replays give plain decoding's ids, a second
     generation on the same graphs too. A forward that reads a buffer rebound after the capture is caught."""

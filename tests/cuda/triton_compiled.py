@@ -1,8 +1,8 @@
 """The fixed forward's Triton kernels compiled for the H200 (sm_90) on a machine without a GPU, so CI
 catches what only the device's compiler would: run as a script, it prints one JSON object that
-tests/test_fixed_triton.py asserts on.
+tests/cuda/test_triton_kernels.py asserts on.
 
-Triton's interpreter (tests/triton_interpreted.py) runs the kernels' program on numpy: it never lowers
+Triton's interpreter (tests/cuda/triton_interpreted.py) runs the kernels' program on numpy: it never lowers
 them to the GPU, where a kernel can fail to compile (a tensor-core product below its smallest shape, a
 layout the backend cannot convert, shared memory past the device's) or spill registers. Here the engine
 runs its own code, `Transformer.fixed_body`, DART's captured head forward (`HeadGraph._body`) and
@@ -17,7 +17,7 @@ run on garbage); whether the compiled code computes the right bits is the interp
 device's to say.
 
 The compiler is whichever Triton the process imports: the test extra's, or the device's own version
-(tests/device_triton.py puts it first on PYTHONPATH), each with the ptxas it ships; the test runs both.
+(tests/cuda/device_triton.py puts it first on PYTHONPATH), each with the ptxas it ships; the test runs both.
 The same compile runs for the GPUs of a Space's hardware menu (T4, A100, A10G, L4) at what the app runs
 there (the embedded model in bf16 and both drafters' captured forwards): `space_gpus`.
 """
@@ -34,21 +34,22 @@ from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)  # compile, not interpret
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(ROOT / "scripts"))
+ROOT = HERE.parent.parent
+sys.path.insert(0, str(HERE.parent))  # tests/: support
 sys.path.insert(0, str(ROOT))
 
-import gpu_check  # noqa: E402  (scripts/: the device check's shapes and random heads)
 import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime import driver  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
-from dart_core import fixed, fixed_triton  # noqa: E402
-from dart_core.drafters.expand_graph import ExpandGraph  # noqa: E402
-from dart_core.drafters.head_graph import HeadGraph, graph_rows  # noqa: E402
+from dart_core import fixed_shape  # noqa: E402
+from dart_core.cuda import triton_kernels  # noqa: E402
+from dart_core.cuda.check.common import DTYPES, QWEN3_8B, random_head, target_from_transformer  # noqa: E402  (the GPU check's shapes)
+from dart_core.cuda.config import default_row_group  # noqa: E402
+from dart_core.cuda.expand_graph import ExpandGraph  # noqa: E402
+from dart_core.cuda.head_graph import HeadGraph, graph_rows  # noqa: E402
 from dart_core.hf_checkpoint import load_transformer  # noqa: E402
 from dart_core.model import FIXED_ROWS, KVCache, ModelArgs, Transformer  # noqa: E402
 
@@ -167,25 +168,25 @@ def forward(
 ) -> None:
     """model.fixed_body at the device's row count over a tree of 40 nodes after up to 700 cached tokens,
     the Triton kernels as the engine's FixedRunner would build them on CUDA (split: keys a split, None
-    the default; gemm: our GEMMs, model.fixed_gemm, with K in `parts` parts where a linear's programs
-    are fewer than the H200's SMs, model.fixed_gemm_parts)."""
+    the default; gemm: our GEMMs, CudaForward.gemm, with K in `parts` parts where a linear's programs
+    are fewer than the H200's SMs, CudaForward.gemm_parts)."""
     a = model.args
     P = min(700, a.max_position_embeddings - 100)
     cache = KVCache(a.n_layers, a.n_kv_heads, a.head_dim, P + 200, dtype, "cpu", scratch=ROWS)
     cache.length = P
     model._fixed_rope = model._fixed_rope_table("cpu")
-    inputs = fixed.FixedInputs(ROWS, torch.device("cpu"))
+    inputs = fixed_shape.FixedInputs(ROWS, torch.device("cpu"))
     parents = torch.tensor([-1] + [i // 2 for i in range(39)])
     inputs.fill(torch.arange(40) % a.vocab_size, torch.arange(P, P + 40), parents, P, reference=False)
-    kernels = fixed_triton.Kernels(ROWS, a, cache.k.shape[3], dtype, torch.device("cpu"), fused, row_group, split, gemm, parts)
+    kernels = triton_kernels.Kernels(ROWS, a, cache.k.shape[3], dtype, torch.device("cpu"), fused, row_group, split, gemm, parts)
     with torch.inference_mode():
         model.fixed_body(inputs, cache, kernels, False, True)  # capture: torch.cat only (no kernel)
 
 
 def head_forward(model: Transformer, dtype: torch.dtype, draft_length: int, vd: int) -> None:
     """DART's captured head forward (HeadGraph._body) on a random head shaped like model's layer."""
-    target = gpu_check.target_from_transformer(model, "compile", torch.device("cpu"), dtype, TINY_EOS)
-    head = gpu_check.random_head(target, 11, draft_length, vd)
+    target = target_from_transformer(model, "compile", torch.device("cpu"), dtype, TINY_EOS)
+    head = random_head(target, 11, draft_length, vd)
     rows = graph_rows(draft_length)
     cache = KVCache(1, head.config.num_key_value_heads, head.config.head_dim, 600, head.fc.weight.dtype, "cpu", scratch=rows)
     cache.length = 300
@@ -199,8 +200,8 @@ def eagle3_forwards(model: Transformer, dtype: torch.dtype, vd: int) -> None:
     """EAGLE3's captured drafting on a random head shaped like model's layer: its first forward
     (HeadGraph._body, 3 pending tokens) and its expansion (ExpandGraph._body) at the width and depth
     gpu_check drafts 60 nodes with (10 x 7)."""
-    target = gpu_check.target_from_transformer(model, "compile", torch.device("cpu"), dtype, TINY_EOS)
-    head = gpu_check.random_head(target, 12, None, vd)
+    target = target_from_transformer(model, "compile", torch.device("cpu"), dtype, TINY_EOS)
+    head = random_head(target, 12, None, vd)
     rows = graph_rows(0)
     cache = KVCache(1, head.config.num_key_value_heads, head.config.head_dim, 600, head.fc.weight.dtype, "cpu", scratch=rows)
     cache.length = 300
@@ -213,15 +214,15 @@ def eagle3_forwards(model: Transformer, dtype: torch.dtype, vd: int) -> None:
 
 
 def gemms(model: Transformer, dtype: torch.dtype) -> None:
-    """Our GEMM (fixed_triton.linear) at each configuration gpu_check's `gemm` part times, on each of the
+    """Our GEMM (triton_kernels.linear) at each configuration gpu_check's `gemm` part times, on each of the
     layer's linears and the LM head at the device's row count."""
     layer = model.layers[0]
     weights = (layer.attention.wqkv.weight, layer.attention.wo.weight, layer.feed_forward.w13.weight, layer.feed_forward.w2.weight)
     with torch.inference_mode():
         for w in (*weights, model.output.weight):
             x = torch.zeros(ROWS, w.shape[1], dtype=dtype)
-            for cfg in fixed_triton.LINEAR_CONFIGS:
-                fixed_triton.linear(x, w, None, cfg)
+            for cfg in triton_kernels.LINEAR_CONFIGS:
+                triton_kernels.linear(x, w, None, cfg)
 
 
 def space_gpus() -> dict:
@@ -262,28 +263,28 @@ def main() -> int:
         cases = []
         for arch in ("llama", "qwen2", "qwen3"):  # gpu_check's exact stage
             path = build_tiny_checkpoint(tmp / arch, arch, seed=1)
-            for dname, dtype in gpu_check.DTYPES.items():
+            for dname, dtype in DTYPES.items():
                 cases.append((f"tiny-{arch}", dname, lambda path=path, dtype=dtype: load_transformer(path, dtype, "cpu")))
-        cases.append(("qwen3-8b", "bfloat16", lambda: one_layer(gpu_check.QWEN3_8B, torch.bfloat16)))  # the big stage
-        for dname, dtype in gpu_check.DTYPES.items():  # the embedded stage
+        cases.append(("qwen3-8b", "bfloat16", lambda: one_layer(QWEN3_8B, torch.bfloat16)))  # the big stage
+        for dname, dtype in DTYPES.items():  # the embedded stage
             cases.append(("smollm2-135m", dname, lambda dtype=dtype: one_layer(SMOLLM2, dtype)))
         for name, dname, build in cases:
             model = build()
             model.use_kernels = False
-            dtype = gpu_check.DTYPES[dname]
+            dtype = DTYPES[dname]
             G = model.args.n_heads // model.args.n_kv_heads
-            paths = {"fixed": (True, 1, None), "fixed-grouped": (True, fixed.default_row_group(G), None), "fixed-attn": (False, 1, None)}
+            paths = {"fixed": (True, 1, None), "fixed-grouped": (True, default_row_group(G), None), "fixed-attn": (False, 1, None)}
             # gpu_check's fixed-gemm, rows grouped as the engine groups them on sm_90
             if name in ("qwen3-8b", "smollm2-135m", "tiny-qwen2"):
                 grouped = dtype != torch.float32 and not name.startswith("tiny-")  # (the grouped tile's toy and fp32 spills aside)
-                paths["fixed-gemm"] = (True, fixed.default_row_group(G) if grouped else 1, None, True)
+                paths["fixed-gemm"] = (True, default_row_group(G) if grouped else 1, None, True)
             if name == "qwen3-8b":  # gpu_check's fixed-grouped-16 (a 64-row tile at the 8B shape), and its sweep's smallest split
-                paths["fixed-gemm-k2"] = (True, fixed.default_row_group(G), None, True, 2)  # and the sweep's K in parts
+                paths["fixed-gemm-k2"] = (True, default_row_group(G), None, True, 2)  # and the sweep's K in parts
                 paths["fixed-grouped-16"] = (True, 16, None)
                 paths["fixed-split-64"] = (True, 1, 64)
                 paths["fixed-grouped-16-split-64"] = (True, 16, 64)
             if name == "smollm2-135m":  # the embedded stage's split sweep, on the engine's grouping there
-                paths["fixed-grouped-split-64"] = (True, fixed.default_row_group(G), 64)
+                paths["fixed-grouped-split-64"] = (True, default_row_group(G), 64)
             for pname, (fused, group, split, *gemm) in paths.items():
                 c.label = f"{name} {dname} {pname}"
                 forward(model, dtype, fused, group, split, *gemm)

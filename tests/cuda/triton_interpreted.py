@@ -1,12 +1,12 @@
-"""The fixed forward's Triton kernels (dart_core/fixed_triton.py) run by Triton's interpreter on a CPU,
+"""The fixed forward's Triton kernels (dart_core/cuda/triton_kernels.py) run by Triton's interpreter on a CPU,
 so CI checks them without a GPU: run as a script, it prints one JSON object of measurements that
-tests/test_fixed_triton.py asserts on. TRITON_INTERPRET must be set before Triton is first imported,
+tests/cuda/test_triton_kernels.py asserts on. TRITON_INTERPRET must be set before Triton is first imported,
 hence a process of its own.
 
 What the interpreter can and cannot say: it runs the kernels' program (indexing, masks, the loops over
 chunks and splits, the rounding to the dtype) on numpy, so it checks that they compute what the torch
 ops they replace compute, and that a verified node gets its one-token step's bits in that execution.
-It does not run the GPU's instructions (scripts/gpu_check.py checks those bitwise on the device), and
+It does not run the GPU's instructions (the GPU check, dart_core/cuda/check/, checks those bitwise on the device), and
 its bfloat16 is not the GPU's (it truncates where a GPU rounds, and its bf16 tensor-core dot is not
 emulated), so the dtypes here are fp32 and fp16.
 """
@@ -24,6 +24,7 @@ from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "1"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: support
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -32,7 +33,9 @@ import triton.language as tl  # noqa: E402
 from triton.runtime import interpreter  # noqa: E402
 from triton.runtime.interpreter import InterpreterBuilder, TensorHandle  # noqa: E402
 
-from dart_core import fixed, fixed_triton  # noqa: E402
+from dart_core import fixed_shape  # noqa: E402
+from dart_core.cuda import triton_kernels  # noqa: E402
+from dart_core.cuda.config import CudaForward, default_row_group  # noqa: E402
 from dart_core.model import RMSNorm, apply_rope  # noqa: E402
 
 from support import TINY_VOCAB, build_tiny_checkpoint, nodes_unlike_their_steps, random_tree_under, tiny_target  # noqa: E402
@@ -106,18 +109,18 @@ def elementwise(dtype: torch.dtype) -> dict:
     x, y = rnd(R, H), rnd(R, H)
     norm = RMSNorm(H, 1e-6).to(dtype)
     norm.weight.data = rnd(H)
-    res, out = fixed_triton.rmsnorm(x, norm.weight.data, norm.eps, y)
+    res, out = triton_kernels.rmsnorm(x, norm.weight.data, norm.eps, y)
     r["add_bitwise"] = torch.equal(res, x + y)
     r["add_norm"] = diff(out, norm(x + y))
-    r["norm"] = diff(fixed_triton.rmsnorm(x, norm.weight.data, norm.eps), norm(x))
+    r["norm"] = diff(triton_kernels.rmsnorm(x, norm.weight.data, norm.eps), norm(x))
     r["norm_fp32_weight"] = diff(
-        fixed_triton.rmsnorm(x, norm.weight.data.float(), norm.eps),
+        triton_kernels.rmsnorm(x, norm.weight.data.float(), norm.eps),
         (norm.weight.float() * F.rms_norm(x.float(), (H,), eps=1e-6).to(dtype)).to(dtype),
     )
     gu = rnd(R, 2 * inter)
     gate, up = gu.chunk(2, dim=-1)
-    r["silu_mul"] = diff(fixed_triton.silu_mul(gu), F.silu(gate) * up)
-    table = fixed.RopeTable(1.0 / (10000 ** (torch.arange(0, hd, 2).float() / hd)), 1.0, 128)
+    r["silu_mul"] = diff(triton_kernels.silu_mul(gu), F.silu(gate) * up)
+    table = fixed_shape.RopeTable(1.0 / (10000 ** (torch.arange(0, hd, 2).float() / hd)), 1.0, 128)
     positions = torch.tensor([40, 41, 42, 41, 0])
     meta = torch.tensor([P, R], dtype=torch.int32)
     for qk_norm in (False, True):
@@ -126,7 +129,7 @@ def elementwise(dtype: torch.dtype) -> dict:
         qn.weight.data, kn.weight.data = rnd(hd), rnd(hd)
         k_cache, v_cache = torch.zeros(nkv, 64, hd, dtype=dtype), torch.zeros(nkv, 64, hd, dtype=dtype)
         q = torch.empty(R, nh, hd, dtype=dtype)
-        fixed_triton.qkv_rope(
+        triton_kernels.qkv_rope(
             qkv, q, k_cache, v_cache, qn.weight.data if qk_norm else None, kn.weight.data if qk_norm else None, 1e-6,
             table.cos, table.sin, positions, meta, nh, nkv, hd,
         )  # fmt: skip
@@ -145,7 +148,7 @@ def elementwise(dtype: torch.dtype) -> dict:
 
 
 def attention(dtype: torch.dtype) -> dict:
-    """The split and combine kernels against fixed.attention (the torch reference), a program a row and
+    """The split and combine kernels against fixed_shape.attention (the torch reference), a program a row and
     a group of rows a program: a tree whose keys span three splits (P = 1030), and one whose shallow
     rows end in the second split while its deeper rows reach the third (P = 1022: a group's rows with
     no keys in a split beside rows with some, and chunks of committed keys next to chunks of tree
@@ -160,16 +163,16 @@ def attention(dtype: torch.dtype) -> dict:
     T = len(parents)
     r: dict = {}
     r["splits"] = {}
-    for split, contexts in ((fixed_triton.SPLIT, (1030, 1022)), (fixed_triton.BLOCK, (1022,))):
+    for split, contexts in ((triton_kernels.SPLIT, (1030, 1022)), (triton_kernels.BLOCK, (1022,))):
         for P in contexts:
-            inputs = fixed.FixedInputs(R, torch.device("cpu"))
+            inputs = fixed_shape.FixedInputs(R, torch.device("cpu"))
             inputs.fill(torch.zeros(T, dtype=torch.long), torch.arange(T), parents, P, reference=True)
-            ref = fixed.attention(q[:T], k_cache, v_cache, inputs.keys)
-            ws = fixed_triton.Workspace(R, nkv, nh // nkv, hd, cap, "cpu", split)
+            ref = fixed_shape.attention(q[:T], k_cache, v_cache, inputs.keys)
+            ws = triton_kernels.Workspace(R, nkv, nh // nkv, hd, cap, "cpu", split)
             outs = {}
-            for group in (1, 2, fixed.default_row_group(nh // nkv), 16):  # 16: past fixed_triton.UNROLLED_ROWS, a loop
+            for group in (1, 2, default_row_group(nh // nkv), 16):  # 16: past triton_kernels.UNROLLED_ROWS, a loop
                 out = torch.empty(R, nh, hd, dtype=dtype)
-                outs[group] = fixed_triton.attention(q, k_cache, v_cache, inputs.path, inputs.plen, inputs.meta, out, ws, group).clone()
+                outs[group] = triton_kernels.attention(q, k_cache, v_cache, inputs.path, inputs.plen, inputs.meta, out, ws, group).clone()
                 key = f"P{P}_split{split}_group{group}"
                 r[f"{key}_max_diff"] = diff(outs[group][:T], ref)
                 r[f"{key}_padding_rows_zero"] = bool((outs[group][T:] == 0).all())
@@ -180,7 +183,7 @@ def attention(dtype: torch.dtype) -> dict:
 
 
 def linear(dtype: torch.dtype) -> dict:
-    """Our GEMM (fixed_triton.linear, what gpu_check's gemm part times beside torch's) against F.linear in
+    """Our GEMM (triton_kernels.linear, what gpu_check's gemm part times beside torch's) against F.linear in
     fp32 at each configuration, on shapes that fill no tile exactly (5 or 64 rows, columns and K past a
     block; K of 5 blocks, which 4 parts cut unevenly: 2, 2 and 1 blocks), with and without a bias; and a
     row's output at row 0 of another batch against its own. Then the fixed-gemm forward's prologue and
@@ -192,21 +195,21 @@ def linear(dtype: torch.dtype) -> dict:
         "places_bitwise": 0,
         "places": 0,
         "shapes": len(shapes),
-        "configs": len(fixed_triton.LINEAR_CONFIGS),
-        "configs_in_parts": sum(c[4] > 1 for c in fixed_triton.LINEAR_CONFIGS),
+        "configs": len(triton_kernels.LINEAR_CONFIGS),
+        "configs_in_parts": sum(c[4] > 1 for c in triton_kernels.LINEAR_CONFIGS),
     }
     for M, N, K, bias in shapes:
         x = torch.randn(M, K, generator=g).to(dtype)
         w = (torch.randn(N, K, generator=g) / K**0.5).to(dtype)
         b = torch.randn(N, generator=g).to(dtype) if bias else None
         ref = F.linear(x.float(), w.float(), None if b is None else b.float())
-        for cfg in fixed_triton.LINEAR_CONFIGS:
-            y = fixed_triton.linear(x, w, b, cfg)
+        for cfg in triton_kernels.LINEAR_CONFIGS:
+            y = triton_kernels.linear(x, w, b, cfg)
             r["max_diff"] = max(r["max_diff"], diff(y, ref))
             for i in (1, M - 1):
                 other = torch.randn(M, K, generator=g).to(dtype)
                 other[0] = x[i]
-                r["places_bitwise"] += int(torch.equal(fixed_triton.linear(other, w, b, cfg)[0], y[i]))
+                r["places_bitwise"] += int(torch.equal(triton_kernels.linear(other, w, b, cfg)[0], y[i]))
                 r["places"] += 1
     # the fixed-gemm forward's prologue and epilogue against the torch ops they replace (model.RMSNorm,
     # the linear, SiLU times up, the residual add; in the dtype), at the forward's configuration (None)
@@ -220,11 +223,11 @@ def linear(dtype: torch.dtype) -> dict:
     res = torch.randn(M, 2 * inter, generator=g).to(dtype)
     gate, up = F.linear(norm(x), w).chunk(2, dim=-1)
     for name, cfg in (("", None), ("_parts", (32, 64, 4, 2, 3))):
-        r["norm_bias" + name] = diff(fixed_triton.linear(x, w, b, cfg, norm=norm.weight.data, eps=norm.eps), F.linear(norm(x), w, b))
+        r["norm_bias" + name] = diff(triton_kernels.linear(x, w, b, cfg, norm=norm.weight.data, eps=norm.eps), F.linear(norm(x), w, b))
         r["norm_silu" + name] = diff(
-            fixed_triton.linear(x, w, None, cfg, norm=norm.weight.data, eps=norm.eps, silu=True), F.silu(gate) * up
+            triton_kernels.linear(x, w, None, cfg, norm=norm.weight.data, eps=norm.eps, silu=True), F.silu(gate) * up
         )
-        r["residual" + name] = diff(fixed_triton.linear(x, w, None, cfg, residual=res), res + F.linear(x, w))
+        r["residual" + name] = diff(triton_kernels.linear(x, w, None, cfg, residual=res), res + F.linear(x, w))
     return r
 
 
@@ -276,33 +279,32 @@ def model(arch: str, dtype: torch.dtype, fused: bool, root: Path, row_group: int
     tree = random_tree_under(rng, prefix[-1], 6, TINY_VOCAB)
     outs = {}
     launches = []
-    parts_kernel = fixed_triton._linear_parts_kernel
+    parts_kernel = triton_kernels._linear_parts_kernel
 
     class Counted:  # the parts' sums, counted as launched
         def __getitem__(self, grid):
             launches.append(grid)
             return parts_kernel[grid]
 
-    fixed_triton._linear_parts_kernel = Counted()
+    triton_kernels._linear_parts_kernel = Counted()
     try:
         for kernels in (True, False):
             target = tiny_target(path, dtype)
             target.model.use_kernels = False  # the fixed path, as on CUDA
             target.model.fixed_rows = 8
-            target.model.fixed_kernels, target.model.fixed_fused, target.model.fixed_row_group = kernels, fused, row_group
-            target.model.fixed_split, target.model.fixed_gemm = split, bool(gemm)  # (the torch reference has no GEMMs of its own)
-            target.model.fixed_gemm_parts = max(1, gemm)
+            # (the torch reference has no GEMMs of its own)
+            target.model.cuda_forward = CudaForward(kernels, fused, row_group, split, bool(gemm) and kernels, max(1, gemm))
             cache = target.new_cache(len(prefix) + len(tree) + 16)
             target.prefill(prefix, cache, capture=False)
             cache.commit(len(prefix))
             outs[kernels] = (target, cache, target.verify(tree, cache, capture=True))
         target, cache, out = outs[True]
         kern = cache.fixed_runner.kernels
-        assert type(kern) is fixed_triton.Kernels and kern.fused == fused and kern.row_group == row_group and kern.gemm == bool(gemm)
+        assert type(kern) is triton_kernels.Kernels and kern.fused == fused and kern.row_group == row_group and kern.gemm == bool(gemm)
         assert kern.gemm_parts == max(1, gemm)
         bad = nodes_unlike_their_steps(target, cache, tree, out)  # the steps run on the same runner: its split too
     finally:
-        fixed_triton._linear_parts_kernel = parts_kernel
+        triton_kernels._linear_parts_kernel = parts_kernel
     ref = outs[False][2]
     return {
         "nodes": len(tree),
@@ -320,7 +322,7 @@ def model(arch: str, dtype: torch.dtype, fused: bool, root: Path, row_group: int
 
 
 def head_forward(root: Path) -> dict:
-    """DART's captured head forward (dart_core/drafters/head_graph.py, uncaptured here) against the eager
+    """DART's captured head forward (dart_core/cuda/head_graph.py, uncaptured here) against the eager
     head forward, step by step through one session's pending tokens (fp32, a tiny Qwen3 target, a
     random head): the logits' largest difference, the top-8 ids, fewer rows, and a generation's ids
     against plain decoding's."""
@@ -376,8 +378,8 @@ def head_forward(root: Path) -> dict:
 
 
 def expand_forward(root: Path) -> dict:
-    """EAGLE3's captured drafting (its first forward, drafters/head_graph.py, and its expansion,
-    drafters/expand_graph.py; uncaptured here) against the eager one, proposal by proposal through a
+    """EAGLE3's captured drafting (its first forward, cuda/head_graph.py, and its expansion,
+    cuda/expand_graph.py; uncaptured here) against the eager one, proposal by proposal through a
     session, the prompt's first forward too (more pending tokens than the rows: in chunks): the same
     trees and scores up to rounding; a generation through it gives plain decoding's ids and the eager
     drafting's tau; the next session reuses both."""
@@ -419,7 +421,7 @@ def expand_forward(root: Path) -> dict:
 
 
 def replayed(root: Path) -> dict:
-    """The engine's captured forwards as CUDA graphs would run them (tests/graph_replay.py: captured once,
+    """The engine's captured forwards as CUDA graphs would run them (tests/cuda/graph_replay.py: captured once,
     each replay's record of ops and launches held to the capture's): the fixed forward (plain decoding's
     steps, tree verifies, a prompt in chunks), DART's head forward, EAGLE3's first forward and expansion,
     on the interpreted kernels. Greedy generations through the replays against plain decoding run
@@ -438,7 +440,8 @@ def replayed(root: Path) -> dict:
     def fixed_target():
         target = tiny_target(tiny_checkpoint(root, "llama"), torch.float32)
         target.model.use_kernels = False
-        target.model.fixed_rows, target.model.fixed_kernels, target.model.fixed_prefill_chunks = 8, True, 3
+        target.model.fixed_rows, target.model.fixed_prefill_chunks = 8, 3
+        target.model.cuda_forward = CudaForward(kernels=True)
         return target
 
     target = fixed_target()
@@ -469,13 +472,13 @@ def replayed(root: Path) -> dict:
     r["ops_per_capture"] = stats.ops
 
     # a forward whose step input reaches the body through a buffer rebound at each fill
-    fill = fixed.FixedInputs.fill
+    fill = fixed_shape.FixedInputs.fill
 
     def rebinding_fill(self, *args, **kwargs):
         fill(self, *args, **kwargs)
         self.meta = self.meta.clone()
 
-    fixed.FixedInputs.fill = rebinding_fill
+    fixed_shape.FixedInputs.fill = rebinding_fill
     try:
         with simulated():
             complete(fixed_target(), prompts[1][0], ARDrafter(), GenerationParams(3))
@@ -483,26 +486,26 @@ def replayed(root: Path) -> dict:
     except GraphReplayError as e:
         r["rebound_buffer_caught"] = str(e).splitlines()[0]
     finally:
-        fixed.FixedInputs.fill = fill
+        fixed_shape.FixedInputs.fill = fill
     return r
 
 
 # tiny targets' forwards on the kernels (model): (arch, dtype, fused, rows a program, split, our GEMMs).
 # The engine's default (fused, a program a row); Qwen3's norms in fp16 with rows grouped and the
 # smallest split (a chunk a split: the tree's paths across a split's end); the attention alone (torch ops
-# between the GEMMs, Qwen2's biases); our GEMMs with the work between them (fixed_gemm) in fp16 with
+# between the GEMMs, Qwen2's biases); our GEMMs with the work between them (CudaForward.gemm) in fp16 with
 # rows grouped, and in fp32 with Qwen2's biases across the smallest split.
 MODEL_CASES = (
     ("llama", "float32", True, 1, None, False),
-    ("qwen3", "float16", True, 8, fixed_triton.BLOCK, False),
+    ("qwen3", "float16", True, 8, triton_kernels.BLOCK, False),
     ("qwen2", "float32", False, 1, None, False),
     ("llama", "float16", True, 8, None, True),
-    ("qwen2", "float32", True, 1, fixed_triton.BLOCK, 2),  # our GEMMs, K in 2 parts (the down product's 2 blocks)
+    ("qwen2", "float32", True, 1, triton_kernels.BLOCK, 2),  # our GEMMs, K in 2 parts (the down product's 2 blocks)
 )
 
 
 def case_name(arch: str, dtype: str, fused: bool, group: int, split: int | None, gemm: int) -> str:
-    """gemm: 0 torch's GEMMs, 1 ours (model.fixed_gemm), P > 1 ours with K in P parts (model.fixed_gemm_parts)."""
+    """gemm: 0 torch's GEMMs, 1 ours (CudaForward.gemm), P > 1 ours with K in P parts (CudaForward.gemm_parts)."""
     kind = ("gemm" + (f"-k{gemm}" if gemm > 1 else "")) if gemm else "fused" if fused else "attention"
     name = f"{arch}-{dtype}-{kind}" + (f"-group{group}" if group > 1 else "")
     return name + (f"-split{split}" if split else "")
@@ -513,7 +516,7 @@ SECTIONS = ("kernels", *(case_name(*c) for c in MODEL_CASES), "head", "expand", 
 
 def main() -> None:
     """triton_interpreted.py ROOT [SECTION ...]: the SECTIONS asked for (all by default), one JSON object;
-    tests/test_fixed_triton.py runs them in two processes at once and merges the two."""
+    tests/cuda/test_triton_kernels.py runs them in two processes at once and merges the two."""
     root = Path(sys.argv[1])
     asked = sys.argv[2:] or list(SECTIONS)
     unknown = set(asked) - set(SECTIONS)
