@@ -46,7 +46,7 @@ mkdir "$W/tree" "$W/cache"
 git -C "$W/tree" init -q && git -C "$W/tree" add -A && git -C "$W/tree" -c user.name=replica -c user.email=replica@localhost commit -qm replica
 ln -s "$ROOT/../shared" "$W/shared" # the bench prompts beside the checkout, as here
 cd "$W/tree"
-# the pruner built by the GPU check's build command (gpu_check.PRUNER_BUILD), its python3 the venv's
-PATH="$VENV/bin:$PATH" bash -c "$("$PY" -c "import sys; sys.path.insert(0, 'scripts'); import gpu_check; print(gpu_check.PRUNER_BUILD)")"
+# the pruner built by the GPU check's build command (dart_core/cuda/check/parts.py's PRUNER_BUILD), its python3 the venv's
+PATH="$VENV/bin:$PATH" bash -c "$("$PY" -c "from dart_core.cuda.check.parts import PRUNER_BUILD; print(PRUNER_BUILD)")"
 # shellcheck disable=SC2086
 DART_CACHE_DIR="$W/cache" OMP_WAIT_POLICY=PASSIVE "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu_check.py ${PYTEST_ARGS:-}

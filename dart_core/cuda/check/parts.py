@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .common import ROOT
+ROOT = Path(__file__).resolve().parents[3]  # the checkout (--parts reads its git tree and writes under it)
 
 CARRY_LIMIT_MIB = 64  # what a command carries: the checkout and the ignored paths it names
 
