@@ -1,5 +1,7 @@
 # Two commands set everything up on a fresh machine:  make demo  /  make test
-# Everything lives in .venv/ at the repo root; re-running is cheap (a stamp file tracks the install).
+# The packages live in .venv/ at the repo root; re-running is cheap (a stamp file tracks the install). Outside
+# the repository, in DART_CACHE_DIR (default ~/.cache/dart-demo): the embedded model's conversion, which setup
+# makes and prints, and what the targets below say they put there.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -92,7 +94,7 @@ clean:
 	rm -rf $(VENV) build *.egg-info ngram_cpp/*.so dart_core/_cpu_kernels_*.so .pytest_cache .ruff_cache .hypothesis
 	find . -name __pycache__ -type d -not -path "./.git/*" -prune -exec rm -rf {} +
 
-# What the project keeps outside the repository, in $$DART_CACHE_DIR (default ~/.cache/dart-demo): the embedded
+# What the project keeps outside the repository, in DART_CACHE_DIR (default ~/.cache/dart-demo): the embedded
 # model's conversion, this machine's calibration, the decompressed trie, llama.cpp's builds (`make peers`), vLLM's
 # venv (`make vllm`), the GPU's Triton (`make triton-compile-check`), the device replica's venv. Each is made again
 # when next needed (minutes of builds and downloads).
@@ -101,6 +103,7 @@ clean-cache:
 	@echo "make clean-cache: removing $(CACHE_DIR)"
 	rm -rf "$(CACHE_DIR)"
 
-# The Hugging Face Space's order of install, end to end (a fresh venv; minutes): see scripts/check_space.sh
+# The Hugging Face Space's order of install, end to end (a fresh venv in a temporary folder; minutes): see
+# scripts/check_space.sh
 space-check: setup
 	bash scripts/check_space.sh
