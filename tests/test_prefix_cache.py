@@ -272,3 +272,28 @@ def test_app_engine_conversations_under_load(embedded_on):
         assert engine.forget("cmp") >= 1 and "cmp" not in engine.prefix.owners()
     finally:
         target.model.kernel_prefill = was
+
+
+@pytest.mark.slow
+def test_bench_multi_turn_mode(embedded_on, tmp_path):
+    """dart-bench --multi-turn's run: two-turn chats, each method fresh and with reuse, the same ids."""
+    from dart_core.drafters.registry import build_drafter
+    from dart_core.tools.bench import multi_turn_table, run_multi_turn
+
+    target = embedded_on("gguf-int16")
+    was = target.model.kernel_prefill
+    questions = [
+        ("set", {"question_id": 1, "turns": ["Name a large city in Europe.", "Name another."]}),
+        ("set", {"question_id": 2, "turns": ["What is two plus two?"]}),  # one turn: left out
+        ("set", {"question_id": 3, "turns": ["Write a haiku about tea.", "Now one about coffee.", "And water?"]}),
+    ]
+    drafters = {"ar": ARDrafter(), "dart": build_drafter("dart", target)}
+    out = run_multi_turn(target, drafters, questions, 12, SamplingParams(seed=0), lambda _: None)
+    assert target.model.kernel_prefill == was  # restored
+    for m in ("ar", "dart"):
+        r = out["methods"][m]
+        assert r["turns"] == 3 and r["same_ids"] == "3/3" and r["reused_tokens"] > 10
+        assert r["ttft_reuse_s"] > 0 and r["ttft_fresh_s"] > 0
+    assert "| dart | 3 |" in multi_turn_table(out)
+    with pytest.raises(ValueError, match="second turn"):
+        run_multi_turn(target, drafters, questions[1:2], 12, SamplingParams(), lambda _: None)

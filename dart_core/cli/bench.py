@@ -32,6 +32,7 @@ from ..drafters.config import DrafterConfigs
 from ..drafters.head import trained_record
 from ..drafters.registry import DEFAULT_HEADS
 from ..loading import AUTO, DEFAULT_MODEL, TARGET_DTYPE_CHOICES
+from ..prefix_cache import DEFAULT_PREFIX_CACHE_MB
 from ..sampling import SamplingParams
 from ..target import Target, load_target
 from ..tools import calibrate, peers, vllm_peer
@@ -42,9 +43,13 @@ from ..tools.bench import (
     dataset_table,
     embedded_gguf_or_none,
     fidelity_lines,
+    loop_methods,
     markdown_table,
+    method_drafter,
+    multi_turn_table,
     read_questions,
     run_interleaved,
+    run_multi_turn,
     vllm_dtype,
     vllm_fidelity,
 )
@@ -112,6 +117,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_model_flag(p)
     add_threads_flag(p)
     p.add_argument("--out", type=Path, default=None, help="write results JSON here")
+    p.add_argument(
+        "--multi-turn",
+        action="store_true",
+        help="play the questions with several turns as chats, each of the loop's methods with and without the prefix "
+        "cache (dart_core/prefix_cache.py): time to first token and tokens/s of the later turns, same ids required",
+    )
+    p.add_argument("--prefix-cache-mb", type=int, default=DEFAULT_PREFIX_CACHE_MB, help="the prefix cache's bound in --multi-turn")
     g = p.add_argument_group("llama.cpp peers (the llamacpp* methods; see docs/peers.md)")
     add_llamacpp_flags(g)
     add_drafter_flags(p)
@@ -247,6 +259,20 @@ def main(argv: list[str] | None = None) -> int:
     configs, sizes = calibrate.calibrate_unset_sizes(
         target, configs, unsized & unset_sizes(args), log, known, enabled=not args.no_calibration
     )
+    if args.multi_turn:  # the loop's methods only: fresh against reuse on each chat
+        ours, others = loop_methods(methods)
+        for m in others:
+            log(f"--multi-turn runs the generation loop's methods: {m} left out")
+        sampling = SamplingParams(args.temperature, args.top_p, args.top_k, seed=args.seed)
+        drafters = {m: method_drafter(m, target, configs) for m in ours}
+        try:
+            turns = run_multi_turn(target, drafters, questions, args.max_new_tokens, sampling, log, args.prefix_cache_mb << 20)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+        print(multi_turn_table(turns) + "\n\n" + turns["prefix_cache"])
+        if args.out:
+            args.out.write_text(json.dumps({"env": environment(args, target), "multi_turn": turns}, indent=1))
+        return 0
     runners = {m: build_runner(m, target, configs, peer) for m in methods}
     prompts = [target.encode([{"role": "user", "content": q["turns"][0]}]) for _, q in questions]
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, seed=args.seed)

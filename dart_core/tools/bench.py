@@ -25,7 +25,9 @@ from typing import Callable
 import torch
 
 from ..drafters.config import DrafterConfigs
-from ..generate import ARDrafter, Drafter, GenerationParams, StageTimes, Summary, complete
+from ..generate import ARDrafter, Drafter, GenerationParams, StageTimes, Summary, complete, generate
+from ..kernels import MAX_ROWS as KERNEL_ROWS
+from ..prefix_cache import DEFAULT_PREFIX_CACHE_MB, PrefixScope, PrefixStore
 from ..sampling import SamplingParams
 from ..target import Target
 from . import calibrate, peers, vllm_peer
@@ -496,3 +498,99 @@ def run_interleaved(
             tau = f" τ {n / r.steps:.2f}" if r.steps else ""
             log(f"[{i + 1}/{len(questions)}] {dataset} {name:>10}: {n:4d} tokens {n / r.wall_s:7.2f} tok/s{tau}")
     return result
+
+
+def conversation_turns(q: dict) -> list[str]:
+    """A question's user turns (MT-Bench style rows hold two)."""
+    return [t for t in q["turns"] if isinstance(t, str) and t.strip()]
+
+
+def run_multi_turn(
+    target: Target,
+    drafters: dict[str, Drafter],
+    questions: list[tuple[str, dict]],
+    max_new_tokens: int,
+    sampling: SamplingParams,
+    log: Callable[[str], None],
+    cache_bytes: int = DEFAULT_PREFIX_CACHE_MB << 20,
+) -> dict:
+    """The bench's multi-turn mode: each question with several turns played as a chat (each turn's
+    prompt: the turns before, with the answers the method gave, and the next user turn) through every
+    loop method twice, interleaved: `fresh` prefills each turn's whole conversation, `reuse` keeps it
+    in a prefix cache (dart_core/prefix_cache.py) and prefills only what the turn adds. Reported over
+    the turns after the first (the first is the same work either way): time to first token, end-to-end
+    tokens/s, the tokens reused, and how many of those turns gave the same ids both ways (they must:
+    reuse is exact). On the CPU kernels the prompts run in kernel forwards in both modes
+    (model.kernel_prefill, what makes reuse exact); where reuse cannot be exact, `reuse` keeps nothing."""
+    chats = [(d, q) for d, q in questions if len(conversation_turns(q)) > 1]
+    if not chats:
+        raise ValueError("no question has a second turn: the multi-turn mode needs sets whose rows hold several turns")
+    store = PrefixStore(cache_bytes)
+    was = target.model.kernel_prefill
+    if target.model.kernel_path(KERNEL_ROWS, target.device):
+        target.model.kernel_prefill = True
+    modes = ("fresh", "reuse")
+    turns = {m: {k: [] for k in modes} for m in drafters}
+    try:
+        log("warm-up")
+        for d in drafters.values():
+            complete(target, [{"role": "user", "content": conversation_turns(chats[0][1])[0]}], d, GenerationParams(WARMUP_NEW_TOKENS))
+        for i, (dataset, q) in enumerate(chats):
+            for j, name in enumerate(method_order(list(drafters), i)):
+                for mode in modes if (i + j) % 2 == 0 else modes[::-1]:
+                    scope = PrefixScope(store, (dataset, q.get("question_id", i), name)) if mode == "reuse" else None
+                    messages: list[dict] = []
+                    for k, text in enumerate(conversation_turns(q)):
+                        messages.append({"role": "user", "content": text})
+                        sp = sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + 1000 * i + k)
+                        s = None
+                        for s in generate(target, messages, drafters[name], GenerationParams(max_new_tokens, sampling=sp), scope):
+                            pass
+                        messages.append({"role": "assistant", "content": target.decode(s.output_ids)})
+                        if k:
+                            turns[name][mode].append(s)
+                    last = turns[name][mode][-1]
+                    log(
+                        f"[{i + 1}/{len(chats)}] {dataset} {name:>8} {mode:>5}: last turn {last.prompt_tokens} prompt tokens "
+                        f"({last.reused_tokens} reused), first token {last.prefill_s * 1000:.0f} ms, {last.tokens_per_s:.2f} tok/s"
+                    )
+    finally:
+        target.model.kernel_prefill = was
+    report = {}
+    for name, by_mode in turns.items():
+        fresh, reuse = by_mode["fresh"], by_mode["reuse"]
+        ttft = {k: sum(s.prefill_s for s in v) / len(v) for k, v in by_mode.items()}
+        tps = {k: sum(s.new_tokens for s in v) / sum(s.wall_s for s in v) for k, v in by_mode.items()}
+        report[name] = {
+            "turns": len(fresh),
+            "prompt_tokens": sum(s.prompt_tokens for s in fresh) / len(fresh),
+            "reused_tokens": sum(s.reused_tokens for s in reuse) / len(reuse),
+            "ttft_fresh_s": ttft["fresh"],
+            "ttft_reuse_s": ttft["reuse"],
+            "ttft_ratio": ttft["reuse"] / ttft["fresh"] if ttft["fresh"] > 0 else None,
+            "tokens_per_s_fresh": tps["fresh"],
+            "tokens_per_s_reuse": tps["reuse"],
+            "same_ids": f"{sum(a.output_ids == b.output_ids for a, b in zip(fresh, reuse))}/{len(fresh)}",
+        }
+    return {"methods": report, "prefix_cache": store.report(), "kernel_prefill": bool(target.model.kernel_path(KERNEL_ROWS, target.device))}
+
+
+def multi_turn_table(report: dict) -> str:
+    lines = [
+        "| method | later turns | prompt tokens | reused | first token fresh ms | first token reuse ms | ratio | "
+        "tokens/s fresh | tokens/s reuse | same ids |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, m in report["methods"].items():
+        ratio = "–" if m["ttft_ratio"] is None else f"{m['ttft_ratio']:.3f}"
+        lines.append(
+            f"| {name} | {m['turns']} | {m['prompt_tokens']:.0f} | {m['reused_tokens']:.0f} | {m['ttft_fresh_s'] * 1000:.1f} | "
+            f"{m['ttft_reuse_s'] * 1000:.1f} | {ratio} | {m['tokens_per_s_fresh']:.2f} | {m['tokens_per_s_reuse']:.2f} | {m['same_ids']} |"
+        )
+    return "\n".join(lines)
+
+
+def loop_methods(methods: list[str]) -> tuple[list[str], list[str]]:
+    """(the methods of the generation loop, the others): the multi-turn mode runs the first."""
+    ours = [m for m in methods if METHODS[split_method(m)[0]].engine == LOOP]
+    return ours, [m for m in methods if m not in ours]
