@@ -521,15 +521,17 @@ def run_multi_turn(
     the turns after the first (the first is the same work either way): time to first token, end-to-end
     tokens/s, the tokens reused, and how many of those turns gave the same ids both ways (they must:
     reuse is exact). On the CPU kernels the prompts run in kernel forwards in both modes
-    (model.kernel_prefill, what makes reuse exact); where reuse cannot be exact, `reuse` keeps nothing."""
+    (model.kernel_prefill, what makes reuse exact); where the target loaded without them (gguf-int16's
+    eager GEMMs), a third mode, `gemm`, prefills each turn whole that way too: the full re-prefill a run
+    without the cache pays (its ids need not be the kernel rows'). Where reuse cannot be exact, `reuse`
+    keeps nothing."""
     chats = [(d, q) for d, q in questions if len(conversation_turns(q)) > 1]
     if not chats:
         raise ValueError("no question has a second turn: the multi-turn mode needs sets whose rows hold several turns")
     store = PrefixStore(cache_bytes)
     was = target.model.kernel_prefill
-    if target.model.kernel_path(KERNEL_ROWS, target.device):
-        target.model.kernel_prefill = True
-    modes = ("fresh", "reuse")
+    kernel = target.model.kernel_path(KERNEL_ROWS, target.device)
+    modes = ("fresh", "reuse") + (("gemm",) if kernel and not was else ())
     turns = {m: {k: [] for k in modes} for m in drafters}
     try:
         log("warm-up")
@@ -537,7 +539,8 @@ def run_multi_turn(
             complete(target, [{"role": "user", "content": conversation_turns(chats[0][1])[0]}], d, GenerationParams(WARMUP_NEW_TOKENS))
         for i, (dataset, q) in enumerate(chats):
             for j, name in enumerate(method_order(list(drafters), i)):
-                for mode in modes if (i + j) % 2 == 0 else modes[::-1]:
+                for mode in modes[(i + j) % len(modes) :] + modes[: (i + j) % len(modes)]:
+                    target.model.kernel_prefill = was if mode == "gemm" else (kernel or was)
                     scope = PrefixScope(store, (dataset, q.get("question_id", i), name)) if mode == "reuse" else None
                     messages: list[dict] = []
                     for k, text in enumerate(conversation_turns(q)):
@@ -571,21 +574,30 @@ def run_multi_turn(
             "tokens_per_s_fresh": tps["fresh"],
             "tokens_per_s_reuse": tps["reuse"],
             "same_ids": f"{sum(a.output_ids == b.output_ids for a, b in zip(fresh, reuse))}/{len(fresh)}",
+            "ttft_gemm_s": ttft.get("gemm"),
+            "ttft_ratio_gemm": ttft["reuse"] / ttft["gemm"] if ttft.get("gemm") else None,
+            "tokens_per_s_gemm": tps.get("gemm"),
         }
-    return {"methods": report, "prefix_cache": store.report(), "kernel_prefill": bool(target.model.kernel_path(KERNEL_ROWS, target.device))}
+    return {"methods": report, "prefix_cache": store.report(), "prompts_in_kernel_forwards": kernel}
 
 
 def multi_turn_table(report: dict) -> str:
     lines = [
         "| method | later turns | prompt tokens | reused | first token fresh ms | first token reuse ms | ratio | "
-        "tokens/s fresh | tokens/s reuse | same ids |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "first token eager-GEMM prefill ms | ratio to it | tokens/s fresh | tokens/s reuse | same ids |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def fmt(v, spec):
+        return "–" if v is None else format(v, spec)
+
     for name, m in report["methods"].items():
-        ratio = "–" if m["ttft_ratio"] is None else f"{m['ttft_ratio']:.3f}"
+        gemm = None if m.get("ttft_gemm_s") is None else m["ttft_gemm_s"] * 1000
+        to_gemm = fmt(m.get("ttft_ratio_gemm"), ".3f")
         lines.append(
             f"| {name} | {m['turns']} | {m['prompt_tokens']:.0f} | {m['reused_tokens']:.0f} | {m['ttft_fresh_s'] * 1000:.1f} | "
-            f"{m['ttft_reuse_s'] * 1000:.1f} | {ratio} | {m['tokens_per_s_fresh']:.2f} | {m['tokens_per_s_reuse']:.2f} | {m['same_ids']} |"
+            f"{m['ttft_reuse_s'] * 1000:.1f} | {fmt(m['ttft_ratio'], '.3f')} | {fmt(gemm, '.1f')} | {to_gemm} | "
+            f"{m['tokens_per_s_fresh']:.2f} | {m['tokens_per_s_reuse']:.2f} | {m['same_ids']} |"
         )
     return "\n".join(lines)
 
