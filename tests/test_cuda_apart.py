@@ -24,14 +24,15 @@ SCRIPT = textwrap.dedent(
     from dart_core import ARDrafter, GenerationParams, complete
     from dart_core.drafters.dart import DartDrafter, DartParams
     from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3Params
+    from dart_core.tools.training import new_head_from_target
     from support import build_tiny_checkpoint, random_eagle3_head, tiny_target
-    from test_dart import random_head
 
     target = tiny_target(build_tiny_checkpoint(Path(sys.argv[1]), "llama"))
     done = {}
     for kernels in (True, False):  # the CPU kernels, then the torch fixed-shape forward (--eager)
         target.model.use_kernels = kernels
-        dart = DartDrafter(random_head(target), target, None, DartParams(ngram_cpp.PruneParams(top_k=8, beam_width=4, max_nodes=12)))
+        dart_head = new_head_from_target(target, torch.arange(64), 3, 0).eval()  # a random DART head, 3 masks
+        dart = DartDrafter(dart_head, target, None, DartParams(ngram_cpp.PruneParams(top_k=8, beam_width=4, max_nodes=12)))
         eagle = Eagle3Drafter(random_eagle3_head(target), target, Eagle3Params(depth=3, top_k=4, max_nodes=12))
         plain = complete(target, [5, 6, 7], ARDrafter(), GenerationParams(12)).output_ids
         for name, drafter in (("dart", dart), ("eagle3", eagle)):
