@@ -86,30 +86,66 @@ void weighted_values_g(const float* p, int64_t p_stride, const T* vc, int64_t P,
     V16 acc[R][G];
     for (int r = 0; r < R; ++r)
         for (int c = 0; c < G; ++c) acc[r][c] = v_zero();
-    for (int64_t j = 0; j < L; ++j) {
-        if (j + ATT_PREFETCH < P) prefetch_bytes(vc + (j + ATT_PREFETCH) * hd + c0 * LANES, G * LANES * static_cast<int64_t>(sizeof(T)));
-        const T* vr = vc + (j < P ? j : tl[j - P]) * hd + c0 * LANES;
+    // The committed keys, then the tail's slots: two loops, so that no committed key's step reads tl.
+    // In one loop choosing between them, GCC stored every accumulator back to the stack at each key
+    // (a store per accumulator per key: the values took ~60% of a 64-row prefill chunk's attention).
+    const int64_t* tlp = tl.data();
+    const int64_t n = std::min(P, L);
+    auto step = [&acc, p, p_stride](int64_t j, const T* vr) __attribute__((always_inline)) {
         V16 pj[R];
         for (int r = 0; r < R; ++r) pj[r] = v_set1(p[r * p_stride + j]);
         for (int c = 0; c < G; ++c) {
             const V16 vv = v_load(vr + c * LANES);
             for (int r = 0; r < R; ++r) acc[r][c] = v_fma(pj[r], vv, acc[r][c]);
         }
+    };
+    for (int64_t j = 0; j < n; ++j) {
+        if (j + ATT_PREFETCH < P) prefetch_bytes(vc + (j + ATT_PREFETCH) * hd + c0 * LANES, G * LANES * static_cast<int64_t>(sizeof(T)));
+        step(j, vc + j * hd + c0 * LANES);
     }
+    for (int64_t j = n; j < L; ++j) step(j, vc + tlp[j - P] * hd + c0 * LANES);
     for (int r = 0; r < R; ++r)
         for (int c = 0; c < G; ++c) v_store(out + r * hd + (c0 + c) * LANES, acc[r][c]);
 }
 
 // Lane groups [g0, g1): ATT_GROUPS at a time, then pairs, then one by one (every lane's sum is over
-// the keys in order however the groups are batched).
+// the keys in order however the groups are batched); `one`: one at a time (below, ATT_ONE_GROUP_ROWS).
 template <int R, class T>
 void weighted_values_v(const float* p, int64_t p_stride, const T* vc, int64_t P, const std::vector<int64_t>& tl, int64_t L,
-                       int64_t hd, int64_t g0, int64_t g1, float* out) {
+                       int64_t hd, int64_t g0, int64_t g1, float* out, bool one) {
     int64_t c = g0;
+    if (one) {
+        for (; c < g1; ++c) weighted_values_g<R, 1>(p, p_stride, vc, P, tl, L, hd, c, out);
+        return;
+    }
     for (; c + ATT_GROUPS <= g1; c += ATT_GROUPS) weighted_values_g<R, ATT_GROUPS>(p, p_stride, vc, P, tl, L, hd, c, out);
     if constexpr (ATT_GROUPS > 2)
         for (; c + 2 <= g1; c += 2) weighted_values_g<R, 2>(p, p_stride, vc, P, tl, L, hd, c, out);
     for (; c < g1; ++c) weighted_values_g<R, 1>(p, p_stride, vc, P, tl, L, hd, c, out);
+}
+#endif
+
+#ifdef DART_V16
+// One query head's scores against n fp32 keys (kb: rows hd apart), four keys at a time: four
+// independent fma chains in flight and one v_reduce4 for the four, where key_scores_v keeps one key's
+// chain (C dependent fmas) and its reduction in flight. Each score is key_scores_v's: lane l sums
+// q[c * LANES + l] * k[c * LANES + l] over c in order from zero, then v_reduce's tree, then * scale.
+inline void key_scores_4(const float* q, const float* kb, int64_t n, int64_t hd, float scale, float* out) {
+    const int64_t C = hd / LANES;
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+        V16 acc[4] = {v_zero(), v_zero(), v_zero(), v_zero()};
+        for (int64_t c = 0; c < C; ++c) {
+            const V16 qv = v_load(q + c * LANES);
+            for (int u = 0; u < 4; ++u) acc[u] = v_fma(qv, v_load(kb + (j + u) * hd + c * LANES), acc[u]);
+        }
+        _mm_storeu_ps(out + j, _mm_mul_ps(v_reduce4(acc[0], acc[1], acc[2], acc[3]), _mm_set1_ps(scale)));
+    }
+    for (; j < n; ++j) {
+        V16 acc = v_zero();
+        for (int64_t c = 0; c < C; ++c) acc = v_fma(v_load(q + c * LANES), v_load(kb + j * hd + c * LANES), acc);
+        out[j] = v_reduce(acc) * scale;
+    }
 }
 #endif
 
@@ -141,20 +177,22 @@ void key_scores(const float* q /* [R][hd] */, int64_t R, const T* kc, int64_t P,
 template <class T>
 void weighted_values(const float* p /* [R][p_stride] */, int64_t p_stride, int64_t R, const T* vc, int64_t P,
                      const std::vector<int64_t>& tl, int64_t L, int64_t hd, float* vf, float* out /* [R][hd] */, int64_t g0,
-                     int64_t g1) {
+                     int64_t g1, bool one = false) {
 #ifdef DART_V16
     if (hd % LANES == 0) {
         switch (R) {
-            case 1: return weighted_values_v<1>(p, p_stride, vc, P, tl, L, hd, g0, g1, out);
-            case 2: return weighted_values_v<2>(p, p_stride, vc, P, tl, L, hd, g0, g1, out);
-            case 3: return weighted_values_v<3>(p, p_stride, vc, P, tl, L, hd, g0, g1, out);
-            case 4: return weighted_values_v<4>(p, p_stride, vc, P, tl, L, hd, g0, g1, out);
+            case 1: return weighted_values_v<1>(p, p_stride, vc, P, tl, L, hd, g0, g1, out, one);
+            case 2: return weighted_values_v<2>(p, p_stride, vc, P, tl, L, hd, g0, g1, out, one);
+            case 3: return weighted_values_v<3>(p, p_stride, vc, P, tl, L, hd, g0, g1, out, one);
+            case 4: return weighted_values_v<4>(p, p_stride, vc, P, tl, L, hd, g0, g1, out, one);
             default:
                 for (int64_t r = 0; r < R; r += 4)
-                    weighted_values(p + r * p_stride, p_stride, std::min<int64_t>(4, R - r), vc, P, tl, L, hd, vf, out + r * hd, g0, g1);
+                    weighted_values(p + r * p_stride, p_stride, std::min<int64_t>(4, R - r), vc, P, tl, L, hd, vf, out + r * hd, g0, g1, one);
                 return;
         }
     }
+#else
+    (void)one;
 #endif
     const int64_t d0 = g0 * LANES, d1 = std::min(g1 * LANES, hd);
     for (int64_t r = 0; r < R; ++r) std::fill(out + r * hd + d0, out + r * hd + d1, 0.0f);
@@ -259,6 +297,14 @@ inline void rope_queries(const T* q, const float* c, const float* s, int64_t rep
 }
 
 constexpr int64_t ATT_CHUNK = 64;  // committed keys per scores work item: its keys stay in L1 across the tree's rows
+// From this many rows (a verify's tree, a prompt's chunk), the AVX2 build's passes below convert a
+// scores item's keys to fp32 once for all its rows and score them four keys at a time (key_scores_4),
+// and run the values one 16-lane group a pass (weighted_values_g<R, 1>: two groups' 12 accumulators
+// and their operands need 17 ymm registers). Both give the bits of the paths they replace. Measured
+// on the AVX2 EPYC (one layer, fp16 cache, one thread's CPU time a row, with weighted_values_g's two
+// loops): 64 rows after 768 keys 56-57 -> 36-37 us, after 1500 102-108 -> 68-82; 4 rows after 768
+// 50-56 -> 39-42; 2 rows 58-60 -> 46-50; one row (not this path) 66-67 -> 60-61.
+constexpr int64_t ATT_MANY_ROWS = 2;
 // Committed keys from which a layer's attention runs as three passes (below: one). Measured on the
 // AVX2 EPYC, 30 layers of the embedded model's attention, fp32 cache: the passes cost ~4 us a layer
 // more below ~200 keys (their barriers), and save 1.6 ms of a 4.4 ms one-row step's attention at 700.
@@ -319,9 +365,15 @@ void tree_attention_impl(const T* q, int64_t q_stride, const T* k, int64_t k_str
     // thread would read it from memory again)
     const int64_t item_groups = std::max<int64_t>(1, 64 / (LANES * static_cast<int64_t>(sizeof(C))));
     const int64_t value_items = (lane_groups + item_groups - 1) / item_groups;
+#if defined(DART_V16_AVX2)
+    const bool many = T_ >= ATT_MANY_ROWS && hd % LANES == 0;
+#else  // AVX-512 scores four keys a pass for every head already (ATT_KEYS) and keeps 4 groups in its 32 registers
+    const bool many = false;
+#endif
 #pragma omp parallel
     {
         std::vector<float> kf(hd), vf(hd), acc(static_cast<size_t>(rep * hd));
+        std::vector<float> kb(many ? static_cast<size_t>(ATT_CHUNK * hd) : 0);  // a scores item's keys in fp32
         // Every row's queries of one KV group after RoPE, (T, rep, hd): each thread computes those of the
         // group its item needs when the group changes (cheaper than a barrier and a shared table).
         std::vector<float> qf(static_cast<size_t>(T_ * rep * hd));
@@ -338,6 +390,17 @@ void tree_attention_impl(const T* q, int64_t q_stride, const T* k, int64_t k_str
         for (int64_t it = 0; it < prefix_items + T_ * nkv; ++it) {
             if (it < prefix_items) {  // committed keys j0..j0+n-1 of group g, every row
                 const int64_t g = it / chunks, j0 = it % chunks * ATT_CHUNK, n = std::min(ATT_CHUNK, P - j0);
+#ifdef DART_V16
+                if (many) {
+                    const C* kc = k_cache + (g * cap + j0) * hd;
+                    for (int64_t e = 0; e < n * hd; e += LANES) v_store(kb.data() + e, v_load(kc + e));
+                    for (int64_t i = 0; i < T_; ++i)
+                        for (int64_t r = 0; r < rep; ++r)
+                            key_scores_4(queries(i, g) + r * hd, kb.data(), n, hd, scale,
+                                         scores.get() + (i * nh + g * rep + r) * max_len + j0);
+                    continue;
+                }
+#endif
                 for (int64_t i = 0; i < T_; ++i)
                     key_scores(queries(i, g), rep, k_cache + (g * cap + j0) * hd, n, none, n, hd, scale,
                                kf.data(), scores.get() + (i * nh + g * rep) * max_len + j0, max_len);
@@ -362,7 +425,7 @@ void tree_attention_impl(const T* q, int64_t q_stride, const T* k, int64_t k_str
             for (int64_t i = 0; i < T_; ++i) {
                 const int64_t h = i * nh + g * rep, L = P + static_cast<int64_t>(tail[i].size());
                 weighted_values(scores.get() + h * max_len, max_len, rep, v_cache + g * cap * hd, P, tail[i], L, hd, vf.data(),
-                                acc.data(), c, c1);
+                                acc.data(), c, c1, many);
                 for (int64_t r = 0; r < rep; ++r)
                     for (int64_t d = d0; d < d1; ++d)
                         out[i * out_stride + (g * rep + r) * hd + d] = from_f32<T>(acc[r * hd + d] / denom[h + r]);
