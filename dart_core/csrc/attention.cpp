@@ -38,14 +38,16 @@ inline void prefetch_bytes(const void* p, int64_t n) {
     for (int64_t o = 0; o < n; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p) + o, _MM_HINT_T0);
 }
 
-template <int R, class T>
+// KEYS: keys a block (ATT_KEYS: as many as R heads' accumulators leave registers for; 4 for one head
+// on any build). Streamed: the keys come from the cache (prefetched ahead), not from a copy in L1.
+template <int R, class T, int KEYS = ATT_KEYS, bool Streamed = true>
 void key_scores_v(const float* q, const T* kc, int64_t P, const std::vector<int64_t>& tl, int64_t L, int64_t hd,
                   float scale, float* out, int64_t out_stride) {
     const int64_t C = hd / LANES;
     int64_t j = 0;
-    if constexpr (ATT_KEYS == 4) {
+    if constexpr (KEYS == 4) {
         for (; j + 4 <= L; j += 4) {  // four keys, their four lane trees reduced side by side
-            if (j + 4 + ATT_PREFETCH <= P) prefetch_bytes(kc + (j + ATT_PREFETCH) * hd, 4 * hd * static_cast<int64_t>(sizeof(T)));
+            if (Streamed && j + 4 + ATT_PREFETCH <= P) prefetch_bytes(kc + (j + ATT_PREFETCH) * hd, 4 * hd * static_cast<int64_t>(sizeof(T)));
             const T* kr[4];
             for (int u = 0; u < 4; ++u) kr[u] = kc + (j + u < P ? j + u : tl[j + u - P]) * hd;
             V16 acc[R][4];
@@ -64,7 +66,7 @@ void key_scores_v(const float* q, const T* kc, int64_t P, const std::vector<int6
         }
     }
     for (; j < L; ++j) {
-        if (j + ATT_PREFETCH < P) prefetch_bytes(kc + (j + ATT_PREFETCH) * hd, hd * static_cast<int64_t>(sizeof(T)));
+        if (Streamed && j + ATT_PREFETCH < P) prefetch_bytes(kc + (j + ATT_PREFETCH) * hd, hd * static_cast<int64_t>(sizeof(T)));
         const T* kr = kc + (j < P ? j : tl[j - P]) * hd;
         V16 acc[R];
         for (int r = 0; r < R; ++r) acc[r] = v_zero();
@@ -122,30 +124,6 @@ void weighted_values_v(const float* p, int64_t p_stride, const T* vc, int64_t P,
     if constexpr (ATT_GROUPS > 2)
         for (; c + 2 <= g1; c += 2) weighted_values_g<R, 2>(p, p_stride, vc, P, tl, L, hd, c, out);
     for (; c < g1; ++c) weighted_values_g<R, 1>(p, p_stride, vc, P, tl, L, hd, c, out);
-}
-#endif
-
-#ifdef DART_V16
-// One query head's scores against n fp32 keys (kb: rows hd apart), four keys at a time: four
-// independent fma chains in flight and one v_reduce4 for the four, where key_scores_v keeps one key's
-// chain (C dependent fmas) and its reduction in flight. Each score is key_scores_v's: lane l sums
-// q[c * LANES + l] * k[c * LANES + l] over c in order from zero, then v_reduce's tree, then * scale.
-inline void key_scores_4(const float* q, const float* kb, int64_t n, int64_t hd, float scale, float* out) {
-    const int64_t C = hd / LANES;
-    int64_t j = 0;
-    for (; j + 4 <= n; j += 4) {
-        V16 acc[4] = {v_zero(), v_zero(), v_zero(), v_zero()};
-        for (int64_t c = 0; c < C; ++c) {
-            const V16 qv = v_load(q + c * LANES);
-            for (int u = 0; u < 4; ++u) acc[u] = v_fma(qv, v_load(kb + (j + u) * hd + c * LANES), acc[u]);
-        }
-        _mm_storeu_ps(out + j, _mm_mul_ps(v_reduce4(acc[0], acc[1], acc[2], acc[3]), _mm_set1_ps(scale)));
-    }
-    for (; j < n; ++j) {
-        V16 acc = v_zero();
-        for (int64_t c = 0; c < C; ++c) acc = v_fma(v_load(q + c * LANES), v_load(kb + j * hd + c * LANES), acc);
-        out[j] = v_reduce(acc) * scale;
-    }
 }
 #endif
 
@@ -298,7 +276,8 @@ inline void rope_queries(const T* q, const float* c, const float* s, int64_t rep
 
 constexpr int64_t ATT_CHUNK = 64;  // committed keys per scores work item: its keys stay in L1 across the tree's rows
 // From this many rows (a verify's tree, a prompt's chunk), the AVX2 build's passes below convert a
-// scores item's keys to fp32 once for all its rows and score them four keys at a time (key_scores_4),
+// scores item's keys to fp32 once for all its rows and score them four keys at a time per head
+// (key_scores_v<1, float, 4>, the AVX-512 build's blocks),
 // and run the values one 16-lane group a pass (weighted_values_g<R, 1>: two groups' 12 accumulators
 // and their operands need 17 ymm registers). Both give the bits of the paths they replace. Measured
 // on the AVX2 EPYC (one layer, fp16 cache, one thread's CPU time a row, with weighted_values_g's two
@@ -396,8 +375,8 @@ void tree_attention_impl(const T* q, int64_t q_stride, const T* k, int64_t k_str
                     for (int64_t e = 0; e < n * hd; e += LANES) v_store(kb.data() + e, v_load(kc + e));
                     for (int64_t i = 0; i < T_; ++i)
                         for (int64_t r = 0; r < rep; ++r)
-                            key_scores_4(queries(i, g) + r * hd, kb.data(), n, hd, scale,
-                                         scores.get() + (i * nh + g * rep + r) * max_len + j0);
+                            key_scores_v<1, float, 4, false>(queries(i, g) + r * hd, kb.data(), n, none, n, hd, scale,
+                                                              scores.get() + (i * nh + g * rep + r) * max_len + j0, max_len);
                     continue;
                 }
 #endif
