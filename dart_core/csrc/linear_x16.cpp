@@ -370,63 +370,70 @@ void x16_group(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, co
         }
     }
 }
-// Many rows against one block-half (8 weight rows) of a Q4_0 / Q4_1 group (AVX2), rows innermost: the
-// block-half's codes unpacked once into 8 registers for all R rows (the half-by-half kernel above does
-// it once per row block of 6), each row's integer sum by Q4Half::dot, and the rows' float sums in acc
-// (R x 8, L1) instead of registers, so nothing spills however many rows run. The same operations per
-// output in the same order as above: the same bits.
-template <class F, bool Wide>
+// Many rows of int8 codes against one block-half (8 weight rows) of a Q4_0 / Q4_1 group (AVX2), rows
+// innermost: the block-half's codes unpacked once into 8 registers for all R rows (the half-by-half
+// kernel above does it once per row block of 6), each row's integer sum by Q4Half::dot, and the rows'
+// float sums in acc (row i's at acc + i * X16 + 8 half, L1) instead of registers, so nothing spills
+// however many rows run. The same operations per output in the same order as above: the same bits.
+// (16-bit codes take x16_groups_q16 below.)
+template <class F>
 void x16_half_q4_rows(const Q8Rows& x, int64_t m0, int64_t R, const uint8_t* group, int half, float* acc) {
     constexpr int64_t BB = x16_block_bytes<F>();
-    for (int64_t i = 0; i < R; ++i) _mm256_store_ps(acc + i * 8, _mm256_setzero_ps());
+    acc += 8 * half;
+    for (int64_t i = 0; i < R; ++i) _mm256_store_ps(acc + i * X16, _mm256_setzero_ps());
     // the rows stepped by pointer: Q4Half::step, indexing each row anew, ran 5-10% slower here
     const int64_t xs = x.npair * 64, dxs = x.npair * 16;
     for (int64_t b = 0; b < x.nb; ++b) {
         const Q4Half<F> w(group + b * BB, half);
         const int8_t* xp = x.qrow(m0) + b * 32;
-        const int8_t* yp = Wide ? x.qrow2(m0) + b * 32 : nullptr;
         const float* dxp = x.dxrow(m0) + (b / 2) * 16 + (b % 2) * 8;
         const float* sxp = x.sxrow(m0) + b;
         for (int64_t i = 0; i < R; ++i, xp += xs, dxp += dxs, sxp += x.nb16) {
-            __m256i p = w.dot(xp);
-            if constexpr (Wide) p = q16_join(p, w.dot(yp + i * xs));
-            float* a = acc + i * 8;
-            const __m256 v = _mm256_fmadd_ps(_mm256_mul_ps(w.d, _mm256_broadcast_ss(dxp)), _mm256_cvtepi32_ps(p), _mm256_load_ps(a));
+            float* a = acc + i * X16;
+            const __m256 v = _mm256_fmadd_ps(_mm256_mul_ps(w.d, _mm256_broadcast_ss(dxp)), _mm256_cvtepi32_ps(w.dot(xp)), _mm256_load_ps(a));
             _mm256_store_ps(a, _mm256_fmadd_ps(w.o, _mm256_broadcast_ss(sxp), v));
         }
     }
 }
-constexpr int64_t X16_Q4_ROWS_MIN = 8;  // from this many rows, x16_half_q4_rows
-constexpr int64_t X16_ROWS_PASS = 64;   // rows per pass over a group (their float sums: 2 x 64 x 8 in L1)
 
-// The many-row kernels' driver: the groups split across the threads, up to X16_ROWS_PASS rows a pass
-// over a group, each block-half's float sums from half_sums(m0, rows, group, half, acc), then the
-// bias and the store.
-template <class TX, class HalfSums>
-void x16_rows(int64_t M, const uint8_t* w, int64_t rb, int64_t N, const TX* bias, TX* out, int64_t out_stride, HalfSums half_sums) {
+constexpr int64_t X16_Q4_ROWS_MIN = 8;  // from this many rows of int8 codes, x16_half_q4_rows
+constexpr int64_t X16_ROWS_PASS = 64;   // rows per pass over a group (their float sums: up to 64 x 16 G in L1)
+
+// The many-row kernels' driver: the groups split across the threads G at a time, up to X16_ROWS_PASS
+// rows a pass over them, their float sums (rows x 16 ng) from group_sums(m0, rows, group, ng, acc) for
+// the ng <= G groups from `group`, then the bias and the store.
+template <int G, class TX, class GroupSums>
+void x16_rows(int64_t M, const uint8_t* w, int64_t rb, int64_t N, const TX* bias, TX* out, int64_t out_stride, GroupSums group_sums) {
     const int64_t groups = N / X16;
 #pragma omp parallel for schedule(static)
-    for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t g = 0; g < groups; g += G) {
         const uint8_t* group = w + g * X16 * rb;
-        alignas(32) float acc[2][X16_ROWS_PASS * 8];
+        const int ng = static_cast<int>(std::min<int64_t>(G, groups - g));
+        alignas(32) float acc[X16_ROWS_PASS * X16 * G];
         for (int64_t m0 = 0; m0 < M; m0 += X16_ROWS_PASS) {
             const int64_t mb = std::min(X16_ROWS_PASS, M - m0);
-            for (int h = 0; h < 2; ++h) half_sums(m0, mb, group, h, acc[h]);
-            store_tile(acc[0], 8, 1, mb, 8, bias, g * X16, out + m0 * out_stride, out_stride);
-            store_tile(acc[1], 8, 1, mb, 8, bias, g * X16 + 8, out + m0 * out_stride, out_stride);
+            group_sums(m0, mb, group, ng, acc);
+            for (int i = 0; i < ng; ++i)
+                store_tile(acc + i * X16, X16 * ng, 1, mb, X16, bias, (g + i) * X16, out + m0 * out_stride, out_stride);
         }
     }
 }
 
-// Many rows of 16-bit codes against the Q8_0 LM head (AVX2): the head's signed codes widened to int16
-// once per block-half for all rows, met by vpmaddwd against each row's 16-bit codes Q themselves (no
-// digits). One vpmaddwd advances 8 weight rows by 2 elements with exact int32 pair sums; the digit
-// kernel above spends, per 4 elements, |c| and sign fix-ups, two maddubs, two madds and the join for
-// each row. The integer sum sum_e c * Q is the same exact int32 (|sum| <= 32 * 127 * 32512), and the
-// float steps per output are the contract's (fma(d * dx, float(sum), acc) block after block), so every
-// row gets the digit kernel's bits (tests/test_kernels.py: 1..20 and 70 rows, every build). From 3
-// rows: on the AMD EPYC (avx2), in C++ against the digit kernel, 1.3-1.4x at 4 rows, 1.7-2.1x at 16-64.
+// Many rows of 16-bit codes (AVX2): each row's codes Q themselves (no digits, x16_q16_pairs) met by
+// vpmaddwd against the weights' codes widened to int16, 8 weight rows by 2 elements an instruction with
+// exact int32 pair sums. Per block, G groups' 16 G weight rows are widened once for all R rows (w16, G
+// KB in L1: for each 8-row vector, the codes of elements (4j, 4j+2) and (4j+1, 4j+3) of each row's lane:
+// Q4's low and high nibbles of chunk j, Q8_0's signed bytes of chunks 0-7), then each row's pairs are
+// broadcast once and met by the 2G vectors straight from L1: one broadcast feeds 2G products of 16
+// multiply-adds. The digit kernels above feed one vpmaddubsw of one digit a broadcast, and add the
+// 16-bit sums, widen them and join the digits (Q8_0: also |c| and sign fix-ups). The integer sum sum_e
+// c * Q is theirs, exact in int32 (|sum| <= 32 * 127 * 32512), and the float steps per output are the
+// contract's in its order (block after block, the scale's fma, then Q4's offset fma), so each row gets
+// the digit kernels' bits (tests/test_kernels.py: 1..20 and 70 rows against one row, every build).
+// Used from X16_Q8_WIDE_MIN_ROWS / X16_Q4_WIDE_MIN_ROWS rows, G = X16_WIDE_GROUPS.
 constexpr int64_t X16_Q8_WIDE_MIN_ROWS = 3;
+constexpr int64_t X16_Q4_WIDE_MIN_ROWS = 4;
+constexpr int X16_WIDE_GROUPS = 2;
 
 // Each row's 16-bit codes Q = 255 hi + lo, per 4 elements in the order (Q0, Q2, Q1, Q3): a 32-bit word
 // at offset 4j meets the even elements of 4j..4j+3, at 4j + 2 the odd ones.
@@ -446,44 +453,67 @@ inline std::vector<int16_t> x16_q16_pairs(const Q8Rows& x, int64_t M) {
     return out;
 }
 
-// R rows (from m0) against one block-half (8 weight rows) of a Q8_0 group, into acc (R x 8 floats).
-// Per block, chunks 0-3 then 4-7 in registers (E: the codes of elements 0 and 2 of each 4 as int16,
-// O: 1 and 3), each row's int32 sum of the first four kept in part. R <= X16_ROWS_PASS.
-inline void x16_half_q8_0_q16(const Q8Rows& x, const int16_t* pairs, int64_t m0, int64_t R, const uint8_t* group, int half, float* acc) {
-    constexpr int64_t BB = x16_block_bytes<FmtQ8_0>();
+// R rows (from m0; R <= X16_ROWS_PASS) against G groups from `group` (gs bytes apart), into acc:
+// R x 16 G floats, row i's vector v (weight rows 8v..8v+7 of the G groups) at (2 G i + v) * 8.
+template <class F, int G>
+void x16_groups_q16(const Q8Rows& x, const int16_t* pairs, int64_t m0, int64_t R, const uint8_t* group, int64_t gs, float* acc) {
+    constexpr bool q8 = std::is_same_v<F, FmtQ8_0>;
+    constexpr int64_t BB = x16_block_bytes<F>();
+    constexpr int V = 2 * G;  // 8-row vectors
     const int64_t K = x.nb * 32;
-    alignas(32) int32_t part[X16_ROWS_PASS * 8];
-    for (int64_t i = 0; i < R; ++i) _mm256_store_ps(acc + i * 8, _mm256_setzero_ps());
+    // the pair word of entry e: Q4 e = 4j + k, k = the low nibbles' even and odd elements, then the
+    // high nibbles' (16 + 4j..); Q8_0 e = 2j + k, k = chunk j's even and odd elements
+    auto word = [](int e) { return q8 ? 4 * (e / 2) + 2 * (e % 2) : ((e % 4) / 2) * 16 + 4 * (e / 4) + (e % 2) * 2; };
+    alignas(32) int16_t w16[16][V][16];  // [entry][vector]
+    for (int64_t i = 0; i < V * R; ++i) _mm256_store_ps(acc + i * 8, _mm256_setzero_ps());
+    auto put = [&](int e, int v, __m256i c) { _mm256_store_si256(reinterpret_cast<__m256i*>(w16[e][v]), c); };
     for (int64_t b = 0; b < x.nb; ++b) {
-        const uint8_t* gb = group + b * BB;
-        const uint8_t* codes = gb + x16_codes_at<FmtQ8_0>() + 32 * half;
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * half)));
-        for (int q = 0; q < 2; ++q) {
-            __m256i E[4], O[4];
-            for (int j = 0; j < 4; ++j) {
-                const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + (4 * q + j) * 64));
-                E[j] = _mm256_srai_epi16(_mm256_slli_epi16(c, 8), 8);
-                O[j] = _mm256_srai_epi16(c, 8);
+        __m256 d[V], o[V];
+        for (int v = 0; v < V; ++v) {
+            const uint8_t* gb = group + (v / 2) * gs + b * BB;
+            const uint8_t* codes = gb + x16_codes_at<F>() + 32 * (v % 2);
+            d[v] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * (v % 2))));
+            if constexpr (std::is_same_v<F, FmtQ4_1>)
+                o[v] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 32 + 16 * (v % 2))));
+            else
+                o[v] = _mm256_mul_ps(d[v], _mm256_set1_ps(-8.0f));  // Q4_0's (unused for Q8_0)
+            for (int j = 0; j < x16_chunks<F>(); ++j) {
+                const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * 64));
+                if constexpr (q8) {
+                    put(2 * j, v, _mm256_srai_epi16(_mm256_slli_epi16(c, 8), 8));
+                    put(2 * j + 1, v, _mm256_srai_epi16(c, 8));
+                } else {
+                    const __m256i m4 = _mm256_set1_epi16(0x000F);
+                    put(4 * j, v, _mm256_and_si256(c, m4));
+                    put(4 * j + 1, v, _mm256_and_si256(_mm256_srli_epi16(c, 8), m4));
+                    put(4 * j + 2, v, _mm256_and_si256(_mm256_srli_epi16(c, 4), m4));
+                    put(4 * j + 3, v, _mm256_srli_epi16(c, 12));
+                }
             }
-            const int16_t* xr = pairs + m0 * K + b * 32 + 16 * q;
-            for (int64_t i = 0; i < R; ++i, xr += K) {
-                __m256i p0 = _mm256_madd_epi16(E[0], _mm256_set1_epi32(code_word(xr)));
-                __m256i p1 = _mm256_madd_epi16(O[0], _mm256_set1_epi32(code_word(xr + 2)));
-#pragma GCC unroll 3
-                for (int j = 1; j < 4; ++j) {
-                    p0 = _mm256_add_epi32(p0, _mm256_madd_epi16(E[j], _mm256_set1_epi32(code_word(xr + 4 * j))));
-                    p1 = _mm256_add_epi32(p1, _mm256_madd_epi16(O[j], _mm256_set1_epi32(code_word(xr + 4 * j + 2))));
+        }
+        const int16_t* xr = pairs + m0 * K + b * 32;
+        const float* dxp = x.dxrow(m0) + (b / 2) * 16 + (b % 2) * 8;
+        const float* sxp = x.sxrow(m0) + b;
+        for (int64_t i = 0; i < R; ++i, xr += K, dxp += x.npair * 16, sxp += x.nb16) {
+            __m256i p[V][2];  // two chains a vector: the same exact sum in any order
+            for (int v = 0; v < V; ++v) p[v][0] = p[v][1] = _mm256_setzero_si256();
+#pragma GCC unroll 16
+            for (int e = 0; e < 16; ++e) {
+                const __m256i q = _mm256_set1_epi32(code_word(xr + word(e)));
+                for (int v = 0; v < V; ++v) {
+                    __m256i& s = p[v][e % 2];
+                    s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(w16[e][v])), q));
+                    // each sum in its register as it goes: unpinned, GCC reassociates the products into a
+                    // tree and spills most of them to the stack
+                    asm("" : "+x"(s));
                 }
-                __m256i p = _mm256_add_epi32(p0, p1);
-                int32_t* pp = part + i * 8;
-                if (q == 0) {
-                    _mm256_store_si256(reinterpret_cast<__m256i*>(pp), p);
-                    continue;
-                }
-                p = _mm256_add_epi32(p, _mm256_load_si256(reinterpret_cast<const __m256i*>(pp)));
-                float* a = acc + i * 8;
-                const __m256 dx = _mm256_set1_ps(q8_dx(x, m0 + i, b));
-                _mm256_store_ps(a, _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(p), _mm256_load_ps(a)));
+            }
+            const __m256 dx = _mm256_broadcast_ss(dxp);
+            for (int v = 0; v < V; ++v) {
+                float* a = acc + (V * i + v) * 8;
+                __m256 r = _mm256_fmadd_ps(_mm256_mul_ps(d[v], dx), _mm256_cvtepi32_ps(_mm256_add_epi32(p[v][0], p[v][1])), _mm256_load_ps(a));
+                if constexpr (!q8) r = _mm256_fmadd_ps(o[v], _mm256_broadcast_ss(sxp), r);
+                _mm256_store_ps(a, r);
             }
         }
     }
@@ -513,17 +543,20 @@ void linear_q8x16_impl(const TX* x, int64_t x_stride, int64_t M, int64_t K, cons
     Q8Rows xq;
     quantize_q8(x, x_stride, M, K, xq, Wide ? 2 : 1);
 #ifdef DART_V16_AVX2
-    if constexpr (std::is_same_v<F, FmtQ8_0> && Wide)
-        if (M >= X16_Q8_WIDE_MIN_ROWS) {
+    if constexpr (Wide)
+        if (M >= (std::is_same_v<F, FmtQ8_0> ? X16_Q8_WIDE_MIN_ROWS : X16_Q4_WIDE_MIN_ROWS)) {
             const std::vector<int16_t> pairs = x16_q16_pairs(xq, M);
-            return x16_rows(M, w, rb, N, bias, out, out_stride, [&](int64_t m0, int64_t mb, const uint8_t* group, int h, float* acc) {
-                x16_half_q8_0_q16(xq, pairs.data(), m0, mb, group, h, acc);
+            return x16_rows<X16_WIDE_GROUPS>(M, w, rb, N, bias, out, out_stride, [&](int64_t m0, int64_t mb, const uint8_t* group, int ng, float* acc) {
+                if (ng == X16_WIDE_GROUPS)
+                    x16_groups_q16<F, X16_WIDE_GROUPS>(xq, pairs.data(), m0, mb, group, X16 * rb, acc);
+                else
+                    x16_groups_q16<F, 1>(xq, pairs.data(), m0, mb, group, X16 * rb, acc);
             });
         }
-    if constexpr (!std::is_same_v<F, FmtQ8_0>)
+    if constexpr (!std::is_same_v<F, FmtQ8_0> && !Wide)
         if (M >= X16_Q4_ROWS_MIN)
-            return x16_rows(M, w, rb, N, bias, out, out_stride, [&](int64_t m0, int64_t mb, const uint8_t* group, int h, float* acc) {
-                x16_half_q4_rows<F, Wide>(xq, m0, mb, group, h, acc);
+            return x16_rows<1>(M, w, rb, N, bias, out, out_stride, [&](int64_t m0, int64_t mb, const uint8_t* group, int, float* acc) {
+                for (int h = 0; h < 2; ++h) x16_half_q4_rows<F>(xq, m0, mb, group, h, acc);
             });
 #endif
 #ifdef DART_V16

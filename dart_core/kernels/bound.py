@@ -10,8 +10,9 @@ the interleaved layout puts one weight row in each 32-bit lane):
 - int8 activations on Q4_0 / Q4_1: 8 dot products (AVX2 and AVX-512 without VNNI: `vpmaddubsw`, plus
   the `vpmaddwd` that widens their 16-bit sums, 1 a block on AVX2 and 4 on AVX-512; VNNI: 8
   `vpdpbusd`), and the scaling: a conversion, the scale product and two fmas (the minimum's term);
-- 16-bit activations: the dot products twice (two digits); on AVX2 the Q8_0 LM head instead meets the
-  16-bit codes themselves in 16 `vpmaddwd` (linear_x16.cpp), which is what is counted there;
+- 16-bit activations: the dot products twice (two digits); on AVX2 the many-row kernel instead meets
+  the 16-bit codes themselves in 16 `vpmaddwd` (linear_x16.cpp, Q4 and Q8_0 alike), which is what is
+  counted there;
 - Q8_0 (the LM head) with int8 activations: AVX2 and AVX-512 without VNNI 8 `vpmaddubsw` and 8
   `vpmaddwd` (signed codes: no 16-bit accumulation), VNNI 8 `vpdpbusd`; the scaling without the
   minimum's fma.
@@ -95,14 +96,15 @@ def linear_work(w, r: IssueRates) -> Work:
         return Work(fma=rows * cols / r.lanes)
     units = rows / r.lanes * cols / 32  # (lanes weight rows) x (a block of 32) each
     digits = 2 if w.activations == "int16" else 1
+    scaling = 3 if w.fmt == "Q8_0" else 4  # conversion, scale product, fma (+ Q4's offset fma)
+    if digits == 2 and r.lanes == 8:
+        # the AVX2 kernel for many rows: the 16-bit codes in 16 vpmaddwd, 2 elements each (counted in
+        # the time of the dot-product issue rate, so the formula below holds)
+        return Work(dot=units * 16 * r.dot / r.madd, fma=units * scaling)
     if w.fmt == "Q8_0":
-        if digits == 2 and r.lanes == 8:
-            dot = 16  # the AVX2 kernel for many rows: the 16-bit codes in vpmaddwd, 2 elements each
-        else:
-            dot = digits * (8 if r.vnni else 16)
-        return Work(dot=units * dot, fma=units * 3)
+        return Work(dot=units * digits * (8 if r.vnni else 16), fma=units * scaling)
     widen = 0 if r.vnni else (1 if r.lanes == 8 else 4)
-    return Work(dot=units * digits * (8 + widen), fma=units * 4)
+    return Work(dot=units * digits * (8 + widen), fma=units * scaling)
 
 
 def attention_work(n_heads: int, head_dim: int, keys: int, r: IssueRates) -> Work:
