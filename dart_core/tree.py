@@ -56,6 +56,14 @@ class DraftTree:
             scores = torch.as_tensor(scores, dtype=torch.float32).reshape(-1)
         return cls(tokens, parents, torch.from_numpy(np.array(depths, dtype=np.int64)), scores)
 
+    @classmethod
+    def from_pruner(cls, tokens: np.ndarray, parents: np.ndarray, depths: np.ndarray, scores: np.ndarray) -> "DraftTree":
+        """The tree of DART's pruner (ngram_cpp.Pruner.nodes: int64 tokens, parents and depths, float32
+        scores), its arrays shared as they are: the pruner builds them valid (root first, parents before
+        their children, siblings with distinct tokens, depths from the parents; tests/test_pruner.py
+        checks it on every tree it prunes), so from_parents' checks and depth walk are not run again."""
+        return cls(torch.from_numpy(tokens), torch.from_numpy(parents), torch.from_numpy(depths), torch.from_numpy(scores))
+
     @cached_property
     def token_list(self) -> list[int]:
         """The tokens as a Python list (the accept walk and the commit read them a node at a time)."""

@@ -57,6 +57,7 @@ __all__ = [
     "NGram",
     "PruneParams",
     "PrunedTree",
+    "Pruner",
     "ancestor_paths",
     "build",
     "convert",
@@ -315,7 +316,7 @@ def prune(
     selection rule are in ngram_cpp/src/pruner.h. Raises ValueError on bad shapes, ids, probabilities
     or parameters. Uses the C++ extension when available, else the Python reference (same trees).
     """
-    if not HAVE_CPP or (model is not None and model.native is None):
+    if not _runs_native(model):
         return prune_reference(
             tokens, probs, root, context, None if model is None else model._impl, params, eos_id, None if index is None else index._impl
         )
@@ -330,6 +331,37 @@ def prune(
         None if index is None else index._impl,
     )
     return PrunedTree(**out)
+
+
+class Pruner:
+    """`prune` bound to one model, parameter set, EOS id and context index, for a caller that prunes every
+    step with the same ones (DART's drafter): their native copies are taken once, and `nodes` returns
+    the tree's node arrays alone, without the mask and the retrieve rows (the same search, the same nodes)."""
+
+    def __init__(self, model: NGram | None, params: PruneParams, eos_id: int = -1, index: ContextIndex | None = None):
+        self.model, self.params, self.eos_id, self.index = model, params, int(eos_id), index
+        self._native = None
+        if _runs_native(model):
+            self._native = (
+                None if model is None else model.native,
+                _native_params(params),
+                self.eos_id,
+                None if index is None else index._impl,
+            )
+
+    def nodes(self, tokens: np.ndarray, probs: np.ndarray, root: int, context) -> tuple[np.ndarray, ...]:
+        """prune(tokens, probs, root, context, ...)'s tokens, parents, positions (the depths), scores and
+        sources; tokens int64 and probs float32 (d, k) arrays (others are converted)."""
+        if self._native is None:
+            t = prune(tokens, probs, root, context, self.model, self.params, self.eos_id, self.index)
+            return t.tokens, t.parents, t.positions, t.scores, t.sources
+        out = _ngram.prune(tokens, probs, root, context, *self._native, False)
+        return out["tokens"], out["parents"], out["positions"], out["scores"], out["sources"]
+
+
+def _runs_native(model: NGram | None) -> bool:
+    """Whether prune runs the C++ search with this model (else the Python reference)."""
+    return HAVE_CPP and (model is None or model.native is not None)
 
 
 def ancestor_paths(parents: np.ndarray, paths: np.ndarray, lengths: np.ndarray) -> None:

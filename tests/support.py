@@ -274,6 +274,18 @@ def assert_same_tree(a, b):
     np.testing.assert_allclose(a.scores, b.scores, atol=1e-5)
 
 
+def assert_same_nodes(nodes, tree):
+    """ngram_cpp.Pruner.nodes' arrays are prune's `tree`'s, and the DraftTree taken from them as they are
+    (DraftTree.from_pruner) is the one from_parents builds and checks."""
+    fields = ("tokens", "parents", "positions", "scores", "sources")
+    for got, field in zip(nodes, fields, strict=True):
+        want = getattr(tree, field)
+        assert got.dtype == want.dtype and np.array_equal(got, want), field
+    fast, checked = DraftTree.from_pruner(*nodes[:4]), DraftTree.from_parents(tree.tokens, tree.parents, tree.scores)
+    for field in ("tokens", "parents", "depths", "scores"):
+        assert torch.equal(getattr(fast, field), getattr(checked, field)), field
+
+
 def check_invariants(t, params, d):
     """The tree invariants the verifier relies on, for a pruned tree over d rows."""
     n = len(t.tokens)
@@ -283,6 +295,7 @@ def check_invariants(t, params, d):
     assert np.all(np.diff(t.positions) >= 0) and t.positions.max() <= d
     for i in range(1, n):  # scores never increase along a path
         assert t.scores[i] <= t.scores[t.parents[i]] + 1e-6
+    assert len(set(zip(t.parents.tolist(), t.tokens.tolist()))) == n  # siblings hold distinct tokens
     leaves = [i for i in range(n) if i not in set(t.parents.tolist())]
     assert t.retrieve.shape == (len(leaves), t.positions.max() + 1)
     assert sorted(int(r[r >= 0][-1]) for r in t.retrieve) == sorted(leaves)

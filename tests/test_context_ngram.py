@@ -17,7 +17,7 @@ import ngram_cpp
 from ngram_cpp.reference import FROM_CONTEXT, FROM_HEAD, HEAD_AND_CONTEXT, PruneParams, PyContextIndex, PyNGramModel, prune_reference
 
 from support import PRUNER_VOCAB as V
-from support import assert_same_tree, check_invariants, corpus_tries, random_case
+from support import assert_same_nodes, assert_same_tree, check_invariants, corpus_tries, random_case
 
 
 def test_index_lookup_by_hand():
@@ -131,6 +131,7 @@ def test_cpp_agrees_with_reference_with_context(seed, order):
     assert_same_tree(a, b)
     np.testing.assert_array_equal(a.sources, b.sources)
     check_invariants(a, params, tokens.shape[0] + params.context_extend)
+    assert_same_nodes(ngram_cpp.Pruner(model, params, int(eos), index).nodes(tokens, probs, root, seq), a)
     if params.context_weight == 0:  # off: exactly the plain tree
         assert_same_tree(a, ngram_cpp.prune(tokens, probs, root, seq, model, params, int(eos)))
 

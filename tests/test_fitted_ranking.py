@@ -23,7 +23,7 @@ from ngram_cpp.reference import (
     prune_reference,
 )
 
-from support import assert_same_tree, check_invariants, corpus_tries, random_case, random_eagle3_head
+from support import assert_same_nodes, assert_same_tree, check_invariants, corpus_tries, random_case, random_eagle3_head
 
 needs_cpp = pytest.mark.skipif(not ngram_cpp.HAVE_CPP, reason="the C++ extension is not built")
 TRIES = {order: corpus_tries(order) for order in (2, 3)}
@@ -65,6 +65,7 @@ def test_cpp_agrees_with_reference_fitted(seed, order):
     assert_same_tree(a, b)
     np.testing.assert_array_equal(a.sources, b.sources)
     check_invariants(a, params, tokens.shape[0] + (params.context_extend if params.context_weight > 0 else 0))
+    assert_same_nodes(ngram_cpp.Pruner(model, params, int(eos), index).nodes(tokens, probs, root, seq), a)
     assert np.all(a.scores[1:] < 0)  # ln P(accepted) of every drafted node
     if params.row_costs:
         assert len(a.tokens) - 1 <= len(params.row_costs) - 1

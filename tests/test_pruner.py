@@ -17,7 +17,7 @@ import ngram_cpp
 from ngram_cpp.reference import PruneParams, PyNGramModel, prune_reference
 
 from support import PRUNER_VOCAB as V
-from support import assert_same_tree, check_invariants, corpus_tries, random_case
+from support import assert_same_nodes, assert_same_tree, check_invariants, corpus_tries, random_case
 
 NO_NGRAM = PruneParams(use_ngram=False)
 
@@ -126,6 +126,7 @@ def test_cpp_agrees_with_reference(tries_by_order, seed, order):
     b = prune_reference(tokens, probs, root, context, ref, params, int(eos))
     assert_same_tree(a, b)
     check_invariants(a, params, tokens.shape[0])
+    assert_same_nodes(ngram_cpp.Pruner(model, params, int(eos)).nodes(tokens, probs, root, context), a)
 
 
 @pytest.mark.skipif(not ngram_cpp.HAVE_CPP, reason="the C++ extension is not built")
@@ -143,6 +144,7 @@ def test_python_fallback_matches_cpp(tries, tmp_path, monkeypatch):
         assert fallback.native is None and isinstance(fallback._impl, PyNGramModel)
         for (t, p, r, c, prm, e), want in zip(cases, expected):
             assert_same_tree(ngram_cpp.prune(t, p, r, c, fallback, prm, int(e)), want)
+            assert_same_nodes(ngram_cpp.Pruner(fallback, prm, int(e)).nodes(t, p, r, c), want)
     assert_same_tree(
         ngram_cpp.prune(*cases[0][:4], None, cases[0][4], int(cases[0][5])),
         prune_reference(*cases[0][:4], None, cases[0][4], int(cases[0][5])),

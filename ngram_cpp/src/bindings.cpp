@@ -196,7 +196,7 @@ PYBIND11_MODULE(_ngram, m) {
     m.def(
         "prune",
         [](const carray<int64_t>& tokens, const carray<float>& probs, int64_t root, const carray<int64_t>& context,
-           const NGramModel* model, const PruneParams& params, int64_t eos_id, const ContextIndex* index) {
+           const NGramModel* model, const PruneParams& params, int64_t eos_id, const ContextIndex* index, bool layouts) {
             if (tokens.ndim() != 2 || probs.ndim() != 2) throw std::invalid_argument("tokens and probs must be 2-D [d, k]");
             if (tokens.shape(0) != probs.shape(0) || tokens.shape(1) != probs.shape(1))
                 throw std::invalid_argument("tokens and probs shapes differ: [" + std::to_string(tokens.shape(0)) + ", " +
@@ -206,8 +206,8 @@ PYBIND11_MODULE(_ngram, m) {
             PrunedTree t;
             {
                 py::gil_scoped_release release;
-                t = prune(tokens.data(), probs.data(), tokens.shape(0), tokens.shape(1), root, context.data(), context.shape(0), model,
-                          params, eos_id, index);
+                t = (layouts ? prune : prune_nodes)(tokens.data(), probs.data(), tokens.shape(0), tokens.shape(1), root, context.data(),
+                                                    context.shape(0), model, params, eos_id, index);
             }
             auto n = static_cast<py::ssize_t>(t.tokens.size());
             py::dict out;
@@ -216,12 +216,16 @@ PYBIND11_MODULE(_ngram, m) {
             out["positions"] = to_numpy(std::move(t.positions), {n});
             out["scores"] = to_numpy(std::move(t.scores), {n});
             out["sources"] = to_numpy(std::move(t.sources), {n});
-            out["mask"] = to_numpy(std::move(t.mask), {n, n}).attr("astype")("bool");
-            out["retrieve"] = to_numpy(std::move(t.retrieve), {static_cast<py::ssize_t>(t.n_leaves), static_cast<py::ssize_t>(t.width)});
+            if (layouts) {
+                out["mask"] = to_numpy(std::move(t.mask), {n, n}).attr("astype")("bool");
+                out["retrieve"] =
+                    to_numpy(std::move(t.retrieve), {static_cast<py::ssize_t>(t.n_leaves), static_cast<py::ssize_t>(t.width)});
+            }
             return out;
         },
         py::arg("tokens"), py::arg("probs"), py::arg("root"), py::arg("context"), py::arg("model"), py::arg("params"),
-        py::arg("eos_id"), py::arg("index") = nullptr);
+        py::arg("eos_id"), py::arg("index") = nullptr, py::arg("layouts") = true,
+        "PrunedTree's arrays by name; layouts=False: the nodes' alone (prune_nodes: no mask, no retrieve)");
 
     m.def(
         "ancestor_paths",

@@ -206,8 +206,8 @@ void acceptance_features(double score, double inc, bool head, double p, int64_t 
                        head_row ? ln_floored(row_top) : 0.0, q, match, max_order, c, parent_fit, x);
 }
 
-PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k, int64_t root, const int64_t* context,
-                 int64_t n_context, const NGramModel* model, const PruneParams& p, int64_t eos_id, const ContextIndex* index) {
+PrunedTree prune_nodes(const int64_t* tokens, const float* probs, int64_t d, int64_t k, int64_t root, const int64_t* context,
+                       int64_t n_context, const NGramModel* model, const PruneParams& p, int64_t eos_id, const ContextIndex* index) {
     const bool use_context = index != nullptr && p.context_weight > 0.0;
     const bool fitted = !p.acceptance.empty();
     const int64_t fitted_levels = static_cast<int64_t>(p.acceptance.size()) / kAcceptanceFeatures;
@@ -424,24 +424,33 @@ PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k
     t.positions.assign(N, 0);
     t.scores.assign(N, 0.0f);
     t.sources.assign(N, kFromHead);
-    t.mask.assign(N * N, 0);
-    t.mask[0] = 1;
-    std::vector<uint8_t> has_child(N, 0);
-    int64_t max_depth = 0;
     for (size_t i = 0; i < kept.size(); ++i) {
         const Node& n = pool[kept[i]];
         const size_t idx = i + 1;
         new_index[kept[i]] = static_cast<int32_t>(idx);
-        const int64_t par = n.parent >= 0 ? new_index[n.parent] : 0;
         t.tokens[idx] = n.token;
-        t.parents[idx] = par;
+        t.parents[idx] = n.parent >= 0 ? new_index[n.parent] : 0;
         t.positions[idx] = n.depth;
         t.scores[idx] = static_cast<float>(better.key(n));
         t.sources[idx] = n.source;
+    }
+    return t;
+}
+
+PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k, int64_t root, const int64_t* context,
+                 int64_t n_context, const NGramModel* model, const PruneParams& p, int64_t eos_id, const ContextIndex* index) {
+    PrunedTree t = prune_nodes(tokens, probs, d, k, root, context, n_context, model, p, eos_id, index);
+    const size_t N = t.tokens.size();
+    t.mask.assign(N * N, 0);
+    t.mask[0] = 1;
+    std::vector<uint8_t> has_child(N, 0);
+    int64_t max_depth = 0;
+    for (size_t idx = 1; idx < N; ++idx) {
+        const int64_t par = t.parents[idx];
         std::copy(t.mask.begin() + par * N, t.mask.begin() + par * N + N, t.mask.begin() + idx * N);
         t.mask[idx * N + idx] = 1;
         has_child[par] = 1;
-        max_depth = std::max<int64_t>(max_depth, n.depth);
+        max_depth = std::max<int64_t>(max_depth, t.positions[idx]);
     }
     // Leaves in lexicographic order of their token paths (a prefix before its extensions).
     std::vector<std::vector<int64_t>> paths;

@@ -101,8 +101,8 @@ struct PrunedTree {
     std::vector<int64_t> positions;  // [N], depth: root 0
     std::vector<float> scores;       // [N], cumulative beam score, root 0
     std::vector<uint8_t> sources;    // [N], kFromHead / kHeadAndContext / kFromContext; root kFromHead
-    std::vector<uint8_t> mask;       // [N, N], row i: i and its ancestors
-    std::vector<int64_t> retrieve;   // [n_leaves, max_depth + 1], root-to-leaf node indices, -1 padded
+    std::vector<uint8_t> mask;       // [N, N], row i: i and its ancestors (prune only)
+    std::vector<int64_t> retrieve;   // [n_leaves, max_depth + 1], root-to-leaf node indices, -1 padded (prune only)
     int64_t n_leaves = 0;
     int64_t width = 0;  // max_depth + 1
 };
@@ -115,5 +115,11 @@ struct PrunedTree {
 PrunedTree prune(const int64_t* tokens, const float* probs, int64_t d, int64_t k, int64_t root, const int64_t* context,
                  int64_t n_context, const NGramModel* model, const PruneParams& params, int64_t eos_id,
                  const ContextIndex* index = nullptr);
+
+// The same search and the same nodes as prune, without the verifier's layouts (mask, retrieve stay
+// empty): for a caller that builds its own (DART's drafter, once a step).
+PrunedTree prune_nodes(const int64_t* tokens, const float* probs, int64_t d, int64_t k, int64_t root, const int64_t* context,
+                       int64_t n_context, const NGramModel* model, const PruneParams& params, int64_t eos_id,
+                       const ContextIndex* index = nullptr);
 
 }  // namespace ngram
