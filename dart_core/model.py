@@ -434,6 +434,13 @@ class Transformer(nn.Module):
         self._weight_bytes: int | None = None
         self._fixed_rope: fixed_shape.RopeTable | None = None
 
+    def embed(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The token embeddings of `ids` in `dtype` (a draft head's): a GGUF embedding dequantizes straight
+        into it, its fp32 values rounded as `.to` rounds them, without the fp32 copy."""
+        if isinstance(self.tok_embeddings, BlockEmbedding):
+            return self.tok_embeddings(ids, dtype)
+        return self.tok_embeddings(ids).to(dtype)
+
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions[:, None].float() * self.inv_freq[None, :]  # (T, hd/2)
         emb = torch.cat((freqs, freqs), dim=-1)
@@ -797,14 +804,15 @@ class BlockLinear(nn.Module):
 
 
 class BlockEmbedding(nn.Module):
-    """Token embeddings stored as GGUF blocks: a lookup dequantizes the rows it needs (fp32)."""
+    """Token embeddings stored as GGUF blocks: a lookup dequantizes the rows it needs (fp32, or rounded
+    to `dtype` as `.to` rounds fp32)."""
 
     def __init__(self, weight: kernels.BlockWeight):
         super().__init__()
         self.weight = weight
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.weight.dequantize(ids).view(*ids.shape, self.weight.cols)
+    def forward(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self.weight.dequantize(ids, dtype).view(*ids.shape, self.weight.cols)
 
 
 def interleave_bf16_linears(model: Transformer) -> int:

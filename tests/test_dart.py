@@ -220,6 +220,59 @@ def test_fewer_rows_are_the_first_rows_of_the_full_forward(qwen3):
     assert proposal.tree.tokens.tolist() == whole.tokens.tolist() and proposal.tree.parents.tolist() == whole.parents.tolist()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_proposals_are_the_whole_prune_of_the_float_top_k(qwen3, dtype):
+    """propose ranks the head's logits in their own dtype, maps ids on the host, prunes through the bound
+    Pruner and takes its nodes as the tree: bit for bit the candidates and tree of the float top-k,
+    ngram_cpp.prune and DraftTree.from_parents, step after step, with a trie and the context n-gram."""
+    from dataclasses import replace
+
+    from dart_core.tree import DraftTree
+    from ngram_cpp import FROM_CONTEXT, HEAD_AND_CONTEXT
+
+    head = random_head(qwen3, seed=3).to(dtype)
+    trie = ngram_cpp.build([[(7 * i + j) % TINY_VOCAB for j in range(40)] for i in range(20)], TINY_VOCAB)
+    params = ngram_cpp.PruneParams(top_k=6, beam_width=6, max_nodes=7, context_weight=0.6, context_extend=2)
+    drafter = DartDrafter(head, qwen3, trie, DartParams(params))
+    tokens = torch.tensor([5, 9, 17, 33, 2, 40, 41, 7, 5, 9, 17, 33, 2, 40, 41, 7, 5, 9, 60, 61])
+    hidden = qwen3.model(tokens, torch.arange(len(tokens)), qwen3.new_cache(64), capture=True).hidden
+    fast, ref = drafter.new_session(64), drafter.new_session(64)
+    for s in (fast, ref):
+        s.extend(tokens[:4].tolist(), hidden[:4])
+    sources = set()
+    for i, nodes in zip(range(4, len(tokens) - 1), (1, 3, 7) * 6):
+        root = int(tokens[i])
+        proposal = fast.propose(root, nodes)
+        sources.update(proposal.info["sources"])
+        rows = min(head.config.draft_length + 1, nodes)
+        vals, idx = ref.draft_logits(root, rows).float().topk(6, dim=-1)
+        cands, probs = head.to_target_ids(idx).numpy(), vals.softmax(-1).numpy()
+        pruned = ngram_cpp.prune(cands, probs, root, ref.committed, trie, replace(params, max_nodes=nodes), drafter.eos_id, ref.index)
+        want = DraftTree.from_parents(pruned.tokens, pruned.parents, pruned.scores)
+        for field in ("tokens", "parents", "depths", "scores"):
+            got, exp = getattr(proposal.tree, field), getattr(want, field)
+            assert got.dtype == exp.dtype and torch.equal(got, exp), field
+        assert proposal.info == {"topk_tokens": cands.tolist(), "topk_probs": probs.tolist(), "sources": pruned.sources.tolist()}
+        for s in (fast, ref):
+            s.extend(tokens[i : i + 1].tolist(), hidden[i : i + 1])
+    assert sources & {FROM_CONTEXT, HEAD_AND_CONTEXT}  # the context n-gram took part
+
+
+def test_cpu_top_k_ranks_every_dtype_as_float():
+    """What draft_candidates relies on to skip the float copy of a low-precision head's logits: torch's
+    CPU topk ranks bfloat16 and float16 in float32, so the same indices, in the same order, as on a float
+    copy (ties included), and the same values."""
+    g = torch.Generator().manual_seed(0)
+    for trial in range(60):
+        x = torch.randn(1 + trial % 9, 8192, generator=g) if trial % 2 else torch.randint(0, 12, (1 + trial % 9, 8192), generator=g)
+        for dtype in (torch.bfloat16, torch.float16):
+            low = x.to(dtype)
+            for k in (6, 10, 25, 200):  # a partial sort under 64k <= n, a selection above
+                v, i = low.topk(k, dim=-1)
+                fv, fi = low.float().topk(k, dim=-1)
+                assert torch.equal(i, fi) and torch.equal(v.float(), fv)
+
+
 @pytest.mark.parametrize("use_ngram", [False, True])
 def test_dart_greedy_equals_ar(tiny_ckpt, use_ngram):
     _, path = tiny_ckpt

@@ -47,6 +47,9 @@ def test_blocks_are_the_fp32_copy(gguf_target, fp32_target):
             assert torch.equal(mod.weight.dequantize(), f.get_submodule(name).weight), name
             n_block += 1
     assert n_block == 4 * g.args.n_layers + 2  # wqkv, wo, w13, w2 per layer; embedding; output (tied)
+    ids = torch.arange(0, g.args.vocab_size, 7)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):  # a draft head's embeddings: rounded as .to rounds
+        assert torch.equal(g.embed(ids, dtype), f.tok_embeddings(ids).to(dtype)) and torch.equal(f.embed(ids, dtype), g.embed(ids, dtype))
     for name, p in g.named_parameters():
         assert torch.equal(p, f.get_parameter(name)), name
     assert gguf_target.weights == "gguf (Q4_1, Q8_0)" and gguf_target.dtype == gguf_target.cache_dtype == torch.float32

@@ -235,7 +235,10 @@ class _DartSession(HeadSession):
         self._upload = Upload(torch.long, dev) if dev.type == "cuda" else None  # the pending ids, from pinned memory
         p = drafter.params
         self.index = ngram_cpp.ContextIndex(p.context_order) if p.prune.context_weight > 0 else None
-        self._sized: dict[int, ngram_cpp.PruneParams] = {}  # the tree parameters at each step budget seen
+        self._pruners: dict[int, ngram_cpp.Pruner] = {}  # the pruner at each step budget seen
+        # each draft id's target id, where the head runs on the host (draft_candidates maps its top-k through it)
+        head = drafter.head
+        self._target_ids = head.to_target_ids(torch.arange(head.config.draft_vocab_size)).numpy() if head.d2t.device.type == "cpu" else None
 
     def extend(self, ids: list[int], hidden: torch.Tensor | None) -> None:
         """As every head session, and the pruner's context: the last committed tokens, the context n-gram's index."""
@@ -260,8 +263,8 @@ class _DartSession(HeadSession):
             return self._captured(root, D, False)
         ids = torch.tensor(self.pending_ids[1:] + [root])
         ids = self._upload(ids) if self._upload is not None else ids.to(target.device)
-        emb = target.model.tok_embeddings(ids).to(head.fc.weight.dtype)
-        aux = torch.cat(self.pending_aux)
+        emb = target.model.embed(ids, head.fc.weight.dtype)
+        aux = self.pending_aux[0] if len(self.pending_aux) == 1 else torch.cat(self.pending_aux)
         if self.d.fast is not None:  # the CPU kernels: the whole forward in one call
             logits = self.d.fast.draft(aux, emb, self.cache, D)
         else:  # the eager module
@@ -300,9 +303,14 @@ class _DartSession(HeadSession):
         k = min(p.top_k, self.d.head.config.draft_vocab_size)
         if self.graph is not None and self.graph.k == k and self.graph.takes(len(self.pending_ids)):
             return self._captured(root, rows - 1, True)
-        logits = self.draft_logits(root, rows).float()
-        vals, idx = logits.topk(k, dim=-1)
-        probs = vals.softmax(-1)  # renormalised within the top-k, as upstream
+        logits = self.draft_logits(root, rows)
+        if self._target_ids is not None:
+            # torch's CPU topk ranks every dtype in float32 (the order and values a float copy gets): no copy
+            vals, idx = logits.topk(k, dim=-1)
+            probs = vals.softmax(-1, dtype=torch.float32)  # renormalised within the top-k, as upstream
+            return self._target_ids[idx.numpy()], probs.numpy()
+        vals, idx = logits.float().topk(k, dim=-1)
+        probs = vals.softmax(-1)
         tokens = self.d.head.to_target_ids(idx)
         if tokens.device.type == "cuda":
             tokens, probs = tokens.to("cpu", non_blocking=True), probs.to("cpu", non_blocking=True)
@@ -316,14 +324,14 @@ class _DartSession(HeadSession):
         rows = max(1, min(self.d.head.config.draft_length + 1, self.d.params.depth or max_nodes, max_nodes))
         tokens, probs = self.draft_candidates(root, rows)  # (the draft's time ends with them on the host)
         t1 = time.perf_counter()
-        params = self._sized.get(max_nodes)
-        if params is None:  # once a size a session (replace and the native copy's hash: ~25 us a step)
-            params = self._sized[max_nodes] = replace(p, max_nodes=max_nodes)
-        pruned = ngram_cpp.prune(tokens, probs, root, self.committed, self.d.ngram, params, self.d.eos_id, self.index)
-        tree = DraftTree.from_parents(pruned.tokens, pruned.parents, pruned.scores)
+        pruner = self._pruners.get(max_nodes)
+        if pruner is None:  # once a size a session (the parameters' native copy: ~25 us)
+            pruner = self._pruners[max_nodes] = ngram_cpp.Pruner(self.d.ngram, replace(p, max_nodes=max_nodes), self.d.eos_id, self.index)
+        node_tokens, parents, depths, scores, sources = pruner.nodes(tokens, probs, root, self.committed)
+        tree = DraftTree.from_pruner(node_tokens, parents, depths, scores)
         t2 = time.perf_counter()
         # sources: per tree node, 0 the head's candidate, 1 one the context also proposed, 2 the context's alone
-        info = {"topk_tokens": tokens.tolist(), "topk_probs": probs.tolist(), "sources": pruned.sources.tolist()}
+        info = {"topk_tokens": tokens.tolist(), "topk_probs": probs.tolist(), "sources": sources.tolist()}
         return Proposal(tree, t1 - t0, t2 - t1, info)
 
 
