@@ -85,6 +85,9 @@ struct Q8Rows {  // M activation rows in int8 blocks; pairs of blocks padded wit
     std::vector<float> dx16;  // M x npair x 16: the pair's scales, each repeated over its 8 lanes
     std::vector<float> sx;    // M x nb16 (zero past nb)
     std::vector<int32_t> isum;  // M x nb: each block's sum of codes (sx = dx * isum)
+    std::vector<int16_t> q16;   // digits 2, where asked: M x K, the codes Q = 255 hi + lo themselves, per 4
+                                // elements in the order (Q0, Q2, Q1, Q3) (a 32-bit word at 4j pairs the even
+                                // elements of 4j..4j+3, at 4j + 2 the odd ones: x16_groups_q16)
     const int8_t* qrow(int64_t m) const { return q.data() + m * npair * 64; }
     const int8_t* qrow2(int64_t m) const { return q2.data() + m * npair * 64; }
     const float* dxrow(int64_t m) const { return dx16.data() + m * npair * 16; }
@@ -92,8 +95,9 @@ struct Q8Rows {  // M activation rows in int8 blocks; pairs of blocks padded wit
     const int32_t* isrow(int64_t m) const { return isum.data() + m * nb; }
 };
 
-// quantize_q8 (linear_q8.cpp): M rows of x as int8 blocks (digits 1) or 16-bit codes in two digits (2).
-template <class TX> void quantize_q8(const TX* x, int64_t x_stride, int64_t M, int64_t K, Q8Rows& r, int digits = 1);
+// quantize_q8 (linear_q8.cpp): M rows of x as int8 blocks (digits 1) or 16-bit codes in two digits (2),
+// with q16 also the codes themselves (Q8Rows::q16).
+template <class TX> void quantize_q8(const TX* x, int64_t x_stride, int64_t M, int64_t K, Q8Rows& r, int digits = 1, bool q16 = false);
 
 // The families (each defined and instantiated for every activation dtype in its translation unit).
 template <class TX, class F>

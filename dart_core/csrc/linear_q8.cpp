@@ -71,23 +71,43 @@ inline bool quantize_block_vec(const float* v, Q8Rows& r, int64_t m, int64_t b) 
         _mm_storeu_si128(reinterpret_cast<__m128i*>(q2 + 16 * h), _mm512_cvtepi32_epi8(dl));
     }
 #else
+    // the 32 codes (and digits) in vector registers, packed to bytes in order
     const __m256 vid = _mm256_set1_ps(id), hi = _mm256_set1_ps(qmax), lo = _mm256_set1_ps(-qmax);
+    __m256i ti[4], wh[4], sum = _mm256_setzero_si256();
     for (int h = 0; h < 4; ++h) {
-        const __m256 x = _mm256_loadu_ps(v + 8 * h);
-        __m256 t = _mm256_round_ps(_mm256_mul_ps(x, vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m256 t = _mm256_round_ps(_mm256_mul_ps(h == 0 ? a0 : h == 1 ? a1 : h == 2 ? a2 : a3, vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         t = _mm256_and_ps(_mm256_cmp_ps(t, t, _CMP_ORD_Q), _mm256_min_ps(_mm256_max_ps(t, lo), hi));
-        const __m256i ti = _mm256_cvtps_epi32(t);
-        alignas(32) int32_t w[8], wh[8];
-        _mm256_store_si256(reinterpret_cast<__m256i*>(w), ti);
-        if (wide) {
-            const __m256 th = _mm256_round_ps(_mm256_div_ps(t, _mm256_set1_ps(static_cast<float>(Q16_BASE))),
-                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            _mm256_store_si256(reinterpret_cast<__m256i*>(wh), _mm256_cvtps_epi32(th));
-        }
-        for (int e = 0; e < 8; ++e) {
-            s += w[e];
-            if (wide) q[8 * h + e] = static_cast<int8_t>(wh[e]), q2[8 * h + e] = static_cast<int8_t>(w[e] - Q16_BASE * wh[e]);
-            else q[8 * h + e] = static_cast<int8_t>(w[e]);
+        ti[h] = _mm256_cvtps_epi32(t);
+        sum = _mm256_add_epi32(sum, ti[h]);
+        // hi = nearbyint(t / 255) as t * (1 / 255): both within 2 ulp of the exact quotient, which is never
+        // within 1 / 510 of a tie for |t| <= 32512 (linear.h), so both round to the same integer
+        if (wide)
+            wh[h] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(t, _mm256_set1_ps(1.0f / static_cast<float>(Q16_BASE))),
+                                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    const __m128i s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+    s = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
+    // 4 x 8 int32 in [-127, 127] -> 32 bytes in order (the packs work within 128-bit lanes)
+    auto bytes = [](__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
+        const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(v0, v1), _mm256_packs_epi32(v2, v3));
+        return _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    };
+    if (!wide) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), bytes(ti[0], ti[1], ti[2], ti[3]));
+    } else {
+        __m256i l[4];
+        for (int h = 0; h < 4; ++h) l[h] = _mm256_sub_epi32(ti[h], _mm256_sub_epi32(_mm256_slli_epi32(wh[h], 8), wh[h]));  // Q - 255 hi
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), bytes(wh[0], wh[1], wh[2], wh[3]));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q2), bytes(l[0], l[1], l[2], l[3]));
+        if (!r.q16.empty()) {  // Q itself, per 4 elements in the order (Q0, Q2, Q1, Q3) (Q8Rows::q16)
+            const __m256i order = _mm256_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15, 0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10,
+                                                   11, 14, 15);
+            int16_t* o = r.q16.data() + m * r.K + b * 32;
+            for (int h = 0; h < 2; ++h) {  // elements 16h..16h+15: (0-3, 8-11 | 4-7, 12-15) -> in order, then each 4 reordered
+                const __m256i p = _mm256_permute4x64_epi64(_mm256_packs_epi32(ti[2 * h], ti[2 * h + 1]), 0xD8);
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 16 * h), _mm256_shuffle_epi8(p, order));
+            }
         }
     }
 #endif
@@ -99,21 +119,39 @@ inline bool quantize_block_vec(const float* v, Q8Rows& r, int64_t m, int64_t b) 
 }
 #endif
 
+// Row m's block b of 16-bit codes into Q8Rows::q16 from its digits (where quantize_block_vec does not).
+inline void q16_block(Q8Rows& r, int64_t m, int64_t b) {
+    const int8_t* hi = r.qrow(m) + b * 32;
+    const int8_t* lo = r.qrow2(m) + b * 32;
+    int16_t* o = r.q16.data() + m * r.K + b * 32;
+    for (int k = 0; k < 32; k += 4) {
+        int16_t q[4];
+        for (int e = 0; e < 4; ++e) q[e] = static_cast<int16_t>(Q16_BASE * hi[k + e] + lo[k + e]);
+        o[k] = q[0], o[k + 1] = q[2], o[k + 2] = q[1], o[k + 3] = q[3];
+    }
+}
+
 template <class TX>
-void quantize_q8(const TX* x, int64_t x_stride, int64_t M, int64_t K, Q8Rows& r, int digits) {
+void quantize_q8(const TX* x, int64_t x_stride, int64_t M, int64_t K, Q8Rows& r, int digits, bool q16) {
     r.K = K, r.nb = K / 32, r.npair = (r.nb + 1) / 2, r.nb16 = (r.nb + 15) / 16 * 16, r.digits = digits;
     r.q.assign(static_cast<size_t>(M * r.npair * 64), 0);
     r.q2.assign(digits == 2 ? static_cast<size_t>(M * r.npair * 64) : 0, 0);
     r.dx16.assign(static_cast<size_t>(M * r.npair * 16), 0.0f);
     r.sx.assign(static_cast<size_t>(M * r.nb16), 0.0f);
     r.isum.assign(static_cast<size_t>(M * r.nb), 0);
+    r.q16.assign(digits == 2 && q16 ? static_cast<size_t>(M * K) : 0, 0);
     std::vector<float> row(static_cast<size_t>(K));
     for (int64_t m = 0; m < M; ++m) {
         load_row(x + m * x_stride, row.data(), K);
         for (int64_t b = 0; b < r.nb; ++b) {
             const float* v = row.data() + b * 32;
 #ifdef DART_X86_Q8_VEC
-            if (quantize_block_vec(v, r, m, b)) continue;
+            if (quantize_block_vec(v, r, m, b)) {
+#ifndef DART_V16_AVX2
+                if (!r.q16.empty()) q16_block(r, m, b);
+#endif
+                continue;
+            }
 #endif
             float amax = 0.0f;
             for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[i]));
@@ -139,6 +177,7 @@ void quantize_q8(const TX* x, int64_t x_stride, int64_t M, int64_t K, Q8Rows& r,
             for (int l = 0; l < 8; ++l) dx[l] = d;
             r.sx[m * r.nb16 + b] = d * static_cast<float>(s);
             r.isum[m * r.nb + b] = s;
+            if (!r.q16.empty()) q16_block(r, m, b);
         }
     }
 }
@@ -360,7 +399,7 @@ void linear_q8_impl(const TX* x, int64_t x_stride, int64_t M, int64_t K, const u
 }
 
 #define DART_QUANTIZE_Q8(TX) \
-    template void quantize_q8<TX>(const TX*, int64_t, int64_t, int64_t, Q8Rows&, int);
+    template void quantize_q8<TX>(const TX*, int64_t, int64_t, int64_t, Q8Rows&, int, bool);
 DART_FOR_EACH_DTYPE(DART_QUANTIZE_Q8)
 #define DART_LINEAR_Q8(TX) \
     template void linear_q8_impl<TX, FmtQ4_0>(DART_LINEAR_PARAMS(TX)); \

@@ -419,7 +419,7 @@ void x16_rows(int64_t M, const uint8_t* w, int64_t rb, int64_t N, const TX* bias
     }
 }
 
-// Many rows of 16-bit codes (AVX2): each row's codes Q themselves (no digits, x16_q16_pairs) met by
+// Many rows of 16-bit codes (AVX2): each row's codes Q themselves (no digits, Q8Rows::q16) met by
 // vpmaddwd against the weights' codes widened to int16, 8 weight rows by 2 elements an instruction with
 // exact int32 pair sums. Per block, G groups' 16 G weight rows are widened once for all R rows (w16, G
 // KB in L1: for each 8-row vector, the codes of elements (4j, 4j+2) and (4j+1, 4j+3) of each row's lane:
@@ -435,28 +435,11 @@ constexpr int64_t X16_Q8_WIDE_MIN_ROWS = 3;
 constexpr int64_t X16_Q4_WIDE_MIN_ROWS = 4;
 constexpr int X16_WIDE_GROUPS = 2;
 
-// Each row's 16-bit codes Q = 255 hi + lo, per 4 elements in the order (Q0, Q2, Q1, Q3): a 32-bit word
-// at offset 4j meets the even elements of 4j..4j+3, at 4j + 2 the odd ones.
-inline std::vector<int16_t> x16_q16_pairs(const Q8Rows& x, int64_t M) {
-    const int64_t K = x.nb * 32;
-    std::vector<int16_t> out(static_cast<size_t>(M * K));
-    for (int64_t m = 0; m < M; ++m) {
-        const int8_t* hi = x.qrow(m);
-        const int8_t* lo = x.qrow2(m);
-        int16_t* o = out.data() + m * K;
-        for (int64_t k = 0; k < K; k += 4) {
-            int16_t q[4];
-            for (int e = 0; e < 4; ++e) q[e] = static_cast<int16_t>(Q16_BASE * hi[k + e] + lo[k + e]);
-            o[k] = q[0], o[k + 1] = q[2], o[k + 2] = q[1], o[k + 3] = q[3];
-        }
-    }
-    return out;
-}
 
 // R rows (from m0; R <= X16_ROWS_PASS) against G groups from `group` (gs bytes apart), into acc:
 // R x 16 G floats, row i's vector v (weight rows 8v..8v+7 of the G groups) at (2 G i + v) * 8.
 template <class F, int G>
-void x16_groups_q16(const Q8Rows& x, const int16_t* pairs, int64_t m0, int64_t R, const uint8_t* group, int64_t gs, float* acc) {
+void x16_groups_q16(const Q8Rows& x, int64_t m0, int64_t R, const uint8_t* group, int64_t gs, float* acc) {
     constexpr bool q8 = std::is_same_v<F, FmtQ8_0>;
     constexpr int64_t BB = x16_block_bytes<F>();
     constexpr int V = 2 * G;  // 8-row vectors
@@ -491,31 +474,40 @@ void x16_groups_q16(const Q8Rows& x, const int16_t* pairs, int64_t m0, int64_t R
                 }
             }
         }
-        const int16_t* xr = pairs + m0 * K + b * 32;
-        const float* dxp = x.dxrow(m0) + (b / 2) * 16 + (b % 2) * 8;
-        const float* sxp = x.sxrow(m0) + b;
-        for (int64_t i = 0; i < R; ++i, xr += K, dxp += x.npair * 16, sxp += x.nb16) {
-            __m256i p[V][2];  // two chains a vector: the same exact sum in any order
-            for (int v = 0; v < V; ++v) p[v][0] = p[v][1] = _mm256_setzero_si256();
+        // rows RR at a time: each vector's codes loaded once for RR rows' products
+        auto rows = [&](auto rr, int64_t i) {
+            constexpr int RR = decltype(rr)::value;
+            const int16_t* xr = x.q16.data() + (m0 + i) * K + b * 32;
+            __m256i p[RR][V];
+            for (int r = 0; r < RR; ++r)
+                for (int v = 0; v < V; ++v) p[r][v] = _mm256_setzero_si256();
 #pragma GCC unroll 16
             for (int e = 0; e < 16; ++e) {
-                const __m256i q = _mm256_set1_epi32(code_word(xr + word(e)));
+                __m256i q[RR];
+                for (int r = 0; r < RR; ++r) q[r] = _mm256_set1_epi32(code_word(xr + r * K + word(e)));
                 for (int v = 0; v < V; ++v) {
-                    __m256i& s = p[v][e % 2];
-                    s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(w16[e][v])), q));
-                    // each sum in its register as it goes: unpinned, GCC reassociates the products into a
-                    // tree and spills most of them to the stack
-                    asm("" : "+x"(s));
+                    const __m256i c = _mm256_load_si256(reinterpret_cast<const __m256i*>(w16[e][v]));
+                    for (int r = 0; r < RR; ++r) {
+                        p[r][v] = _mm256_add_epi32(p[r][v], _mm256_madd_epi16(c, q[r]));
+                        // each sum in its register as it goes: unpinned, GCC reassociates the products
+                        // into a tree and spills most of them to the stack
+                        asm("" : "+x"(p[r][v]));
+                    }
                 }
             }
-            const __m256 dx = _mm256_broadcast_ss(dxp);
-            for (int v = 0; v < V; ++v) {
-                float* a = acc + (V * i + v) * 8;
-                __m256 r = _mm256_fmadd_ps(_mm256_mul_ps(d[v], dx), _mm256_cvtepi32_ps(_mm256_add_epi32(p[v][0], p[v][1])), _mm256_load_ps(a));
-                if constexpr (!q8) r = _mm256_fmadd_ps(o[v], _mm256_broadcast_ss(sxp), r);
-                _mm256_store_ps(a, r);
+            for (int r = 0; r < RR; ++r) {
+                const __m256 dx = _mm256_broadcast_ss(x.dxrow(m0 + i + r) + (b / 2) * 16 + (b % 2) * 8);
+                for (int v = 0; v < V; ++v) {
+                    float* a = acc + (V * (i + r) + v) * 8;
+                    __m256 t = _mm256_fmadd_ps(_mm256_mul_ps(d[v], dx), _mm256_cvtepi32_ps(p[r][v]), _mm256_load_ps(a));
+                    if constexpr (!q8) t = _mm256_fmadd_ps(o[v], _mm256_broadcast_ss(x.sxrow(m0 + i + r) + b), t);
+                    _mm256_store_ps(a, t);
+                }
             }
-        }
+        };
+        int64_t i = 0;
+        for (; i + 2 <= R; i += 2) rows(std::integral_constant<int, 2>{}, i);
+        if (i < R) rows(std::integral_constant<int, 1>{}, i);
     }
 }
 
@@ -541,16 +533,20 @@ void linear_q8x16_impl(const TX* x, int64_t x_stride, int64_t M, int64_t K, cons
                        TX* out, int64_t out_stride) {
     if (N % X16) throw std::invalid_argument("linear: interleaved weights hold whole groups of 16 rows, got " + std::to_string(N));
     Q8Rows xq;
-    quantize_q8(x, x_stride, M, K, xq, Wide ? 2 : 1);
+#ifdef DART_V16_AVX2
+    const bool q16 = Wide && M >= (std::is_same_v<F, FmtQ8_0> ? X16_Q8_WIDE_MIN_ROWS : X16_Q4_WIDE_MIN_ROWS);
+#else
+    const bool q16 = false;
+#endif
+    quantize_q8(x, x_stride, M, K, xq, Wide ? 2 : 1, q16);
 #ifdef DART_V16_AVX2
     if constexpr (Wide)
-        if (M >= (std::is_same_v<F, FmtQ8_0> ? X16_Q8_WIDE_MIN_ROWS : X16_Q4_WIDE_MIN_ROWS)) {
-            const std::vector<int16_t> pairs = x16_q16_pairs(xq, M);
+        if (q16) {
             return x16_rows<X16_WIDE_GROUPS>(M, w, rb, N, bias, out, out_stride, [&](int64_t m0, int64_t mb, const uint8_t* group, int ng, float* acc) {
                 if (ng == X16_WIDE_GROUPS)
-                    x16_groups_q16<F, X16_WIDE_GROUPS>(xq, pairs.data(), m0, mb, group, X16 * rb, acc);
+                    x16_groups_q16<F, X16_WIDE_GROUPS>(xq, m0, mb, group, X16 * rb, acc);
                 else
-                    x16_groups_q16<F, 1>(xq, pairs.data(), m0, mb, group, X16 * rb, acc);
+                    x16_groups_q16<F, 1>(xq, m0, mb, group, X16 * rb, acc);
             });
         }
     if constexpr (!std::is_same_v<F, FmtQ8_0> && !Wide)
