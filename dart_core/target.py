@@ -233,6 +233,13 @@ def weights_spec(spec: str) -> tuple[str, tuple[str, ...]]:
     return dtype, names
 
 
+def kernel_prefill_default(dtype: str) -> bool:
+    """Whether a GGUF path prefills in kernel forwards on this machine's build (load_target)."""
+    if dtype == GGUF_INT8:
+        return not kernel_ops.bf16_arithmetic()
+    return dtype == GGUF_INT16 and kernel_ops.PATH == "avx2"
+
+
 def interleave_for_this_cpu(transformer: Transformer) -> bool:
     """A bf16 model on a CPU whose kernels in use have no bf16 arithmetic (AVX2, AVX-512F, generic):
     its linears read InterleavedBF16 copies of their weights (model.interleave_bf16_linears), where
@@ -293,10 +300,11 @@ def load_target(
         transformer = load_gguf_transformer(
             embedded_gguf_path(), model_dir, prefill_dtype=prefill, activations=activations, float_inputs=tuple(float_inputs)
         )
-        # gguf-int8's prompt runs in kernel forwards where its eager prefill would multiply fp32 GEMMs
-        # (no bf16 arithmetic): exact, and faster there (docs/engine.md, "Time to first token");
-        # gguf-int16's kernels are slower than those GEMMs on AVX2, and it keeps them.
-        transformer.kernel_prefill = dtype == GGUF_INT8 and not kernel_ops.bf16_arithmetic()
+        # The prompt runs in kernel forwards (exact: every row its one-token step's bits) where they
+        # beat the eager prefill's fp32 GEMMs (docs/engine.md, "Time to first token"): gguf-int8
+        # wherever the CPU has no bf16 arithmetic, gguf-int16 on the AVX2 build (its many-row kernel;
+        # the AVX-512 builds' 16-bit kernels were not measured against those GEMMs).
+        transformer.kernel_prefill = kernel_prefill_default(dtype)
         formats = sorted({m.weight.fmt for m in transformer.modules() if isinstance(m, BlockLinear)})
         mode = f"; {activations} activations" if activations != "float" else ""
         if float_inputs:

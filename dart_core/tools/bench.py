@@ -521,8 +521,8 @@ def run_multi_turn(
     the turns after the first (the first is the same work either way): time to first token, end-to-end
     tokens/s, the tokens reused, and how many of those turns gave the same ids both ways (they must:
     reuse is exact). On the CPU kernels the prompts run in kernel forwards in both modes
-    (model.kernel_prefill, what makes reuse exact); where the target loaded without them (gguf-int16's
-    eager GEMMs), a third mode, `gemm`, prefills each turn whole that way too: the full re-prefill a run
+    (model.kernel_prefill, what makes reuse exact); where the target loaded without them (eager GEMMs:
+    e.g. gguf-int16 on the AVX-512 builds), a third mode, `gemm`, prefills each turn whole that way too: the full re-prefill a run
     without the cache pays (its ids need not be the kernel rows'). Where reuse cannot be exact, `reuse`
     keeps nothing."""
     chats = [(d, q) for d, q in questions if len(conversation_turns(q)) > 1]
