@@ -331,11 +331,69 @@ inline void x16_half_q4(const Q8Rows& x, int64_t m0, int64_t b, const uint8_t* g
     for (int i = 0; i < R; ++i) acc[i] = w.template step<Wide>(x, m0 + i, b, acc[i]);
 }
 
+// 2-4 rows of 16-bit codes against a whole Q4_0 / Q4_1 group (AVX2), block by block as the fused
+// kernel runs (every line used once, as it arrives): per chunk, both halves' codes widened to int16 in 8
+// registers, met by each row's codes Q (Q8Rows::q16) in vpmaddwd, one broadcast feeding both halves; no
+// 16-bit sums, widening or digit join. The integer sums are the digits' exact sum c * Q and the float
+// steps per output the contract's in its order: the same bits. These row counts are DART's and EAGLE3's
+// verify on a CPU (a tree of 1-3 drafted nodes): on the AMD EPYC (avx2, 2 threads) a forward of 2 rows
+// 7.3-7.7 -> 5.0-5.8 ms, 3 rows 8.9-9.1 -> 6.2-7.6, 4 rows 9.7-9.8 -> 7.6-8.9 (one row 4.0-4.8).
+template <class F, int R>
+void x16_group_q4_q16_few(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, const uint8_t* pf) {
+    constexpr int64_t BB = x16_block_bytes<F>();
+    const int64_t K = x.nb * 32;
+    const __m256i m4 = _mm256_set1_epi16(0x000F);
+    __m256 acc[R][2];  // [row][half]
+    for (auto& a : acc) a[0] = a[1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < x.nb; ++b) {
+        const uint8_t* gb = group + b * BB;
+        if (pf)
+            for (int64_t o = 0; o < BB; o += 64) prefetch_l2(pf + b * BB + o);
+        const uint8_t* codes = gb + x16_codes_at<F>();
+        __m256i p[R][2];
+        for (auto& q : p) q[0] = q[1] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) {
+            __m256i w[2][4];  // [half][kind]: the low nibbles' even and odd elements, then the high nibbles'
+            for (int h = 0; h < 2; ++h) {
+                const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * 64 + 32 * h));
+                w[h][0] = _mm256_and_si256(c, m4);
+                w[h][1] = _mm256_and_si256(_mm256_srli_epi16(c, 8), m4);
+                w[h][2] = _mm256_and_si256(_mm256_srli_epi16(c, 4), m4);
+                w[h][3] = _mm256_srli_epi16(c, 12);
+            }
+            for (int r = 0; r < R; ++r) {
+                const int16_t* xr = x.q16.data() + (m0 + r) * K + b * 32;
+                for (int k = 0; k < 4; ++k) {  // words at 4j, 4j + 2, 16 + 4j, 16 + 4j + 2
+                    const __m256i q = _mm256_set1_epi32(code_word(xr + (k / 2) * 16 + 4 * j + (k % 2) * 2));
+                    for (int h = 0; h < 2; ++h) {
+                        p[r][h] = _mm256_add_epi32(p[r][h], _mm256_madd_epi16(w[h][k], q));
+                        asm("" : "+x"(p[r][h]));  // as in x16_groups_q16: no reassociation into spills
+                    }
+                }
+            }
+        }
+        for (int h = 0; h < 2; ++h) {
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * h)));
+            const __m256 o = std::is_same_v<F, FmtQ4_1> ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 32 + 16 * h)))
+                                                        : _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
+            for (int r = 0; r < R; ++r) {
+                const __m256 a = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(q8_dx(x, m0 + r, b))), _mm256_cvtepi32_ps(p[r][h]), acc[r][h]);
+                acc[r][h] = _mm256_fmadd_ps(o, _mm256_set1_ps(x.sxrow(m0 + r)[b]), a);
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int h = 0; h < 2; ++h) _mm256_storeu_ps(res + r * X16 + 8 * h, acc[r][h]);
+}
+
 // R input rows against one group of 16 weight rows (res: R x 16). Either loop order gives each
 // output the same operations in the same order (its half's block after block).
 template <class F, int R, bool Wide>
 void x16_group(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, const uint8_t* pf) {
     constexpr bool q8 = std::is_same_v<F, FmtQ8_0>;
+    if constexpr (!q8 && Wide && R >= 2 && R <= 4)
+        if (!x.q16.empty()) return x16_group_q4_q16_few<F, R>(x, m0, group, res, pf);
     constexpr int64_t BB = x16_block_bytes<F>();
     auto half_rows = [&](int64_t b, int half, __m256* acc) {
         if constexpr (q8)
@@ -432,7 +490,7 @@ void x16_rows(int64_t M, const uint8_t* w, int64_t rb, int64_t N, const TX* bias
 // the digit kernels' bits (tests/test_kernels.py: 1..20 and 70 rows against one row, every build).
 // Used from X16_Q8_WIDE_MIN_ROWS / X16_Q4_WIDE_MIN_ROWS rows, G = X16_WIDE_GROUPS.
 constexpr int64_t X16_Q8_WIDE_MIN_ROWS = 3;
-constexpr int64_t X16_Q4_WIDE_MIN_ROWS = 4;
+constexpr int64_t X16_Q4_WIDE_MIN_ROWS = 5;  // below: x16_group_q4_q16_few (2-4 rows), the digits (1)
 constexpr int X16_WIDE_GROUPS = 2;
 
 
@@ -534,14 +592,14 @@ void linear_q8x16_impl(const TX* x, int64_t x_stride, int64_t M, int64_t K, cons
     if (N % X16) throw std::invalid_argument("linear: interleaved weights hold whole groups of 16 rows, got " + std::to_string(N));
     Q8Rows xq;
 #ifdef DART_V16_AVX2
-    const bool q16 = Wide && M >= (std::is_same_v<F, FmtQ8_0> ? X16_Q8_WIDE_MIN_ROWS : X16_Q4_WIDE_MIN_ROWS);
+    const bool q16 = Wide && (std::is_same_v<F, FmtQ8_0> ? M >= X16_Q8_WIDE_MIN_ROWS : (M >= 2));
 #else
     const bool q16 = false;
 #endif
     quantize_q8(x, x_stride, M, K, xq, Wide ? 2 : 1, q16);
 #ifdef DART_V16_AVX2
     if constexpr (Wide)
-        if (q16) {
+        if (q16 && M >= (std::is_same_v<F, FmtQ8_0> ? X16_Q8_WIDE_MIN_ROWS : X16_Q4_WIDE_MIN_ROWS)) {
             return x16_rows<X16_WIDE_GROUPS>(M, w, rb, N, bias, out, out_stride, [&](int64_t m0, int64_t mb, const uint8_t* group, int ng, float* acc) {
                 if (ng == X16_WIDE_GROUPS)
                     x16_groups_q16<F, X16_WIDE_GROUPS>(xq, m0, mb, group, X16 * rb, acc);
