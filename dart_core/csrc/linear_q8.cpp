@@ -73,9 +73,10 @@ inline bool quantize_block_vec(const float* v, Q8Rows& r, int64_t m, int64_t b) 
 #else
     // the 32 codes (and digits) in vector registers, packed to bytes in order
     const __m256 vid = _mm256_set1_ps(id), hi = _mm256_set1_ps(qmax), lo = _mm256_set1_ps(-qmax);
+    const __m256 a[4] = {a0, a1, a2, a3};
     __m256i ti[4], wh[4], sum = _mm256_setzero_si256();
     for (int h = 0; h < 4; ++h) {
-        __m256 t = _mm256_round_ps(_mm256_mul_ps(h == 0 ? a0 : h == 1 ? a1 : h == 2 ? a2 : a3, vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m256 t = _mm256_round_ps(_mm256_mul_ps(a[h], vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         t = _mm256_and_ps(_mm256_cmp_ps(t, t, _CMP_ORD_Q), _mm256_min_ps(_mm256_max_ps(t, lo), hi));
         ti[h] = _mm256_cvtps_epi32(t);
         sum = _mm256_add_epi32(sum, ti[h]);

@@ -289,14 +289,30 @@ inline void x16_half_q8_0(const Q8Rows& x, int64_t m0, int64_t b, const uint8_t*
 
 // One block-half (8 weight rows) of a Q4_0 / Q4_1 group, ready for input rows: its scales, its offset
 // term (Q4_1's minimums, Q4_0's -8 d) and its 4 code chunks unpacked to low and high nibbles.
+// A group block-half's 8 scales d and its offset term o (Q4_1's minimums, Q4_0's -8 d; Q8_0 has none).
+template <class F> inline void x16_scales(const uint8_t* gb, int half, __m256& d, __m256& o) {
+    d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * half)));
+    o = std::is_same_v<F, FmtQ4_1> ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 32 + 16 * half)))
+                                   : _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
+}
+
+// A Q4 chunk's 32 code bytes (8 weight rows x 4) widened to int16 for vpmaddwd against 16-bit codes Q
+// (Q8Rows::q16): w[0] the low nibbles of each row's bytes 0 and 2 (elements 4j, 4j + 2), w[1] of bytes
+// 1 and 3 (4j + 1, 4j + 3), w[2] and w[3] the high nibbles' (16 + 4j..).
+inline void q4_widen16(__m256i c, __m256i* w) {
+    const __m256i m4 = _mm256_set1_epi16(0x000F);
+    w[0] = _mm256_and_si256(c, m4);
+    w[1] = _mm256_and_si256(_mm256_srli_epi16(c, 8), m4);
+    w[2] = _mm256_and_si256(_mm256_srli_epi16(c, 4), m4);
+    w[3] = _mm256_srli_epi16(c, 12);
+}
+
 template <class F> struct Q4Half {
     __m256 d, o;
     __m256i lo[4], hi[4];
     Q4Half(const uint8_t* gb, int half) {
         const __m256i m4 = _mm256_set1_epi8(0x0F);
-        d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * half)));
-        o = std::is_same_v<F, FmtQ4_1> ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 32 + 16 * half)))
-                                       : _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
+        x16_scales<F>(gb, half, d, o);
         const uint8_t* codes = gb + x16_codes_at<F>() + 32 * half;
         for (int j = 0; j < 4; ++j) {
             const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * 64));
@@ -331,6 +347,16 @@ inline void x16_half_q4(const Q8Rows& x, int64_t m0, int64_t b, const uint8_t* g
     for (int i = 0; i < R; ++i) acc[i] = w.template step<Wide>(x, m0 + i, b, acc[i]);
 }
 
+// Where 16-bit codes meet the codes Q themselves (Q8Rows::q16) instead of two digits: Q4 groups from
+// X16_Q4_FEW_MIN_ROWS rows in registers (x16_group_q4_q16_few) and from X16_Q4_WIDE_MIN_ROWS widened in
+// L1 (x16_groups_q16), the Q8_0 head from X16_Q8_WIDE_MIN_ROWS (x16_groups_q16); one row, the digits.
+constexpr int64_t X16_Q4_FEW_MIN_ROWS = 2;
+constexpr int64_t X16_Q4_WIDE_MIN_ROWS = 5;
+constexpr int64_t X16_Q8_WIDE_MIN_ROWS = 3;
+template <class F> constexpr int64_t x16_q16_min_rows() {
+    return std::is_same_v<F, FmtQ8_0> ? X16_Q8_WIDE_MIN_ROWS : X16_Q4_FEW_MIN_ROWS;
+}
+
 // 2-4 rows of 16-bit codes against a whole Q4_0 / Q4_1 group (AVX2), block by block as the fused
 // kernel runs (every line used once, as it arrives): per chunk, both halves' codes widened to int16 in 8
 // registers, met by each row's codes Q (Q8Rows::q16) in vpmaddwd, one broadcast feeding both halves; no
@@ -342,7 +368,6 @@ template <class F, int R>
 void x16_group_q4_q16_few(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, const uint8_t* pf) {
     constexpr int64_t BB = x16_block_bytes<F>();
     const int64_t K = x.nb * 32;
-    const __m256i m4 = _mm256_set1_epi16(0x000F);
     __m256 acc[R][2];  // [row][half]
     for (auto& a : acc) a[0] = a[1] = _mm256_setzero_ps();
     for (int64_t b = 0; b < x.nb; ++b) {
@@ -354,14 +379,8 @@ void x16_group_q4_q16_few(const Q8Rows& x, int64_t m0, const uint8_t* group, flo
         for (auto& q : p) q[0] = q[1] = _mm256_setzero_si256();
 #pragma GCC unroll 4
         for (int j = 0; j < 4; ++j) {
-            __m256i w[2][4];  // [half][kind]: the low nibbles' even and odd elements, then the high nibbles'
-            for (int h = 0; h < 2; ++h) {
-                const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * 64 + 32 * h));
-                w[h][0] = _mm256_and_si256(c, m4);
-                w[h][1] = _mm256_and_si256(_mm256_srli_epi16(c, 8), m4);
-                w[h][2] = _mm256_and_si256(_mm256_srli_epi16(c, 4), m4);
-                w[h][3] = _mm256_srli_epi16(c, 12);
-            }
+            __m256i w[2][4];  // [half][kind] (q4_widen16)
+            for (int h = 0; h < 2; ++h) q4_widen16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * 64 + 32 * h)), w[h]);
             for (int r = 0; r < R; ++r) {
                 const int16_t* xr = x.q16.data() + (m0 + r) * K + b * 32;
                 for (int k = 0; k < 4; ++k) {  // words at 4j, 4j + 2, 16 + 4j, 16 + 4j + 2
@@ -374,9 +393,8 @@ void x16_group_q4_q16_few(const Q8Rows& x, int64_t m0, const uint8_t* group, flo
             }
         }
         for (int h = 0; h < 2; ++h) {
-            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * h)));
-            const __m256 o = std::is_same_v<F, FmtQ4_1> ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 32 + 16 * h)))
-                                                        : _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
+            __m256 d, o;
+            x16_scales<F>(gb, h, d, o);
             for (int r = 0; r < R; ++r) {
                 const __m256 a = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(q8_dx(x, m0 + r, b))), _mm256_cvtepi32_ps(p[r][h]), acc[r][h]);
                 acc[r][h] = _mm256_fmadd_ps(o, _mm256_set1_ps(x.sxrow(m0 + r)[b]), a);
@@ -392,8 +410,8 @@ void x16_group_q4_q16_few(const Q8Rows& x, int64_t m0, const uint8_t* group, flo
 template <class F, int R, bool Wide>
 void x16_group(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, const uint8_t* pf) {
     constexpr bool q8 = std::is_same_v<F, FmtQ8_0>;
-    if constexpr (!q8 && Wide && R >= 2 && R <= 4)
-        if (!x.q16.empty()) return x16_group_q4_q16_few<F, R>(x, m0, group, res, pf);
+    if constexpr (!q8 && Wide && R >= X16_Q4_FEW_MIN_ROWS && R < X16_Q4_WIDE_MIN_ROWS)
+        return x16_group_q4_q16_few<F, R>(x, m0, group, res, pf);  // (its codes Q: linear_q8x16_impl)
     constexpr int64_t BB = x16_block_bytes<F>();
     auto half_rows = [&](int64_t b, int half, __m256* acc) {
         if constexpr (q8)
@@ -489,8 +507,6 @@ void x16_rows(int64_t M, const uint8_t* w, int64_t rb, int64_t N, const TX* bias
 // contract's in its order (block after block, the scale's fma, then Q4's offset fma), so each row gets
 // the digit kernels' bits (tests/test_kernels.py: 1..20 and 70 rows against one row, every build).
 // Used from X16_Q8_WIDE_MIN_ROWS / X16_Q4_WIDE_MIN_ROWS rows, G = X16_WIDE_GROUPS.
-constexpr int64_t X16_Q8_WIDE_MIN_ROWS = 3;
-constexpr int64_t X16_Q4_WIDE_MIN_ROWS = 5;  // below: x16_group_q4_q16_few (2-4 rows), the digits (1)
 constexpr int X16_WIDE_GROUPS = 2;
 
 
@@ -513,22 +529,16 @@ void x16_groups_q16(const Q8Rows& x, int64_t m0, int64_t R, const uint8_t* group
         for (int v = 0; v < V; ++v) {
             const uint8_t* gb = group + (v / 2) * gs + b * BB;
             const uint8_t* codes = gb + x16_codes_at<F>() + 32 * (v % 2);
-            d[v] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * (v % 2))));
-            if constexpr (std::is_same_v<F, FmtQ4_1>)
-                o[v] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 32 + 16 * (v % 2))));
-            else
-                o[v] = _mm256_mul_ps(d[v], _mm256_set1_ps(-8.0f));  // Q4_0's (unused for Q8_0)
+            x16_scales<F>(gb, v % 2, d[v], o[v]);  // (o unused for Q8_0)
             for (int j = 0; j < x16_chunks<F>(); ++j) {
                 const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * 64));
                 if constexpr (q8) {
                     put(2 * j, v, _mm256_srai_epi16(_mm256_slli_epi16(c, 8), 8));
                     put(2 * j + 1, v, _mm256_srai_epi16(c, 8));
                 } else {
-                    const __m256i m4 = _mm256_set1_epi16(0x000F);
-                    put(4 * j, v, _mm256_and_si256(c, m4));
-                    put(4 * j + 1, v, _mm256_and_si256(_mm256_srli_epi16(c, 8), m4));
-                    put(4 * j + 2, v, _mm256_and_si256(_mm256_srli_epi16(c, 4), m4));
-                    put(4 * j + 3, v, _mm256_srli_epi16(c, 12));
+                    __m256i w[4];
+                    q4_widen16(c, w);
+                    for (int k = 0; k < 4; ++k) put(4 * j + k, v, w[k]);
                 }
             }
         }
@@ -592,14 +602,14 @@ void linear_q8x16_impl(const TX* x, int64_t x_stride, int64_t M, int64_t K, cons
     if (N % X16) throw std::invalid_argument("linear: interleaved weights hold whole groups of 16 rows, got " + std::to_string(N));
     Q8Rows xq;
 #ifdef DART_V16_AVX2
-    const bool q16 = Wide && (std::is_same_v<F, FmtQ8_0> ? M >= X16_Q8_WIDE_MIN_ROWS : (M >= 2));
+    const bool q16 = Wide && M >= x16_q16_min_rows<F>();
 #else
     const bool q16 = false;
 #endif
     quantize_q8(x, x_stride, M, K, xq, Wide ? 2 : 1, q16);
 #ifdef DART_V16_AVX2
     if constexpr (Wide)
-        if (q16 && M >= (std::is_same_v<F, FmtQ8_0> ? X16_Q8_WIDE_MIN_ROWS : X16_Q4_WIDE_MIN_ROWS)) {
+        if (M >= (std::is_same_v<F, FmtQ8_0> ? X16_Q8_WIDE_MIN_ROWS : X16_Q4_WIDE_MIN_ROWS)) {
             return x16_rows<X16_WIDE_GROUPS>(M, w, rb, N, bias, out, out_stride, [&](int64_t m0, int64_t mb, const uint8_t* group, int ng, float* acc) {
                 if (ng == X16_WIDE_GROUPS)
                     x16_groups_q16<F, X16_WIDE_GROUPS>(xq, m0, mb, group, X16 * rb, acc);
