@@ -348,10 +348,11 @@ inline void x16_half_q4(const Q8Rows& x, int64_t m0, int64_t b, const uint8_t* g
 }
 
 // Where 16-bit codes meet the codes Q themselves (Q8Rows::q16) instead of two digits: Q4 groups from
-// X16_Q4_FEW_MIN_ROWS rows in registers (x16_group_q4_q16_few) and from X16_Q4_WIDE_MIN_ROWS widened in
-// L1 (x16_groups_q16), the Q8_0 head from X16_Q8_WIDE_MIN_ROWS (x16_groups_q16); one row, the digits.
+// X16_Q4_FEW_MIN_ROWS rows, widened in registers up to X16_Q4_FEW_MAX_ROWS rows a pass
+// (x16_group_q4_q16_few), the Q8_0 head from X16_Q8_WIDE_MIN_ROWS widened in L1 (x16_groups_q16); one
+// row, the digits.
 constexpr int64_t X16_Q4_FEW_MIN_ROWS = 2;
-constexpr int64_t X16_Q4_WIDE_MIN_ROWS = 5;
+constexpr int X16_Q4_FEW_MAX_ROWS = 4;  // 8 widened codes + 2 R sums: from 5 rows, two passes (x16_group)
 constexpr int64_t X16_Q8_WIDE_MIN_ROWS = 3;
 template <class F> constexpr int64_t x16_q16_min_rows() {
     return std::is_same_v<F, FmtQ8_0> ? X16_Q8_WIDE_MIN_ROWS : X16_Q4_FEW_MIN_ROWS;
@@ -361,9 +362,14 @@ template <class F> constexpr int64_t x16_q16_min_rows() {
 // kernel runs (every line used once, as it arrives): per chunk, both halves' codes widened to int16 in 8
 // registers, met by each row's codes Q (Q8Rows::q16) in vpmaddwd, one broadcast feeding both halves; no
 // 16-bit sums, widening or digit join. The integer sums are the digits' exact sum c * Q and the float
-// steps per output the contract's in its order: the same bits. These row counts are DART's and EAGLE3's
-// verify on a CPU (a tree of 1-3 drafted nodes): on the AMD EPYC (avx2, 2 threads) a forward of 2 rows
-// 7.3-7.7 -> 5.0-5.8 ms, 3 rows 8.9-9.1 -> 6.2-7.6, 4 rows 9.7-9.8 -> 7.6-8.9 (one row 4.0-4.8).
+// steps per output the contract's in its order: the same bits. Every Q4 row count from 2 runs here: 2-4
+// rows (DART's and EAGLE3's verify of 1-3 drafted nodes) in one pass, more a row block of up to X16_MB
+// rows at a time in two passes (x16_group), the second reading the group from L1. Widening a chunk
+// again each pass costs less than widening the group's blocks once into L1 for every row and reading
+// them back (x16_groups_q16, which the Q4 groups ran from 5 rows before): on the AMD EPYC (avx2, 2
+// threads), the 30 layers' linears of 8 rows 13.4-13.5 -> 9.7 ms, 16 rows 20.4-21.5 -> 18.7-18.9, 64
+// rows the same (69-70). When this kernel came, a forward of 2 rows 7.3-7.7 -> 5.0-5.8 ms, 3 rows
+// 8.9-9.1 -> 6.2-7.6, 4 rows 9.7-9.8 -> 7.6-8.9 (one row 4.0-4.8).
 template <class F, int R>
 void x16_group_q4_q16_few(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, const uint8_t* pf) {
     constexpr int64_t BB = x16_block_bytes<F>();
@@ -410,8 +416,12 @@ void x16_group_q4_q16_few(const Q8Rows& x, int64_t m0, const uint8_t* group, flo
 template <class F, int R, bool Wide>
 void x16_group(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, const uint8_t* pf) {
     constexpr bool q8 = std::is_same_v<F, FmtQ8_0>;
-    if constexpr (!q8 && Wide && R >= X16_Q4_FEW_MIN_ROWS && R < X16_Q4_WIDE_MIN_ROWS)
-        return x16_group_q4_q16_few<F, R>(x, m0, group, res, pf);  // (its codes Q: linear_q8x16_impl)
+    if constexpr (!q8 && Wide && R >= X16_Q4_FEW_MIN_ROWS) {  // (its codes Q: linear_q8x16_impl)
+        if constexpr (R <= X16_Q4_FEW_MAX_ROWS) return x16_group_q4_q16_few<F, R>(x, m0, group, res, pf);
+        // two passes, the second over the group from L1 (R <= X16_MB < 2 * X16_Q4_FEW_MAX_ROWS)
+        x16_group_q4_q16_few<F, R / 2>(x, m0, group, res, pf);
+        return x16_group_q4_q16_few<F, R - R / 2>(x, m0 + R / 2, group, res + (R / 2) * X16, nullptr);
+    }
     constexpr int64_t BB = x16_block_bytes<F>();
     auto half_rows = [&](int64_t b, int half, __m256* acc) {
         if constexpr (q8)
@@ -451,7 +461,7 @@ void x16_group(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, co
 // kernel above does it once per row block of 6), each row's integer sum by Q4Half::dot, and the rows'
 // float sums in acc (row i's at acc + i * X16 + 8 half, L1) instead of registers, so nothing spills
 // however many rows run. The same operations per output in the same order as above: the same bits.
-// (16-bit codes take x16_groups_q16 below.)
+// (16-bit codes on Q4 take x16_group_q4_q16_few above, for any row count.)
 template <class F>
 void x16_half_q4_rows(const Q8Rows& x, int64_t m0, int64_t R, const uint8_t* group, int half, float* acc) {
     constexpr int64_t BB = x16_block_bytes<F>();
@@ -476,8 +486,9 @@ constexpr int64_t X16_Q4_ROWS_MIN = 8;  // from this many rows of int8 codes, x1
 constexpr int64_t X16_ROWS_PASS = 64;   // rows per pass over a group (their float sums: up to 64 x 16 G in L1)
 
 // The many-row kernels' driver: the groups split across the threads G at a time, up to X16_ROWS_PASS
-// rows a pass over them, their float sums (rows x 16 ng) from group_sums(m0, rows, group, ng, acc) for
-// the ng <= G groups from `group`, then the bias and the store.
+// rows a pass over them, their float sums (rows x 16 ng) from group_sums(m0, rows, group, ng, acc, pf)
+// for the ng <= G groups from `group`, then the bias and the store. pf: on a row block's first pass,
+// the next G groups (nullptr past the end or on later passes), for the kernel to prefetch.
 template <int G, class TX, class GroupSums>
 void x16_rows(int64_t M, const uint8_t* w, int64_t rb, int64_t N, const TX* bias, TX* out, int64_t out_stride, GroupSums group_sums) {
     const int64_t groups = N / X16;
@@ -486,73 +497,70 @@ void x16_rows(int64_t M, const uint8_t* w, int64_t rb, int64_t N, const TX* bias
         const uint8_t* group = w + g * X16 * rb;
         const int ng = static_cast<int>(std::min<int64_t>(G, groups - g));
         alignas(32) float acc[X16_ROWS_PASS * X16 * G];
+        const uint8_t* next = g + G < groups ? w + (g + G) * X16 * rb : nullptr;
         for (int64_t m0 = 0; m0 < M; m0 += X16_ROWS_PASS) {
             const int64_t mb = std::min(X16_ROWS_PASS, M - m0);
-            group_sums(m0, mb, group, ng, acc);
+            group_sums(m0, mb, group, ng, acc, m0 == 0 ? next : nullptr);
             for (int i = 0; i < ng; ++i)
                 store_tile(acc + i * X16, X16 * ng, 1, mb, X16, bias, (g + i) * X16, out + m0 * out_stride, out_stride);
         }
     }
 }
 
-// Many rows of 16-bit codes (AVX2): each row's codes Q themselves (no digits, Q8Rows::q16) met by
-// vpmaddwd against the weights' codes widened to int16, 8 weight rows by 2 elements an instruction with
-// exact int32 pair sums. Per block, G groups' 16 G weight rows are widened once for all R rows (w16, G
-// KB in L1: for each 8-row vector, the codes of elements (4j, 4j+2) and (4j+1, 4j+3) of each row's lane:
-// Q4's low and high nibbles of chunk j, Q8_0's signed bytes of chunks 0-7), then each row's pairs are
-// broadcast once and met by the 2G vectors straight from L1: one broadcast feeds 2G products of 16
-// multiply-adds. The digit kernels above feed one vpmaddubsw of one digit a broadcast, and add the
-// 16-bit sums, widen them and join the digits (Q8_0: also |c| and sign fix-ups). The integer sum sum_e
-// c * Q is theirs, exact in int32 (|sum| <= 32 * 127 * 32512), and the float steps per output are the
-// contract's in its order (block after block, the scale's fma, then Q4's offset fma), so each row gets
-// the digit kernels' bits (tests/test_kernels.py: 1..20 and 70 rows against one row, every build).
-// Used from X16_Q8_WIDE_MIN_ROWS / X16_Q4_WIDE_MIN_ROWS rows, G = X16_WIDE_GROUPS.
+// Many rows of 16-bit codes against the Q8_0 head (AVX2): each row's codes Q themselves (no digits,
+// Q8Rows::q16) met by vpmaddwd against the weights' signed codes widened to int16, 8 weight rows by 2
+// elements an instruction with exact int32 pair sums. Per block, G groups' 16 G weight rows are widened
+// once for all R rows (w16, G KB in L1: for each 8-row vector, the codes of elements (2j, 2j+1) of
+// chunk j's 4, even and odd), then each row's pairs are broadcast once and met by the 2G vectors
+// straight from L1: one broadcast feeds 2G products of 16 multiply-adds. The digit kernel above feeds
+// one vpmaddubsw of one digit a broadcast, and adds the 16-bit sums, widens them, joins the digits and
+// fixes |c| and the signs. The integer sum sum_e c * Q is its, exact in int32 (|sum| <= 32 * 127 *
+// 32512), and the float steps per output are the contract's in its order (block after block, the
+// scale's fma), so each row gets the digit kernel's bits (tests/test_kernels.py: 1..20 and 70 rows
+// against one row, every build). Used from X16_Q8_WIDE_MIN_ROWS rows, G = X16_WIDE_GROUPS.
 constexpr int X16_WIDE_GROUPS = 2;
 
 
 // R rows (from m0; R <= X16_ROWS_PASS) against G groups from `group` (gs bytes apart), into acc:
 // R x 16 G floats, row i's vector v (weight rows 8v..8v+7 of the G groups) at (2 G i + v) * 8.
-template <class F, int G>
-void x16_groups_q16(const Q8Rows& x, int64_t m0, int64_t R, const uint8_t* group, int64_t gs, float* acc) {
-    constexpr bool q8 = std::is_same_v<F, FmtQ8_0>;
+template <int G>
+void x16_groups_q16(const Q8Rows& x, int64_t m0, int64_t R, const uint8_t* group, int64_t gs, float* acc, const uint8_t* pf) {
+    using F = FmtQ8_0;
     constexpr int64_t BB = x16_block_bytes<F>();
     constexpr int V = 2 * G;  // 8-row vectors
     const int64_t K = x.nb * 32;
-    // the pair word of entry e: Q4 e = 4j + k, k = the low nibbles' even and odd elements, then the
-    // high nibbles' (16 + 4j..); Q8_0 e = 2j + k, k = chunk j's even and odd elements
-    auto word = [](int e) { return q8 ? 4 * (e / 2) + 2 * (e % 2) : ((e % 4) / 2) * 16 + 4 * (e / 4) + (e % 2) * 2; };
+    // the pair word of entry e = 2j + k: chunk j's even (k = 0) and odd (1) elements
+    auto word = [](int e) { return 4 * (e / 2) + 2 * (e % 2); };
     alignas(32) int16_t w16[16][V][16];  // [entry][vector]
     for (int64_t i = 0; i < V * R; ++i) _mm256_store_ps(acc + i * 8, _mm256_setzero_ps());
     auto put = [&](int e, int v, __m256i c) { _mm256_store_si256(reinterpret_cast<__m256i*>(w16[e][v]), c); };
     for (int64_t b = 0; b < x.nb; ++b) {
-        __m256 d[V], o[V];
+        if (pf)  // the next G groups' block b, into L2 (the groups run from memory one after another)
+            for (int g = 0; g < G; ++g)
+                for (int64_t o = 0; o < BB; o += 64) prefetch_l2(pf + g * gs + b * BB + o);
+        __m256 d[V];
         for (int v = 0; v < V; ++v) {
             const uint8_t* gb = group + (v / 2) * gs + b * BB;
             const uint8_t* codes = gb + x16_codes_at<F>() + 32 * (v % 2);
-            x16_scales<F>(gb, v % 2, d[v], o[v]);  // (o unused for Q8_0)
+            d[v] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * (v % 2))));
             for (int j = 0; j < x16_chunks<F>(); ++j) {
                 const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * 64));
-                if constexpr (q8) {
-                    put(2 * j, v, _mm256_srai_epi16(_mm256_slli_epi16(c, 8), 8));
-                    put(2 * j + 1, v, _mm256_srai_epi16(c, 8));
-                } else {
-                    __m256i w[4];
-                    q4_widen16(c, w);
-                    for (int k = 0; k < 4; ++k) put(4 * j + k, v, w[k]);
-                }
+                put(2 * j, v, _mm256_srai_epi16(_mm256_slli_epi16(c, 8), 8));
+                put(2 * j + 1, v, _mm256_srai_epi16(c, 8));
             }
         }
         // rows RR at a time: each vector's codes loaded once for RR rows' products
         auto rows = [&](auto rr, int64_t i) {
             constexpr int RR = decltype(rr)::value;
-            const int16_t* xr = x.q16.data() + (m0 + i) * K + b * 32;
+            const int16_t* xr[RR];
+            for (int r = 0; r < RR; ++r) xr[r] = x.q16.data() + (m0 + i + r) * K + b * 32;
             __m256i p[RR][V];
             for (int r = 0; r < RR; ++r)
                 for (int v = 0; v < V; ++v) p[r][v] = _mm256_setzero_si256();
 #pragma GCC unroll 16
             for (int e = 0; e < 16; ++e) {
                 __m256i q[RR];
-                for (int r = 0; r < RR; ++r) q[r] = _mm256_set1_epi32(code_word(xr + r * K + word(e)));
+                for (int r = 0; r < RR; ++r) q[r] = _mm256_set1_epi32(code_word(xr[r] + word(e)));
                 for (int v = 0; v < V; ++v) {
                     const __m256i c = _mm256_load_si256(reinterpret_cast<const __m256i*>(w16[e][v]));
                     for (int r = 0; r < RR; ++r) {
@@ -567,9 +575,7 @@ void x16_groups_q16(const Q8Rows& x, int64_t m0, int64_t R, const uint8_t* group
                 const __m256 dx = _mm256_broadcast_ss(x.dxrow(m0 + i + r) + (b / 2) * 16 + (b % 2) * 8);
                 for (int v = 0; v < V; ++v) {
                     float* a = acc + (V * (i + r) + v) * 8;
-                    __m256 t = _mm256_fmadd_ps(_mm256_mul_ps(d[v], dx), _mm256_cvtepi32_ps(p[r][v]), _mm256_load_ps(a));
-                    if constexpr (!q8) t = _mm256_fmadd_ps(o[v], _mm256_broadcast_ss(x.sxrow(m0 + i + r) + b), t);
-                    _mm256_store_ps(a, t);
+                    _mm256_store_ps(a, _mm256_fmadd_ps(_mm256_mul_ps(d[v], dx), _mm256_cvtepi32_ps(p[r][v]), _mm256_load_ps(a)));
                 }
             }
         };
@@ -608,18 +614,18 @@ void linear_q8x16_impl(const TX* x, int64_t x_stride, int64_t M, int64_t K, cons
 #endif
     quantize_q8(x, x_stride, M, K, xq, Wide ? 2 : 1, q16);
 #ifdef DART_V16_AVX2
-    if constexpr (Wide)
-        if (M >= (std::is_same_v<F, FmtQ8_0> ? X16_Q8_WIDE_MIN_ROWS : X16_Q4_WIDE_MIN_ROWS)) {
-            return x16_rows<X16_WIDE_GROUPS>(M, w, rb, N, bias, out, out_stride, [&](int64_t m0, int64_t mb, const uint8_t* group, int ng, float* acc) {
+    if constexpr (Wide && std::is_same_v<F, FmtQ8_0>)
+        if (M >= X16_Q8_WIDE_MIN_ROWS) {
+            return x16_rows<X16_WIDE_GROUPS>(M, w, rb, N, bias, out, out_stride, [&](int64_t m0, int64_t mb, const uint8_t* group, int ng, float* acc, const uint8_t* pf) {
                 if (ng == X16_WIDE_GROUPS)
-                    x16_groups_q16<F, X16_WIDE_GROUPS>(xq, m0, mb, group, X16 * rb, acc);
+                    x16_groups_q16<X16_WIDE_GROUPS>(xq, m0, mb, group, X16 * rb, acc, pf);
                 else
-                    x16_groups_q16<F, 1>(xq, m0, mb, group, X16 * rb, acc);
+                    x16_groups_q16<1>(xq, m0, mb, group, X16 * rb, acc, pf);
             });
         }
     if constexpr (!std::is_same_v<F, FmtQ8_0> && !Wide)
         if (M >= X16_Q4_ROWS_MIN)
-            return x16_rows<1>(M, w, rb, N, bias, out, out_stride, [&](int64_t m0, int64_t mb, const uint8_t* group, int, float* acc) {
+            return x16_rows<1>(M, w, rb, N, bias, out, out_stride, [&](int64_t m0, int64_t mb, const uint8_t* group, int, float* acc, const uint8_t*) {
                 for (int h = 0; h < 2; ++h) x16_half_q4_rows<F>(xq, m0, mb, group, h, acc);
             });
 #endif
