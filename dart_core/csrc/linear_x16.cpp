@@ -367,9 +367,9 @@ template <class F> constexpr int64_t x16_q16_min_rows() {
 // rows at a time in two passes (x16_group), the second reading the group from L1. Widening a chunk
 // again each pass costs less than widening the group's blocks once into L1 for every row and reading
 // them back (x16_groups_q16, which the Q4 groups ran from 5 rows before): on the AMD EPYC (avx2, 2
-// threads), the 30 layers' linears of 8 rows 13.4-13.5 -> 9.7 ms, 16 rows 20.4-21.5 -> 18.7-18.9, 64
-// rows the same (69-70). When this kernel came, a forward of 2 rows 7.3-7.7 -> 5.0-5.8 ms, 3 rows
-// 8.9-9.1 -> 6.2-7.6, 4 rows 9.7-9.8 -> 7.6-8.9 (one row 4.0-4.8).
+// threads), the 30 layers' linears of 5 rows 9.8-10.2 -> 7.0-7.1 ms, 8 rows 13.2-13.9 -> 9.8-10.0, 16
+// rows 21.7-22.2 -> 18.5-18.9, 64 rows 70.5-72.6 -> 69.5-69.9. When this kernel came (for 2-4 rows), a
+// forward of 2 rows 7.3-7.7 -> 5.0-5.8 ms, 3 rows 8.9-9.1 -> 6.2-7.6, 4 rows 9.7-9.8 -> 7.6-8.9.
 template <class F, int R>
 void x16_group_q4_q16_few(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, const uint8_t* pf) {
     constexpr int64_t BB = x16_block_bytes<F>();
@@ -510,8 +510,9 @@ void x16_rows(int64_t M, const uint8_t* w, int64_t rb, int64_t N, const TX* bias
 // Many rows of 16-bit codes against the Q8_0 head (AVX2): each row's codes Q themselves (no digits,
 // Q8Rows::q16) met by vpmaddwd against the weights' signed codes widened to int16, 8 weight rows by 2
 // elements an instruction with exact int32 pair sums. Per block, G groups' 16 G weight rows are widened
-// once for all R rows (w16, G KB in L1: for each 8-row vector, the codes of elements (2j, 2j+1) of
-// chunk j's 4, even and odd), then each row's pairs are broadcast once and met by the 2G vectors
+// once for all R rows (w16, G KB in L1: for each 8-row vector, entry 2j the codes of elements 4j and
+// 4j + 2 of each row's lane, entry 2j + 1 those of 4j + 1 and 4j + 3: chunk j's even and odd bytes),
+// then each row's pairs are broadcast once and met by the 2G vectors
 // straight from L1: one broadcast feeds 2G products of 16 multiply-adds. The digit kernel above feeds
 // one vpmaddubsw of one digit a broadcast, and adds the 16-bit sums, widens them, joins the digits and
 // fixes |c| and the signs. The integer sum sum_e c * Q is its, exact in int32 (|sum| <= 32 * 127 *
@@ -529,7 +530,7 @@ void x16_groups_q16(const Q8Rows& x, int64_t m0, int64_t R, const uint8_t* group
     constexpr int64_t BB = x16_block_bytes<F>();
     constexpr int V = 2 * G;  // 8-row vectors
     const int64_t K = x.nb * 32;
-    // the pair word of entry e = 2j + k: chunk j's even (k = 0) and odd (1) elements
+    // the pair word of entry e = 2j + k: Q of elements 4j, 4j + 2 (k = 0) or 4j + 1, 4j + 3 (k = 1)
     auto word = [](int e) { return 4 * (e / 2) + 2 * (e % 2); };
     alignas(32) int16_t w16[16][V][16];  // [entry][vector]
     for (int64_t i = 0; i < V * R; ++i) _mm256_store_ps(acc + i * 8, _mm256_setzero_ps());
