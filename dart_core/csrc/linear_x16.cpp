@@ -259,15 +259,21 @@ constexpr int64_t X16_MB = 6;  // 6 accumulators + 8 code registers + scales of 
 // second pass: forced AVX2 on the AMD EPYC, the layers of a one-row gguf-int16 step 5.0 -> 4.3 ms
 // and the Q8_0 LM head 1.7 -> 1.3 ms (its memory limit). More rows than this spill the 2R
 // accumulators past the 16 ymm registers and run slower fused. Q8_0 keeps no codes in registers.
-template <bool Wide> constexpr int x16_fused_rows() { return Wide ? 2 : 3; }
+// (16-bit codes on Q4 come here as one row only: from 2 rows, x16_group_q4_q16_few.)
+constexpr int X16_FUSED_ROWS_Q4 = 3;
 constexpr int X16_FUSED_ROWS_Q8_0 = 6;
+
+// A group block-half's 8 scales d (every format's first 32 bytes of a block: 16 fp16 scales).
+inline __m256 x16_scale(const uint8_t* gb, int half) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * half)));
+}
 
 // One block-half (8 weight rows) of a Q8_0 group against R input rows, into acc[R]:
 // |c| against the activations with c's signs (pair sums exact in int16), a chunk at a time.
 template <int R, bool Wide>
 inline void x16_half_q8_0(const Q8Rows& x, int64_t m0, int64_t b, const uint8_t* gb, int half, __m256* acc) {
     const __m256i one = _mm256_set1_epi16(1);
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * half)));
+    const __m256 d = x16_scale(gb, half);
     const uint8_t* codes = gb + x16_codes_at<FmtQ8_0>() + 32 * half;
 #pragma GCC unroll 6
     for (int i = 0; i < R; ++i) {
@@ -287,11 +293,9 @@ inline void x16_half_q8_0(const Q8Rows& x, int64_t m0, int64_t b, const uint8_t*
     }
 }
 
-// One block-half (8 weight rows) of a Q4_0 / Q4_1 group, ready for input rows: its scales, its offset
-// term (Q4_1's minimums, Q4_0's -8 d) and its 4 code chunks unpacked to low and high nibbles.
-// A group block-half's 8 scales d and its offset term o (Q4_1's minimums, Q4_0's -8 d; Q8_0 has none).
+// A Q4 group block-half's 8 scales d and its offset term o (Q4_1's minimums, Q4_0's -8 d).
 template <class F> inline void x16_scales(const uint8_t* gb, int half, __m256& d, __m256& o) {
-    d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * half)));
+    d = x16_scale(gb, half);
     o = std::is_same_v<F, FmtQ4_1> ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 32 + 16 * half)))
                                    : _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
 }
@@ -307,6 +311,8 @@ inline void q4_widen16(__m256i c, __m256i* w) {
     w[3] = _mm256_srli_epi16(c, 12);
 }
 
+// One block-half (8 weight rows) of a Q4_0 / Q4_1 group, ready for input rows: its scales, its offset
+// term (Q4_1's minimums, Q4_0's -8 d) and its 4 code chunks unpacked to low and high nibbles.
 template <class F> struct Q4Half {
     __m256 d, o;
     __m256i lo[4], hi[4];
@@ -418,7 +424,8 @@ void x16_group(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, co
     constexpr bool q8 = std::is_same_v<F, FmtQ8_0>;
     if constexpr (!q8 && Wide && R >= X16_Q4_FEW_MIN_ROWS) {  // (its codes Q: linear_q8x16_impl)
         if constexpr (R <= X16_Q4_FEW_MAX_ROWS) return x16_group_q4_q16_few<F, R>(x, m0, group, res, pf);
-        // two passes, the second over the group from L1 (R <= X16_MB < 2 * X16_Q4_FEW_MAX_ROWS)
+        static_assert(R <= 2 * X16_Q4_FEW_MAX_ROWS, "a row block takes at most two passes");
+        // two passes, the second over the group from L1
         x16_group_q4_q16_few<F, R / 2>(x, m0, group, res, pf);
         return x16_group_q4_q16_few<F, R - R / 2>(x, m0 + R / 2, group, res + (R / 2) * X16, nullptr);
     }
@@ -433,7 +440,7 @@ void x16_group(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, co
         if (pf)
             for (int64_t o = 0; o < BB; o += 64) prefetch_l2(pf + b * BB + o);
     };
-    if constexpr (R <= (q8 ? X16_FUSED_ROWS_Q8_0 : x16_fused_rows<Wide>())) {
+    if constexpr (R <= (q8 ? X16_FUSED_ROWS_Q8_0 : X16_FUSED_ROWS_Q4)) {
         __m256 acc[2][R];
         for (int h = 0; h < 2; ++h)
             for (int i = 0; i < R; ++i) acc[h][i] = _mm256_setzero_ps();
@@ -543,7 +550,7 @@ void x16_groups_q16(const Q8Rows& x, int64_t m0, int64_t R, const uint8_t* group
         for (int v = 0; v < V; ++v) {
             const uint8_t* gb = group + (v / 2) * gs + b * BB;
             const uint8_t* codes = gb + x16_codes_at<F>() + 32 * (v % 2);
-            d[v] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * (v % 2))));
+            d[v] = x16_scale(gb, v % 2);
             for (int j = 0; j < x16_chunks<F>(); ++j) {
                 const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * 64));
                 put(2 * j, v, _mm256_srai_epi16(_mm256_slli_epi16(c, 8), 8));
@@ -616,7 +623,7 @@ void linear_q8x16_impl(const TX* x, int64_t x_stride, int64_t M, int64_t K, cons
     quantize_q8(x, x_stride, M, K, xq, Wide ? 2 : 1, q16);
 #ifdef DART_V16_AVX2
     if constexpr (Wide && std::is_same_v<F, FmtQ8_0>)
-        if (M >= X16_Q8_WIDE_MIN_ROWS) {
+        if (q16) {  // (from X16_Q8_WIDE_MIN_ROWS rows)
             return x16_rows<X16_WIDE_GROUPS>(M, w, rb, N, bias, out, out_stride, [&](int64_t m0, int64_t mb, const uint8_t* group, int ng, float* acc, const uint8_t* pf) {
                 if (ng == X16_WIDE_GROUPS)
                     x16_groups_q16<X16_WIDE_GROUPS>(xq, m0, mb, group, X16 * rb, acc, pf);
