@@ -117,8 +117,10 @@ def _attention_setup(dtype, P=37, nh=6, nkv=2, hd=32, seed=0):
 
 
 # (query heads, KV heads, head dim): 1 to 8 query heads per KV group (the register paths take up to 4
-# at a time), head dims of 1 to 8 lane groups, and one that is not a multiple of 16 (the lane loops)
-HEAD_SHAPES = [(6, 2, 32), (4, 4, 16), (8, 4, 64), (8, 1, 128), (16, 2, 48), (6, 3, 24)]
+# at a time), head dims of 1 to 8 lane groups, and one that is not a multiple of 16 (the lane loops);
+# head dim 64 with 2, 3 and 6 heads a group (the embedded model's 9 / 3): AVX2's row blocks take
+# their query heads 4 at a time for the scores and 6 for the values, with every remainder
+HEAD_SHAPES = [(6, 2, 32), (4, 4, 16), (8, 4, 64), (9, 3, 64), (12, 2, 64), (8, 1, 128), (16, 2, 48), (6, 3, 24)]
 
 
 @pytest.mark.parametrize("dtype,cache_dtype", ATT_DTYPES, ids=ATT_IDS)
@@ -157,8 +159,9 @@ def test_tree_attention_matches_sdpa(dtype, cache_dtype, nh, nkv, hd, P, kpath):
 @pytest.mark.parametrize("dtype,cache_dtype", ATT_DTYPES, ids=ATT_IDS)
 @pytest.mark.parametrize("nh,nkv,hd", HEAD_SHAPES)
 # 300, 520: the tree and its one-token calls past ATT_PASSES_FROM (256) run in three passes; 253: the
-# tree's rows run by (row, KV group) and their one-token calls cross the threshold on the way down
-@pytest.mark.parametrize("P", [37, 253, 300, 520])
+# tree's rows run by (row, KV group) and their one-token calls cross the threshold on the way down;
+# 0 and 5: no committed keys, and fewer than one block of 8 (AVX2's row blocks pad it)
+@pytest.mark.parametrize("P", [0, 5, 37, 253, 300, 520])
 def test_tree_attention_row_equals_one_token_call(dtype, cache_dtype, nh, nkv, hd, P, kpath):
     """A node's output equals the one-token call made once its ancestors sit committed in the cache."""
     k_cache, v_cache, rope, _ = _attention_setup(cache_dtype, P, nh, nkv, hd, seed=3)

@@ -274,6 +274,245 @@ inline void rope_queries(const T* q, const float* c, const float* s, int64_t rep
     }
 }
 
+#if defined(DART_V16_AVX2)
+// ------------------------------------------------------------------------------------- many rows in row blocks (AVX2)
+// A verify's tree or a prompt's chunk of many rows, head dim 64: one work item per KV group and block
+// of rows, each taking its rows' query heads (rows x heads per group, "query heads" below) through
+// scores, softmax and values with every operand local. Per item the group's committed keys are
+// widened to fp32 once for all its query heads, the keys 8 at a time transposed (a ymm holds one
+// dimension of 8 keys), so that a score's lane tree runs with the 8 keys in the lanes: vertical fmas
+// and adds, no horizontal reduction per key; the values widened once, then met by tiles of 6 query
+// heads x 16 dims in registers. Each score is the contract's lane tree (lane l: q[16c + l] k[16c + l]
+// fma'd over c from zero; then l + l+8, + l+4, + l+2, + l+1; times the scale) and each output lane the
+// keys in order, so every row gets the bits of attend_group on its own.
+constexpr int ATT_BLOCK_HD = 64;
+constexpr int64_t ATT_BLOCK_KEYS = 64;     // committed keys widened and transposed at a time (16 KB of fp32: L1)
+// Rows from which a tree runs in row blocks. Measured on the AVX2 EPYC (one layer of the embedded
+// model's attention, fp16 cache flushed from the caches before each call as the weights do in a
+// forward, 2 threads, the fastest of 3-5 runs alternating with the paths before): after 200 keys, 2
+// rows 27.3 -> 29.9 us, 3 rows 35.1 -> 37.8, 4 rows 40.1 -> 39.5, 6 rows 53.8 -> 48.6, 8 rows 69.2 ->
+// 62.0, 64 rows 503 -> 400; after 700, 4 rows 105 -> 115, 6 rows 140 -> 136, 8 rows 175 -> 150, 16
+// rows 319 -> 267, 64 rows 1211 -> 995. Below this the widened keys serve too few query heads.
+constexpr int64_t ATT_BLOCK_FROM_ROWS = 6;
+constexpr int64_t ATT_BLOCK_MAX_ROWS = 16;  // rows an item takes at most (48 query heads' scores in L2)
+constexpr int ATT_BLOCK_SCORE_HEADS = 4;    // query heads a scores tile shares its keys' loads with
+constexpr int ATT_BLOCK_VALUE_HEADS = 6;    // query heads x 16 dims of a values tile: 12 accumulators
+
+// Keys j0..j0+n-1 (n <= ATT_BLOCK_KEYS) of one group's cache as fp32, transposed in blocks of 8 keys:
+// kt[(blk * hd + d) * 8 + u] = dimension d of key j0 + 8 blk + u (keys past n: zero).
+template <class C> void transpose_keys(const C* kc, int64_t j0, int64_t n, float* kt) {
+    constexpr int hd = ATT_BLOCK_HD;
+    for (int64_t blk = 0; blk * 8 < n; ++blk) {
+        for (int c = 0; c < hd / LANES; ++c) {
+            __m256 r[2][8];  // [lo/hi 8 dims][key]
+            for (int u = 0; u < 8; ++u) {
+                const int64_t j = blk * 8 + u;
+                const V16 k = j < n ? v_load(kc + (j0 + j) * hd + c * LANES) : v_zero();
+                r[0][u] = k.lo, r[1][u] = k.hi;
+            }
+            for (int h = 0; h < 2; ++h) {  // 8 keys x 8 dims -> 8 dims x 8 keys
+                __m256* a = r[h];
+                const __m256 t0 = _mm256_unpacklo_ps(a[0], a[1]), t1 = _mm256_unpackhi_ps(a[0], a[1]);
+                const __m256 t2 = _mm256_unpacklo_ps(a[2], a[3]), t3 = _mm256_unpackhi_ps(a[2], a[3]);
+                const __m256 t4 = _mm256_unpacklo_ps(a[4], a[5]), t5 = _mm256_unpackhi_ps(a[4], a[5]);
+                const __m256 t6 = _mm256_unpacklo_ps(a[6], a[7]), t7 = _mm256_unpackhi_ps(a[6], a[7]);
+                const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+                const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+                const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+                const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+                float* o = kt + (blk * hd + c * LANES + 8 * h) * 8;
+                _mm256_store_ps(o + 0 * 8, _mm256_permute2f128_ps(u0, u4, 0x20));
+                _mm256_store_ps(o + 1 * 8, _mm256_permute2f128_ps(u1, u5, 0x20));
+                _mm256_store_ps(o + 2 * 8, _mm256_permute2f128_ps(u2, u6, 0x20));
+                _mm256_store_ps(o + 3 * 8, _mm256_permute2f128_ps(u3, u7, 0x20));
+                _mm256_store_ps(o + 4 * 8, _mm256_permute2f128_ps(u0, u4, 0x31));
+                _mm256_store_ps(o + 5 * 8, _mm256_permute2f128_ps(u1, u5, 0x31));
+                _mm256_store_ps(o + 6 * 8, _mm256_permute2f128_ps(u2, u6, 0x31));
+                _mm256_store_ps(o + 7 * 8, _mm256_permute2f128_ps(u3, u7, 0x31));
+            }
+        }
+    }
+}
+
+// QB query heads (q[u], fp32 after RoPE) against 8 transposed keys kt (hd x 8): each key's score, the
+// contract's lane tree with the keys in the lanes, to out[u][0..7].
+template <int QB> inline void scores_8keys(const float* const* q, const float* kt, __m256 scale, float* const* out) {
+    constexpr int hd = ATT_BLOCK_HD, C = hd / LANES;
+    alignas(32) float s8[QB][8][8];  // lane l's sum plus lane l + 8's, per query head
+    for (int l = 0; l < 8; ++l) {
+        __m256 a[QB], b[QB];
+        for (int u = 0; u < QB; ++u) a[u] = b[u] = _mm256_setzero_ps();
+        for (int c = 0; c < C; ++c) {
+            const __m256 ka = _mm256_load_ps(kt + (LANES * c + l) * 8), kb = _mm256_load_ps(kt + (LANES * c + l + 8) * 8);
+            for (int u = 0; u < QB; ++u) {
+                a[u] = _mm256_fmadd_ps(_mm256_broadcast_ss(q[u] + LANES * c + l), ka, a[u]);
+                b[u] = _mm256_fmadd_ps(_mm256_broadcast_ss(q[u] + LANES * c + l + 8), kb, b[u]);
+            }
+        }
+        for (int u = 0; u < QB; ++u) _mm256_store_ps(s8[u][l], _mm256_add_ps(a[u], b[u]));
+    }
+    for (int u = 0; u < QB; ++u) {
+        __m256 s4[4];
+        for (int l = 0; l < 4; ++l) s4[l] = _mm256_add_ps(_mm256_load_ps(s8[u][l]), _mm256_load_ps(s8[u][l + 4]));
+        const __m256 s2a = _mm256_add_ps(s4[0], s4[2]), s2b = _mm256_add_ps(s4[1], s4[3]);
+        _mm256_storeu_ps(out[u], _mm256_mul_ps(_mm256_add_ps(s2a, s2b), scale));
+    }
+}
+
+// The values of QB query heads (p[u]: head u's numerators; tails[u]: its row's tail slots), 16 dims
+// a pass: the committed keys from vf (P x hd, widened), then the head's own tail slots from the cache;
+// outs[u] gets acc / denom[u]. The 12 accumulators stay in registers through the keys.
+template <int QB, class C>
+void values_tile(float* const* p, const float* vf, int64_t P, const C* vc, const std::vector<int64_t>* const* tails,
+                 const float* denom, float* const* outs) {
+    constexpr int hd = ATT_BLOCK_HD;
+    for (int64_t d0 = 0; d0 < hd; d0 += 16) {
+        __m256 a0[QB], a1[QB];
+#pragma GCC unroll 8
+        for (int u = 0; u < QB; ++u) a0[u] = a1[u] = _mm256_setzero_ps();
+        const float* pu[QB];
+#pragma GCC unroll 8
+        for (int u = 0; u < QB; ++u) pu[u] = p[u];
+        for (int64_t j = 0; j < P; ++j) {
+            const __m256 v0 = _mm256_load_ps(vf + j * hd + d0), v1 = _mm256_load_ps(vf + j * hd + d0 + 8);
+#pragma GCC unroll 8
+            for (int u = 0; u < QB; ++u) {
+                const __m256 pj = _mm256_broadcast_ss(pu[u] + j);
+                a0[u] = _mm256_fmadd_ps(pj, v0, a0[u]);
+                a1[u] = _mm256_fmadd_ps(pj, v1, a1[u]);
+                asm("" : "+x"(a0[u]), "+x"(a1[u]));  // each sum in its register (no stack round trip per key)
+            }
+        }
+#pragma GCC unroll 8
+        for (int u = 0; u < QB; ++u) {
+            __m256 b0 = a0[u], b1 = a1[u];
+            const std::vector<int64_t>& tl = *tails[u];
+            for (size_t t = 0; t < tl.size(); ++t) {
+                const V16 v = v_load(vc + tl[t] * hd + d0);
+                const __m256 pj = _mm256_broadcast_ss(pu[u] + P + static_cast<int64_t>(t));
+                b0 = _mm256_fmadd_ps(pj, v.lo, b0);
+                b1 = _mm256_fmadd_ps(pj, v.hi, b1);
+            }
+            const __m256 dn = _mm256_set1_ps(denom[u]);
+            _mm256_storeu_ps(outs[u] + d0, _mm256_div_ps(b0, dn));
+            _mm256_storeu_ps(outs[u] + d0 + 8, _mm256_div_ps(b1, dn));
+        }
+    }
+}
+
+// Rows i0..i0+nr-1 of a tree, KV group g: their rep query heads each (qf: RoPE'd, (nr * rep, hd)).
+// Scratch: kt (ATT_BLOCK_KEYS x hd), vf (P x hd), sc (nr * rep rows of sc_stride), of (nr * rep x hd).
+template <class T, class C>
+void attend_row_block(const float* qf, int64_t nr, int64_t rep, const C* kc, const C* vc, int64_t P,
+                      const std::vector<std::vector<int64_t>>& tail, int64_t i0, float scale, float* kt, float* vf,
+                      float* sc, int64_t sc_stride, float* of, float* den) {
+    constexpr int hd = ATT_BLOCK_HD;
+    const int64_t QH = nr * rep;
+    const __m256 sv = _mm256_set1_ps(scale);
+    // scores of the committed keys, a chunk at a time (the last block of 8 padded: its extra scores
+    // land in the row's tail slots or past them, written over below or never read)
+    for (int64_t j0 = 0; j0 < P; j0 += ATT_BLOCK_KEYS) {
+        const int64_t n = std::min(ATT_BLOCK_KEYS, P - j0);
+        transpose_keys(kc, j0, n, kt);
+        for (int64_t blk = 0; blk * 8 < n; ++blk) {
+            int64_t h = 0;
+            auto tile = [&](auto qb) {
+                constexpr int QB = decltype(qb)::value;
+                const float* q[QB];
+                float* o[QB];
+                for (int u = 0; u < QB; ++u) q[u] = qf + (h + u) * hd, o[u] = sc + (h + u) * sc_stride + j0 + 8 * blk;
+                scores_8keys<QB>(q, kt + blk * hd * 8, sv, o);
+                h += QB;
+            };
+            while (h + ATT_BLOCK_SCORE_HEADS <= QH) tile(std::integral_constant<int, ATT_BLOCK_SCORE_HEADS>{});
+            switch (QH - h) {
+                case 3: tile(std::integral_constant<int, 3>{}); break;
+                case 2: tile(std::integral_constant<int, 2>{}); break;
+                case 1: tile(std::integral_constant<int, 1>{}); break;
+                default: break;
+            }
+        }
+    }
+    // each row's tail (its ancestors and itself): the one-row path's scores
+    for (int64_t r = 0; r < nr; ++r) {
+        const std::vector<int64_t>& tl = tail[i0 + r];
+        key_scores(qf + r * rep * hd, rep, kc, 0, tl, static_cast<int64_t>(tl.size()), hd, scale, nullptr, sc + r * rep * sc_stride + P,
+                   sc_stride);
+    }
+    for (int64_t h = 0; h < QH; ++h) {
+        const int64_t L = P + static_cast<int64_t>(tail[i0 + h / rep].size());
+        float* sr = sc + h * sc_stride;
+        exp_shifted(sr, L, max_of(sr, L));
+        den[h] = sum(sr, L);
+    }
+    // values: the committed ones widened once, then tiles of query heads
+    for (int64_t j = 0; j < P; ++j)
+        for (int c = 0; c < hd / LANES; ++c) v_store(vf + j * hd + c * LANES, v_load(vc + j * hd + c * LANES));
+    int64_t h = 0;
+    auto tile = [&](auto qb) {
+        constexpr int QB = decltype(qb)::value;
+        float* p[QB];
+        float* o[QB];
+        const std::vector<int64_t>* tl[QB];
+        for (int u = 0; u < QB; ++u) p[u] = sc + (h + u) * sc_stride, o[u] = of + (h + u) * hd, tl[u] = &tail[i0 + (h + u) / rep];
+        values_tile<QB, C>(p, vf, P, vc, tl, den + h, o);
+        h += QB;
+    };
+    while (h + ATT_BLOCK_VALUE_HEADS <= QH) tile(std::integral_constant<int, ATT_BLOCK_VALUE_HEADS>{});
+    switch (QH - h) {
+        case 5: tile(std::integral_constant<int, 5>{}); break;
+        case 4: tile(std::integral_constant<int, 4>{}); break;
+        case 3: tile(std::integral_constant<int, 3>{}); break;
+        case 2: tile(std::integral_constant<int, 2>{}); break;
+        case 1: tile(std::integral_constant<int, 1>{}); break;
+        default: break;
+    }
+}
+
+// fp32 scratch of n floats on a 64-byte boundary
+struct AlignedFloats {
+    float* p;
+    explicit AlignedFloats(int64_t n) : p(static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>((n * 4 + 63) / 64 * 64)))) {
+        if (!p) throw std::bad_alloc();
+    }
+    ~AlignedFloats() { std::free(p); }
+    AlignedFloats(const AlignedFloats&) = delete;
+    AlignedFloats& operator=(const AlignedFloats&) = delete;
+};
+
+// The tree's rows in row blocks (attend_row_block), a work item per KV group and block: at most
+// ATT_BLOCK_MAX_ROWS rows a block, and at least two items a thread where the rows allow.
+template <class T, class C>
+void tree_attention_blocks(const T* q, int64_t q_stride, const float* cos, const float* sin, const int64_t* pos, const C* k_cache,
+                           const C* v_cache, int64_t cap, int64_t P, int64_t T_, const std::vector<std::vector<int64_t>>& tail,
+                           int64_t max_len, int64_t nh, int64_t nkv, float scale, T* out, int64_t out_stride) {
+    constexpr int hd = ATT_BLOCK_HD;
+    const int64_t half = hd / 2, rep = nh / nkv;
+    int64_t nb = (T_ + ATT_BLOCK_MAX_ROWS - 1) / ATT_BLOCK_MAX_ROWS;
+    while (nb < T_ && nkv * nb < 2 * static_cast<int64_t>(omp_get_max_threads())) ++nb;
+    const int64_t sc_stride = (std::max(max_len, P + 8) + 15) / 16 * 16;
+    const int64_t max_block = (T_ + nb - 1) / nb, max_qh = max_block * rep;
+#pragma omp parallel
+    {
+        AlignedFloats kt(ATT_BLOCK_KEYS * hd), vf(std::max<int64_t>(P, 1) * hd), sc(max_qh * sc_stride), of(max_qh * hd), qf(max_qh * hd);
+        std::vector<float> den(static_cast<size_t>(max_qh));
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < nkv * nb; ++it) {
+            const int64_t g = it / nb, b = it % nb, i0 = b * T_ / nb, nr = (b + 1) * T_ / nb - i0;
+            for (int64_t r = 0; r < nr; ++r) {
+                const int64_t i = i0 + r;
+                rope_queries(q + i * q_stride + g * rep * hd, cos + pos[i] * half, sin + pos[i] * half, rep, hd, qf.p + r * rep * hd);
+            }
+            attend_row_block<T, C>(qf.p, nr, rep, k_cache + g * cap * hd, v_cache + g * cap * hd, P, tail, i0, scale, kt.p, vf.p, sc.p,
+                                   sc_stride, of.p, den.data());
+            for (int64_t r = 0; r < nr; ++r)
+                for (int64_t e = 0; e < rep * hd; ++e)
+                    out[(i0 + r) * out_stride + g * rep * hd + e] = from_f32<T>(of.p[r * rep * hd + e]);
+        }
+    }
+}
+#endif
+
 constexpr int64_t ATT_CHUNK = 64;  // committed keys per scores work item: its keys stay in L1 across the tree's rows
 // From this many rows (a verify's tree, a prompt's chunk), the AVX2 build's passes below convert a
 // scores item's keys to fp32 once for all its rows and score them four keys at a time per head
@@ -318,6 +557,11 @@ void tree_attention_impl(const T* q, int64_t q_stride, const T* k, int64_t k_str
     }
     int64_t max_len = 0;
     for (auto& t : tail) max_len = std::max<int64_t>(max_len, P + static_cast<int64_t>(t.size()));
+#if defined(DART_V16_AVX2)
+    if (T_ >= ATT_BLOCK_FROM_ROWS && hd == ATT_BLOCK_HD && nh % nkv == 0)
+        return tree_attention_blocks<T, C>(q, q_stride, cos, sin, pos, k_cache, v_cache, cap, P, T_, tail, max_len, nh, nkv, scale, out,
+                                           out_stride);
+#endif
     if (P < ATT_PASSES_FROM) {
 #pragma omp parallel
         {
