@@ -4,6 +4,7 @@ optionally the embedded target's forward cost by rows."""
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 
@@ -36,10 +37,20 @@ def main(argv: list[str] | None = None) -> int:
         "with the GB/s each part reads its weights at, beside this machine's read bandwidth",
     )
     p.add_argument("--prefix", type=int, default=200, help="committed tokens before the timed rows (default 200)")
+    p.add_argument(
+        "--prefill",
+        type=int,
+        default=None,
+        metavar="N",
+        help="also time the prefill of an N-token prompt (Target.prefill into an empty cache, the fastest of 3) "
+        "for each --time dtype, a prompt token against its bound",
+    )
     p.add_argument("--threads", type=int, default=None)
     args = p.parse_args(argv)
     if args.split and not args.time:
         p.error("--split splits the one-token step of the --time dtypes: give --time DTYPE [DTYPE ...] too")
+    if args.prefill is not None and (not args.time or args.prefill < 1):
+        p.error("--prefill N times an N-token prompt (N >= 1) of the --time dtypes: give --time DTYPE [DTYPE ...] too")
     try:
         specs = {name: weights_spec(name) for name in args.time or []}
     except ValueError as e:
@@ -68,7 +79,45 @@ def main(argv: list[str] | None = None) -> int:
                 print(line)
         if args.split:
             print(split_line(name, calibrate.forward_split(target, prefix=args.prefix), bandwidth))
+        if args.prefill is not None:
+            print(prefill_line(name, target, args.prefill, rates))
     return 0
+
+
+PREFILL_RUNS = 3
+
+
+def prefill_ms(target, n: int, runs: int = PREFILL_RUNS) -> float:
+    """The fastest of `runs` prefills of an n-token prompt into an empty cache, in ms."""
+    vocab = target.model.args.vocab_size
+    ids = [(1000 + 7 * i) % vocab for i in range(n)]
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(runs):
+            cache = target.new_cache(n + 8)
+            t0 = time.perf_counter()
+            target.prefill(ids, cache, capture=False)
+            best = min(best, (time.perf_counter() - t0) * 1e3)
+            target.return_cache(cache)
+    return best
+
+
+def prefill_bound_ms(model, n: int, rates: bound.IssueRates) -> float:
+    """The arithmetic of an n-token prompt: row i's layers over its i + 1 keys, and the LM head once
+    (the last row's logits)."""
+    threads = torch.get_num_threads()
+    total = sum(bound.ms(row_work(model, i + 1, rates, head=False), rates, threads) for i in range(n))
+    head = bound.ms(bound.linear_work(model.output.weight, rates), rates, threads)
+    return total + head
+
+
+def prefill_line(name: str, target, n: int, rates: bound.IssueRates | None) -> str:
+    t = prefill_ms(target, n)
+    line = f"{name:9s} prefill of {n} tokens: {t:.0f} ms, {t / n:.3f} ms a token"
+    if rates is not None and target.model.kernel_path(1, target.device):
+        b = prefill_bound_ms(target.model, n, rates)
+        line += f" / its arithmetic {b / n:.3f} ms a token ({t / b:.2f}x)"
+    return line
 
 
 def row_work(model, keys: float, rates: bound.IssueRates, head: bool = True) -> bound.Work:

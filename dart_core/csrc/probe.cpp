@@ -1,7 +1,8 @@
 // What the compute bound of a forward is made of on this CPU (dart-kernels --time, kernels/bound.py):
 // the core clock, and how many of the kernels' arithmetic instructions a core issues per cycle at the
-// build's vector width: the integer dot products (vpmaddubsw / vpmaddwd, VNNI's vpdpbusd), the fp32
-// fma, and the two mixed 1:1 (on several cores they share execution ports). Each rate is timed over
+// build's vector width: the integer dot products (vpmaddubsw / vpmaddwd, VNNI's vpdpbusd), each of
+// the first two with the add that accumulates its sums, the fp32 fma, and the dot product and fma
+// mixed 1:1 (on several cores they share execution ports). Each rate is timed over
 // independent dependency chains (more chains than latency x throughput), so it is the issue rate, not
 // a latency.
 #include <chrono>
@@ -46,6 +47,8 @@ using VI = __m512i;
 using VF = __m512;
 inline VI op_maddubs(VI a, VI b) { return _mm512_maddubs_epi16(a, b); }
 inline VI op_madd(VI a, VI b) { return _mm512_madd_epi16(a, b); }
+inline VI op_add16(VI a, VI b) { return _mm512_add_epi16(a, b); }
+inline VI op_add32(VI a, VI b) { return _mm512_add_epi32(a, b); }
 inline VF op_fma(VF a, VF b) { return _mm512_fmadd_ps(a, b, b); }
 inline VI vi_set(int v) { return _mm512_set1_epi32(v); }
 inline VF vf_set(float v) { return _mm512_set1_ps(v); }
@@ -57,6 +60,8 @@ using VI = __m256i;
 using VF = __m256;
 inline VI op_maddubs(VI a, VI b) { return _mm256_maddubs_epi16(a, b); }
 inline VI op_madd(VI a, VI b) { return _mm256_madd_epi16(a, b); }
+inline VI op_add16(VI a, VI b) { return _mm256_add_epi16(a, b); }
+inline VI op_add32(VI a, VI b) { return _mm256_add_epi32(a, b); }
 inline VF op_fma(VF a, VF b) { return _mm256_fmadd_ps(a, b, b); }
 inline VI vi_set(int v) { return _mm256_set1_epi32(v); }
 inline VF vf_set(float v) { return _mm256_set1_ps(v); }
@@ -75,6 +80,24 @@ template <class V, class Op> double chains_rate(V seed, Op op, int64_t n) {
     V s = a0;
     asm volatile("" : : "x"(s), "x"(a1), "x"(a2), "x"(a3), "x"(a4), "x"(a5), "x"(a6), "x"(a7));
     return 8.0 * n / dt;
+}
+
+// 12 independent chains of a product and the add that accumulates it (a = a + op(a)): pairs per
+// second. Each step is the product's latency plus the add's, so it takes more chains than one
+// instruction alone to show the pair's issue rate.
+template <class Op> double pairs_rate(VI seed, Op op, int64_t n) {
+    VI a0 = seed, a1 = seed, a2 = seed, a3 = seed, a4 = seed, a5 = seed, a6 = seed, a7 = seed, a8 = seed, a9 = seed, a10 = seed, a11 = seed;
+    const double t0 = seconds_now();
+    for (int64_t i = 0; i < n; ++i) {
+        a0 = op(a0), a1 = op(a1), a2 = op(a2), a3 = op(a3), a4 = op(a4), a5 = op(a5);
+        a6 = op(a6), a7 = op(a7), a8 = op(a8), a9 = op(a9), a10 = op(a10), a11 = op(a11);
+        asm volatile("" : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5));
+        asm volatile("" : "+x"(a6), "+x"(a7), "+x"(a8), "+x"(a9), "+x"(a10), "+x"(a11));
+    }
+    const double dt = seconds_now() - t0;
+    asm volatile("" : : "x"(a0), "x"(a1), "x"(a2), "x"(a3), "x"(a4), "x"(a5));
+    asm volatile("" : : "x"(a6), "x"(a7), "x"(a8), "x"(a9), "x"(a10), "x"(a11));
+    return 12.0 * n / dt;
 }
 
 // 6 integer chains and 6 fma chains interleaved: instructions (of both kinds) per second.
@@ -104,7 +127,8 @@ template <class F> double best_of(F f) {
 }  // namespace
 
 // {"clock_hz", "lanes" (fp32 lanes of the build's vector), and per instruction kind its issue rate
-// per cycle on one core: "maddubs", "madd", "fma", "dot_fma_mix" (the build's dot product and fma
+// per cycle on one core: "maddubs", "madd", "fma", "madd_add" and "maddubs_add" (each product with
+// the integer add that accumulates it, in pairs), "dot_fma_mix" (the build's dot product and fma
 // 1:1), "dpbusd" with VNNI}. The generic build has no vector arithmetic: clock and lanes only.
 std::vector<std::pair<std::string, double>> issue_rates() {
     std::vector<std::pair<std::string, double>> out;
@@ -122,6 +146,10 @@ std::vector<std::pair<std::string, double>> issue_rates() {
     out.emplace_back("maddubs", per_cycle(best_of([&] { return chains_rate(b, [&](VI a) { return op_maddubs(a, b); }, n); })));
     out.emplace_back("madd", per_cycle(best_of([&] { return chains_rate(b, [&](VI a) { return op_madd(a, b); }, n); })));
     out.emplace_back("fma", per_cycle(best_of([&] { return chains_rate(vf_set(1.0f), [&](VF a) { return op_fma(a, a); }, n); })));
+    // a product with the add that accumulates its sums (without VNNI, AVX2's integer dot products
+    // have no accumulating form): vpmaddwd + vpaddd, vpmaddubsw + vpaddw
+    out.emplace_back("madd_add", per_cycle(best_of([&] { return pairs_rate(b, [&](VI a) { return op_add32(a, op_madd(a, b)); }, n); })));
+    out.emplace_back("maddubs_add", per_cycle(best_of([&] { return pairs_rate(b, [&](VI a) { return op_add16(a, op_maddubs(a, b)); }, n); })));
 #ifdef __AVX512VNNI__
     out.emplace_back("dpbusd", per_cycle(best_of([&] { return chains_rate(b, [&](VI a) { return op_dpbusd(a, b); }, n); })));
     out.emplace_back("dot_fma_mix", per_cycle(best_of([&] { return mixed_rate([&](VI a) { return op_dpbusd(a, b); }, n); })));

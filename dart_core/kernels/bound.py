@@ -16,13 +16,20 @@ the interleaved layout puts one weight row in each 32-bit lane):
 - Q8_0 (the LM head) with int8 activations: AVX2 and AVX-512 without VNNI 8 `vpmaddubsw` and 8
   `vpmaddwd` (signed codes: no 16-bit accumulation), VNNI 8 `vpdpbusd`; the scaling without the
   minimum's fma.
+On AVX2 the integer products have no accumulating form (VNNI's `vpdpbusd` adds into its sums; AVX2
+has no `vpdpwssd`): the sums a block needs are added up by integer adds on the same vector ports, so
+there the count takes each product with the add that accumulates it, at the pair's measured rate
+(`madd_add`, `maddubs_add`): the 16-bit kernel's 16 `vpmaddwd` each with a `vpaddd`; with int8
+activations 7 of the 8 `vpmaddubsw` with a `vpaddw` (the 8 sums' tree) and, on Q8_0, the 8
+`vpmaddwd` each with the `vpaddd` of its block sum. (AVX-512 without VNNI keeps the products alone:
+not measured on such a CPU.)
 Float weights or fp32 activations (`gguf`, `bfloat16`, `float32`): one fma per `lanes` products.
 Attention: the scores and the weighted values, one fma per `lanes` products over the row's keys.
 
 A row's cycles on one core are max(dot / r_dot, fma / r_fma, (dot + fma) / r_mix): on several cores
 both kinds share execution ports, which the mixed rate measures. What the count leaves out (the
-activations' quantization, the integer additions of the dot products' sums, loads, norms, softmax)
-is what a kernel may spend above the bound.
+activations' broadcasts and quantization, the widening of Q4 codes, loads, norms, softmax) is what
+a kernel may spend above the bound.
 """
 
 from __future__ import annotations
@@ -45,12 +52,27 @@ class IssueRates:
     fma: float
     mix: float  # the dot product and fma interleaved 1:1
     vnni: bool
+    # each product with the integer add that accumulates its sums, in pairs per cycle (0: not measured,
+    # the product's own rate is used)
+    madd_add: float = 0.0  # vpmaddwd + vpaddd
+    maddubs_add: float = 0.0  # vpmaddubsw + vpaddw
+
+    @property
+    def madd_pair(self) -> float:
+        return self.madd_add or self.madd
+
+    @property
+    def maddubs_pair(self) -> float:
+        return self.maddubs_add or self.dot
 
     def describe(self) -> str:
         dot = "vpdpbusd" if self.vnni else "vpmaddubsw"
+        pairs = ""
+        if self.lanes == 8 and self.madd_add and self.maddubs_add:
+            pairs = f", vpmaddwd + vpaddd {self.madd_add:.2f}, vpmaddubsw + vpaddw {self.maddubs_add:.2f}"
         return (
             f"clock {self.clock_hz / 1e9:.2f} GHz; per cycle and core, {self.lanes * 32}-bit: {dot} {self.dot:.2f}, "
-            f"vpmaddwd {self.madd:.2f}, fma {self.fma:.2f}, {dot} + fma mixed {self.mix:.2f}"
+            f"vpmaddwd {self.madd:.2f}, fma {self.fma:.2f}{pairs}, {dot} + fma mixed {self.mix:.2f}"
         )
 
 
@@ -60,7 +82,10 @@ def _measured(path: str) -> IssueRates | None:
     if r.get("lanes", 1) < 8:
         return None  # the generic build: no vector arithmetic to count
     vnni = "dpbusd" in r
-    return IssueRates(r["clock_hz"], int(r["lanes"]), r["dpbusd" if vnni else "maddubs"], r["madd"], r["fma"], r["dot_fma_mix"], vnni)
+    return IssueRates(
+        r["clock_hz"], int(r["lanes"]), r["dpbusd" if vnni else "maddubs"], r["madd"], r["fma"], r["dot_fma_mix"], vnni,
+        r.get("madd_add", 0.0), r.get("maddubs_add", 0.0),
+    )
 
 
 def issue_rates() -> IssueRates | None:
@@ -97,10 +122,16 @@ def linear_work(w, r: IssueRates) -> Work:
     units = rows / r.lanes * cols / 32  # (lanes weight rows) x (a block of 32) each
     digits = 2 if w.activations == "int16" else 1
     scaling = 3 if w.fmt == "Q8_0" else 4  # conversion, scale product, fma (+ Q4's offset fma)
+    # (counts in the time of the dot-product issue rate r.dot, so that Work.cycles holds)
     if digits == 2 and r.lanes == 8:
-        # the AVX2 kernel for many rows: the 16-bit codes in 16 vpmaddwd, 2 elements each (counted in
-        # the time of the dot-product issue rate, so the formula below holds)
-        return Work(dot=units * 16 * r.dot / r.madd, fma=units * scaling)
+        # the AVX2 kernel for many rows: the 16-bit codes in 16 vpmaddwd, 2 elements each, each with
+        # its vpaddd
+        return Work(dot=units * 16 * r.dot / r.madd_pair, fma=units * scaling)
+    if r.lanes == 8 and not r.vnni:  # AVX2, int8 activations: the products with their adds
+        if w.fmt == "Q8_0":  # 8 vpmaddubsw (straight into the widening) and 8 vpmaddwd + vpaddd
+            return Work(dot=units * (8 + 8 * r.dot / r.madd_pair), fma=units * scaling)
+        # 7 vpmaddubsw + vpaddw (the 8 sums' tree), 1 alone, 1 widening vpmaddwd (into the conversion)
+        return Work(dot=units * (7 * r.dot / r.maddubs_pair + 1 + r.dot / r.madd), fma=units * scaling)
     if w.fmt == "Q8_0":
         return Work(dot=units * digits * (8 if r.vnni else 16), fma=units * scaling)
     widen = 0 if r.vnni else (1 if r.lanes == 8 else 4)
