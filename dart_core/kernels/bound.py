@@ -83,8 +83,15 @@ def _measured(path: str) -> IssueRates | None:
         return None  # the generic build: no vector arithmetic to count
     vnni = "dpbusd" in r
     return IssueRates(
-        r["clock_hz"], int(r["lanes"]), r["dpbusd" if vnni else "maddubs"], r["madd"], r["fma"], r["dot_fma_mix"], vnni,
-        r.get("madd_add", 0.0), r.get("maddubs_add", 0.0),
+        r["clock_hz"],
+        int(r["lanes"]),
+        r["dpbusd" if vnni else "maddubs"],
+        r["madd"],
+        r["fma"],
+        r["dot_fma_mix"],
+        vnni,
+        r.get("madd_add", 0.0),
+        r.get("maddubs_add", 0.0),
     )
 
 
