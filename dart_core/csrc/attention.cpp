@@ -400,9 +400,23 @@ void values_tile(float* const* p, const float* vf, int64_t P, const C* vc, const
     }
 }
 
+// Query heads [0, QH) in tiles: f(std::integral_constant<int, QB>{}, h) for heads h..h+QB-1, tiles of
+// MAX, then one of the rest (1..MAX-1 heads).
+template <int R, class Fn> inline void rest_tile(int64_t n, int64_t h, Fn& f) {
+    if constexpr (R > 0) {
+        if (n == R) return f(std::integral_constant<int, R>{}, h);
+        rest_tile<R - 1>(n, h, f);
+    }
+}
+template <int MAX, class Fn> inline void head_tiles(int64_t QH, Fn&& f) {
+    int64_t h = 0;
+    for (; h + MAX <= QH; h += MAX) f(std::integral_constant<int, MAX>{}, h);
+    rest_tile<MAX - 1>(QH - h, h, f);
+}
+
 // Rows i0..i0+nr-1 of a tree, KV group g: their rep query heads each (qf: RoPE'd, (nr * rep, hd)).
 // Scratch: kt (ATT_BLOCK_KEYS x hd), vf (P x hd), sc (nr * rep rows of sc_stride), of (nr * rep x hd).
-template <class T, class C>
+template <class C>
 void attend_row_block(const float* qf, int64_t nr, int64_t rep, const C* kc, const C* vc, int64_t P,
                       const std::vector<std::vector<int64_t>>& tail, int64_t i0, float scale, float* kt, float* vf,
                       float* sc, int64_t sc_stride, float* of, float* den) {
@@ -414,24 +428,14 @@ void attend_row_block(const float* qf, int64_t nr, int64_t rep, const C* kc, con
     for (int64_t j0 = 0; j0 < P; j0 += ATT_BLOCK_KEYS) {
         const int64_t n = std::min(ATT_BLOCK_KEYS, P - j0);
         transpose_keys(kc, j0, n, kt);
-        for (int64_t blk = 0; blk * 8 < n; ++blk) {
-            int64_t h = 0;
-            auto tile = [&](auto qb) {
+        for (int64_t blk = 0; blk * 8 < n; ++blk)
+            head_tiles<ATT_BLOCK_SCORE_HEADS>(QH, [&](auto qb, int64_t h) {
                 constexpr int QB = decltype(qb)::value;
                 const float* q[QB];
                 float* o[QB];
                 for (int u = 0; u < QB; ++u) q[u] = qf + (h + u) * hd, o[u] = sc + (h + u) * sc_stride + j0 + 8 * blk;
                 scores_8keys<QB>(q, kt + blk * hd * 8, sv, o);
-                h += QB;
-            };
-            while (h + ATT_BLOCK_SCORE_HEADS <= QH) tile(std::integral_constant<int, ATT_BLOCK_SCORE_HEADS>{});
-            switch (QH - h) {
-                case 3: tile(std::integral_constant<int, 3>{}); break;
-                case 2: tile(std::integral_constant<int, 2>{}); break;
-                case 1: tile(std::integral_constant<int, 1>{}); break;
-                default: break;
-            }
-        }
+            });
     }
     // each row's tail (its ancestors and itself): the one-row path's scores
     for (int64_t r = 0; r < nr; ++r) {
@@ -448,25 +452,14 @@ void attend_row_block(const float* qf, int64_t nr, int64_t rep, const C* kc, con
     // values: the committed ones widened once, then tiles of query heads
     for (int64_t j = 0; j < P; ++j)
         for (int c = 0; c < hd / LANES; ++c) v_store(vf + j * hd + c * LANES, v_load(vc + j * hd + c * LANES));
-    int64_t h = 0;
-    auto tile = [&](auto qb) {
+    head_tiles<ATT_BLOCK_VALUE_HEADS>(QH, [&](auto qb, int64_t h) {
         constexpr int QB = decltype(qb)::value;
         float* p[QB];
         float* o[QB];
         const std::vector<int64_t>* tl[QB];
         for (int u = 0; u < QB; ++u) p[u] = sc + (h + u) * sc_stride, o[u] = of + (h + u) * hd, tl[u] = &tail[i0 + (h + u) / rep];
         values_tile<QB, C>(p, vf, P, vc, tl, den + h, o);
-        h += QB;
-    };
-    while (h + ATT_BLOCK_VALUE_HEADS <= QH) tile(std::integral_constant<int, ATT_BLOCK_VALUE_HEADS>{});
-    switch (QH - h) {
-        case 5: tile(std::integral_constant<int, 5>{}); break;
-        case 4: tile(std::integral_constant<int, 4>{}); break;
-        case 3: tile(std::integral_constant<int, 3>{}); break;
-        case 2: tile(std::integral_constant<int, 2>{}); break;
-        case 1: tile(std::integral_constant<int, 1>{}); break;
-        default: break;
-    }
+    });
 }
 
 // fp32 scratch of n floats on a 64-byte boundary
@@ -503,7 +496,7 @@ void tree_attention_blocks(const T* q, int64_t q_stride, const float* cos, const
                 const int64_t i = i0 + r;
                 rope_queries(q + i * q_stride + g * rep * hd, cos + pos[i] * half, sin + pos[i] * half, rep, hd, qf.p + r * rep * hd);
             }
-            attend_row_block<T, C>(qf.p, nr, rep, k_cache + g * cap * hd, v_cache + g * cap * hd, P, tail, i0, scale, kt.p, vf.p, sc.p,
+            attend_row_block<C>(qf.p, nr, rep, k_cache + g * cap * hd, v_cache + g * cap * hd, P, tail, i0, scale, kt.p, vf.p, sc.p,
                                    sc_stride, of.p, den.data());
             for (int64_t r = 0; r < nr; ++r)
                 for (int64_t e = 0; e < rep * hd; ++e)

@@ -67,26 +67,12 @@ inline VI vi_set(int v) { return _mm256_set1_epi32(v); }
 inline VF vf_set(float v) { return _mm256_set1_ps(v); }
 #endif
 
-// 8 independent chains of one instruction, each step fed by the chain's previous result (kept in
-// registers by the empty asm), timed for `n` rounds: instructions per second.
+// 12 independent chains of one step (an instruction, or a product and the add that accumulates it),
+// each step fed by the chain's previous result (kept in registers by the empty asm), timed for `n`
+// rounds: steps per second. 12 chains cover a step's latency at its issue rate, the product's plus
+// the add's for a pair.
 template <class V, class Op> double chains_rate(V seed, Op op, int64_t n) {
-    V a0 = seed, a1 = seed, a2 = seed, a3 = seed, a4 = seed, a5 = seed, a6 = seed, a7 = seed;
-    const double t0 = seconds_now();
-    for (int64_t i = 0; i < n; ++i) {
-        a0 = op(a0), a1 = op(a1), a2 = op(a2), a3 = op(a3), a4 = op(a4), a5 = op(a5), a6 = op(a6), a7 = op(a7);
-        asm volatile("" : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5), "+x"(a6), "+x"(a7));
-    }
-    const double dt = seconds_now() - t0;
-    V s = a0;
-    asm volatile("" : : "x"(s), "x"(a1), "x"(a2), "x"(a3), "x"(a4), "x"(a5), "x"(a6), "x"(a7));
-    return 8.0 * n / dt;
-}
-
-// 12 independent chains of a product and the add that accumulates it (a = a + op(a)): pairs per
-// second. Each step is the product's latency plus the add's, so it takes more chains than one
-// instruction alone to show the pair's issue rate.
-template <class Op> double pairs_rate(VI seed, Op op, int64_t n) {
-    VI a0 = seed, a1 = seed, a2 = seed, a3 = seed, a4 = seed, a5 = seed, a6 = seed, a7 = seed, a8 = seed, a9 = seed, a10 = seed, a11 = seed;
+    V a0 = seed, a1 = seed, a2 = seed, a3 = seed, a4 = seed, a5 = seed, a6 = seed, a7 = seed, a8 = seed, a9 = seed, a10 = seed, a11 = seed;
     const double t0 = seconds_now();
     for (int64_t i = 0; i < n; ++i) {
         a0 = op(a0), a1 = op(a1), a2 = op(a2), a3 = op(a3), a4 = op(a4), a5 = op(a5);
@@ -148,8 +134,8 @@ std::vector<std::pair<std::string, double>> issue_rates() {
     out.emplace_back("fma", per_cycle(best_of([&] { return chains_rate(vf_set(1.0f), [&](VF a) { return op_fma(a, a); }, n); })));
     // a product with the add that accumulates its sums (without VNNI, AVX2's integer dot products
     // have no accumulating form): vpmaddwd + vpaddd, vpmaddubsw + vpaddw
-    out.emplace_back("madd_add", per_cycle(best_of([&] { return pairs_rate(b, [&](VI a) { return op_add32(a, op_madd(a, b)); }, n); })));
-    out.emplace_back("maddubs_add", per_cycle(best_of([&] { return pairs_rate(b, [&](VI a) { return op_add16(a, op_maddubs(a, b)); }, n); })));
+    out.emplace_back("madd_add", per_cycle(best_of([&] { return chains_rate(b, [&](VI a) { return op_add32(a, op_madd(a, b)); }, n); })));
+    out.emplace_back("maddubs_add", per_cycle(best_of([&] { return chains_rate(b, [&](VI a) { return op_add16(a, op_maddubs(a, b)); }, n); })));
 #ifdef __AVX512VNNI__
     out.emplace_back("dpbusd", per_cycle(best_of([&] { return chains_rate(b, [&](VI a) { return op_dpbusd(a, b); }, n); })));
     out.emplace_back("dot_fma_mix", per_cycle(best_of([&] { return mixed_rate([&](VI a) { return op_dpbusd(a, b); }, n); })));
