@@ -96,7 +96,7 @@ def _measured(path: str) -> IssueRates | None:
 
 
 def issue_rates() -> IssueRates | None:
-    """The build in use's rates on this CPU (measured once a process, ~0.2 s); None without vector kernels."""
+    """The build in use's rates on this CPU (measured once a process, ~0.3 s); None without vector kernels."""
     if not builds.AVAILABLE:
         return None
     return _measured(builds.PATH)
