@@ -259,7 +259,8 @@ constexpr int64_t X16_MB = 6;  // 6 accumulators + 8 code registers + scales of 
 // second pass: forced AVX2 on the AMD EPYC, the layers of a one-row gguf-int16 step 5.0 -> 4.3 ms
 // and the Q8_0 LM head 1.7 -> 1.3 ms (its memory limit). More rows than this spill the 2R
 // accumulators past the 16 ymm registers and run slower fused. Q8_0 keeps no codes in registers.
-// (16-bit codes on Q4 come here as one row only: from 2 rows, x16_group_q4_q16_few.)
+// (16-bit codes on Q4 come here as one row only: from 2 rows, x16_group_q4_q16_few, and from
+// X16_Q4_ROWS_Q16_MIN rows x16_group_q4_q16_rows.)
 constexpr int X16_FUSED_ROWS_Q4 = 3;
 constexpr int X16_FUSED_ROWS_Q8_0 = 6;
 
@@ -368,9 +369,10 @@ template <class F> constexpr int64_t x16_q16_min_rows() {
 // kernel runs (every line used once, as it arrives): per chunk, both halves' codes widened to int16 in 8
 // registers, met by each row's codes Q (Q8Rows::q16) in vpmaddwd, one broadcast feeding both halves; no
 // 16-bit sums, widening or digit join. The integer sums are the digits' exact sum c * Q and the float
-// steps per output the contract's in its order: the same bits. Every Q4 row count from 2 runs here: 2-4
-// rows (DART's and EAGLE3's verify of 1-3 drafted nodes) in one pass, more a row block of up to X16_MB
-// rows at a time in two passes (x16_group), the second reading the group from L1. Widening a chunk
+// steps per output the contract's in its order: the same bits. Q4 row counts from 2 to
+// X16_Q4_ROWS_Q16_MIN - 1 run here: 2-4 rows (DART's and EAGLE3's verify of 1-3 drafted nodes) in one
+// pass, more a row block of up to X16_MB rows at a time in two passes (x16_group), the second reading
+// the group from L1; more rows take x16_group_q4_q16_rows. Widening a chunk
 // again each pass costs less than widening the group's blocks once into L1 for every row and reading
 // them back (x16_groups_q16, which the Q4 groups ran from 5 rows before): on the AMD EPYC (avx2, 2
 // threads), the 30 layers' linears of 5 rows 9.8-10.2 -> 7.0-7.1 ms, 8 rows 13.2-13.9 -> 9.8-10.0, 16
@@ -468,7 +470,7 @@ void x16_group(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, co
 // kernel above does it once per row block of 6), each row's integer sum by Q4Half::dot, and the rows'
 // float sums in acc (row i's at acc + i * X16 + 8 half, L1) instead of registers, so nothing spills
 // however many rows run. The same operations per output in the same order as above: the same bits.
-// (16-bit codes on Q4 take x16_group_q4_q16_few above, for any row count.)
+// (16-bit codes on Q4 take x16_group_q4_q16_few above and x16_group_q4_q16_rows below.)
 template <class F>
 void x16_half_q4_rows(const Q8Rows& x, int64_t m0, int64_t R, const uint8_t* group, int half, float* acc) {
     constexpr int64_t BB = x16_block_bytes<F>();
@@ -593,6 +595,106 @@ void x16_groups_q16(const Q8Rows& x, int64_t m0, int64_t R, const uint8_t* group
     }
 }
 
+
+// Rows a tile: 8 integer sums, 2 code vectors and a broadcast in registers. On the AMD EPYC (avx2, 1
+// thread, the embedded target's layer-0 linears at 64 rows) 3, 4 and 5 rows ran 1.07-1.25 pairs a
+// cycle alike, 6 (15 of 16 ymm) 0.9-1.0: its sums went to the stack around the float steps.
+constexpr int X16_Q4_TILE = 4;
+// From this many rows the many-row kernel; below, x16_group_q4_q16_few (2-4 rows a pass). Same
+// machine and linears: at 4-8 rows the few-row kernel was 5-30% faster, at 12 they were even, at 16
+// the many-row kernel 5-8% faster and at 64 rows 10-15% (1.15-1.25 pairs a cycle against 1.0-1.06).
+constexpr int64_t X16_Q4_ROWS_Q16_MIN = 16;
+// The rows' codes Q, scales dx and code sums sx block-major (x16_group_q4_q16_rows): block b's M rows
+// together, q (b, M, 32), dx and sx (b, M). Row-major, the rows' 64 bytes of a block lie K * 2 bytes
+// apart, and with K = 1536 (the down projection) those 64 lines map to 4 of L1's 64 sets.
+struct Q16Blocks {
+    int64_t M = 0;
+    std::vector<int16_t> q;
+    std::vector<float> dx, sx;
+    explicit Q16Blocks(const Q8Rows& x, int64_t M_) : M(M_), q(x.q16.size()), dx(x.nb * M_), sx(x.nb * M_) {
+        const int64_t K = x.nb * 32;
+        for (int64_t m = 0; m < M; ++m)
+            for (int64_t b = 0; b < x.nb; ++b) {
+                std::memcpy(&q[(b * M + m) * 32], &x.q16[m * K + b * 32], 64);
+                dx[b * M + m] = q8_dx(x, m, b), sx[b * M + m] = x.sxrow(m)[b];
+            }
+    }
+};
+
+// Many rows of 16-bit codes against one Q4_0 / Q4_1 group (AVX2), rows innermost: per block, the
+// group's two halves widened to int16 once for all R rows (w16, 1 KB in L1: entry 4j + k the kind k
+// of chunk j as q4_widen16 gives it, for each half), then X16_Q4_TILE rows at a time, each entry's two
+// vectors loaded once into registers and met by each row's broadcast pair word (the same word
+// x16_group_q4_q16_few takes for that entry): 2 products of 16 multiply-adds a broadcast, 2 R of a
+// vector load, and no widening per row block. The rows' codes come block-major (Q16Blocks), their
+// float sums live in acc (row i's half h at acc + i * X16 + 8 h, L1). The integer sums are the
+// few-row kernel's (exact, any order) and the float steps per output the contract's in its order:
+// the same bits.
+template <class F>
+void x16_group_q4_q16_rows(const Q16Blocks& x, int64_t nb, int64_t m0, int64_t R, const uint8_t* group, float* acc, const uint8_t* pf) {
+    constexpr int64_t BB = x16_block_bytes<F>();
+    constexpr int64_t K = 32;  // (a row's codes of one block, block-major)
+    alignas(32) int16_t w16[16][2][16];  // [entry][half]
+    alignas(32) float ds[2][8], os[2][8];
+    for (int64_t i = 0; i < R; ++i)
+        for (int h = 0; h < 2; ++h) _mm256_store_ps(acc + i * X16 + 8 * h, _mm256_setzero_ps());
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* gb = group + b * BB;
+        if (pf)
+            for (int64_t o = 0; o < BB; o += 64) prefetch_l2(pf + b * BB + o);
+        const uint8_t* codes = gb + x16_codes_at<F>();
+        for (int h = 0; h < 2; ++h) {
+            __m256 d, o;
+            x16_scales<F>(gb, h, d, o);
+            _mm256_store_ps(ds[h], d), _mm256_store_ps(os[h], o);
+            for (int j = 0; j < 4; ++j) {
+                __m256i w[4];
+                q4_widen16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * 64 + 32 * h)), w);
+                for (int k = 0; k < 4; ++k) _mm256_store_si256(reinterpret_cast<__m256i*>(w16[4 * j + k][h]), w[k]);
+            }
+        }
+        // row i's pair words, scale and code sum at xq + i K, dxq + i dxs, sxq + i x.nb16
+        const int16_t* xq = x.q.data() + (b * x.M + m0) * K;
+        const float* dxq = x.dx.data() + b * x.M + m0;
+        const float* sxq = x.sx.data() + b * x.M + m0;
+        constexpr int64_t dxs = 1, sxs = 1;
+        auto rows = [&](auto rr, int64_t i) {
+            constexpr int RR = decltype(rr)::value;
+            const int16_t* xr = xq + i * K;
+            __m256i p[RR][2];
+            for (int r = 0; r < RR; ++r) p[r][0] = p[r][1] = _mm256_setzero_si256();
+#pragma GCC unroll 16
+            for (int e = 0; e < 16; ++e) {
+                const int j = e / 4, k = e % 4;
+                const __m256i c0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(w16[e][0]));
+                const __m256i c1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(w16[e][1]));
+                for (int r = 0; r < RR; ++r) {
+                    const __m256i q = _mm256_set1_epi32(code_word(xr + r * K + (k / 2) * 16 + 4 * j + (k % 2) * 2));
+                    p[r][0] = _mm256_add_epi32(p[r][0], _mm256_madd_epi16(c0, q));
+                    p[r][1] = _mm256_add_epi32(p[r][1], _mm256_madd_epi16(c1, q));
+                    asm("" : "+x"(p[r][0]), "+x"(p[r][1]));  // as in x16_groups_q16: no reassociation into spills
+                }
+            }
+            for (int r = 0; r < RR; ++r) {
+                const __m256 dx = _mm256_broadcast_ss(dxq + (i + r) * dxs), sx = _mm256_broadcast_ss(sxq + (i + r) * sxs);
+                for (int h = 0; h < 2; ++h) {
+                    float* a = acc + (i + r) * X16 + 8 * h;
+                    const __m256 v = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_load_ps(ds[h]), dx), _mm256_cvtepi32_ps(p[r][h]), _mm256_load_ps(a));
+                    _mm256_store_ps(a, _mm256_fmadd_ps(_mm256_load_ps(os[h]), sx, v));
+                }
+            }
+        };
+        int64_t i = 0;
+        for (; i + X16_Q4_TILE <= R; i += X16_Q4_TILE) rows(std::integral_constant<int, X16_Q4_TILE>{}, i);
+        static_assert(X16_Q4_TILE <= 4, "the rest below takes up to 3 rows");
+        switch (R - i) {
+            case 3: rows(std::integral_constant<int, 3>{}, i); break;
+            case 2: rows(std::integral_constant<int, 2>{}, i); break;
+            case 1: rows(std::integral_constant<int, 1>{}, i); break;
+            default: break;
+        }
+    }
+}
 #endif
 
 template <class F, bool Wide>
@@ -629,6 +731,14 @@ void linear_q8x16_impl(const TX* x, int64_t x_stride, int64_t M, int64_t K, cons
                     x16_groups_q16<X16_WIDE_GROUPS>(xq, m0, mb, group, X16 * rb, acc, pf);
                 else
                     x16_groups_q16<1>(xq, m0, mb, group, X16 * rb, acc, pf);
+            });
+        }
+    if constexpr (!std::is_same_v<F, FmtQ8_0> && Wide)
+        if (M >= X16_Q4_ROWS_Q16_MIN)
+        {
+            const Q16Blocks xb(xq, M);
+            return x16_rows<1>(M, w, rb, N, bias, out, out_stride, [&](int64_t m0, int64_t mb, const uint8_t* group, int, float* acc, const uint8_t* pf) {
+                x16_group_q4_q16_rows<F>(xb, xq.nb, m0, mb, group, acc, pf);
             });
         }
     if constexpr (!std::is_same_v<F, FmtQ8_0> && !Wide)
