@@ -164,8 +164,21 @@ def test_tree_attention_matches_sdpa(dtype, cache_dtype, nh, nkv, hd, P, kpath):
 @pytest.mark.parametrize("P", [0, 5, 37, 253, 300, 520])
 def test_tree_attention_row_equals_one_token_call(dtype, cache_dtype, nh, nkv, hd, P, kpath):
     """A node's output equals the one-token call made once its ancestors sit committed in the cache."""
+    _check_rows_equal_one_token_calls(dtype, cache_dtype, nh, nkv, hd, P, random_tree(random.Random(5), 12, 50))
+
+
+@pytest.mark.parametrize("dtype,cache_dtype", ATT_DTYPES, ids=ATT_IDS)
+@pytest.mark.parametrize("nh,nkv,hd", [(9, 3, 64), (12, 2, 64), (8, 4, 64), (6, 2, 32)])
+@pytest.mark.parametrize("T", [2, 3, 4, 5])
+# past ATT_PASSES_FROM: 2-5 rows' scores of head dim 64 on AVX2 take the chunk's keys transposed; 300
+# and 517 end in a part-filled block of 8 keys (the padded block's scores must not reach the tails')
+@pytest.mark.parametrize("P", [300, 517])
+def test_small_trees_in_passes_equal_one_token_calls(dtype, cache_dtype, nh, nkv, hd, T, P, kpath):
+    _check_rows_equal_one_token_calls(dtype, cache_dtype, nh, nkv, hd, P, random_tree(random.Random(T), T, 50))
+
+
+def _check_rows_equal_one_token_calls(dtype, cache_dtype, nh, nkv, hd, P, tree):
     k_cache, v_cache, rope, _ = _attention_setup(cache_dtype, P, nh, nkv, hd, seed=3)
-    tree = random_tree(random.Random(5), 12, 50)
     T = len(tree)
     q, k, v = (torch.randn(T, n * hd).to(dtype) for n in (nh, nkv, nkv))
     pos = tree.depths + P

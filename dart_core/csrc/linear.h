@@ -77,15 +77,26 @@ inline void store_tile(const float* res, int64_t res_row, int64_t res_col, int64
 constexpr float Q16_MAX = 32512.0f;  // 255 * 127 + 127: the largest Q two digits of [-127, 127] hold
 constexpr int32_t Q16_BASE = 255;
 
+// A vector's elements left uninitialized by resize (for buffers every element of which is written
+// before it is read: quantize_q8 writes each row, its padding included, in its own thread).
+template <class T> struct UninitAlloc : std::allocator<T> {
+    template <class U> struct rebind {
+        using other = UninitAlloc<U>;
+    };
+    template <class U> void construct(U* p) { ::new (static_cast<void*>(p)) U; }
+    template <class U, class... A> void construct(U* p, A&&... a) { ::new (static_cast<void*>(p)) U(std::forward<A>(a)...); }
+};
+template <class T> using RawVec = std::vector<T, UninitAlloc<T>>;
+
 struct Q8Rows {  // M activation rows in int8 blocks; pairs of blocks padded with a zero block
     int64_t K = 0, nb = 0, npair = 0, nb16 = 0;
-    int digits = 1;           // 1: int8 codes in q; 2: 16-bit codes, high digits in q, low digits in q2
-    std::vector<int8_t> q;    // M x (npair * 64)
-    std::vector<int8_t> q2;   // digits == 2: the low digits, laid out as q
-    std::vector<float> dx16;  // M x npair x 16: the pair's scales, each repeated over its 8 lanes
-    std::vector<float> sx;    // M x nb16 (zero past nb)
-    std::vector<int32_t> isum;  // M x nb: each block's sum of codes (sx = dx * isum)
-    std::vector<int16_t> q16;   // digits 2, where asked: M x K, the codes Q = 255 hi + lo themselves, per 4
+    int digits = 1;       // 1: int8 codes in q; 2: 16-bit codes, high digits in q, low digits in q2
+    RawVec<int8_t> q;     // M x (npair * 64)
+    RawVec<int8_t> q2;    // digits == 2: the low digits, laid out as q
+    RawVec<float> dx16;   // M x npair x 16: the pair's scales, each repeated over its 8 lanes
+    RawVec<float> sx;     // M x nb16 (zero past nb)
+    RawVec<int32_t> isum;  // M x nb: each block's sum of codes (sx = dx * isum)
+    RawVec<int16_t> q16;   // digits 2, where asked: M x K, the codes Q = 255 hi + lo themselves, per 4
                                 // elements in the order (Q0, Q2, Q1, Q3) (a 32-bit word at 4j pairs the even
                                 // elements of 4j..4j+3, at 4j + 2 the odd ones: x16_groups_q16)
     const int8_t* qrow(int64_t m) const { return q.data() + m * npair * 64; }

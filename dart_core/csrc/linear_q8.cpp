@@ -132,54 +132,78 @@ inline void q16_block(Q8Rows& r, int64_t m, int64_t b) {
     }
 }
 
+constexpr int64_t QUANTIZE_PARALLEL_ROWS = 8;  // rows from which quantize_q8 splits its rows across the threads
+
+// Row m of x into r (its blocks, their padding, its 16-bit codes); rowp: K floats of scratch.
+template <class TX>
+void quantize_row(const TX* x, int64_t x_stride, int64_t m, int64_t K, Q8Rows& r, int digits, float* rowp) {
+    // the padding: a zero block after an odd block count (codes and scales) and zero sx past nb
+    if (r.nb % 2) {
+        std::fill_n(r.q.data() + m * r.npair * 64 + r.nb * 32, 32, int8_t{0});
+        if (digits == 2) std::fill_n(r.q2.data() + m * r.npair * 64 + r.nb * 32, 32, int8_t{0});
+        std::fill_n(r.dx16.data() + m * r.npair * 16 + (r.nb / 2) * 16 + 8, 8, 0.0f);
+    }
+    std::fill(r.sx.data() + m * r.nb16 + r.nb, r.sx.data() + (m + 1) * r.nb16, 0.0f);
+    load_row(x + m * x_stride, rowp, K);
+    for (int64_t b = 0; b < r.nb; ++b) {
+        const float* v = rowp + b * 32;
+#ifdef DART_X86_Q8_VEC
+        if (quantize_block_vec(v, r, m, b)) {
+#ifndef DART_V16_AVX2
+            if (!r.q16.empty()) q16_block(r, m, b);
+#endif
+            continue;
+        }
+#endif
+        float amax = 0.0f;
+        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[i]));
+        const float qmax = digits == 2 ? Q16_MAX : 127.0f;
+        const float d = amax / qmax, id = d != 0.0f ? 1.0f / d : 0.0f;
+        int32_t s = 0;
+        int8_t* q = r.q.data() + m * r.npair * 64 + b * 32;
+        int8_t* q2 = digits == 2 ? r.q2.data() + m * r.npair * 64 + b * 32 : nullptr;
+        for (int i = 0; i < 32; ++i) {
+            float t = std::nearbyint(v[i] * id);
+            t = t > qmax ? qmax : (t < -qmax ? -qmax : (t == t ? t : 0.0f));
+            const int32_t c = static_cast<int32_t>(t);
+            s += c;
+            if (digits == 1) {
+                q[i] = static_cast<int8_t>(c);
+                continue;
+            }
+            const int32_t h = static_cast<int32_t>(std::nearbyint(t / static_cast<float>(Q16_BASE)));
+            q[i] = static_cast<int8_t>(h);
+            q2[i] = static_cast<int8_t>(c - Q16_BASE * h);
+        }
+        float* dx = r.dx16.data() + m * r.npair * 16 + (b / 2) * 16 + (b % 2) * 8;
+        for (int l = 0; l < 8; ++l) dx[l] = d;
+        r.sx[m * r.nb16 + b] = d * static_cast<float>(s);
+        r.isum[m * r.nb + b] = s;
+        if (!r.q16.empty()) q16_block(r, m, b);
+    }
+}
+
 template <class TX>
 void quantize_q8(const TX* x, int64_t x_stride, int64_t M, int64_t K, Q8Rows& r, int digits, bool q16) {
     r.K = K, r.nb = K / 32, r.npair = (r.nb + 1) / 2, r.nb16 = (r.nb + 15) / 16 * 16, r.digits = digits;
-    r.q.assign(static_cast<size_t>(M * r.npair * 64), 0);
-    r.q2.assign(digits == 2 ? static_cast<size_t>(M * r.npair * 64) : 0, 0);
-    r.dx16.assign(static_cast<size_t>(M * r.npair * 16), 0.0f);
-    r.sx.assign(static_cast<size_t>(M * r.nb16), 0.0f);
-    r.isum.assign(static_cast<size_t>(M * r.nb), 0);
-    r.q16.assign(digits == 2 && q16 ? static_cast<size_t>(M * K) : 0, 0);
-    std::vector<float> row(static_cast<size_t>(K));
-    for (int64_t m = 0; m < M; ++m) {
-        load_row(x + m * x_stride, row.data(), K);
-        for (int64_t b = 0; b < r.nb; ++b) {
-            const float* v = row.data() + b * 32;
-#ifdef DART_X86_Q8_VEC
-            if (quantize_block_vec(v, r, m, b)) {
-#ifndef DART_V16_AVX2
-                if (!r.q16.empty()) q16_block(r, m, b);
-#endif
-                continue;
-            }
-#endif
-            float amax = 0.0f;
-            for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[i]));
-            const float qmax = digits == 2 ? Q16_MAX : 127.0f;
-            const float d = amax / qmax, id = d != 0.0f ? 1.0f / d : 0.0f;
-            int32_t s = 0;
-            int8_t* q = r.q.data() + m * r.npair * 64 + b * 32;
-            int8_t* q2 = digits == 2 ? r.q2.data() + m * r.npair * 64 + b * 32 : nullptr;
-            for (int i = 0; i < 32; ++i) {
-                float t = std::nearbyint(v[i] * id);
-                t = t > qmax ? qmax : (t < -qmax ? -qmax : (t == t ? t : 0.0f));
-                const int32_t c = static_cast<int32_t>(t);
-                s += c;
-                if (digits == 1) {
-                    q[i] = static_cast<int8_t>(c);
-                    continue;
-                }
-                const int32_t h = static_cast<int32_t>(std::nearbyint(t / static_cast<float>(Q16_BASE)));
-                q[i] = static_cast<int8_t>(h);
-                q2[i] = static_cast<int8_t>(c - Q16_BASE * h);
-            }
-            float* dx = r.dx16.data() + m * r.npair * 16 + (b / 2) * 16 + (b % 2) * 8;
-            for (int l = 0; l < 8; ++l) dx[l] = d;
-            r.sx[m * r.nb16 + b] = d * static_cast<float>(s);
-            r.isum[m * r.nb + b] = s;
-            if (!r.q16.empty()) q16_block(r, m, b);
-        }
+    // (uninitialized: quantize_row writes every element of its row, the padding included)
+    r.q.resize(static_cast<size_t>(M * r.npair * 64));
+    r.q2.resize(digits == 2 ? static_cast<size_t>(M * r.npair * 64) : 0);
+    r.dx16.resize(static_cast<size_t>(M * r.npair * 16));
+    r.sx.resize(static_cast<size_t>(M * r.nb16));
+    r.isum.resize(static_cast<size_t>(M * r.nb));
+    r.q16.resize(digits == 2 && q16 ? static_cast<size_t>(M * K) : 0);
+    if (M < QUANTIZE_PARALLEL_ROWS) {  // (no parallel region: ~120 linears a one-row step)
+        std::vector<float> row(static_cast<size_t>(K));
+        for (int64_t m = 0; m < M; ++m) quantize_row(x, x_stride, m, K, r, digits, row.data());
+        return;
+    }
+    // each row's codes are its own: the same bytes on any thread
+#pragma omp parallel
+    {
+        std::vector<float> row(static_cast<size_t>(K));
+#pragma omp for schedule(static)
+        for (int64_t m = 0; m < M; ++m) quantize_row(x, x_stride, m, K, r, digits, row.data());
     }
 }
 

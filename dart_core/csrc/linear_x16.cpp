@@ -613,6 +613,7 @@ struct Q16Blocks {
     std::vector<float> dx, sx;
     explicit Q16Blocks(const Q8Rows& x, int64_t M_) : M(M_), q(x.q16.size()), dx(x.nb * M_), sx(x.nb * M_) {
         const int64_t K = x.nb * 32;
+#pragma omp parallel for schedule(static)
         for (int64_t m = 0; m < M; ++m)
             for (int64_t b = 0; b < x.nb; ++b) {
                 std::memcpy(&q[(b * M + m) * 32], &x.q16[m * K + b * 32], 64);
