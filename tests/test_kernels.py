@@ -170,8 +170,9 @@ def test_tree_attention_row_equals_one_token_call(dtype, cache_dtype, nh, nkv, h
 @pytest.mark.parametrize("dtype,cache_dtype", ATT_DTYPES, ids=ATT_IDS)
 @pytest.mark.parametrize("nh,nkv,hd", [(9, 3, 64), (12, 2, 64), (8, 4, 64), (6, 2, 32)])
 @pytest.mark.parametrize("T", [2, 3, 4, 5])
-# past ATT_PASSES_FROM: 2-5 rows' scores of head dim 64 on AVX2 take the chunk's keys transposed; 300
-# and 517 end in a part-filled block of 8 keys (the padded block's scores must not reach the tails')
+# past ATT_PASSES_FROM, below the row blocks: the three passes with AVX2's many-row scoring (each
+# chunk's keys widened once for every row) and values a lane group at a time; 300 and 517 end in a
+# part-filled chunk of 64 keys (517 also in a part-filled block of 4)
 @pytest.mark.parametrize("P", [300, 517])
 def test_small_trees_in_passes_equal_one_token_calls(dtype, cache_dtype, nh, nkv, hd, T, P, kpath):
     _check_rows_equal_one_token_calls(dtype, cache_dtype, nh, nkv, hd, P, random_tree(random.Random(T), T, 50))

@@ -136,7 +136,8 @@ constexpr int64_t QUANTIZE_PARALLEL_ROWS = 8;  // rows from which quantize_q8 sp
 
 // Row m of x into r (its blocks, their padding, its 16-bit codes); rowp: K floats of scratch.
 template <class TX>
-void quantize_row(const TX* x, int64_t x_stride, int64_t m, int64_t K, Q8Rows& r, int digits, float* rowp) {
+void quantize_row(const TX* x, int64_t x_stride, int64_t m, int64_t K, Q8Rows& r, float* rowp) {
+    const int digits = r.digits;
     // the padding: a zero block after an odd block count (codes and scales) and zero sx past nb
     if (r.nb % 2) {
         std::fill_n(r.q.data() + m * r.npair * 64 + r.nb * 32, 32, int8_t{0});
@@ -195,7 +196,7 @@ void quantize_q8(const TX* x, int64_t x_stride, int64_t M, int64_t K, Q8Rows& r,
     r.q16.resize(digits == 2 && q16 ? static_cast<size_t>(M * K) : 0);
     if (M < QUANTIZE_PARALLEL_ROWS) {  // (no parallel region: ~120 linears a one-row step)
         std::vector<float> row(static_cast<size_t>(K));
-        for (int64_t m = 0; m < M; ++m) quantize_row(x, x_stride, m, K, r, digits, row.data());
+        for (int64_t m = 0; m < M; ++m) quantize_row(x, x_stride, m, K, r, row.data());
         return;
     }
     // each row's codes are its own: the same bytes on any thread
@@ -203,7 +204,7 @@ void quantize_q8(const TX* x, int64_t x_stride, int64_t M, int64_t K, Q8Rows& r,
     {
         std::vector<float> row(static_cast<size_t>(K));
 #pragma omp for schedule(static)
-        for (int64_t m = 0; m < M; ++m) quantize_row(x, x_stride, m, K, r, digits, row.data());
+        for (int64_t m = 0; m < M; ++m) quantize_row(x, x_stride, m, K, r, row.data());
     }
 }
 

@@ -312,6 +312,11 @@ inline void q4_widen16(__m256i c, __m256i* w) {
     w[3] = _mm256_srli_epi16(c, 12);
 }
 
+// The offset in a row's 32 codes Q of a block (Q8Rows::q16's order) of the pair word that meets kind k
+// of chunk j's widened codes (q4_widen16): elements 4j, 4j + 2 (k = 0), 4j + 1, 4j + 3 (1), and the same
+// 16 on (2, 3).
+constexpr int q4_pair_word(int j, int k) { return (k / 2) * 16 + 4 * j + (k % 2) * 2; }
+
 // One block-half (8 weight rows) of a Q4_0 / Q4_1 group, ready for input rows: its scales, its offset
 // term (Q4_1's minimums, Q4_0's -8 d) and its 4 code chunks unpacked to low and high nibbles.
 template <class F> struct Q4Half {
@@ -372,9 +377,9 @@ template <class F> constexpr int64_t x16_q16_min_rows() {
 // steps per output the contract's in its order: the same bits. Q4 row counts from 2 to
 // X16_Q4_ROWS_Q16_MIN - 1 run here: 2-4 rows (DART's and EAGLE3's verify of 1-3 drafted nodes) in one
 // pass, more a row block of up to X16_MB rows at a time in two passes (x16_group), the second reading
-// the group from L1; more rows take x16_group_q4_q16_rows. Widening a chunk
-// again each pass costs less than widening the group's blocks once into L1 for every row and reading
-// them back (x16_groups_q16, which the Q4 groups ran from 5 rows before): on the AMD EPYC (avx2, 2
+// the group from L1; more rows take x16_group_q4_q16_rows. Up to there, widening a chunk again each
+// pass costs less than widening the group's blocks once into L1 for every row and reading them back
+// (x16_groups_q16, which the Q4 groups ran from 5 rows before): on the AMD EPYC (avx2, 2
 // threads), the 30 layers' linears of 5 rows 9.8-10.2 -> 7.0-7.1 ms, 8 rows 13.2-13.9 -> 9.8-10.0, 16
 // rows 21.7-22.2 -> 18.5-18.9, 64 rows 70.5-72.6 -> 69.5-69.9. When this kernel came (for 2-4 rows), a
 // forward of 2 rows 7.3-7.7 -> 5.0-5.8 ms, 3 rows 8.9-9.1 -> 6.2-7.6, 4 rows 9.7-9.8 -> 7.6-8.9.
@@ -398,7 +403,7 @@ void x16_group_q4_q16_few(const Q8Rows& x, int64_t m0, const uint8_t* group, flo
             for (int r = 0; r < R; ++r) {
                 const int16_t* xr = x.q16.data() + (m0 + r) * K + b * 32;
                 for (int k = 0; k < 4; ++k) {  // words at 4j, 4j + 2, 16 + 4j, 16 + 4j + 2
-                    const __m256i q = _mm256_set1_epi32(code_word(xr + (k / 2) * 16 + 4 * j + (k % 2) * 2));
+                    const __m256i q = _mm256_set1_epi32(code_word(xr + q4_pair_word(j, k)));
                     for (int h = 0; h < 2; ++h) {
                         p[r][h] = _mm256_add_epi32(p[r][h], _mm256_madd_epi16(w[h][k], q));
                         asm("" : "+x"(p[r][h]));  // as in x16_groups_q16: no reassociation into spills
@@ -595,7 +600,6 @@ void x16_groups_q16(const Q8Rows& x, int64_t m0, int64_t R, const uint8_t* group
     }
 }
 
-
 // Rows a tile: 8 integer sums, 2 code vectors and a broadcast in registers. On the AMD EPYC (avx2, 1
 // thread, the embedded target's layer-0 linears at 64 rows) 3, 4 and 5 rows ran 1.07-1.25 pairs a
 // cycle alike, 6 (15 of 16 ymm) 0.9-1.0: its sums went to the stack around the float steps.
@@ -609,8 +613,8 @@ constexpr int64_t X16_Q4_ROWS_Q16_MIN = 16;
 // apart, and with K = 1536 (the down projection) those 64 lines map to 4 of L1's 64 sets.
 struct Q16Blocks {
     int64_t M = 0;
-    std::vector<int16_t> q;
-    std::vector<float> dx, sx;
+    RawVec<int16_t> q;  // (uninitialized until the constructor's copy: every element is written)
+    RawVec<float> dx, sx;
     explicit Q16Blocks(const Q8Rows& x, int64_t M_) : M(M_), q(x.q16.size()), dx(x.nb * M_), sx(x.nb * M_) {
         const int64_t K = x.nb * 32;
 #pragma omp parallel for schedule(static)
@@ -626,8 +630,8 @@ struct Q16Blocks {
 // group's two halves widened to int16 once for all R rows (w16, 1 KB in L1: entry 4j + k the kind k
 // of chunk j as q4_widen16 gives it, for each half), then X16_Q4_TILE rows at a time, each entry's two
 // vectors loaded once into registers and met by each row's broadcast pair word (the same word
-// x16_group_q4_q16_few takes for that entry): 2 products of 16 multiply-adds a broadcast, 2 R of a
-// vector load, and no widening per row block. The rows' codes come block-major (Q16Blocks), their
+// x16_group_q4_q16_few takes for that entry): 2 products of 16 multiply-adds a broadcast, X16_Q4_TILE
+// rows' products a code vector load, and no widening per row block. The rows' codes come block-major (Q16Blocks), their
 // float sums live in acc (row i's half h at acc + i * X16 + 8 h, L1). The integer sums are the
 // few-row kernel's (exact, any order) and the float steps per output the contract's in its order:
 // the same bits.
@@ -654,11 +658,10 @@ void x16_group_q4_q16_rows(const Q16Blocks& x, int64_t nb, int64_t m0, int64_t R
                 for (int k = 0; k < 4; ++k) _mm256_store_si256(reinterpret_cast<__m256i*>(w16[4 * j + k][h]), w[k]);
             }
         }
-        // row i's pair words, scale and code sum at xq + i K, dxq + i dxs, sxq + i x.nb16
+        // row i's pair words, scale and code sum at xq + i K, dxq[i], sxq[i]
         const int16_t* xq = x.q.data() + (b * x.M + m0) * K;
         const float* dxq = x.dx.data() + b * x.M + m0;
         const float* sxq = x.sx.data() + b * x.M + m0;
-        constexpr int64_t dxs = 1, sxs = 1;
         auto rows = [&](auto rr, int64_t i) {
             constexpr int RR = decltype(rr)::value;
             const int16_t* xr = xq + i * K;
@@ -670,14 +673,14 @@ void x16_group_q4_q16_rows(const Q16Blocks& x, int64_t nb, int64_t m0, int64_t R
                 const __m256i c0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(w16[e][0]));
                 const __m256i c1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(w16[e][1]));
                 for (int r = 0; r < RR; ++r) {
-                    const __m256i q = _mm256_set1_epi32(code_word(xr + r * K + (k / 2) * 16 + 4 * j + (k % 2) * 2));
+                    const __m256i q = _mm256_set1_epi32(code_word(xr + r * K + q4_pair_word(j, k)));
                     p[r][0] = _mm256_add_epi32(p[r][0], _mm256_madd_epi16(c0, q));
                     p[r][1] = _mm256_add_epi32(p[r][1], _mm256_madd_epi16(c1, q));
                     asm("" : "+x"(p[r][0]), "+x"(p[r][1]));  // as in x16_groups_q16: no reassociation into spills
                 }
             }
             for (int r = 0; r < RR; ++r) {
-                const __m256 dx = _mm256_broadcast_ss(dxq + (i + r) * dxs), sx = _mm256_broadcast_ss(sxq + (i + r) * sxs);
+                const __m256 dx = _mm256_broadcast_ss(dxq + i + r), sx = _mm256_broadcast_ss(sxq + i + r);
                 for (int h = 0; h < 2; ++h) {
                     float* a = acc + (i + r) * X16 + 8 * h;
                     const __m256 v = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_load_ps(ds[h]), dx), _mm256_cvtepi32_ps(p[r][h]), _mm256_load_ps(a));

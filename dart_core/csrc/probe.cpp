@@ -118,7 +118,7 @@ std::vector<std::pair<std::string, double>> issue_rates() {
     out.emplace_back("clock_hz", hz);
 #ifdef DART_V16
     // Each rate is the best of PROBE_ROUNDS short runs, the kinds taken in turn round after round, so
-    // that the runs of every kind spread over the whole ~0.4 s: a moment when another thread shares
+    // that the runs of every kind spread over the whole measurement (~0.1 s): a moment when another thread shares
     // the core (a sibling hyperthread of the host, another tenant) slows every kind's run in it, and
     // best-of-4 runs back to back, one kind after the other, let such a moment take one kind's rate
     // down by a fifth to a third (seen on the AMD EPYC: vpmaddwd 1.55-1.73 against 2.02).
