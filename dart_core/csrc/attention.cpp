@@ -483,12 +483,15 @@ void tree_attention_blocks(const T* q, int64_t q_stride, const float* cos, const
     const int64_t half = hd / 2, rep = nh / nkv;
     int64_t nb = (T_ + ATT_BLOCK_MAX_ROWS - 1) / ATT_BLOCK_MAX_ROWS;
     while (nb < T_ && nkv * nb < 2 * static_cast<int64_t>(omp_get_max_threads())) ++nb;
-    const int64_t sc_stride = (std::max(max_len, P + 8) + 15) / 16 * 16;
+    // (a block's shared slots join its committed keys below: up to max_len - 1 of them, whose last
+    // block of 8 pads up to 7 scores past)
+    const int64_t sc_stride = (max_len + 8 + 15) / 16 * 16;
     const int64_t max_block = (T_ + nb - 1) / nb, max_qh = max_block * rep;
 #pragma omp parallel
     {
-        AlignedFloats kt(ATT_BLOCK_KEYS * hd), vf(std::max<int64_t>(P, 1) * hd), sc(max_qh * sc_stride), of(max_qh * hd), qf(max_qh * hd);
+        AlignedFloats kt(ATT_BLOCK_KEYS * hd), vf(max_len * hd), sc(max_qh * sc_stride), of(max_qh * hd), qf(max_qh * hd);
         std::vector<float> den(static_cast<size_t>(max_qh));
+        std::vector<std::vector<int64_t>> rest(static_cast<size_t>(max_block));
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < nkv * nb; ++it) {
             const int64_t g = it / nb, b = it % nb, i0 = b * T_ / nb, nr = (b + 1) * T_ / nb - i0;
@@ -496,8 +499,17 @@ void tree_attention_blocks(const T* q, int64_t q_stride, const float* cos, const
                 const int64_t i = i0 + r;
                 rope_queries(q + i * q_stride + g * rep * hd, cos + pos[i] * half, sin + pos[i] * half, rep, hd, qf.p + r * rep * hd);
             }
-            attend_row_block<C>(qf.p, nr, rep, k_cache + g * cap * hd, v_cache + g * cap * hd, P, tail, i0, scale, kt.p, vf.p, sc.p,
-                                   sc_stride, of.p, den.data());
+            // The slots P, P+1, .. that begin every row's tail of this block (a prompt's chunk is a
+            // chain: rows i0.. share slots P..P+i0) are the next keys of each row's sequence after
+            // slot P-1, so they are scored and weighted as committed keys (in row blocks, not one row
+            // at a time): the same keys in the same order, the same bits.
+            int64_t shared = 0;
+            for (bool more = true; more; shared += more)
+                for (int64_t r = 0; r < nr && more; ++r)
+                    more = static_cast<int64_t>(tail[i0 + r].size()) > shared && tail[i0 + r][shared] == P + shared;
+            for (int64_t r = 0; r < nr; ++r) rest[r].assign(tail[i0 + r].begin() + shared, tail[i0 + r].end());
+            attend_row_block<C>(qf.p, nr, rep, k_cache + g * cap * hd, v_cache + g * cap * hd, P + shared, rest, 0, scale, kt.p, vf.p,
+                                sc.p, sc_stride, of.p, den.data());
             for (int64_t r = 0; r < nr; ++r)
                 for (int64_t e = 0; e < rep * hd; ++e)
                     out[(i0 + r) * out_stride + g * rep * hd + e] = from_f32<T>(of.p[r * rep * hd + e]);
