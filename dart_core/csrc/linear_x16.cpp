@@ -470,33 +470,85 @@ void x16_group(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, co
         }
     }
 }
-// Many rows of int8 codes against one block-half (8 weight rows) of a Q4_0 / Q4_1 group (AVX2), rows
-// innermost: the block-half's codes unpacked once into 8 registers for all R rows (the half-by-half
-// kernel above does it once per row block of 6), each row's integer sum by Q4Half::dot, and the rows'
-// float sums in acc (row i's at acc + i * X16 + 8 half, L1) instead of registers, so nothing spills
-// however many rows run. The same operations per output in the same order as above: the same bits.
+// Many rows of int8 codes against one Q4_0 / Q4_1 group (AVX2), both halves at once: per block, the
+// group's codes split into their low and high nibbles once for all R rows (wb, 512 B in L1), then
+// X16_Q4_I8_TILE rows at a time, each row's code word of a chunk broadcast once and met by both
+// halves' nibble vectors (vpmaddubsw from L1: a broadcast feeds two products, where Q4Half::dot's
+// feeds one). A lane's 16-bit sum over a block holds 8 pairs of products, as Q4Half::dot's (at most
+// 8 * 2 * 15 * 127 = 30480: exact in any order), widened once a half; the float steps per output are
+// Q4Half::step's in its order: the same bits as the register kernels above. On the AMD EPYC (avx2, 1
+// thread, the embedded target's layer-0 linears) against one block-half at a time with its codes in
+// registers and each row's Q4Half::dot: 64 rows 12-14% faster, 12-16 rows 5-10%, 8 rows even; tiles
+// of 6 rows were slower than 4.
 // (16-bit codes on Q4 take x16_group_q4_q16_few above and x16_group_q4_q16_rows below.)
+constexpr int X16_Q4_I8_TILE = 4;
 template <class F>
-void x16_half_q4_rows(const Q8Rows& x, int64_t m0, int64_t R, const uint8_t* group, int half, float* acc) {
+void x16_group_q4_i8_rows(const Q8Rows& x, int64_t m0, int64_t R, const uint8_t* group, float* acc, const uint8_t* pf) {
     constexpr int64_t BB = x16_block_bytes<F>();
-    acc += 8 * half;
-    for (int64_t i = 0; i < R; ++i) _mm256_store_ps(acc + i * X16, _mm256_setzero_ps());
-    // the rows stepped by pointer: Q4Half::step, indexing each row anew, ran 5-10% slower here
-    const int64_t xs = x.npair * 64, dxs = x.npair * 16;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    alignas(32) uint8_t wb[8][2][32];  // [entry e: chunk e's low nibbles (e < 4), chunk e - 4's high ones][half]
+    alignas(32) float ds[2][8], os[2][8];
+    for (int64_t i = 0; i < R; ++i)
+        for (int h = 0; h < 2; ++h) _mm256_store_ps(acc + i * X16 + 8 * h, _mm256_setzero_ps());
+    const int64_t xs = x.npair * 64;
     for (int64_t b = 0; b < x.nb; ++b) {
-        const Q4Half<F> w(group + b * BB, half);
-        const int8_t* xp = x.qrow(m0) + b * 32;
-        const float* dxp = x.dxrow(m0) + (b / 2) * 16 + (b % 2) * 8;
-        const float* sxp = x.sxrow(m0) + b;
-        for (int64_t i = 0; i < R; ++i, xp += xs, dxp += dxs, sxp += x.nb16) {
-            float* a = acc + i * X16;
-            const __m256 v = _mm256_fmadd_ps(_mm256_mul_ps(w.d, _mm256_broadcast_ss(dxp)), _mm256_cvtepi32_ps(w.dot(xp)), _mm256_load_ps(a));
-            _mm256_store_ps(a, _mm256_fmadd_ps(w.o, _mm256_broadcast_ss(sxp), v));
+        const uint8_t* gb = group + b * BB;
+        if (pf)
+            for (int64_t o = 0; o < BB; o += 64) prefetch_l2(pf + b * BB + o);
+        const uint8_t* codes = gb + x16_codes_at<F>();
+        for (int h = 0; h < 2; ++h) {
+            __m256 d, o;
+            x16_scales<F>(gb, h, d, o);
+            _mm256_store_ps(ds[h], d), _mm256_store_ps(os[h], o);
+            for (int j = 0; j < 4; ++j) {
+                const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * 64 + 32 * h));
+                _mm256_store_si256(reinterpret_cast<__m256i*>(wb[j][h]), _mm256_and_si256(c, m4));
+                _mm256_store_si256(reinterpret_cast<__m256i*>(wb[4 + j][h]), _mm256_and_si256(_mm256_srli_epi16(c, 4), m4));
+            }
+        }
+        const int8_t* xq = x.qrow(m0) + b * 32;  // row i's codes of block b at xq + i * xs
+        auto rows = [&](auto rr, int64_t i) {
+            constexpr int RR = decltype(rr)::value;
+            __m256i s[RR][2];
+            for (int r = 0; r < RR; ++r) s[r][0] = s[r][1] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int e = 0; e < 8; ++e) {
+                const int at = (e / 4) * 16 + 4 * (e % 4);  // Q4Half::dot's word for this entry
+                const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb[e][0]));
+                const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb[e][1]));
+                for (int r = 0; r < RR; ++r) {
+                    const __m256i q = _mm256_set1_epi32(code_word(xq + (i + r) * xs + at));
+                    s[r][0] = _mm256_add_epi16(s[r][0], _mm256_maddubs_epi16(w0, q));
+                    s[r][1] = _mm256_add_epi16(s[r][1], _mm256_maddubs_epi16(w1, q));
+                    asm("" : "+x"(s[r][0]), "+x"(s[r][1]));  // each sum in its register
+                }
+            }
+            for (int r = 0; r < RR; ++r) {
+                const int64_t m = m0 + i + r;
+                const __m256 dx = _mm256_set1_ps(q8_dx(x, m, b)), sx = _mm256_set1_ps(x.sxrow(m)[b]);
+                for (int h = 0; h < 2; ++h) {
+                    float* a = acc + (i + r) * X16 + 8 * h;
+                    const __m256i p = _mm256_madd_epi16(s[r][h], ones);
+                    const __m256 v = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_load_ps(ds[h]), dx), _mm256_cvtepi32_ps(p), _mm256_load_ps(a));
+                    _mm256_store_ps(a, _mm256_fmadd_ps(_mm256_load_ps(os[h]), sx, v));
+                }
+            }
+        };
+        int64_t i = 0;
+        for (; i + X16_Q4_I8_TILE <= R; i += X16_Q4_I8_TILE) rows(std::integral_constant<int, X16_Q4_I8_TILE>{}, i);
+        static_assert(X16_Q4_I8_TILE <= 6, "the rest below takes up to 5 rows");
+        switch (R - i) {
+            case 5: if constexpr (X16_Q4_I8_TILE > 5) rows(std::integral_constant<int, 5>{}, i); break;
+            case 4: if constexpr (X16_Q4_I8_TILE > 4) rows(std::integral_constant<int, 4>{}, i); break;
+            case 3: rows(std::integral_constant<int, 3>{}, i); break;
+            case 2: rows(std::integral_constant<int, 2>{}, i); break;
+            case 1: rows(std::integral_constant<int, 1>{}, i); break;
+            default: break;
         }
     }
 }
 
-constexpr int64_t X16_Q4_ROWS_MIN = 8;  // from this many rows of int8 codes, x16_half_q4_rows
+constexpr int64_t X16_Q4_ROWS_MIN = 8;  // from this many rows of int8 codes, x16_group_q4_i8_rows
 constexpr int64_t X16_ROWS_PASS = 64;   // rows per pass over a group (their float sums: up to 64 x 16 G in L1)
 
 // The many-row kernels' driver: the groups split across the threads G at a time, up to X16_ROWS_PASS
@@ -747,8 +799,8 @@ void linear_q8x16_impl(const TX* x, int64_t x_stride, int64_t M, int64_t K, cons
         }
     if constexpr (!std::is_same_v<F, FmtQ8_0> && !Wide)
         if (M >= X16_Q4_ROWS_MIN)
-            return x16_rows<1>(M, w, rb, N, bias, out, out_stride, [&](int64_t m0, int64_t mb, const uint8_t* group, int, float* acc, const uint8_t*) {
-                for (int h = 0; h < 2; ++h) x16_half_q4_rows<F>(xq, m0, mb, group, h, acc);
+            return x16_rows<1>(M, w, rb, N, bias, out, out_stride, [&](int64_t m0, int64_t mb, const uint8_t* group, int, float* acc, const uint8_t* pf) {
+                x16_group_q4_i8_rows<F>(xq, m0, mb, group, acc, pf);
             });
 #endif
 #ifdef DART_V16
