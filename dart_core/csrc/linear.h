@@ -96,7 +96,7 @@ struct Q8Rows {  // M activation rows in int8 blocks; pairs of blocks padded wit
     RawVec<float> dx16;   // M x npair x 16: the pair's scales, each repeated over its 8 lanes
     RawVec<float> sx;     // M x nb16 (zero past nb)
     RawVec<int32_t> isum;  // M x nb: each block's sum of codes (sx = dx * isum)
-    RawVec<int16_t> q16;   // digits 2, where asked: M x K, the codes Q = 255 hi + lo themselves, per 4
+    RawVec<int16_t> q16;   // where asked: M x K, the codes themselves (digits 2: Q = 255 hi + lo; 1: q), per 4
                                 // elements in the order (Q0, Q2, Q1, Q3) (a 32-bit word at 4j pairs the even
                                 // elements of 4j..4j+3, at 4j + 2 the odd ones: x16_groups_q16)
     const int8_t* qrow(int64_t m) const { return q.data() + m * npair * 64; }

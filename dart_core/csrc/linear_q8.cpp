@@ -101,14 +101,14 @@ inline bool quantize_block_vec(const float* v, Q8Rows& r, int64_t m, int64_t b) 
         for (int h = 0; h < 4; ++h) l[h] = _mm256_sub_epi32(ti[h], _mm256_sub_epi32(_mm256_slli_epi32(wh[h], 8), wh[h]));  // Q - 255 hi
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), bytes(wh[0], wh[1], wh[2], wh[3]));
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(q2), bytes(l[0], l[1], l[2], l[3]));
-        if (!r.q16.empty()) {  // Q itself, per 4 elements in the order (Q0, Q2, Q1, Q3) (Q8Rows::q16)
-            const __m256i order = _mm256_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15, 0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10,
-                                                   11, 14, 15);
-            int16_t* o = r.q16.data() + m * r.K + b * 32;
-            for (int h = 0; h < 2; ++h) {  // elements 16h..16h+15: (0-3, 8-11 | 4-7, 12-15) -> in order, then each 4 reordered
-                const __m256i p = _mm256_permute4x64_epi64(_mm256_packs_epi32(ti[2 * h], ti[2 * h + 1]), 0xD8);
-                _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 16 * h), _mm256_shuffle_epi8(p, order));
-            }
+    }
+    if (!r.q16.empty()) {  // the codes themselves, per 4 elements in the order (Q0, Q2, Q1, Q3) (Q8Rows::q16)
+        const __m256i order = _mm256_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15, 0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10,
+                                               11, 14, 15);
+        int16_t* o = r.q16.data() + m * r.K + b * 32;
+        for (int h = 0; h < 2; ++h) {  // elements 16h..16h+15: (0-3, 8-11 | 4-7, 12-15) -> in order, then each 4 reordered
+            const __m256i p = _mm256_permute4x64_epi64(_mm256_packs_epi32(ti[2 * h], ti[2 * h + 1]), 0xD8);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 16 * h), _mm256_shuffle_epi8(p, order));
         }
     }
 #endif
@@ -120,14 +120,14 @@ inline bool quantize_block_vec(const float* v, Q8Rows& r, int64_t m, int64_t b) 
 }
 #endif
 
-// Row m's block b of 16-bit codes into Q8Rows::q16 from its digits (where quantize_block_vec does not).
+// Row m's block b of codes into Q8Rows::q16 from its digits, or its int8 codes (where quantize_block_vec does not).
 inline void q16_block(Q8Rows& r, int64_t m, int64_t b) {
     const int8_t* hi = r.qrow(m) + b * 32;
-    const int8_t* lo = r.qrow2(m) + b * 32;
+    const int8_t* lo = r.digits == 2 ? r.qrow2(m) + b * 32 : nullptr;
     int16_t* o = r.q16.data() + m * r.K + b * 32;
     for (int k = 0; k < 32; k += 4) {
         int16_t q[4];
-        for (int e = 0; e < 4; ++e) q[e] = static_cast<int16_t>(Q16_BASE * hi[k + e] + lo[k + e]);
+        for (int e = 0; e < 4; ++e) q[e] = static_cast<int16_t>(lo ? Q16_BASE * hi[k + e] + lo[k + e] : hi[k + e]);
         o[k] = q[0], o[k + 1] = q[2], o[k + 2] = q[1], o[k + 3] = q[3];
     }
 }
@@ -193,7 +193,7 @@ void quantize_q8(const TX* x, int64_t x_stride, int64_t M, int64_t K, Q8Rows& r,
     r.dx16.resize(static_cast<size_t>(M * r.npair * 16));
     r.sx.resize(static_cast<size_t>(M * r.nb16));
     r.isum.resize(static_cast<size_t>(M * r.nb));
-    r.q16.resize(digits == 2 && q16 ? static_cast<size_t>(M * K) : 0);
+    r.q16.resize(q16 ? static_cast<size_t>(M * K) : 0);
     if (M < QUANTIZE_PARALLEL_ROWS) {  // (no parallel region: ~120 linears a one-row step)
         std::vector<float> row(static_cast<size_t>(K));
         for (int64_t m = 0; m < M; ++m) quantize_row(x, x_stride, m, K, r, row.data());

@@ -366,6 +366,12 @@ inline void x16_half_q4(const Q8Rows& x, int64_t m0, int64_t b, const uint8_t* g
 constexpr int64_t X16_Q4_FEW_MIN_ROWS = 2;
 constexpr int X16_Q4_FEW_MAX_ROWS = 4;  // 8 widened codes + 2 R sums: from 5 rows, two passes (x16_group)
 constexpr int64_t X16_Q8_WIDE_MIN_ROWS = 3;
+// From this many rows of int8 codes the Q8_0 head too runs x16_groups_q16, on the codes as 16-bit ones
+// (Q8Rows::q16 holds int8 codes as they are): the same integer block sums, the same float step. On the
+// AMD EPYC (avx2, 2 threads, the embedded head, gguf-int8) against the int8 register kernel: 64 rows
+// 17.4-18.3 -> 14.1-14.2 ms, 16 rows 4.57 -> 3.97-4.08, 8 rows 2.31-2.32 -> 2.17-2.24; 2-4 rows slower
+// (2 rows 0.70-0.78 -> 0.88-0.90), 6 rows even.
+constexpr int64_t X16_Q8_I8_WIDE_MIN_ROWS = 8;
 template <class F> constexpr int64_t x16_q16_min_rows() {
     return std::is_same_v<F, FmtQ8_0> ? X16_Q8_WIDE_MIN_ROWS : X16_Q4_FEW_MIN_ROWS;
 }
@@ -584,7 +590,8 @@ void x16_rows(int64_t M, const uint8_t* w, int64_t rb, int64_t N, const TX* bias
 // fixes |c| and the signs. The integer sum sum_e c * Q is its, exact in int32 (|sum| <= 32 * 127 *
 // 32512), and the float steps per output are the contract's in its order (block after block, the
 // scale's fma), so each row gets the digit kernel's bits (tests/test_kernels.py: 1..20 and 70 rows
-// against one row, every build). Used from X16_Q8_WIDE_MIN_ROWS rows, G = X16_WIDE_GROUPS.
+// against one row, every build). Used from X16_Q8_WIDE_MIN_ROWS rows of 16-bit codes and from
+// X16_Q8_I8_WIDE_MIN_ROWS of int8 codes (the same integer sums as the int8 kernels), G = X16_WIDE_GROUPS.
 constexpr int X16_WIDE_GROUPS = 2;
 
 
@@ -774,13 +781,13 @@ void linear_q8x16_impl(const TX* x, int64_t x_stride, int64_t M, int64_t K, cons
     if (N % X16) throw std::invalid_argument("linear: interleaved weights hold whole groups of 16 rows, got " + std::to_string(N));
     Q8Rows xq;
 #ifdef DART_V16_AVX2
-    const bool q16 = Wide && M >= x16_q16_min_rows<F>();
+    const bool q16 = Wide ? M >= x16_q16_min_rows<F>() : std::is_same_v<F, FmtQ8_0> && M >= X16_Q8_I8_WIDE_MIN_ROWS;
 #else
     const bool q16 = false;
 #endif
     quantize_q8(x, x_stride, M, K, xq, Wide ? 2 : 1, q16);
 #ifdef DART_V16_AVX2
-    if constexpr (Wide && std::is_same_v<F, FmtQ8_0>)
+    if constexpr (std::is_same_v<F, FmtQ8_0>)
         if (q16) {  // (from X16_Q8_WIDE_MIN_ROWS rows)
             return x16_rows<X16_WIDE_GROUPS>(M, w, rb, N, bias, out, out_stride, [&](int64_t m0, int64_t mb, const uint8_t* group, int ng, float* acc, const uint8_t* pf) {
                 if (ng == X16_WIDE_GROUPS)
