@@ -99,6 +99,9 @@ struct Q8Rows {  // M activation rows in int8 blocks; pairs of blocks padded wit
     RawVec<int16_t> q16;   // where asked: M x K, the codes themselves (digits 2: Q = 255 hi + lo; 1: q), per 4
                                 // elements in the order (Q0, Q2, Q1, Q3) (a 32-bit word at 4j pairs the even
                                 // elements of 4j..4j+3, at 4j + 2 the odd ones: x16_groups_q16)
+    int64_t q16_rows = 0;     // q16 block-major over this many rows ((nb, q16_rows, 32): block b's rows together); 0: row-major
+    bool codes_only = false;  // digits 2 with q16: only the codes Q (q and q2 stay empty)
+    int16_t* q16_at(int64_t m, int64_t b) { return q16.data() + (q16_rows ? (b * q16_rows + m) * 32 : m * K + b * 32); }
     const int8_t* qrow(int64_t m) const { return q.data() + m * npair * 64; }
     const int8_t* qrow2(int64_t m) const { return q2.data() + m * npair * 64; }
     const float* dxrow(int64_t m) const { return dx16.data() + m * npair * 16; }
@@ -107,8 +110,11 @@ struct Q8Rows {  // M activation rows in int8 blocks; pairs of blocks padded wit
 };
 
 // quantize_q8 (linear_q8.cpp): M rows of x as int8 blocks (digits 1) or 16-bit codes in two digits (2),
-// with q16 also the codes themselves (Q8Rows::q16).
-template <class TX> void quantize_q8(const TX* x, int64_t x_stride, int64_t M, int64_t K, Q8Rows& r, int digits = 1, bool q16 = false);
+// with q16 also the codes themselves (Q8Rows::q16); codes_only (digits 2, q16): the codes alone, not
+// the digits; blocks (with codes_only): q16 block-major (Q8Rows::q16_rows = M).
+template <class TX>
+void quantize_q8(const TX* x, int64_t x_stride, int64_t M, int64_t K, Q8Rows& r, int digits = 1, bool q16 = false, bool codes_only = false,
+                 bool blocks = false);
 
 // The families (each defined and instantiated for every activation dtype in its translation unit).
 template <class TX, class F>

@@ -48,8 +48,9 @@ inline bool quantize_block_vec(const float* v, Q8Rows& r, int64_t m, int64_t b) 
     const bool wide = r.digits == 2;
     const float qmax = wide ? Q16_MAX : 127.0f;
     const float d = amax / qmax, id = d != 0.0f ? 1.0f / d : 0.0f;
-    int8_t* q = r.q.data() + m * r.npair * 64 + b * 32;
-    int8_t* q2 = wide ? r.q2.data() + m * r.npair * 64 + b * 32 : nullptr;
+    const bool digits = !r.codes_only;  // (codes_only: Q8Rows::q16 alone)
+    int8_t* q = digits ? r.q.data() + m * r.npair * 64 + b * 32 : nullptr;
+    int8_t* q2 = wide && digits ? r.q2.data() + m * r.npair * 64 + b * 32 : nullptr;
     int32_t s = 0;
 #if defined(DART_V16_AVX512)
     const __m512 vid = _mm512_set1_ps(id), hi = _mm512_set1_ps(qmax), lo = _mm512_set1_ps(-qmax);
@@ -82,7 +83,7 @@ inline bool quantize_block_vec(const float* v, Q8Rows& r, int64_t m, int64_t b) 
         sum = _mm256_add_epi32(sum, ti[h]);
         // hi = nearbyint(t / 255) as t * (1 / 255): both within 2 ulp of the exact quotient, which is never
         // within 1 / 510 of a tie for |t| <= 32512 (linear.h), so both round to the same integer
-        if (wide)
+        if (wide && digits)
             wh[h] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(t, _mm256_set1_ps(1.0f / static_cast<float>(Q16_BASE))),
                                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     }
@@ -96,7 +97,7 @@ inline bool quantize_block_vec(const float* v, Q8Rows& r, int64_t m, int64_t b) 
     };
     if (!wide) {
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), bytes(ti[0], ti[1], ti[2], ti[3]));
-    } else {
+    } else if (digits) {
         __m256i l[4];
         for (int h = 0; h < 4; ++h) l[h] = _mm256_sub_epi32(ti[h], _mm256_sub_epi32(_mm256_slli_epi32(wh[h], 8), wh[h]));  // Q - 255 hi
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), bytes(wh[0], wh[1], wh[2], wh[3]));
@@ -105,7 +106,7 @@ inline bool quantize_block_vec(const float* v, Q8Rows& r, int64_t m, int64_t b) 
     if (!r.q16.empty()) {  // the codes themselves, per 4 elements in the order (Q0, Q2, Q1, Q3) (Q8Rows::q16)
         const __m256i order = _mm256_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15, 0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10,
                                                11, 14, 15);
-        int16_t* o = r.q16.data() + m * r.K + b * 32;
+        int16_t* o = r.q16_at(m, b);
         for (int h = 0; h < 2; ++h) {  // elements 16h..16h+15: (0-3, 8-11 | 4-7, 12-15) -> in order, then each 4 reordered
             const __m256i p = _mm256_permute4x64_epi64(_mm256_packs_epi32(ti[2 * h], ti[2 * h + 1]), 0xD8);
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 16 * h), _mm256_shuffle_epi8(p, order));
@@ -124,7 +125,7 @@ inline bool quantize_block_vec(const float* v, Q8Rows& r, int64_t m, int64_t b) 
 inline void q16_block(Q8Rows& r, int64_t m, int64_t b) {
     const int8_t* hi = r.qrow(m) + b * 32;
     const int8_t* lo = r.digits == 2 ? r.qrow2(m) + b * 32 : nullptr;
-    int16_t* o = r.q16.data() + m * r.K + b * 32;
+    int16_t* o = r.q16_at(m, b);
     for (int k = 0; k < 32; k += 4) {
         int16_t q[4];
         for (int e = 0; e < 4; ++e) q[e] = static_cast<int16_t>(lo ? Q16_BASE * hi[k + e] + lo[k + e] : hi[k + e]);
@@ -140,8 +141,8 @@ void quantize_row(const TX* x, int64_t x_stride, int64_t m, int64_t K, Q8Rows& r
     const int digits = r.digits;
     // the padding: a zero block after an odd block count (codes and scales) and zero sx past nb
     if (r.nb % 2) {
-        std::fill_n(r.q.data() + m * r.npair * 64 + r.nb * 32, 32, int8_t{0});
-        if (digits == 2) std::fill_n(r.q2.data() + m * r.npair * 64 + r.nb * 32, 32, int8_t{0});
+        if (!r.codes_only) std::fill_n(r.q.data() + m * r.npair * 64 + r.nb * 32, 32, int8_t{0});
+        if (digits == 2 && !r.codes_only) std::fill_n(r.q2.data() + m * r.npair * 64 + r.nb * 32, 32, int8_t{0});
         std::fill_n(r.dx16.data() + m * r.npair * 16 + (r.nb / 2) * 16 + 8, 8, 0.0f);
     }
     std::fill(r.sx.data() + m * r.nb16 + r.nb, r.sx.data() + (m + 1) * r.nb16, 0.0f);
@@ -185,11 +186,17 @@ void quantize_row(const TX* x, int64_t x_stride, int64_t m, int64_t K, Q8Rows& r
 }
 
 template <class TX>
-void quantize_q8(const TX* x, int64_t x_stride, int64_t M, int64_t K, Q8Rows& r, int digits, bool q16) {
+void quantize_q8(const TX* x, int64_t x_stride, int64_t M, int64_t K, Q8Rows& r, int digits, bool q16, bool codes_only, bool blocks) {
+#ifndef DART_V16_AVX2
+    codes_only = blocks = false;  // (only the AVX2 kernels read the codes alone; elsewhere q16 comes from the digits)
+#endif
+    if ((codes_only && (digits != 2 || !q16)) || (blocks && !codes_only))
+        throw std::logic_error("quantize_q8: codes alone need digits 2 and q16, block-major codes need codes alone");
     r.K = K, r.nb = K / 32, r.npair = (r.nb + 1) / 2, r.nb16 = (r.nb + 15) / 16 * 16, r.digits = digits;
+    r.codes_only = codes_only, r.q16_rows = blocks ? M : 0;
     // (uninitialized: quantize_row writes every element of its row, the padding included)
-    r.q.resize(static_cast<size_t>(M * r.npair * 64));
-    r.q2.resize(digits == 2 ? static_cast<size_t>(M * r.npair * 64) : 0);
+    r.q.resize(codes_only ? 0 : static_cast<size_t>(M * r.npair * 64));
+    r.q2.resize(digits == 2 && !codes_only ? static_cast<size_t>(M * r.npair * 64) : 0);
     r.dx16.resize(static_cast<size_t>(M * r.npair * 16));
     r.sx.resize(static_cast<size_t>(M * r.nb16));
     r.isum.resize(static_cast<size_t>(M * r.nb));
@@ -425,7 +432,7 @@ void linear_q8_impl(const TX* x, int64_t x_stride, int64_t M, int64_t K, const u
 }
 
 #define DART_QUANTIZE_Q8(TX) \
-    template void quantize_q8<TX>(const TX*, int64_t, int64_t, int64_t, Q8Rows&, int, bool);
+    template void quantize_q8<TX>(const TX*, int64_t, int64_t, int64_t, Q8Rows&, int, bool, bool, bool);
 DART_FOR_EACH_DTYPE(DART_QUANTIZE_Q8)
 #define DART_LINEAR_Q8(TX) \
     template void linear_q8_impl<TX, FmtQ4_0>(DART_LINEAR_PARAMS(TX)); \

@@ -667,21 +667,19 @@ constexpr int X16_Q4_TILE = 4;
 // machine and linears: at 4-8 rows the few-row kernel was 5-30% faster, at 12 they were even, at 16
 // the many-row kernel 5-8% faster and at 64 rows 10-15% (1.15-1.25 pairs a cycle against 1.0-1.06).
 constexpr int64_t X16_Q4_ROWS_Q16_MIN = 16;
-// The rows' codes Q, scales dx and code sums sx block-major (x16_group_q4_q16_rows): block b's M rows
-// together, q (b, M, 32), dx and sx (b, M). Row-major, the rows' 64 bytes of a block lie K * 2 bytes
-// apart, and with K = 1536 (the down projection) those 64 lines map to 4 of L1's 64 sets.
+// The rows' codes Q block-major as quantize_q8 wrote them (its `blocks`: block b's M rows together,
+// (nb, M, 32)), and their scales dx and code sums sx copied block-major beside them, (nb, M). Row-major,
+// the rows' 64 bytes of a block lie K * 2 bytes apart, and with K = 1536 (the down projection) those 64
+// lines map to 4 of L1's 64 sets.
 struct Q16Blocks {
     int64_t M = 0;
-    RawVec<int16_t> q;  // (uninitialized until the constructor's copy: every element is written)
-    RawVec<float> dx, sx;
-    explicit Q16Blocks(const Q8Rows& x, int64_t M_) : M(M_), q(x.q16.size()), dx(x.nb * M_), sx(x.nb * M_) {
-        const int64_t K = x.nb * 32;
-#pragma omp parallel for schedule(static)
+    const int16_t* q;
+    RawVec<float> dx, sx;  // (uninitialized until the constructor's copy: every element is written)
+    explicit Q16Blocks(const Q8Rows& x, int64_t M_) : M(M_), q(x.q16.data()), dx(x.nb * M_), sx(x.nb * M_) {
+        if (x.q16_rows != M) throw std::logic_error("Q16Blocks: the codes must be block-major over the rows");
+#pragma omp parallel for schedule(static) if (M * x.nb > 4096)
         for (int64_t m = 0; m < M; ++m)
-            for (int64_t b = 0; b < x.nb; ++b) {
-                std::memcpy(&q[(b * M + m) * 32], &x.q16[m * K + b * 32], 64);
-                dx[b * M + m] = q8_dx(x, m, b), sx[b * M + m] = x.sxrow(m)[b];
-            }
+            for (int64_t b = 0; b < x.nb; ++b) dx[b * M + m] = q8_dx(x, m, b), sx[b * M + m] = x.sxrow(m)[b];
     }
 };
 
@@ -718,7 +716,7 @@ void x16_group_q4_q16_rows(const Q16Blocks& x, int64_t nb, int64_t m0, int64_t R
             }
         }
         // row i's pair words, scale and code sum at xq + i K, dxq[i], sxq[i]
-        const int16_t* xq = x.q.data() + (b * x.M + m0) * K;
+        const int16_t* xq = x.q + (b * x.M + m0) * K;
         const float* dxq = x.dx.data() + b * x.M + m0;
         const float* sxq = x.sx.data() + b * x.M + m0;
         auto rows = [&](auto rr, int64_t i) {
@@ -782,10 +780,14 @@ void linear_q8x16_impl(const TX* x, int64_t x_stride, int64_t M, int64_t K, cons
     Q8Rows xq;
 #ifdef DART_V16_AVX2
     const bool q16 = Wide ? M >= x16_q16_min_rows<F>() : std::is_same_v<F, FmtQ8_0> && M >= X16_Q8_I8_WIDE_MIN_ROWS;
+    // the codes alone where only they are read: the Q8_0 head's x16_groups_q16, and block-major for the
+    // many-row Q4 kernel (Q16Blocks)
+    const bool blocks = !std::is_same_v<F, FmtQ8_0> && Wide && M >= X16_Q4_ROWS_Q16_MIN;
+    const bool codes_only = Wide && q16 && (std::is_same_v<F, FmtQ8_0> || blocks);
 #else
-    const bool q16 = false;
+    const bool q16 = false, codes_only = false, blocks = false;
 #endif
-    quantize_q8(x, x_stride, M, K, xq, Wide ? 2 : 1, q16);
+    quantize_q8(x, x_stride, M, K, xq, Wide ? 2 : 1, q16, codes_only, blocks);
 #ifdef DART_V16_AVX2
     if constexpr (std::is_same_v<F, FmtQ8_0>)
         if (q16) {  // (from X16_Q8_WIDE_MIN_ROWS rows)
