@@ -400,20 +400,6 @@ void values_tile(float* const* p, const float* vf, int64_t P, const C* vc, const
     }
 }
 
-// Query heads [0, QH) in tiles: f(std::integral_constant<int, QB>{}, h) for heads h..h+QB-1, tiles of
-// MAX, then one of the rest (1..MAX-1 heads).
-template <int R, class Fn> inline void rest_tile(int64_t n, int64_t h, Fn& f) {
-    if constexpr (R > 0) {
-        if (n == R) return f(std::integral_constant<int, R>{}, h);
-        rest_tile<R - 1>(n, h, f);
-    }
-}
-template <int MAX, class Fn> inline void head_tiles(int64_t QH, Fn&& f) {
-    int64_t h = 0;
-    for (; h + MAX <= QH; h += MAX) f(std::integral_constant<int, MAX>{}, h);
-    rest_tile<MAX - 1>(QH - h, h, f);
-}
-
 // Rows i0..i0+nr-1 of a tree, KV group g: their rep query heads each (qf: RoPE'd, (nr * rep, hd)).
 // Scratch: kt (ATT_BLOCK_KEYS x hd), vf (P x hd), sc (nr * rep rows of sc_stride), of (nr * rep x hd).
 template <class C>
@@ -429,7 +415,7 @@ void attend_row_block(const float* qf, int64_t nr, int64_t rep, const C* kc, con
         const int64_t n = std::min(ATT_BLOCK_KEYS, P - j0);
         transpose_keys(kc, j0, n, kt);
         for (int64_t blk = 0; blk * 8 < n; ++blk)
-            head_tiles<ATT_BLOCK_SCORE_HEADS>(QH, [&](auto qb, int64_t h) {
+            tiles<ATT_BLOCK_SCORE_HEADS>(QH, [&](auto qb, int64_t h) {
                 constexpr int QB = decltype(qb)::value;
                 const float* q[QB];
                 float* o[QB];
@@ -452,7 +438,7 @@ void attend_row_block(const float* qf, int64_t nr, int64_t rep, const C* kc, con
     // values: the committed ones widened once, then tiles of query heads
     for (int64_t j = 0; j < P; ++j)
         for (int c = 0; c < hd / LANES; ++c) v_store(vf + j * hd + c * LANES, v_load(vc + j * hd + c * LANES));
-    head_tiles<ATT_BLOCK_VALUE_HEADS>(QH, [&](auto qb, int64_t h) {
+    tiles<ATT_BLOCK_VALUE_HEADS>(QH, [&](auto qb, int64_t h) {
         constexpr int QB = decltype(qb)::value;
         float* p[QB];
         float* o[QB];

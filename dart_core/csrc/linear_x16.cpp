@@ -304,6 +304,11 @@ template <class F> inline void x16_scales(const uint8_t* gb, int half, __m256& d
 // A Q4 chunk's 32 code bytes (8 weight rows x 4) widened to int16 for vpmaddwd against 16-bit codes Q
 // (Q8Rows::q16): w[0] the low nibbles of each row's bytes 0 and 2 (elements 4j, 4j + 2), w[1] of bytes
 // 1 and 3 (4j + 1, 4j + 3), w[2] and w[3] the high nibbles' (16 + 4j..).
+// The contract's float step of a Q4 block for one input row, in its order: acc + (d dx) float(p), then
+// + o sx (the offset term against the row's code sum). Every AVX2 Q4 kernel takes it.
+inline __m256 q4_block_step(__m256 d, __m256 o, __m256 dx, __m256 sx, __m256i p, __m256 acc) {
+    return _mm256_fmadd_ps(o, sx, _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(p), acc));
+}
 inline void q4_widen16(__m256i c, __m256i* w) {
     const __m256i m4 = _mm256_set1_epi16(0x000F);
     w[0] = _mm256_and_si256(c, m4);
@@ -346,8 +351,7 @@ template <class F> struct Q4Half {
     template <bool Wide> __m256 step(const Q8Rows& x, int64_t m, int64_t b, __m256 acc) const {
         __m256i p = dot(x.qrow(m) + b * 32);
         if constexpr (Wide) p = q16_join(p, dot(x.qrow2(m) + b * 32));
-        acc = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(q8_dx(x, m, b))), _mm256_cvtepi32_ps(p), acc);
-        return _mm256_fmadd_ps(o, _mm256_set1_ps(x.sxrow(m)[b]), acc);
+        return q4_block_step(d, o, _mm256_set1_ps(q8_dx(x, m, b)), _mm256_set1_ps(x.sxrow(m)[b]), p, acc);
     }
 };
 
@@ -420,10 +424,8 @@ void x16_group_q4_q16_few(const Q8Rows& x, int64_t m0, const uint8_t* group, flo
         for (int h = 0; h < 2; ++h) {
             __m256 d, o;
             x16_scales<F>(gb, h, d, o);
-            for (int r = 0; r < R; ++r) {
-                const __m256 a = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(q8_dx(x, m0 + r, b))), _mm256_cvtepi32_ps(p[r][h]), acc[r][h]);
-                acc[r][h] = _mm256_fmadd_ps(o, _mm256_set1_ps(x.sxrow(m0 + r)[b]), a);
-            }
+            for (int r = 0; r < R; ++r)
+                acc[r][h] = q4_block_step(d, o, _mm256_set1_ps(q8_dx(x, m0 + r, b)), _mm256_set1_ps(x.sxrow(m0 + r)[b]), p[r][h], acc[r][h]);
         }
     }
     for (int r = 0; r < R; ++r)
@@ -482,7 +484,7 @@ void x16_group(const Q8Rows& x, int64_t m0, const uint8_t* group, float* res, co
 // halves' nibble vectors (vpmaddubsw from L1: a broadcast feeds two products, where Q4Half::dot's
 // feeds one). A lane's 16-bit sum over a block holds 8 pairs of products, as Q4Half::dot's (at most
 // 8 * 2 * 15 * 127 = 30480: exact in any order), widened once a half; the float steps per output are
-// Q4Half::step's in its order: the same bits as the register kernels above. On the AMD EPYC (avx2, 1
+// q4_block_step, as the register kernels above: the same bits. On the AMD EPYC (avx2, 1
 // thread, the embedded target's layer-0 linears) against one block-half at a time with its codes in
 // registers and each row's Q4Half::dot: 64 rows 12-14% faster, 12-16 rows 5-10%, 8 rows even; tiles
 // of 6 rows were slower than 4.
@@ -535,22 +537,11 @@ void x16_group_q4_i8_rows(const Q8Rows& x, int64_t m0, int64_t R, const uint8_t*
                 for (int h = 0; h < 2; ++h) {
                     float* a = acc + (i + r) * X16 + 8 * h;
                     const __m256i p = _mm256_madd_epi16(s[r][h], ones);
-                    const __m256 v = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_load_ps(ds[h]), dx), _mm256_cvtepi32_ps(p), _mm256_load_ps(a));
-                    _mm256_store_ps(a, _mm256_fmadd_ps(_mm256_load_ps(os[h]), sx, v));
+                    _mm256_store_ps(a, q4_block_step(_mm256_load_ps(ds[h]), _mm256_load_ps(os[h]), dx, sx, p, _mm256_load_ps(a)));
                 }
             }
         };
-        int64_t i = 0;
-        for (; i + X16_Q4_I8_TILE <= R; i += X16_Q4_I8_TILE) rows(std::integral_constant<int, X16_Q4_I8_TILE>{}, i);
-        static_assert(X16_Q4_I8_TILE <= 6, "the rest below takes up to 5 rows");
-        switch (R - i) {
-            case 5: if constexpr (X16_Q4_I8_TILE > 5) rows(std::integral_constant<int, 5>{}, i); break;
-            case 4: if constexpr (X16_Q4_I8_TILE > 4) rows(std::integral_constant<int, 4>{}, i); break;
-            case 3: rows(std::integral_constant<int, 3>{}, i); break;
-            case 2: rows(std::integral_constant<int, 2>{}, i); break;
-            case 1: rows(std::integral_constant<int, 1>{}, i); break;
-            default: break;
-        }
+        tiles<X16_Q4_I8_TILE>(R, rows);
     }
 }
 
@@ -653,9 +644,7 @@ void x16_groups_q16(const Q8Rows& x, int64_t m0, int64_t R, const uint8_t* group
                 }
             }
         };
-        int64_t i = 0;
-        for (; i + 2 <= R; i += 2) rows(std::integral_constant<int, 2>{}, i);
-        if (i < R) rows(std::integral_constant<int, 1>{}, i);
+        tiles<2>(R, rows);
     }
 }
 
@@ -740,20 +729,11 @@ void x16_group_q4_q16_rows(const Q16Blocks& x, int64_t nb, int64_t m0, int64_t R
                 const __m256 dx = _mm256_broadcast_ss(dxq + i + r), sx = _mm256_broadcast_ss(sxq + i + r);
                 for (int h = 0; h < 2; ++h) {
                     float* a = acc + (i + r) * X16 + 8 * h;
-                    const __m256 v = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_load_ps(ds[h]), dx), _mm256_cvtepi32_ps(p[r][h]), _mm256_load_ps(a));
-                    _mm256_store_ps(a, _mm256_fmadd_ps(_mm256_load_ps(os[h]), sx, v));
+                    _mm256_store_ps(a, q4_block_step(_mm256_load_ps(ds[h]), _mm256_load_ps(os[h]), dx, sx, p[r][h], _mm256_load_ps(a)));
                 }
             }
         };
-        int64_t i = 0;
-        for (; i + X16_Q4_TILE <= R; i += X16_Q4_TILE) rows(std::integral_constant<int, X16_Q4_TILE>{}, i);
-        static_assert(X16_Q4_TILE <= 4, "the rest below takes up to 3 rows");
-        switch (R - i) {
-            case 3: rows(std::integral_constant<int, 3>{}, i); break;
-            case 2: rows(std::integral_constant<int, 2>{}, i); break;
-            case 1: rows(std::integral_constant<int, 1>{}, i); break;
-            default: break;
-        }
+        tiles<X16_Q4_TILE>(R, rows);
     }
 }
 #endif

@@ -293,6 +293,20 @@ inline __m256 exp_nonpositive8(__m256 x) {
 }
 #endif
 
+// [0, n) in tiles: f(std::integral_constant<int, T>{}, i) for items i..i+T-1, tiles of T = MAX, then one
+// of the rest (1..MAX-1 items), so a kernel's tile size is a compile-time constant (its registers).
+template <int R, class Fn> inline void rest_tile(int64_t n, int64_t i, Fn& f) {
+    if constexpr (R > 0) {
+        if (n == R) return f(std::integral_constant<int, R>{}, i);
+        rest_tile<R - 1>(n, i, f);
+    }
+}
+template <int MAX, class Fn> inline void tiles(int64_t n, Fn&& f) {
+    int64_t i = 0;
+    for (; i + MAX <= n; i += MAX) f(std::integral_constant<int, MAX>{}, i);
+    rest_tile<MAX - 1>(n - i, i, f);
+}
+
 // A tensor's address as the bindings pass it.
 template <class T> T* ptr(uintptr_t a) { return reinterpret_cast<T*>(a); }
 
